@@ -1,0 +1,19 @@
+"""pytest-llmperf: LLM inference benchmarks as pytest regression tests."""
+
+from .backends.base import Backend, BackendError, GenerationRequest, OutOfMemory
+from .records import BatchResult, BenchmarkResult, RunSample
+from .scenario import Scenario
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BatchResult",
+    "BenchmarkResult",
+    "GenerationRequest",
+    "OutOfMemory",
+    "RunSample",
+    "Scenario",
+    "__version__",
+]

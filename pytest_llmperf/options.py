@@ -1,0 +1,191 @@
+"""Every option, described once: CLI flag `--llmperf-X`, ini key `llmperf_X`, env var `LLMPERF_X`.
+
+Precedence: marker > CLI > environment > ini > default (as pytest-timeout does). `Option.value`
+resolves one option for the session; per-test settings add the marker on top in `Settings.for_test`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _positive_int(text: str | int) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str | int) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _probability(text: str | float) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str | float) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _string(text: str) -> str:
+    return str(text)
+
+
+def _model_map(items: list[str] | str) -> dict[str, str]:
+    """`NAME=PATH` pairs (CLI repeated, ini one per line, env comma separated)."""
+    if isinstance(items, str):
+        items = [p for chunk in items.split(",") for p in chunk.split()]
+    mapping: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"expected NAME=PATH, got {item!r}")
+        mapping[name.strip()] = path.strip()
+    return mapping
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # e.g. "runs" -> --llmperf-runs, llmperf_runs, LLMPERF_RUNS
+    help: str
+    parse: Callable[[Any], Any]
+    default: Any = None
+    ini_type: str = "string"
+    flag: bool = False  # a CLI switch (store_true)
+    repeatable: bool = False  # a CLI option given several times
+    metavar: str | None = None
+
+    @property
+    def cli(self) -> str:
+        return "--llmperf-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "llmperf_" + self.name
+
+    @property
+    def env(self) -> str:
+        return "LLMPERF_" + self.name.upper()
+
+    @property
+    def dest(self) -> str:
+        return "llmperf_" + self.name
+
+    def add_to(self, parser: pytest.Parser, group: pytest.OptionGroup) -> None:
+        help_text = f"{self.help} (ini: {self.ini}, env: {self.env})"
+        if self.flag:
+            group.addoption(self.cli, action="store_true", default=None, dest=self.dest, help=help_text)
+        elif self.repeatable:
+            group.addoption(self.cli, action="append", default=None, dest=self.dest, metavar=self.metavar, help=help_text)
+        else:
+            group.addoption(self.cli, action="store", default=None, dest=self.dest, metavar=self.metavar, help=help_text)
+        parser.addini(self.ini, help=self.help, type=self.ini_type, default=None)  # type: ignore[arg-type]
+
+    def value(self, config: pytest.Config) -> Any:
+        """CLI > environment > ini > default; a bad value is a UsageError naming where it came from."""
+        for source, raw in self._sources(config):
+            try:
+                return self.parse(raw)
+            except (TypeError, ValueError) as exc:
+                raise pytest.UsageError(f"llmperf: bad value for {source}: {exc}") from None
+        return self.default
+
+    def _sources(self, config: pytest.Config) -> list[tuple[str, Any]]:
+        found: list[tuple[str, Any]] = []
+        cli = config.getoption(self.dest, default=None)
+        if cli is not None:
+            found.append((self.cli, cli))
+        env = os.environ.get(self.env)
+        if env is not None and env != "":
+            found.append((f"environment variable {self.env}", env))
+        ini = config.getini(self.ini)
+        if ini is not None and ini != [] and ini != "":
+            found.append((f"ini option {self.ini} in {config.inipath or 'the config file'}", ini))
+        return found
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("device", "Hardware target the results belong to, e.g. cpu, a100, h100 (default: detected)",
+           _string, metavar="NAME"),
+    Option("report_dir", "Directory for reports/<device>.md and .json (default: reports)",
+           _string, default="reports", metavar="DIR"),
+    Option("json", "Also write the JSON report to this path", _string, metavar="PATH"),
+    Option("baseline_dir", "Directory holding baselines/<device>/ (default: baselines beside the config file)",
+           _string, metavar="DIR"),
+    Option("runs", "Measured runs per batch size (default: 10)", _positive_int, default=10, ini_type="int", metavar="N"),
+    Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
+           _non_negative_int, default=1, ini_type="int", metavar="N"),
+    Option("max_runs", "Most runs per batch size when a verdict is inconclusive (default: 30)",
+           _positive_int, default=30, ini_type="int", metavar="N"),
+    Option("alpha", "Significance level of the regression test (default: 0.01)", _probability,
+           default=0.01, ini_type="float", metavar="P"),
+    Option("rtol", "Relative tolerance: a slowdown smaller than this never fails (default: 0.05)",
+           _non_negative_float, default=0.05, ini_type="float", metavar="R"),
+    Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
+           ini_type="bool", flag=True),
+    Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
+           default=False, ini_type="bool", flag=True),
+    Option("cache_dir", "Where the embedded default models are built and cached "
+           "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
+    Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
+           _model_map, default={}, ini_type="linelist", repeatable=True, metavar="NAME=PATH"),
+)
+
+OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+
+#: Settings a test's marker may override (the rest are session-wide).
+PER_TEST = ("runs", "warmups", "max_runs", "alpha", "rtol")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmperf", "LLM inference benchmarks (pytest-llmperf)")
+    for option in OPTIONS:
+        option.add_to(parser, group)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The session's resolved options (marker settings come on top per test)."""
+
+    values: Mapping[str, Any]
+    rootdir: Path
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        return cls({o.name: o.value(config) for o in OPTIONS}, Path(config.rootpath))
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def for_test(self, marker_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Per-test settings: the marker's keywords over the session's values."""
+        merged = {name: self.values[name] for name in PER_TEST}
+        merged.update(marker_kwargs)
+        return merged

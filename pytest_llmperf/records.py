@@ -1,0 +1,84 @@
+"""Records that cross modules: what one run measured, and what one benchmark produced.
+
+Data flows one way: a backend returns a `RunSample` per run; the runner collects them into
+`BatchResult`s and a `BenchmarkResult`; statistics, verdicts and reports read those.
+All times are integer nanoseconds from `time.perf_counter_ns` (or an injected clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunSample:
+    """Everything one run of one batch measured.
+
+    `token_times_ns[s][i]` is when sequence `s` received its `i`-th generated token, counted from
+    the start of the request (tokenization included). Batch-synchronous engines give every
+    sequence the same times; servers give each concurrent request its own.
+    """
+
+    batch_size: int
+    token_times_ns: list[list[int]]
+    end_to_end_ns: int
+    tokenize_ns: int | None = None
+    prefill_ns: int | None = None  # one forward over the whole batch; None if the backend cannot split
+    decode_steps_ns: list[int] = field(default_factory=list)  # one entry per decode step after prefill
+    detokenize_ns: int | None = None
+    generated_tokens: int | None = None  # as counted by the backend (server `details`/`usage`)
+    counters: dict[str, float] = field(default_factory=dict)  # backend metrics, e.g. offload hit rate
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "token_times_ns": self.token_times_ns,
+            "end_to_end_ns": self.end_to_end_ns,
+            "tokenize_ns": self.tokenize_ns,
+            "prefill_ns": self.prefill_ns,
+            "decode_steps_ns": self.decode_steps_ns,
+            "detokenize_ns": self.detokenize_ns,
+            "generated_tokens": self.generated_tokens,
+            "counters": self.counters,
+        }
+
+
+@dataclass
+class BatchResult:
+    """The measured runs of one batch size, or why it could not run (`error`, `oom`)."""
+
+    batch_size: int
+    samples: list[RunSample] = field(default_factory=list)
+    warmups: int = 0
+    error: str | None = None
+    oom: bool = False
+    skipped: bool = False  # not attempted because a smaller batch already ran out of memory
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.samples)
+
+    @property
+    def status(self) -> str:
+        if self.oom:
+            return "oom"
+        if self.error is not None:
+            return "error"
+        return "ok"
+
+
+@dataclass
+class BenchmarkResult:
+    """One measured benchmark: a test (and optional name) on one backend over a batch sweep."""
+
+    key: str  # unique within its test module: the test name, plus `::name` when a test measures twice
+    nodeid: str
+    module: str  # test module path relative to the rootdir, as in the nodeid
+    scenario: dict[str, Any]
+    backend: dict[str, Any]
+    batches: list[BatchResult]
+    group: str | None = None
+
+    def batch(self, batch_size: int) -> BatchResult | None:
+        return next((b for b in self.batches if b.batch_size == batch_size), None)
