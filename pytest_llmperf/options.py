@@ -110,24 +110,29 @@ class Option:
 
     def value(self, config: pytest.Config) -> Any:
         """CLI > environment > ini > default; a bad value is a UsageError naming where it came from."""
-        for source, raw in self._sources(config):
+        for _, label, raw in self._sources(config):
             try:
                 return self.parse(raw)
             except (TypeError, ValueError) as exc:
-                raise pytest.UsageError(f"llmperf: bad value for {source}: {exc}") from None
+                raise pytest.UsageError(f"llmperf: bad value for {label}: {exc}") from None
         return self.default
 
-    def _sources(self, config: pytest.Config) -> list[tuple[str, Any]]:
-        found: list[tuple[str, Any]] = []
+    def source(self, config: pytest.Config) -> str | None:
+        """Where the value comes from: 'cli', 'env', 'ini', or None for the default."""
+        found = self._sources(config)
+        return found[0][0] if found else None
+
+    def _sources(self, config: pytest.Config) -> list[tuple[str, str, Any]]:
+        found: list[tuple[str, str, Any]] = []
         cli = config.getoption(self.dest, default=None)
         if cli is not None:
-            found.append((self.cli, cli))
+            found.append(("cli", self.cli, cli))
         env = os.environ.get(self.env)
         if env is not None and env != "":
-            found.append((f"environment variable {self.env}", env))
+            found.append(("env", f"environment variable {self.env}", env))
         ini = config.getini(self.ini)
         if ini is not None and ini != [] and ini != "":
-            found.append((f"ini option {self.ini} in {config.inipath or 'the config file'}", ini))
+            found.append(("ini", f"ini option {self.ini} in {config.inipath or 'the config file'}", ini))
         return found
 
 
@@ -179,7 +184,20 @@ class Settings:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
-        return cls({o.name: o.value(config) for o in OPTIONS}, Path(config.rootpath))
+        values = {o.name: o.value(config) for o in OPTIONS}
+        # Directories: from the command line or environment relative to where pytest was invoked,
+        # from the ini file relative to that file (as pytest's own "paths" ini type does).
+        config_dir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+        for name in ("report_dir", "baseline_dir", "cache_dir", "json"):
+            if values[name] is None:
+                continue
+            base = config_dir if OPTIONS_BY_NAME[name].source(config) == "ini" else config.invocation_params.dir
+            values[name] = str((Path(base) / Path(values[name]).expanduser()).resolve())
+        if values["baseline_dir"] is None:
+            values["baseline_dir"] = str(config_dir / "baselines")
+        if values["report_dir"] == "reports" and OPTIONS_BY_NAME["report_dir"].source(config) is None:
+            values["report_dir"] = str(config_dir / "reports")
+        return cls(values, Path(config.rootpath))
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]

@@ -1,0 +1,153 @@
+"""The hardware target and the environment fingerprint.
+
+Detection must be cheap, because the plugin loads in every pytest run: the GPU is found through
+NVML (pynvml) or `nvidia-smi`, never by importing torch. The fingerprint (taken once per session,
+when a benchmark runs) records what a baseline is valid for: CPU and GPU models, memory, driver,
+CUDA and library versions, the git commit.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+_VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "radeon", "instinct", "graphics"}
+
+
+def gpu_slug(name: str) -> str:
+    """A short target name from a GPU name: 'NVIDIA A100-SXM4-80GB' -> 'a100', 'NVIDIA GeForce RTX 3090'
+    -> 'rtx3090', 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    words = [w for w in re.split(r"[\s_]+", name.lower()) if w and w not in _VENDOR_WORDS]
+    if not words:
+        return "gpu"
+    first = words[0].split("-")[0]
+    if first in {"rtx", "gtx"} and len(words) > 1:
+        first += words[1].split("-")[0]
+    return re.sub(r"[^a-z0-9]+", "", first) or "gpu"
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Name, memory and driver of each visible NVIDIA GPU; empty without one."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            found = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+                found.append({"name": name if isinstance(name, str) else name.decode(),
+                              "memory_gb": round(memory / 2**30, 1),
+                              "driver": driver if isinstance(driver, str) else driver.decode()})
+            return found
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no pynvml, no driver, no GPU: try nvidia-smi
+        pass
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            found.append({"name": parts[0], "memory_gb": round(float(parts[1]) / 1024, 1), "driver": parts[2]})
+    return found
+
+
+def detect_device() -> str:
+    """'cpu' without a GPU, else the slug of the first GPU's name."""
+    found = gpus()
+    return gpu_slug(found[0]["name"]) if found else "cpu"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(root: Path) -> dict[str, Any]:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return {"commit": sha, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def fingerprint(root: Path) -> dict[str, Any]:
+    cuda = None
+    if "torch" in sys.modules:  # only if a backend already imported it: never import torch for this
+        cuda = getattr(sys.modules["torch"].version, "cuda", None)
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_cores_physical": psutil.cpu_count(logical=False),
+        "cpu_cores_logical": psutil.cpu_count(logical=True),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": gpus(),
+        "cuda": cuda,
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git": git_commit(root),
+        "threads_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
+    }
+
+
+SOFTWARE_KEYS = ("torch", "transformers", "cuda", "python")
+
+
+def hardware_mismatch(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """('gpu' | 'cpu', baseline's, current's) when the baseline was measured on other hardware."""
+    base_gpus = [g.get("name") for g in baseline.get("gpus") or []]
+    cur_gpus = [g.get("name") for g in current.get("gpus") or []]
+    if base_gpus != cur_gpus:
+        return "gpu", ", ".join(base_gpus) or "no GPU", ", ".join(cur_gpus) or "no GPU"
+    if baseline.get("cpu_model") != current.get("cpu_model"):
+        return "cpu", str(baseline.get("cpu_model")), str(current.get("cpu_model"))
+    return None
+
+
+def software_drift(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    drift: dict[str, tuple[Any, Any]] = {}
+    for key in SOFTWARE_KEYS:
+        if baseline.get(key) != current.get(key):
+            drift[key] = (baseline.get(key), current.get(key))
+    base_driver = {g.get("driver") for g in baseline.get("gpus") or []}
+    cur_driver = {g.get("driver") for g in current.get("gpus") or []}
+    if base_driver != cur_driver:
+        drift["driver"] = (", ".join(sorted(map(str, base_driver))), ", ".join(sorted(map(str, cur_driver))))
+    return drift

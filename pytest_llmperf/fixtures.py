@@ -1,0 +1,49 @@
+"""Fixtures that start in-process backends. Each owns its backends and closes them at teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .backends.hf import HFBackend
+from .session import Benchmark, LLMPerfSession
+
+SESSION_KEY = pytest.StashKey[LLMPerfSession]()
+
+
+@pytest.fixture
+def llmperf(request: pytest.FixtureRequest) -> Benchmark:
+    """Measure a backend with this test's scenario and gate it against the baseline: `llmperf.measure(backend)`."""
+    return Benchmark(request.config.stash[SESSION_KEY], request.node)
+
+
+@pytest.fixture(scope="session")
+def llmperf_hf(request: pytest.FixtureRequest) -> Iterator[Callable[..., HFBackend]]:
+    """Start an in-process transformers model: `llmperf_hf("tiny-llama", dtype="fp32")`.
+
+    The model is an embedded name, a name mapped with --llmperf-model, or a local directory. Loaded
+    models are kept for the session (loading is slow), except on CUDA, where loading another model
+    frees the previous one first. All are closed at the end of the session.
+    """
+    session = request.config.stash[SESSION_KEY]
+    loaded: dict[tuple[Any, ...], HFBackend] = {}
+
+    def start(model: str = "tiny-llama", *, dtype: str = "fp32", device: str | None = None,
+              **model_kwargs: Any) -> HFBackend:
+        device = device or ("cpu" if session.device == "cpu" else "cuda")
+        key = (model, dtype, device, tuple(sorted(model_kwargs.items())))
+        if key not in loaded:
+            if device.startswith("cuda"):
+                for other in [k for k in loaded if k[2].startswith("cuda")]:
+                    loaded.pop(other).close()
+            path = session.resolve_model(model, build_device=device)
+            loaded[key] = HFBackend(path, name=model, dtype=dtype, device=device, model_kwargs=model_kwargs)
+        return loaded[key]
+
+    try:
+        yield start
+    finally:
+        for backend in loaded.values():
+            backend.close()

@@ -1,0 +1,126 @@
+"""From a measured result and its baseline to verdicts a person can act on.
+
+`gate.py` holds the statistics; this module picks the gated metrics, pairs batch sizes with the
+baseline's, treats a batch that now runs out of memory as a regression, and words the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from . import gate
+from .baselines import BaselineEntry
+from .metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS, TAIL_MIN_GAPS, gaps_per_run,
+                      metric_better, values_by_metric)
+from .records import BenchmarkResult
+from .scenario import Scenario
+
+PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
+          "throughput": "end-to-end throughput", "e2e": "end to end"}
+
+
+def phase_of(metric: str) -> str:
+    for prefix, phase in PHASES.items():
+        if metric.startswith(prefix):
+            return phase
+    return metric
+
+
+def unit_of(metric: str) -> str:
+    return METRICS[metric].unit if metric in METRICS else ""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the verdict table: a metric at a batch size, compared or not."""
+
+    key: str
+    nodeid: str
+    metric: str
+    batch_size: int
+    baseline: float | None
+    now: float | None
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    p_adjusted: float | None
+    verdict: str
+    note: str = ""
+
+
+def gated_metrics(scenario: Scenario, splits_prefill: bool) -> tuple[str, ...]:
+    if scenario.metrics is not None:
+        return scenario.metrics
+    return DEFAULT_GATED_SPLIT if splits_prefill else DEFAULT_GATED_SERVER
+
+
+def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario, *, splits_prefill: bool,
+            alpha: float, counters_better: Mapping[str, str] | None = None) -> list[Row]:
+    """Compare every gated metric at every batch size; adjust p-values together; give verdicts."""
+    metrics = gated_metrics(scenario, splits_prefill)
+    comparisons: list[gate.Comparison] = []
+    rows: list[Row] = []
+    for batch in result.batches:
+        base = baseline.batches.get(batch.batch_size)
+        if base is None:
+            note = "no baseline for this batch size" if batch.ok else (batch.error or "")
+            rows.append(Row(result.key, result.nodeid, "*", batch.batch_size, None, None, None, None, None, None,
+                            None, "new" if batch.ok else batch.status, note))
+            continue
+        if not batch.ok:
+            rows.append(Row(result.key, result.nodeid, "*", batch.batch_size, None, None, None, None, None, None,
+                            None, gate.REGRESSED, f"ran in the baseline, now {batch.status}: {batch.error}"))
+            continue
+        current = values_by_metric(batch.samples)
+        for metric in metrics:
+            if metric not in current or metric not in base:
+                continue  # this backend does not measure it (e.g. prefill on a server)
+            if metric in TAIL_MIN_GAPS and min(gaps_per_run(s) for s in batch.samples) < TAIL_MIN_GAPS[metric]:
+                rows.append(Row(result.key, result.nodeid, metric, batch.batch_size, None, None, None, None, None,
+                                None, None, "ungated",
+                                f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
+                continue
+            comparisons.append(gate.compare(metric, batch.batch_size, base[metric], current[metric],
+                                            better=metric_better(metric, counters_better),
+                                            rtol=scenario.rtol_for(metric)))
+    for batch_size, reason in baseline.errors.items():
+        batch = result.batch(batch_size)
+        if batch is not None and batch.ok:
+            rows.append(Row(result.key, result.nodeid, "*", batch_size, None, None, None, None, None, None, None,
+                            gate.IMPROVED, f"failed in the baseline ({reason}), runs now"))
+    for c in gate.decide(comparisons, alpha):
+        rows.append(Row(result.key, result.nodeid, c.metric, c.batch_size, c.baseline_median, c.current_median,
+                        c.ratio, c.ci_low, c.ci_high, c.p_worse, c.p_adjusted, c.verdict,
+                        f"n={c.n_baseline}/{c.n_current}"))
+    return rows
+
+
+def flagged_batches(rows: Sequence[Row]) -> list[int]:
+    """Batch sizes whose measured metrics look worse (regressed or inconclusive) and deserve a second look."""
+    return sorted({r.batch_size for r in rows if r.metric != "*" and r.verdict in (gate.REGRESSED, gate.INCONCLUSIVE)})
+
+
+def confirm(first: Sequence[Row], second: Sequence[Row], flagged: Sequence[int]) -> list[Row]:
+    """Final rows: the second look for flagged batch sizes, where a regression stands only if the first look
+    flagged the same metric too; the first look elsewhere."""
+    flagged_first = {(r.metric, r.batch_size) for r in first if r.verdict in (gate.REGRESSED, gate.INCONCLUSIVE)}
+    rows = [r for r in first if r.batch_size not in flagged or r.metric == "*"]
+    for r in second:
+        if r.metric == "*":
+            continue
+        if r.verdict == gate.REGRESSED and (r.metric, r.batch_size) not in flagged_first:
+            r = replace(r, verdict=gate.PASS, note=r.note + ", not flagged by the first look")
+        rows.append(replace(r, note=r.note + ", confirmation look"))
+    return rows
+
+
+def regression_message(row: Row, alpha: float) -> str:
+    if row.metric == "*":
+        return f"batch size {row.batch_size}: {row.note}"
+    unit = unit_of(row.metric)
+    return (f"{row.metric} ({phase_of(row.metric)}) at batch size {row.batch_size} regressed: baseline median "
+            f"{row.baseline:.4g} {unit}, now {row.now:.4g} {unit}, ratio {row.ratio:.3f} "
+            f"[{row.ci_low:.3f}, {row.ci_high:.3f}] (95% CI), p={row.p_value:.2g} "
+            f"(BH-adjusted {row.p_adjusted:.2g} < alpha {alpha:g}), {row.note}")

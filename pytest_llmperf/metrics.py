@@ -1,0 +1,147 @@
+"""Metric definitions (written once, here and in the README) and per-run values.
+
+The run is the unit of replication: every metric is reduced to one value per run, and the gate
+compares runs, never tokens. Definitions follow TGI's benchmark tool where it has one: decode
+(token) = decode total / steps, and its throughputs are batch size / step latency (seed 000:
+28.75 ms at batch 1 is 34.78 tokens/secs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .records import RunSample
+
+PERCENTILE_METHOD = "linear"  # numpy.percentile's method; named in the JSON report
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    better: str  # "lower" or "higher"
+    definition: str
+
+
+METRICS: Mapping[str, Metric] = {m.name: m for m in (
+    Metric("prefill_ms", "ms", "lower", "One forward pass over the whole batch of prompts (in-process backends)."),
+    Metric("decode_token_ms", "ms", "lower", "Decode (token): decode total / number of decode steps, per run."),
+    Metric("decode_total_ms", "ms", "lower", "Decode (total): all decode steps after prefill; decode length - 1 steps."),
+    Metric("ttft_ms", "ms", "lower", "Time to first token from the start of the request, tokenization included; "
+                                     "mean over the batch's sequences."),
+    Metric("itl_ms", "ms", "lower", "Inter-token latency: mean gap between successive tokens, the first token "
+                                    "excluded; over all sequences of the batch."),
+    Metric("itl_p90_ms", "ms", "lower", "90th percentile of the run's inter-token gaps (gated only when a run "
+                                        "holds >= 29 gaps)."),
+    Metric("itl_p99_ms", "ms", "lower", "99th percentile of the run's inter-token gaps (gated only when a run "
+                                        "holds >= 299 gaps)."),
+    Metric("e2e_ms", "ms", "lower", "End to end: request start to the last token of the batch."),
+    Metric("tokenize_ms", "ms", "lower", "Tokenizing the batch's prompts."),
+    Metric("detokenize_ms", "ms", "lower", "Decoding the generated ids back to text."),
+    Metric("prefill_tokens_per_s", "tokens/secs", "higher", "TGI's prefill throughput: batch size / prefill "
+                                                            "latency in seconds."),
+    Metric("decode_tokens_per_s", "tokens/secs", "higher", "TGI's decode throughput: batch size / decode (token) "
+                                                           "latency in seconds."),
+    Metric("throughput_tokens_per_s", "tokens/secs", "higher", "Generated tokens of the whole batch / end to end "
+                                                               "seconds (bigcode-inference-benchmark's tokens/s)."),
+    Metric("ms_per_token", "ms", "lower", "1000 / throughput_tokens_per_s (bigcode's msec/token)."),
+)}
+
+#: Gated by default, by whether the backend splits prefill from decode.
+DEFAULT_GATED_SPLIT = ("prefill_ms", "decode_token_ms", "throughput_tokens_per_s")
+DEFAULT_GATED_SERVER = ("ttft_ms", "itl_ms", "throughput_tokens_per_s")
+
+#: Gaps a run must hold before its own tail percentile is a measurement rather than its maximum
+#: (one-sided 95% order-statistic bound: n >= 29 for p90, 299 for p99).
+TAIL_MIN_GAPS = {"itl_p90_ms": 29, "itl_p99_ms": 299}
+
+
+def metric_better(name: str, counters_better: Mapping[str, str] | None = None) -> str:
+    if name in METRICS:
+        return METRICS[name].better
+    if counters_better and name in counters_better:
+        return counters_better[name]
+    return "lower"
+
+
+def run_values(sample: RunSample) -> dict[str, float]:
+    """Reduce one run to one value per metric (only the metrics the backend could measure)."""
+    ms = 1e-6
+    values: dict[str, float] = {}
+    if sample.prefill_ns is not None:
+        values["prefill_ms"] = sample.prefill_ns * ms
+        values["prefill_tokens_per_s"] = sample.batch_size / (sample.prefill_ns * 1e-9)
+    if sample.decode_steps_ns:
+        total = sum(sample.decode_steps_ns)
+        values["decode_total_ms"] = total * ms
+        values["decode_token_ms"] = total * ms / len(sample.decode_steps_ns)
+        values["decode_tokens_per_s"] = sample.batch_size / (total * 1e-9 / len(sample.decode_steps_ns))
+    firsts = [times[0] for times in sample.token_times_ns if times]
+    if firsts:
+        values["ttft_ms"] = float(np.mean(firsts)) * ms
+    gaps = [b - a for times in sample.token_times_ns for a, b in zip(times, times[1:])]
+    if gaps:
+        values["itl_ms"] = float(np.mean(gaps)) * ms
+        values["itl_p90_ms"] = float(np.percentile(gaps, 90, method=PERCENTILE_METHOD)) * ms
+        values["itl_p99_ms"] = float(np.percentile(gaps, 99, method=PERCENTILE_METHOD)) * ms
+    values["e2e_ms"] = sample.end_to_end_ns * ms
+    tokens = sample.generated_tokens
+    if tokens is None:
+        tokens = sum(len(t) for t in sample.token_times_ns)
+    if sample.end_to_end_ns > 0 and tokens:
+        values["throughput_tokens_per_s"] = tokens / (sample.end_to_end_ns * 1e-9)
+        values["ms_per_token"] = 1000.0 / values["throughput_tokens_per_s"]
+    if sample.tokenize_ns is not None:
+        values["tokenize_ms"] = sample.tokenize_ns * ms
+    if sample.detokenize_ns is not None:
+        values["detokenize_ms"] = sample.detokenize_ns * ms
+    values.update({k: float(v) for k, v in sample.counters.items()})
+    return values
+
+
+def gaps_per_run(sample: RunSample) -> int:
+    return sum(max(len(t) - 1, 0) for t in sample.token_times_ns)
+
+
+def values_by_metric(samples: Sequence[RunSample]) -> dict[str, list[float]]:
+    """Per-run values of every metric that all runs measured, in run order."""
+    per_run = [run_values(s) for s in samples]
+    if not per_run:
+        return {}
+    names = set(per_run[0]).intersection(*per_run[1:])
+    return {name: [v[name] for v in per_run] for name in sorted(names)}
+
+
+def min_runs_for_percentile(q: float) -> int:
+    """Runs needed before the q-th percentile is not just the extreme value: n >= 1 / (1 - q/100)."""
+    return math.ceil(1 / (1 - q / 100) - 1e-9)
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    average: float
+    lowest: float
+    highest: float
+    percentiles: Mapping[int, float | None]  # None: too few runs for that percentile
+
+    def to_json(self) -> dict[str, object]:
+        return {"n": self.n, "average": self.average, "lowest": self.lowest, "highest": self.highest,
+                **{f"p{q}": v for q, v in self.percentiles.items()}}
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    arr = np.asarray(values, dtype=float)
+    return Summary(
+        n=len(arr),
+        average=float(arr.mean()),
+        lowest=float(arr.min()),
+        highest=float(arr.max()),
+        percentiles={q: (float(np.percentile(arr, q, method=PERCENTILE_METHOD))
+                         if len(arr) >= min_runs_for_percentile(q) else None) for q in PERCENTILES},
+    )

@@ -1,0 +1,140 @@
+"""pytest-llmperf's hooks. Thin: the work happens in the session, runner, judge and report modules."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import report, terminal
+from .baselines import now_iso
+from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
+from .options import Settings, add_options
+from .scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
+from .session import LLMPerfSession, marker_devices
+
+INVALID_MARKER_KEY = pytest.StashKey[str]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_HELP)
+    config.stash[SESSION_KEY] = LLMPerfSession(Settings.from_config(config))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    config.stash.__delitem__(SESSION_KEY) if SESSION_KEY in config.stash else None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash[SESSION_KEY]
+    s = session.settings
+    return [
+        f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
+        f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}",
+        f"llmperf: baselines={session.store.device_dir}, reports={s['report_dir']}",
+    ]
+
+
+def _is_llmperf(item: pytest.Item) -> bool:
+    return item.get_closest_marker("llmperf") is not None or "llmperf" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    session = config.stash[SESSION_KEY]
+    selected = [item for item in items if _is_llmperf(item)]
+    session.selected = len(selected)
+    on_xdist_worker = hasattr(config, "workerinput")
+    for item in selected:
+        if on_xdist_worker:  # refuse: timed tests must not run side by side with other tests
+            item.stash[INVALID_MARKER_KEY] = (
+                "timed benchmark tests must not run under pytest-xdist (side by side they measure each other). "
+                "Run them without -n (pytest -p no:xdist, or -n 0), or deselect them with -m 'not llmperf'")
+            continue
+        marker = item.get_closest_marker("llmperf")
+        if marker is not None:
+            try:
+                check_marker_kwargs(marker.args, marker.kwargs)
+            except ScenarioError as exc:
+                item.stash[INVALID_MARKER_KEY] = str(exc)
+                continue
+        devices = marker_devices(item)
+        if devices is not None and session.device not in devices:
+            item.add_marker(pytest.mark.skip(
+                reason=f"llmperf: runs on {', '.join(devices)}; the current device is {session.device}"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if INVALID_MARKER_KEY in item.stash:
+        pytest.fail(f"{item.nodeid}: {item.stash[INVALID_MARKER_KEY]}", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.outcomes:
+        return
+    terminalreporter.write_sep("=", f"llmperf: {session.device}")
+    for line in terminal.summary_lines(session):
+        terminalreporter.write_line(line)
+    for path in getattr(session, "written", []):
+        terminalreporter.write_line(f"report: {path}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    llm = session.config.stash.get(SESSION_KEY, None)
+    if llm is None or not llm.outcomes or hasattr(session.config, "workerinput"):
+        return
+    created = now_iso()
+    results = [o.result for o in llm.outcomes]
+    rows = [r for o in llm.outcomes for r in o.rows]
+    counts_line = terminal.counts_line(llm.counts())
+    report_dir = Path(llm.settings["report_dir"])
+    md = report.markdown(llm.device, created, llm.fingerprint, results, rows, counts_line)
+    doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results, llm.outcomes,
+                               llm.counts())
+    written = [report_dir / f"{llm.device}.md", report_dir / f"{llm.device}.json"]
+    try:
+        report.write_atomic(written[0], md)
+        report.write_json(written[1], doc)
+        if llm.settings["json"]:
+            written.append(Path(llm.settings["json"]))
+            report.write_json(written[-1], doc)
+    except OSError as exc:
+        raise pytest.UsageError(f"llmperf: cannot write the report under {report_dir}: {exc}. "
+                                "Make it writable or set --llmperf-report-dir") from None
+    llm.written = written
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_path:
+        with open(summary_path, "a", encoding="utf-8") as handle:
+            handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
+    """Add our results to pytest-benchmark's --benchmark-json, in its schema, for tools that read it."""
+    llm = config.stash.get(SESSION_KEY, None)
+    if llm is None:
+        return
+    from .metrics import summarize, values_by_metric
+
+    for outcome in llm.outcomes:
+        result = outcome.result
+        for batch in result.batches:
+            for metric, values in values_by_metric(batch.samples).items():
+                if not metric.endswith("_ms"):
+                    continue
+                s = summarize([v / 1000 for v in values])  # pytest-benchmark's unit is seconds
+                output_json.setdefault("benchmarks", []).append({
+                    "group": f"llmperf:{llm.device}", "name": f"{result.key}[bs={batch.batch_size}]:{metric}",
+                    "fullname": f"{result.nodeid}[bs={batch.batch_size}]:{metric}", "params": {"batch_size": batch.batch_size},
+                    "param": str(batch.batch_size), "extra_info": {"device": llm.device, "metric": metric},
+                    "options": {"runs": len(values)},
+                    "stats": {"min": s.lowest, "max": s.highest, "mean": s.average, "median": s.percentiles[50],
+                              "rounds": s.n, "data": [v / 1000 for v in values]},
+                })

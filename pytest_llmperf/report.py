@@ -1,0 +1,264 @@
+"""Reports per hardware target: `reports/<device>.md` (the seeds' tables) and `reports/<device>.json`.
+
+Markdown, per benchmark: the experiment parameters, the latency table and the throughput table of
+TGI's benchmark tool (seed 000); per sweep group, bigcode-inference-benchmark's grid (seed 003);
+for backends with offload counters, a Fiddler-style runs table (seed 004); then the verdicts.
+The JSON holds every raw per-run value, the summaries, the definitions and the fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .judge import Row
+from .metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
+from .metrics import values_by_metric
+from .records import BatchResult, BenchmarkResult
+
+SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
+SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
+SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"), ("End to end", "e2e_ms"))
+SERVER_THROUGHPUT = (("End to end", "throughput_tokens_per_s"),)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table with padded columns, like the seeds'."""
+    rows = [list(r) for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and math.isnan(value):
+        return f"NaN {unit}".strip()
+    return f"{value:.2f} {unit}".strip()
+
+
+def _failed_cell(batch: BatchResult) -> str:
+    return "oom" if batch.oom else "NaN"
+
+
+def _is_split(result: BenchmarkResult) -> bool:
+    return any(b.ok and b.samples[0].prefill_ns is not None for b in result.batches)
+
+
+def parameters_table(result: BenchmarkResult) -> str:
+    s, b = result.scenario, result.backend
+    knobs = ", ".join(f"{k}={v}" for k, v in sorted(s.get("knobs", {}).items())) or "none"
+    rows = [("Model", b.get("model", "?")), ("Backend", b.get("backend", "?")), ("Device", b.get("device", "?")),
+            ("Dtype", b.get("dtype", "?")), ("Sequence Length", s["sequence_length"]),
+            ("Decode Length", s["decode_length"]), ("N Runs", s["runs"]), ("Warmups", s["warmups"]),
+            ("Knobs", knobs), ("Do Sample", "false")]
+    rows += [(k.replace("_", " ").capitalize(), v) for k, v in sorted(b.items())
+             if k not in {"model", "backend", "device", "dtype", "model_path"}]
+    return table(("Parameter", "Value"), [(k, str(v)) for k, v in rows])
+
+
+def latency_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
+    notes: list[str] = []
+    rows = []
+    for step, metric in steps:
+        for i, batch in enumerate(result.batches):
+            label = step if i == 0 else ""
+            if not batch.ok:
+                rows.append([label, str(batch.batch_size), *[_failed_cell(batch) + " ms"] * 6])
+                continue
+            summary = summarize(values_by_metric(batch.samples)[metric])
+            cells = [_fmt(summary.average, "ms"), _fmt(summary.lowest, "ms"), _fmt(summary.highest, "ms")]
+            for q in PERCENTILES:
+                value = summary.percentiles[q]
+                if value is None:
+                    note = f"p{q} needs at least {min_runs_for_percentile(q)} runs (this table has {summary.n}): not shown"
+                    if note not in notes:
+                        notes.append(note)
+                    cells.append("n/a")
+                else:
+                    cells.append(_fmt(value, "ms"))
+            rows.append([label, str(batch.batch_size), *cells])
+    header = ("Step", "Batch Size", "Average", "Lowest", "Highest", *(f"p{q}" for q in PERCENTILES))
+    return table(header, rows), notes
+
+
+def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> str:
+    rows = []
+    for step, metric in steps:
+        for i, batch in enumerate(result.batches):
+            label = step if i == 0 else ""
+            if not batch.ok:
+                rows.append([label, str(batch.batch_size), *[_failed_cell(batch) + " tokens/secs"] * 3])
+                continue
+            summary = summarize(values_by_metric(batch.samples)[metric])
+            rows.append([label, str(batch.batch_size), *(_fmt(v, "tokens/secs") for v in
+                                                         (summary.average, summary.lowest, summary.highest))])
+    return table(("Step", "Batch Size", "Average", "Lowest", "Highest"), rows)
+
+
+def benchmark_section(result: BenchmarkResult) -> str:
+    split = _is_split(result)
+    latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
+    parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
+             parameters_table(result), latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT)]
+    failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
+    if notes or failed:
+        parts.append("\n".join([*(f"- {n}" for n in notes), *failed]))
+    return "\n\n".join(parts)
+
+
+def _median(batch: BatchResult, metric: str) -> float | None:
+    values = values_by_metric(batch.samples).get(metric)
+    return float(sorted(values)[len(values) // 2]) if values else None
+
+
+def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
+    """Seed 003's grids for each group: batch size x column (dtype, or model when dtypes agree)."""
+    groups: dict[str, list[BenchmarkResult]] = {}
+    for r in results:
+        if r.group:
+            groups.setdefault(r.group, []).append(r)
+    sections = []
+    for group, members in groups.items():
+        dtypes = {m.backend.get("dtype") for m in members}
+        column_of: Callable[[BenchmarkResult], str] = (
+            (lambda m: str(m.backend.get("dtype"))) if len(dtypes) == len(members)
+            else (lambda m: f"{m.backend.get('model')} {m.backend.get('dtype')}"))
+        columns = [column_of(m) for m in members]
+        batch_sizes = sorted({b.batch_size for m in members for b in m.batches})
+
+        def cell(m: BenchmarkResult, bs: int, render: Callable[[BatchResult], str]) -> str:
+            batch = m.batch(bs)
+            if batch is None:
+                return ""
+            return render(batch) if batch.ok else ("oom" if batch.oom else "error")
+
+        def speed(batch: BatchResult) -> str:
+            tps = _median(batch, "throughput_tokens_per_s") or float("nan")
+            return f"{tps:.2f} \\| {1000 / tps:.2f}"
+
+        def seconds(batch: BatchResult) -> str:
+            e2e = _median(batch, "e2e_ms") or float("nan")
+            return f"{e2e / 1000:.3f}"
+
+        first = members[0]
+        title = (f"## Sweep: {group} ({first.backend.get('model')}, sequence length "
+                 f"{first.scenario['sequence_length']}, decode length {first.scenario['decode_length']}, "
+                 f"medians of {first.scenario['runs']} runs)")
+        speed_table = table(("batch_size", *columns), [[str(bs), *(cell(m, bs, speed) for m in members)]
+                                                       for bs in batch_sizes])
+        sec_table = table(("batch_size", *columns), [[str(bs), *(cell(m, bs, seconds) for m in members)]
+                                                     for bs in batch_sizes])
+        sections.append(f"{title}\n\ntokens/sec | msec/token\n{speed_table}\n\nsec\n{sec_table}")
+    return sections
+
+
+def runs_section(results: Sequence[BenchmarkResult]) -> str | None:
+    """Seed 004's view: one row per knob setting with prefill, decode, hit rate and tokens/s."""
+    rows = []
+    for r in results:
+        for batch in r.batches:
+            if not batch.ok or "hit_rate" not in batch.samples[0].counters:
+                continue
+            knobs = ", ".join(f"{k}={v}" for k, v in sorted(r.scenario.get("knobs", {}).items())) or "defaults"
+            rows.append([r.key, knobs, str(batch.batch_size),
+                         f"{_median(batch, 'prefill_ms') or float('nan'):.2f}",
+                         f"{_median(batch, 'decode_total_ms') or float('nan'):.2f}",
+                         f"{_median(batch, 'hit_rate') or 0:.4f}",
+                         f"{_median(batch, 'throughput_tokens_per_s') or float('nan'):.2f}"])
+    if not rows:
+        return None
+    return "## Offload runs\n\n" + table(("Test", "Knobs", "Batch Size", "prefill_time (ms)", "decode_time (ms)",
+                                          "hit_rate", "tokens/s"), rows)
+
+
+def verdict_table(rows: Sequence[Row]) -> str:
+    def num(v: float | None, fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    body = []
+    for r in rows:
+        ratio = "" if r.ratio is None else f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        p = "" if r.p_value is None else f"{r.p_value:.2g} ({r.p_adjusted:.2g})"
+        body.append([r.key, r.metric, str(r.batch_size), num(r.baseline, ".4g"), num(r.now, ".4g"), ratio, p,
+                     r.verdict + (f": {r.note}" if r.note and not r.note.startswith("n=") else "")])
+    return table(("Test", "Metric", "Batch Size", "Baseline", "Now", "Ratio [95% CI]", "p (BH)", "Verdict"), body)
+
+
+def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
+    gpus = ", ".join(f"{g['name']} ({g['memory_gb']} GiB, driver {g['driver']})" for g in fp.get("gpus", [])) or "none"
+    return [f"- Device: {device}",
+            f"- CPU: {fp.get('cpu_model')} ({fp.get('cpu_cores_physical')} physical / "
+            f"{fp.get('cpu_cores_logical')} logical cores), RAM {fp.get('ram_gb')} GiB",
+            f"- GPU: {gpus}; CUDA {fp.get('cuda')}",
+            f"- torch {fp.get('torch')}, transformers {fp.get('transformers')}, Python {fp.get('python')}",
+            f"- git commit: {fp.get('git', {}).get('commit')}" + (" (dirty)" if fp.get("git", {}).get("dirty") else "")]
+
+
+def markdown(device: str, created: str, fp: Mapping[str, Any], results: Sequence[BenchmarkResult],
+             rows: Sequence[Row], counts_line: str) -> str:
+    parts = [f"# llmperf results: {device}", f"Written {created}.",
+             "\n".join(environment_lines(fp, device)),
+             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: see the README."]
+    parts += [benchmark_section(r) for r in results]
+    parts += grid_sections(results)
+    runs = runs_section(results)
+    if runs:
+        parts.append(runs)
+    parts.append("## Verdicts\n\n" + counts_line + ("\n\n" + verdict_table(rows) if rows else ""))
+    return "\n\n".join(parts) + "\n"
+
+
+def json_document(device: str, created: str, fp: Mapping[str, Any], settings: Mapping[str, Any],
+                  results: Sequence[BenchmarkResult], outcomes: Sequence[Any], counts: Mapping[str, int]) -> dict:
+    benchmarks = []
+    for r in results:
+        batches = []
+        for b in r.batches:
+            per_metric = values_by_metric(b.samples)
+            batches.append({
+                "batch_size": b.batch_size, "status": b.status, "error": b.error, "warmups": b.warmups,
+                "runs": [{**s.to_json(), "values": run_values(s)} for s in b.samples],
+                "summary": {m: summarize(v).to_json() for m, v in per_metric.items()},
+            })
+        benchmarks.append({"key": r.key, "nodeid": r.nodeid, "module": r.module, "group": r.group,
+                           "scenario": r.scenario, "backend": r.backend, "batches": batches})
+    return {
+        "schema_version": 1,
+        "device": device,
+        "created": created,
+        "fingerprint": fp,
+        "settings": {k: v for k, v in settings.items()},
+        "percentile_method": PERCENTILE_METHOD,
+        "definitions": {m.name: {"unit": m.unit, "better": m.better, "definition": m.definition}
+                        for m in METRICS.values()},
+        "benchmarks": benchmarks,
+        "outcomes": [{"key": o.result.key, "nodeid": o.result.nodeid, "status": o.status,
+                      "baseline": o.baseline_path, "messages": o.messages,
+                      "software_drift": {k: list(v) for k, v in o.drift.items()}} for o in outcomes],
+        "verdicts": [r.__dict__ for o in outcomes for r in o.rows],
+        "counts": dict(counts),
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, document: Mapping[str, Any]) -> None:
+    write_atomic(path, json.dumps(document, indent=1, sort_keys=True, default=str) + "\n")

@@ -1,0 +1,59 @@
+"""The measurement loop: a scenario on a backend, batch size by batch size.
+
+Warmup runs are measured and discarded. A batch size that runs out of memory is recorded as `oom`
+and, with `stop_after_oom`, the larger ones are recorded as not attempted (the seeds' sweep "until
+oom"); any other error is recorded with its reason and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+from .backends.base import Backend, GenerationRequest, OutOfMemory
+from .models import make_prompt
+from .records import BatchResult, BenchmarkResult, RunSample
+from .scenario import Scenario
+
+
+def request_for(scenario: Scenario, batch_size: int) -> GenerationRequest:
+    return GenerationRequest(batch_size=batch_size, sequence_length=scenario.sequence_length,
+                             decode_length=scenario.decode_length, prompt=make_prompt(scenario.sequence_length))
+
+
+def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int) -> list[RunSample]:
+    for _ in range(warmups):
+        backend.generate(request)
+    return [backend.generate(request) for _ in range(runs)]
+
+
+def measure_batch(backend: Backend, scenario: Scenario, batch_size: int) -> BatchResult:
+    request = request_for(scenario, batch_size)
+    try:
+        samples = take_runs(backend, request, scenario.runs, scenario.warmups)
+    except OutOfMemory as exc:
+        return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
+    except Exception as exc:  # recorded with its reason; the sweep goes on
+        return BatchResult(batch_size, warmups=scenario.warmups, error=f"{type(exc).__name__}: {exc}")
+    return BatchResult(batch_size, samples=samples, warmups=scenario.warmups)
+
+
+def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str) -> BenchmarkResult:
+    batches: list[BatchResult] = []
+    with backend.apply_knobs(scenario.knobs):
+        description = backend.describe()
+        oom_at: int | None = None
+        for batch_size in scenario.batch_sizes:
+            if oom_at is not None and scenario.stop_after_oom and batch_size > oom_at:
+                batches.append(BatchResult(batch_size, error=f"not run: batch size {oom_at} ran out of memory",
+                                           oom=True, skipped=True))
+                continue
+            result = measure_batch(backend, scenario, batch_size)
+            if result.oom and oom_at is None:
+                oom_at = batch_size
+            batches.append(result)
+    return BenchmarkResult(key=key, nodeid=nodeid, module=module, scenario=scenario.to_json(),
+                           backend=description, batches=batches, group=scenario.group)
+
+
+def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int) -> list[RunSample]:
+    """A new set of runs of one batch size (after fresh warmups), to confirm or settle a verdict."""
+    with backend.apply_knobs(scenario.knobs):
+        return take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups)

@@ -1,0 +1,218 @@
+"""The session object (kept in `config.stash`) and the per-test `llmperf` fixture object.
+
+`Benchmark.measure(backend)` is the whole loop for one test: scenario from the marker and options,
+measure, compare with the baseline (or write it), settle inconclusive verdicts with more runs, and
+fail the test with an actionable message on a regression.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import gate, judge, runner
+from .backends.base import Backend
+from .baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
+from .environment import detect_device, fingerprint, hardware_mismatch, software_drift
+from .metrics import values_by_metric
+from .models import resolve_model
+from .options import Settings
+from .records import BatchResult, BenchmarkResult
+from .scenario import ScenarioError, build_scenario, check_marker_kwargs
+
+
+class PytestLLMPerfWarning(pytest.PytestWarning):
+    """A warning from pytest-llmperf (e.g. a baseline from another CPU model, not compared)."""
+
+
+@dataclass
+class Outcome:
+    """What happened to one benchmark: its status and the verdict rows."""
+
+    result: BenchmarkResult
+    status: str  # compared | created | updated | refused | missing
+    rows: list[judge.Row] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    drift: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    baseline_path: str = ""
+
+
+class LLMPerfSession:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.device_given = settings["device"] is not None
+        self.device: str = settings["device"] or detect_device()
+        self.store = BaselineStore(Path(settings["baseline_dir"]), self.device)
+        self.written: list[Path] = []
+        self.outcomes: list[Outcome] = []
+        self.selected = 0  # llmperf tests selected in this session
+        self._fingerprint: dict[str, Any] | None = None
+
+    @property
+    def mode(self) -> str:
+        if self.settings["update"]:
+            return "update"
+        if self.settings["update_missing"]:
+            return "update-missing"
+        return "gate"
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.settings.rootdir)
+        return self._fingerprint
+
+    def counts(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for outcome in self.outcomes:
+            if outcome.status == "compared":
+                verdicts = {r.verdict for r in outcome.rows}
+                if gate.REGRESSED in verdicts:
+                    counts["regressed"] += 1
+                elif gate.IMPROVED in verdicts:
+                    counts["improved"] += 1
+                else:
+                    counts["passed"] += 1
+                counts["inconclusive"] += gate.INCONCLUSIVE in verdicts
+            else:
+                counts[outcome.status] += 1
+        return counts
+
+    def resolve_model(self, name: str, *, build_device: str = "cpu") -> Path:
+        cache = self.settings["cache_dir"]
+        return resolve_model(name, local_models=self.settings["model"], cache_dir=Path(cache) if cache else None,
+                             build_device=build_device)
+
+
+class Benchmark:
+    """The `llmperf` fixture: measures backends for one test and gates them against baselines."""
+
+    def __init__(self, session: LLMPerfSession, item: pytest.Item) -> None:
+        self.session = session
+        self.item = item
+        marker = item.get_closest_marker("llmperf")
+        self.marker_kwargs: dict[str, Any] = check_marker_kwargs(marker.args, marker.kwargs) if marker else {}
+        self.results: list[BenchmarkResult] = []
+
+    @property
+    def device(self) -> str:
+        return self.session.device
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.session.device != "cpu"
+
+    def measure(self, backend: Backend, *, name: str | None = None, **overrides: Any) -> BenchmarkResult:
+        """Run this test's scenario on `backend` and gate it. Keyword overrides beat the marker."""
+        __tracebackhide__ = True
+        unknown = set(overrides) - {"batch_sizes", "sequence_length", "decode_length", "runs", "warmups",
+                                    "max_runs", "alpha", "rtol", "metrics", "knobs", "group", "stop_after_oom"}
+        if unknown:
+            raise ScenarioError(f"llmperf.measure() got unknown setting(s) {', '.join(sorted(unknown))}")
+        settings = self.session.settings.for_test({**self.marker_kwargs, **overrides})
+        settings.pop("devices", None)
+        scenario = build_scenario(settings)
+        module = self.item.nodeid.split("::", 1)[0]
+        key = self.item.nodeid.split("::", 1)[1] if "::" in self.item.nodeid else self.item.name
+        if name:
+            key = f"{key}::{name}"
+        if any(r.key == key for r in self.results):
+            raise ScenarioError(f"{key} was measured twice in one test; pass name= to tell the measurements apart")
+        result = runner.measure(backend, scenario, key=key, nodeid=self.item.nodeid, module=module)
+        self.results.append(result)
+        outcome = self._judge(result, scenario, backend, module)
+        self.session.outcomes.append(outcome)
+        if outcome.messages:
+            pytest.fail("\n".join(outcome.messages), pytrace=False)
+        return result
+
+    def _judge(self, result: BenchmarkResult, scenario: Any, backend: Backend, module: str) -> Outcome:
+        session = self.session
+        failed_batches = [b for b in result.batches if b.error is not None and not b.oom]
+        errors = [f"batch size {b.batch_size} failed: {b.error}" for b in failed_batches]
+        try:
+            baseline = session.store.get(module, result.key)
+            path = str(session.store.path_for(module))
+            if session.mode == "update" or (session.mode == "update-missing" and baseline is None):
+                status = "updated" if baseline is not None else "created"
+                if not errors:  # never store a broken measurement as the new normal
+                    session.store.write(module, self._entry(result))
+                return Outcome(result, status, messages=errors, baseline_path=path)
+        except BaselineError as exc:
+            return Outcome(result, "refused", messages=[str(exc), *errors])
+        if baseline is None:
+            hint = (f"no baseline for {result.key} in {path} (device {session.device}). Create it with:\n"
+                    f"  pytest '{self.item.nodeid}' --llmperf-device={session.device} --llmperf-update")
+            return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
+        mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
+        drift = software_drift(baseline.fingerprint, session.fingerprint)
+        if mismatch is not None:
+            kind, was, now = mismatch
+            text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
+                    f"{now!r}; not compared. Re-create it here with --llmperf-update, or use a device name "
+                    f"of its own for this hardware (--llmperf-device)")
+            if kind == "gpu":
+                return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path)
+            warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
+            return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path)
+        rows = self._gate(result, baseline, scenario, backend)
+        messages = [judge.regression_message(r, scenario.alpha) for r in rows if r.verdict == gate.REGRESSED]
+        if messages:
+            messages.append(f"If the slowdown is intended, update the baseline: pytest '{self.item.nodeid}' "
+                            f"--llmperf-device={session.device} --llmperf-update")
+        return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path)
+
+    def _gate(self, result: BenchmarkResult, baseline: BaselineEntry, scenario: Any, backend: Backend) -> list[judge.Row]:
+        """Two looks: the first runs, then, where a batch size is flagged (regressed or inconclusive), a fresh
+        set of runs judged on its own. A regression must show in both; each look uses alpha/2, so a
+        transient disturbance (another process compiling) rarely fails a test and the overall false-alarm
+        rate stays at or under alpha."""
+        extra = min(scenario.runs, scenario.max_runs - scenario.runs)
+        alpha = scenario.alpha / 2 if extra > 0 else scenario.alpha
+        compare = lambda res: judge.compare(res, baseline, scenario, splits_prefill=backend.splits_prefill,  # noqa: E731
+                                            alpha=alpha, counters_better=getattr(backend, "counters_better", None))
+        first = compare(result)
+        flagged = judge.flagged_batches(first)
+        if not flagged or extra <= 0:
+            return first
+        fresh_batches = []
+        for batch_size in flagged:
+            batch = result.batch(batch_size)
+            samples = runner.fresh_runs(backend, scenario, batch_size, extra)
+            batch.samples.extend(samples)  # the report shows every run taken
+            fresh_batches.append(BatchResult(batch_size, samples=samples, warmups=scenario.warmups))
+        second = compare(replace(result, batches=fresh_batches))
+        return judge.confirm(first, second, flagged)
+
+    def _entry(self, result: BenchmarkResult) -> BaselineEntry:
+        fp = self.session.fingerprint
+        return BaselineEntry(
+            key=result.key,
+            batches={b.batch_size: values_by_metric(b.samples) for b in result.batches if b.ok},
+            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
+            fingerprint=fp,
+            scenario=result.scenario,
+            backend={k: v for k, v in result.backend.items() if k != "model_path"},
+            git_commit=fp["git"]["commit"],
+            created=now_iso(),
+        )
+
+    def model(self, name: str) -> Path:
+        """The local directory of a model name (embedded, mapped with --llmperf-model, or a path)."""
+        return self.session.resolve_model(name)
+
+
+def marker_devices(item: pytest.Item) -> list[str] | None:
+    marker = item.get_closest_marker("llmperf")
+    if marker is None:
+        return None
+    devices: Mapping[str, Any] | Any = marker.kwargs.get("devices")
+    if devices is None:
+        return None
+    return [devices] if isinstance(devices, str) else list(devices)

@@ -1,0 +1,38 @@
+"""The `llmperf: <device>` section of pytest's terminal summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .report import table
+
+COUNT_ORDER = ("passed", "regressed", "improved", "created", "updated", "refused", "missing", "inconclusive")
+
+
+def counts_line(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{counts.get(name, 0)} {name}" for name in COUNT_ORDER)
+
+
+def summary_lines(session: Any) -> list[str]:
+    rows = []
+    for outcome in session.outcomes:
+        if not outcome.rows:
+            rows.append([outcome.result.key, "", "", "", "", "", "", outcome.status])
+        for r in outcome.rows:
+            ratio = "" if r.ratio is None else f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+            p = "" if r.p_adjusted is None else f"{r.p_adjusted:.2g}"
+            rows.append([r.key, r.metric, str(r.batch_size), "" if r.baseline is None else f"{r.baseline:.4g}",
+                         "" if r.now is None else f"{r.now:.4g}", ratio, p, r.verdict])
+    lines = table(("test", "metric", "batch", "baseline", "now", "ratio [95% CI]", "p (BH)", "verdict"),
+                  rows).splitlines() if rows else []
+    counts = session.counts()
+    lines.append(counts_line(counts))
+    drift = {k: v for o in session.outcomes for k, v in o.drift.items()}
+    if drift:
+        lines.append("software drift since the baselines: " +
+                     "; ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(drift.items())))
+    if counts.get("regressed") or counts.get("missing"):
+        lines.append(f"re-run: pytest --llmperf-device={session.device} (add --llmperf-update if the change is "
+                     "intended, then commit the changed baselines/ files)")
+    return lines

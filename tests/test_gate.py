@@ -1,0 +1,61 @@
+"""The statistical gate on synthetic samples with fixed seeds."""
+
+import numpy as np
+import pytest
+
+from pytest_llmperf import gate
+
+
+def _verdict(base, cur, *, better="lower", rtol=0.05, alpha=0.01):
+    return gate.decide([gate.compare("m", 1, base, cur, better=better, rtol=rtol, with_ci=False)], alpha)[0]
+
+
+def test_false_alarm_rate_over_1000_aa_pairs_is_at_most_alpha():
+    rng = np.random.default_rng(20261122)
+    alpha = 0.01
+    # rtol=0 isolates the test itself: the tolerance can only lower the rate further.
+    alarms = sum(_verdict(rng.lognormal(0, 0.03, 10), rng.lognormal(0, 0.03, 10), rtol=0.0, alpha=alpha).verdict
+                 == gate.REGRESSED for _ in range(1000))
+    assert alarms / 1000 <= alpha
+
+
+def test_detects_a_ten_percent_shift_at_three_percent_noise_with_ten_runs():
+    rng = np.random.default_rng(7)
+    hits = sum(_verdict(rng.lognormal(0, 0.03, 10), rng.lognormal(np.log(1.10), 0.03, 10)).verdict == gate.REGRESSED
+               for _ in range(1000))
+    assert hits / 1000 >= 0.95
+
+
+def test_throughput_down_is_a_regression_and_up_an_improvement():
+    rng = np.random.default_rng(3)
+    base = rng.lognormal(np.log(100), 0.02, 10)
+    assert _verdict(base, base * 0.8, better="higher").verdict == gate.REGRESSED
+    assert _verdict(base, base * 1.25, better="higher").verdict == gate.IMPROVED
+    assert _verdict(base, base * 0.8, better="lower").verdict == gate.IMPROVED
+
+
+def test_a_significant_change_within_tolerance_passes():
+    rng = np.random.default_rng(4)
+    base = rng.lognormal(0, 0.005, 10)
+    result = _verdict(base, base * 1.03, rtol=0.05)
+    assert result.p_worse < 0.01 and result.verdict == gate.PASS
+
+
+def test_hodges_lehmann_ratio_and_interval_cover_the_true_shift():
+    rng = np.random.default_rng(5)
+    base = rng.lognormal(0, 0.03, 20)
+    ratio, low, high = gate.hodges_lehmann_ratio(base, rng.lognormal(np.log(1.2), 0.03, 20))
+    assert low < 1.2 < high and abs(ratio - 1.2) < 0.03
+
+
+def test_benjamini_hochberg_adjusts_across_one_tests_metrics():
+    rng = np.random.default_rng(6)
+    comparisons = [gate.compare(f"m{i}", 1, rng.lognormal(0, 0.03, 10), rng.lognormal(0, 0.03, 10), better="lower",
+                                rtol=0.0, with_ci=False) for i in range(20)]
+    decided = gate.decide(comparisons, 0.01)
+    assert all(d.p_adjusted >= d.p_worse for d in decided)
+
+
+def test_min_attainable_p_tells_when_runs_are_too_few():
+    assert gate.min_attainable_p(3, 3) == pytest.approx(0.05)
+    assert gate.min_attainable_p(10, 10) < 1e-4

@@ -1,0 +1,205 @@
+"""The plugin end to end through pytester, on the simulated engine (deterministic slowdowns)."""
+
+import json
+
+import pytest
+
+from pytest_llmperf.options import OPTIONS
+
+ENGINE_TEST = """
+import os
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.fixture
+def engine():
+    return SimulatedBackend(seed=int(os.environ.get("SIM_SEED", "0")),
+                            prefill_slowdown=float(os.environ.get("SIM_PREFILL", "1")),
+                            decode_slowdown=float(os.environ.get("SIM_DECODE", "1")),
+                            fail_at={int(b): "boom" for b in os.environ.get("SIM_FAIL_AT", "").split(",") if b})
+
+@pytest.mark.llmperf(batch_sizes=[1, 2, 4], runs=10, warmups=0)
+def test_engine(llmperf, engine):
+    llmperf.measure(engine)
+"""
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT", "GITHUB_STEP_SUMMARY"):
+        monkeypatch.delenv(name, raising=False)
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_engine=ENGINE_TEST)
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider",
+                              "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+
+
+def baseline_file(pytester):
+    return pytester.path / "baselines" / "cpu" / "test_engine.json"
+
+
+def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeypatch):
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no baseline for test_engine in *baselines/cpu/test_engine.json (device cpu)*",
+                                 "*--llmperf-device=cpu --llmperf-update*"])
+    assert not baseline_file(project).exists()
+
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    stored = json.loads(baseline_file(project).read_text())
+    assert stored["schema_version"] == 1 and stored["device"] == "cpu"
+    assert len(stored["benchmarks"]["test_engine"]["batches"]["4"]["prefill_ms"]) == 10
+
+    monkeypatch.setenv("SIM_SEED", "1")
+    result = run(project)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*= llmperf: cpu =*", "*1 passed, 0 regressed*"])
+
+    monkeypatch.setenv("SIM_SEED", "2")
+    monkeypatch.setenv("SIM_DECODE", "1.2")
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed: baseline median*ratio 1.1*"])
+    assert "prefill_ms (prefill) at batch" not in result.stdout.str()
+    assert result.ret == 1
+
+    monkeypatch.setenv("SIM_DECODE", "1.0")
+    monkeypatch.setenv("SIM_PREFILL", "1.2")
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size*regressed*"])
+
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run(project).assert_outcomes(passed=1)
+
+
+def test_update_missing_writes_only_what_is_missing(project):
+    project.makepyfile(test_other=ENGINE_TEST.replace("test_engine(", "test_other("))
+    run(project, "--llmperf-update", "test_engine.py").assert_outcomes(passed=1)
+    before = baseline_file(project).read_bytes()
+    run(project, "--llmperf-update-missing").assert_outcomes(passed=2)
+    assert baseline_file(project).read_bytes() == before
+    assert (project.path / "baselines" / "cpu" / "test_other.json").exists()
+
+
+def test_update_keeps_entries_of_tests_not_selected(project):
+    project.makepyfile(test_engine=ENGINE_TEST + ENGINE_TEST.split("@pytest.mark.llmperf")[1].join(
+        ["\n@pytest.mark.llmperf", ""]).replace("def test_engine(", "def test_second("))
+    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run(project, "--llmperf-update", "-k", "test_second").assert_outcomes(passed=1, deselected=1)
+    assert set(json.loads(baseline_file(project).read_text())["benchmarks"]) == {"test_engine", "test_second"}
+
+
+def test_failing_batch_is_recorded_and_the_sweep_goes_on(project, monkeypatch):
+    monkeypatch.setenv("SIM_FAIL_AT", "2")
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*batch size 2 failed: RuntimeError: boom*"])
+    report = (project.path / "reports" / "cpu.md").read_text()
+    assert "| Prefill        | 1          |" in report and "| 4 " in report and "NaN ms" in report
+    data = json.loads((project.path / "reports" / "cpu.json").read_text())
+    statuses = [b["status"] for b in data["benchmarks"][0]["batches"]]
+    assert statuses == ["ok", "error", "ok"]
+    assert not baseline_file(project).exists()  # a broken measurement is never stored as the new normal
+
+
+def test_reports_hold_seed_tables_raw_runs_and_fingerprint(project, monkeypatch, tmp_path):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    md = (project.path / "reports" / "cpu.md").read_text()
+    for line in ("| Parameter ", "| Step           | Batch Size | Average", "| Decode (token) |",
+                 "| Decode (total) |", "tokens/secs", "p99 needs at least 100 runs", "## Verdicts"):
+        assert line in md
+    data = json.loads((project.path / "reports" / "cpu.json").read_text())
+    assert data["percentile_method"] == "linear"
+    assert {"cpu_model", "ram_gb", "gpus", "torch", "python", "git"} <= set(data["fingerprint"])
+    runs = data["benchmarks"][0]["batches"][0]["runs"]
+    assert len(runs) == 10 and runs[0]["decode_steps_ns"] and "prefill_ms" in runs[0]["values"]
+    assert "llmperf: cpu" in summary.read_text()
+
+
+def test_marker_devices_skip_with_a_reason_naming_both(project):
+    project.makepyfile(test_gpu="""
+        import pytest
+        @pytest.mark.llmperf(devices=["a100"])
+        def test_on_a100(llmperf):
+            raise AssertionError("must not run on cpu")
+    """)
+    result = run(project, "-rs", "test_gpu.py")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*llmperf: runs on a100; the current device is cpu*"])
+
+
+def test_unknown_marker_keyword_is_rejected(project):
+    project.makepyfile(test_typo="""
+        import pytest
+        @pytest.mark.llmperf(batchsize=[1])
+        def test_typo(llmperf):
+            pass
+    """)
+    result = run(project, "test_typo.py")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*unknown keyword(s) batchsize; known: batch_sizes*"])
+
+
+def test_help_lists_every_option(pytester):
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines([f"*{option.cli}*" for option in OPTIONS])
+
+
+@pytest.mark.parametrize("style", ["pytest.ini", "tox.ini", "pyproject.toml"])
+def test_ini_twins_from_each_config_format(pytester, style, monkeypatch):
+    monkeypatch.delenv("LLMPERF_RUNS", raising=False)
+    lines = "llmperf_runs = 3\nllmperf_alpha = 0.05\nllmperf_device = h100\n"
+    if style == "pyproject.toml":
+        pytester.makepyprojecttoml("[tool.pytest.ini_options]\n" + lines.replace("= 3", '= "3"')
+                                   .replace("= 0.05", '= "0.05"').replace("= h100", '= "h100"'))
+    elif style == "tox.ini":
+        pytester.makefile(".ini", tox="[pytest]\n" + lines)
+    else:
+        pytester.makeini("[pytest]\n" + lines)
+    result = pytester.runpytest("--co")
+    result.stdout.fnmatch_lines(["llmperf: device=h100 (given), mode=gate, runs=3, warmups=1, max_runs=30, "
+                                 "alpha=0.05*"])
+
+
+def test_precedence_marker_over_cli_over_env_over_ini(project, monkeypatch):
+    project.makeini("[pytest]\nllmperf_runs = 3\nllmperf_warmups = 2\n")
+    monkeypatch.setenv("LLMPERF_RUNS", "4")
+    monkeypatch.setenv("LLMPERF_WARMUPS", "0")
+    result = run(project, "--llmperf-runs=5", "--co")
+    result.stdout.fnmatch_lines(["*runs=5, warmups=0,*"])  # CLI beats env; env beats ini
+    run(project, "--llmperf-runs=5", "--llmperf-update").assert_outcomes(passed=1)
+    stored = json.loads(baseline_file(project).read_text())["benchmarks"]["test_engine"]
+    assert stored["scenario"]["runs"] == 10  # the marker's runs=10 beats the CLI
+
+
+def test_bad_option_value_is_a_usage_error_naming_the_option(project, monkeypatch):
+    result = run(project, "--llmperf-alpha=2")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*llmperf: bad value for --llmperf-alpha: expected a number in (0, 1)*"])
+    monkeypatch.setenv("LLMPERF_RUNS", "zero")
+    result = run(project)
+    result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RUNS*"])
+
+
+def test_xdist_refuses_timed_tests_with_a_clear_message(project):
+    pytest.importorskip("xdist")
+    result = run(project, "-n", "1")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*timed benchmark tests must not run under pytest-xdist*-p no:xdist*"])
+
+
+def test_xdist_says_nothing_without_llmperf_tests(pytester):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = pytester.runpytest("-n", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "llmperf: " not in result.stdout.str().replace("llmperf: device", "").replace("llmperf: baselines", "")
