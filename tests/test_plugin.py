@@ -203,3 +203,11 @@ def test_xdist_says_nothing_without_llmperf_tests(pytester):
     result = pytester.runpytest("-n", "1", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert "llmperf: " not in result.stdout.str().replace("llmperf: device", "").replace("llmperf: baselines", "")
+
+
+def test_results_join_pytest_benchmark_json(project):
+    pytest.importorskip("pytest_benchmark")
+    out = project.path / "benchmark.json"
+    run(project, "--llmperf-update", f"--benchmark-json={out}").assert_outcomes(passed=1)
+    names = [b["name"] for b in json.loads(out.read_text())["benchmarks"]]
+    assert "test_engine[bs=1]:prefill_ms" in names and "test_engine[bs=4]:decode_token_ms" in names
