@@ -63,43 +63,47 @@ def parameters_table(result: BenchmarkResult) -> str:
     return table(("Parameter", "Value"), [(k, str(v)) for k, v in rows])
 
 
-def latency_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
-    notes: list[str] = []
+def _step_rows(result: BenchmarkResult, steps: Sequence[tuple[str, str]], unit: str,
+               cells: Callable[[list[float]], list[str]], width: int) -> list[list[str]]:
+    """One row per step and batch size; the step's name only on its first row, as in the seeds."""
     rows = []
     for step, metric in steps:
         for i, batch in enumerate(result.batches):
-            label = step if i == 0 else ""
-            if not batch.ok:
-                rows.append([label, str(batch.batch_size), *[_failed_cell(batch) + " ms"] * 6])
-                continue
-            summary = summarize(values_by_metric(batch.samples)[metric])
-            cells = [_fmt(summary.average, "ms"), _fmt(summary.lowest, "ms"), _fmt(summary.highest, "ms")]
-            for q in PERCENTILES:
-                value = summary.percentiles[q]
-                if value is None:
-                    note = f"p{q} needs at least {min_runs_for_percentile(q)} runs (this table has {summary.n}): not shown"
-                    if note not in notes:
-                        notes.append(note)
-                    cells.append("n/a")
-                else:
-                    cells.append(_fmt(value, "ms"))
-            rows.append([label, str(batch.batch_size), *cells])
+            head = [step if i == 0 else "", str(batch.batch_size)]
+            if batch.ok:
+                rows.append(head + cells(values_by_metric(batch.samples)[metric]))
+            else:
+                rows.append(head + [f"{_failed_cell(batch)} {unit}"] * width)
+    return rows
+
+
+def latency_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
+    notes: list[str] = []
+
+    def cells(values: list[float]) -> list[str]:
+        summary = summarize(values)
+        out = [_fmt(summary.average, "ms"), _fmt(summary.lowest, "ms"), _fmt(summary.highest, "ms")]
+        for q in PERCENTILES:
+            value = summary.percentiles[q]
+            if value is None:
+                note = f"p{q} needs at least {min_runs_for_percentile(q)} runs (this table has {summary.n}): not shown"
+                if note not in notes:
+                    notes.append(note)
+            out.append("n/a" if value is None else _fmt(value, "ms"))
+        return out
+
+    rows = _step_rows(result, steps, "ms", cells, 3 + len(PERCENTILES))
     header = ("Step", "Batch Size", "Average", "Lowest", "Highest", *(f"p{q}" for q in PERCENTILES))
     return table(header, rows), notes
 
 
 def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> str:
-    rows = []
-    for step, metric in steps:
-        for i, batch in enumerate(result.batches):
-            label = step if i == 0 else ""
-            if not batch.ok:
-                rows.append([label, str(batch.batch_size), *[_failed_cell(batch) + " tokens/secs"] * 3])
-                continue
-            summary = summarize(values_by_metric(batch.samples)[metric])
-            rows.append([label, str(batch.batch_size), *(_fmt(v, "tokens/secs") for v in
-                                                         (summary.average, summary.lowest, summary.highest))])
-    return table(("Step", "Batch Size", "Average", "Lowest", "Highest"), rows)
+    def cells(values: list[float]) -> list[str]:
+        summary = summarize(values)
+        return [_fmt(v, "tokens/secs") for v in (summary.average, summary.lowest, summary.highest)]
+
+    return table(("Step", "Batch Size", "Average", "Lowest", "Highest"),
+                 _step_rows(result, steps, "tokens/secs", cells, 3))
 
 
 def benchmark_section(result: BenchmarkResult) -> str:

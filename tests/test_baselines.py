@@ -19,6 +19,14 @@ def recorded(pytester, monkeypatch):
     return pytester
 
 
+def edit_baseline(pytester, change):
+    """Apply `change` to the stored baseline document of test_engine."""
+    path = baseline_file(pytester)
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
 @pytest.mark.parametrize("update", [False, True], ids=["gate", "update"])
 def test_corrupt_json_is_named_and_left_as_it_was(recorded, update):
     path = baseline_file(recorded)
@@ -31,20 +39,14 @@ def test_corrupt_json_is_named_and_left_as_it_was(recorded, update):
 
 
 def test_unknown_schema_version(recorded):
-    path = baseline_file(recorded)
-    data = json.loads(path.read_text())
-    data["schema_version"] = 99
-    path.write_text(json.dumps(data))
+    edit_baseline(recorded, lambda d: d.update(schema_version=99))
     result = run(recorded)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*has schema_version 99; this pytest-llmperf reads 1. Upgrade pytest-llmperf*"])
 
 
 def test_file_for_another_device(recorded):
-    path = baseline_file(recorded)
-    data = json.loads(path.read_text())
-    data["device"] = "a100"
-    path.write_text(json.dumps(data))
+    edit_baseline(recorded, lambda d: d.update(device="a100"))
     result = run(recorded)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*is for device 'a100', but it lies under the directory of device 'cpu'. Move it*"])
@@ -60,21 +62,16 @@ def test_unwritable_baseline_directory(recorded):
 
 
 def test_baseline_from_another_gpu_is_refused_with_both_names(recorded):
-    path = baseline_file(recorded)
-    data = json.loads(path.read_text())
-    data["benchmarks"]["test_engine"]["fingerprint"]["gpus"] = [{"name": "NVIDIA A100-SXM4-80GB", "driver": "550"}]
-    path.write_text(json.dumps(data))
+    edit_baseline(recorded, lambda d: d["benchmarks"]["test_engine"]["fingerprint"].update(
+        gpus=[{"name": "NVIDIA A100-SXM4-80GB", "driver": "550"}]))
     result = run(recorded)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*was measured on GPU 'NVIDIA A100-SXM4-80GB', this machine has 'no GPU'; not compared*"])
 
 
 def test_baseline_from_another_cpu_warns_and_counts_as_refused(recorded):
-    path = baseline_file(recorded)
-    data = json.loads(path.read_text())
-    data["benchmarks"]["test_engine"]["fingerprint"]["cpu_model"] = "Some Other CPU"
-    data["benchmarks"]["test_engine"]["fingerprint"]["torch"] = "0.0.1"
-    path.write_text(json.dumps(data))
+    edit_baseline(recorded, lambda d: d["benchmarks"]["test_engine"]["fingerprint"].update(
+        cpu_model="Some Other CPU", torch="0.0.1"))
     result = run(recorded)
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*was measured on CPU 'Some Other CPU'*not compared*", "*1 refused*",
