@@ -30,6 +30,7 @@ class BaselineEntry:
     key: str
     batches: dict[int, dict[str, list[float]]]  # batch size -> metric -> per-run values
     errors: dict[int, str] = field(default_factory=dict)  # batch size -> why it did not run ("oom: ...")
+    foreign_load: dict[int, float] = field(default_factory=dict)  # batch size -> cores used by other processes
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scenario: dict[str, Any] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
@@ -41,6 +42,7 @@ class BaselineEntry:
             "batches": {str(bs): {m: [round(v, 6) for v in vals] for m, vals in sorted(metrics.items())}
                         for bs, metrics in sorted(self.batches.items())},
             "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
+            "foreign_load": {str(bs): round(load, 3) for bs, load in sorted(self.foreign_load.items())},
             "fingerprint": self.fingerprint,
             "scenario": self.scenario,
             "backend": self.backend,
@@ -55,6 +57,7 @@ class BaselineEntry:
             batches={int(bs): {m: [float(v) for v in vals] for m, vals in metrics.items()}
                      for bs, metrics in data["batches"].items()},
             errors={int(bs): str(msg) for bs, msg in data.get("errors", {}).items()},
+            foreign_load={int(bs): float(v) for bs, v in data.get("foreign_load", {}).items()},
             fingerprint=dict(data.get("fingerprint", {})),
             scenario=dict(data.get("scenario", {})),
             backend=dict(data.get("backend", {})),

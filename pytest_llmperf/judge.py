@@ -56,14 +56,33 @@ def gated_metrics(scenario: Scenario, splits_prefill: bool) -> tuple[str, ...]:
     return DEFAULT_GATED_SPLIT if splits_prefill else DEFAULT_GATED_SERVER
 
 
+REFUSED = "refused"
+
+
+def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
+    """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
+    if current_load is not None and current_load > max_load:
+        return (f"machine busy: other processes used {current_load:.2f} cores during the runs "
+                f"(limit {max_load:g}, --llmperf-max-load); not compared")
+    if baseline_load is not None and baseline_load > max_load:
+        return (f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
+                f"limit {max_load:g}); not compared: re-record it with --llmperf-update on a quiet machine")
+    return None
+
+
 def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario, *, splits_prefill: bool,
-            alpha: float, counters_better: Mapping[str, str] | None = None) -> list[Row]:
+            alpha: float, max_load: float, counters_better: Mapping[str, str] | None = None) -> list[Row]:
     """Compare every gated metric at every batch size; adjust p-values together; give verdicts."""
     metrics = gated_metrics(scenario, splits_prefill)
     comparisons: list[gate.Comparison] = []
     rows: list[Row] = []
     for batch in result.batches:
         base = baseline.batches.get(batch.batch_size)
+        busy = busy_note(batch.foreign_load, baseline.foreign_load.get(batch.batch_size), max_load)
+        if busy and base is not None and batch.ok:
+            rows.append(Row(result.key, result.nodeid, "*", batch.batch_size, None, None, None, None, None, None,
+                            None, REFUSED, busy))
+            continue
         if base is None:
             note = "no baseline for this batch size" if batch.ok else (batch.error or "")
             rows.append(Row(result.key, result.nodeid, "*", batch.batch_size, None, None, None, None, None, None,

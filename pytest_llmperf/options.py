@@ -153,6 +153,8 @@ OPTIONS: tuple[Option, ...] = (
            default=0.01, ini_type="float", metavar="P"),
     Option("rtol", "Relative tolerance: a slowdown smaller than this never fails (default: 0.05)",
            _non_negative_float, default=0.05, ini_type="float", metavar="R"),
+    Option("max_load", "Refuse to judge (or record) runs during which other processes kept more than this "
+           "many cores busy (default: 0.5)", _non_negative_float, default=0.5, ini_type="float", metavar="CORES"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
            ini_type="bool", flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,

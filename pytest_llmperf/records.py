@@ -54,6 +54,7 @@ class BatchResult:
     error: str | None = None
     oom: bool = False
     skipped: bool = False  # not attempted because a smaller batch already ran out of memory
+    foreign_load: float | None = None  # cores other processes kept busy while this batch was measured
 
     @property
     def ok(self) -> bool:

@@ -7,6 +7,7 @@ oom"); any other error is recorded with its reason and the sweep goes on.
 
 from __future__ import annotations
 
+from .load import LoadMeter
 from .backends.base import Backend, GenerationRequest, OutOfMemory
 from .models import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
@@ -26,13 +27,14 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
 
 def measure_batch(backend: Backend, scenario: Scenario, batch_size: int) -> BatchResult:
     request = request_for(scenario, batch_size)
+    meter = LoadMeter()
     try:
         samples = take_runs(backend, request, scenario.runs, scenario.warmups)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
     except Exception as exc:  # recorded with its reason; the sweep goes on
         return BatchResult(batch_size, warmups=scenario.warmups, error=f"{type(exc).__name__}: {exc}")
-    return BatchResult(batch_size, samples=samples, warmups=scenario.warmups)
+    return BatchResult(batch_size, samples=samples, warmups=scenario.warmups, foreign_load=meter.stop())
 
 
 def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str) -> BenchmarkResult:
@@ -53,7 +55,9 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                            backend=description, batches=batches, group=scenario.group)
 
 
-def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int) -> list[RunSample]:
+def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int) -> BatchResult:
     """A new set of runs of one batch size (after fresh warmups), to confirm or settle a verdict."""
+    meter = LoadMeter()
     with backend.apply_knobs(scenario.knobs):
-        return take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups)
+        samples = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups)
+    return BatchResult(batch_size, samples=samples, warmups=scenario.warmups, foreign_load=meter.stop())

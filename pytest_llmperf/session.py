@@ -73,7 +73,9 @@ class LLMPerfSession:
         for outcome in self.outcomes:
             if outcome.status == "compared":
                 verdicts = {r.verdict for r in outcome.rows}
-                if gate.REGRESSED in verdicts:
+                if verdicts == {judge.REFUSED}:
+                    counts["refused"] += 1
+                elif gate.REGRESSED in verdicts:
                     counts["regressed"] += 1
                 elif gate.IMPROVED in verdicts:
                     counts["improved"] += 1
@@ -141,9 +143,16 @@ class Benchmark:
             path = str(session.store.path_for(module))
             if session.mode == "update" or (session.mode == "update-missing" and baseline is None):
                 status = "updated" if baseline is not None else "created"
-                if not errors:  # never store a broken measurement as the new normal
+                max_load = session.settings["max_load"]
+                busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was "
+                        f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
+                        if b.foreign_load is not None and b.foreign_load > max_load]
+                if busy:
+                    errors = [f"not written: a baseline measured on a busy machine would gate against noise. "
+                              f"Re-run the update when the machine is quiet. {'; '.join(busy)}", *errors]
+                if not errors:  # never store a broken or disturbed measurement as the new normal
                     session.store.write(module, self._entry(result))
-                return Outcome(result, status, messages=errors, baseline_path=path)
+                return Outcome(result, status if not errors else "refused", messages=errors, baseline_path=path)
         except BaselineError as exc:
             return Outcome(result, "refused", messages=[str(exc), *errors])
         if baseline is None:
@@ -162,6 +171,10 @@ class Benchmark:
             warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
             return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path)
         rows = self._gate(result, baseline, scenario, backend)
+        refused = [r for r in rows if r.verdict == judge.REFUSED]
+        if refused:
+            warnings.warn(PytestLLMPerfWarning(f"{result.key}: " + "; ".join(
+                f"batch size {r.batch_size}: {r.note}" for r in refused)), stacklevel=2)
         messages = [judge.regression_message(r, scenario.alpha) for r in rows if r.verdict == gate.REGRESSED]
         if messages:
             messages.append(f"If the slowdown is intended, update the baseline: pytest '{self.item.nodeid}' "
@@ -176,17 +189,17 @@ class Benchmark:
         extra = min(scenario.runs, scenario.max_runs - scenario.runs)
         alpha = scenario.alpha / 2 if extra > 0 else scenario.alpha
         compare = lambda res: judge.compare(res, baseline, scenario, splits_prefill=backend.splits_prefill,  # noqa: E731
-                                            alpha=alpha, counters_better=getattr(backend, "counters_better", None))
+                                            alpha=alpha, max_load=self.session.settings["max_load"],
+                                            counters_better=getattr(backend, "counters_better", None))
         first = compare(result)
         flagged = judge.flagged_batches(first)
         if not flagged or extra <= 0:
             return first
         fresh_batches = []
         for batch_size in flagged:
-            batch = result.batch(batch_size)
-            samples = runner.fresh_runs(backend, scenario, batch_size, extra)
-            batch.samples.extend(samples)  # the report shows every run taken
-            fresh_batches.append(BatchResult(batch_size, samples=samples, warmups=scenario.warmups))
+            fresh = runner.fresh_runs(backend, scenario, batch_size, extra)
+            result.batch(batch_size).samples.extend(fresh.samples)  # the report shows every run taken
+            fresh_batches.append(fresh)
         second = compare(replace(result, batches=fresh_batches))
         return judge.confirm(first, second, flagged)
 
@@ -196,6 +209,7 @@ class Benchmark:
             key=result.key,
             batches={b.batch_size: values_by_metric(b.samples) for b in result.batches if b.ok},
             errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
+            foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
             fingerprint=fp,
             scenario=result.scenario,
             backend={k: v for k, v in result.backend.items() if k != "model_path"},

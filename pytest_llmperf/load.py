@@ -1,0 +1,52 @@
+"""How busy the machine was while we measured: the CPU time of every process but ours, in cores.
+
+A timing taken while another process compiles can move 30x on a shared machine; no tolerance
+separates that from a regression. So the runner records, per batch size, the average number of
+cores other processes kept busy (system busy time from /proc/stat via psutil, minus the CPU time of
+this process and its children, such as a server a fixture started), and the gate refuses to judge a
+comparison where either side was measured on a busy machine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+def _own_cpu_seconds(process: psutil.Process) -> float:
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # gone meanwhile
+            pass
+    return total
+
+
+def _system_busy_seconds() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+@dataclass
+class LoadMeter:
+    """Start before a measurement, `stop()` after: returns the foreign load in cores."""
+
+    _wall: float = 0.0
+    _system: float = 0.0
+    _own: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._process = psutil.Process()
+        self._wall = time.monotonic()
+        self._system = _system_busy_seconds()
+        self._own = _own_cpu_seconds(self._process)
+
+    def stop(self) -> float:
+        wall = time.monotonic() - self._wall
+        if wall <= 0:
+            return 0.0
+        foreign = (_system_busy_seconds() - self._system) - (_own_cpu_seconds(self._process) - self._own)
+        return max(foreign, 0.0) / wall

@@ -1,0 +1,54 @@
+"""The busy-machine check: foreign CPU load is measured, and a busy side is refused, never judged."""
+
+import subprocess
+import sys
+import time
+
+from pytest_llmperf import judge, runner
+from pytest_llmperf.backends.simulated import SimulatedBackend
+from pytest_llmperf.baselines import BaselineEntry
+from pytest_llmperf.load import LoadMeter
+from pytest_llmperf.metrics import values_by_metric
+from pytest_llmperf.scenario import Scenario
+
+
+def test_meter_counts_a_process_outside_our_tree_and_not_our_own_work():
+    # The shell exits at once, so the spinner is re-parented: not our child, foreign load.
+    code = "import time\nt = time.time()\nwhile time.time() - t < 2.0: pass"
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{code}" >/dev/null 2>&1 &'], check=True)
+    time.sleep(0.2)
+    meter = LoadMeter()
+    time.sleep(1.0)
+    assert meter.stop() > 0.5
+
+    meter = LoadMeter()
+    end = time.time() + 0.5
+    while time.time() < end:  # our own busy work is not foreign
+        pass
+    time.sleep(2.0)  # let the spinner finish
+    assert LoadMeter().stop() >= 0.0
+
+
+def _rows(current_load, baseline_load, max_load=0.5):
+    scenario = Scenario(batch_sizes=(1,), runs=10)
+    base = runner.measure(SimulatedBackend(seed=1), scenario, key="k", nodeid="t::k", module="t")
+    now = runner.measure(SimulatedBackend(seed=2, decode_slowdown=2.0), scenario, key="k", nodeid="t::k", module="t")
+    now.batches[0].foreign_load = current_load
+    entry = BaselineEntry("k", {1: values_by_metric(base.batches[0].samples)}, foreign_load={1: baseline_load})
+    return judge.compare(now, entry, scenario, splits_prefill=True, alpha=0.01, max_load=max_load)
+
+
+def test_a_busy_current_run_is_refused_not_failed():
+    rows = _rows(current_load=1.5, baseline_load=0.0)
+    assert [r.verdict for r in rows] == [judge.REFUSED]
+    assert "other processes used 1.50 cores" in rows[0].note
+
+
+def test_a_baseline_recorded_on_a_busy_machine_is_refused():
+    rows = _rows(current_load=0.0, baseline_load=1.2)
+    assert [r.verdict for r in rows] == [judge.REFUSED] and "re-record it" in rows[0].note
+
+
+def test_a_quiet_machine_is_judged():
+    rows = _rows(current_load=0.1, baseline_load=0.1)
+    assert "regressed" in {r.verdict for r in rows}
