@@ -153,8 +153,9 @@ OPTIONS: tuple[Option, ...] = (
            default=0.01, ini_type="float", metavar="P"),
     Option("rtol", "Relative tolerance: a slowdown smaller than this never fails (default: 0.05)",
            _non_negative_float, default=0.05, ini_type="float", metavar="R"),
-    Option("max_load", "Refuse to judge (or record) runs during which other processes kept more than this "
-           "many cores busy (default: 0.5)", _non_negative_float, default=0.5, ini_type="float", metavar="CORES"),
+    Option("max_load", "Retake a run during which other processes kept more than this many cores busy; "
+           "refuse to judge or record a batch that stayed busy (default: 0.25)", _non_negative_float,
+           default=0.25, ini_type="float", metavar="CORES"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
            ini_type="bool", flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
@@ -168,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 
 #: Settings a test's marker may override (the rest are session-wide).
-PER_TEST = ("runs", "warmups", "max_runs", "alpha", "rtol")
+PER_TEST = ("runs", "warmups", "max_runs", "alpha", "rtol", "max_load")
 
 
 def add_options(parser: pytest.Parser) -> None:

@@ -54,7 +54,8 @@ class BatchResult:
     error: str | None = None
     oom: bool = False
     skipped: bool = False  # not attempted because a smaller batch already ran out of memory
-    foreign_load: float | None = None  # cores other processes kept busy while this batch was measured
+    foreign_load: float | None = None  # cores other processes kept busy during the kept runs (mean)
+    retaken: int = 0  # runs discarded and taken again because the machine was busy
 
     @property
     def ok(self) -> bool:

@@ -112,6 +112,8 @@ def benchmark_section(result: BenchmarkResult) -> str:
     parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
              parameters_table(result), latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT)]
     failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
+    failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
+               f"kept runs saw {b.foreign_load:.2f} foreign cores on average" for b in result.batches if b.retaken]
     if notes or failed:
         parts.append("\n".join([*(f"- {n}" for n in notes), *failed]))
     return "\n\n".join(parts)
@@ -228,6 +230,7 @@ def json_document(device: str, created: str, fp: Mapping[str, Any], settings: Ma
             per_metric = values_by_metric(b.samples)
             batches.append({
                 "batch_size": b.batch_size, "status": b.status, "error": b.error, "warmups": b.warmups,
+                "foreign_load": b.foreign_load, "retaken": b.retaken,
                 "runs": [{**s.to_json(), "values": run_values(s)} for s in b.samples],
                 "summary": {m: summarize(v).to_json() for m, v in per_metric.items()},
             })

@@ -7,6 +7,9 @@ oom"); any other error is recorded with its reason and the sweep goes on.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from .load import LoadMeter
 from .backends.base import Backend, GenerationRequest, OutOfMemory
 from .models import make_prompt
@@ -19,22 +22,46 @@ def request_for(scenario: Scenario, batch_size: int) -> GenerationRequest:
                              decode_length=scenario.decode_length, prompt=make_prompt(scenario.sequence_length))
 
 
-def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int) -> list[RunSample]:
+@dataclass
+class Runs:
+    samples: list[RunSample]
+    foreign_load: float  # mean over the kept runs, in cores
+    retaken: int  # runs discarded because other processes were busy during them
+
+
+def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int,
+              max_load: float = math.inf) -> Runs:
+    """Warmups (discarded), then `runs` runs. A run during which other processes kept more than
+    `max_load` cores busy is discarded and taken again, at most `runs` times in all, so measurement
+    proceeds in the quiet gaps of a shared machine; past that the disturbed runs are kept and the
+    load says so."""
     for _ in range(warmups):
         backend.generate(request)
-    return [backend.generate(request) for _ in range(runs)]
+    samples: list[RunSample] = []
+    loads: list[float] = []
+    retaken = 0
+    while len(samples) < runs:
+        meter = LoadMeter()
+        sample = backend.generate(request)
+        load = meter.stop()
+        if load > max_load and retaken < runs:
+            retaken += 1
+            continue
+        samples.append(sample)
+        loads.append(load)
+    return Runs(samples, sum(loads) / len(loads), retaken)
 
 
 def measure_batch(backend: Backend, scenario: Scenario, batch_size: int) -> BatchResult:
     request = request_for(scenario, batch_size)
-    meter = LoadMeter()
     try:
-        samples = take_runs(backend, request, scenario.runs, scenario.warmups)
+        runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
     except Exception as exc:  # recorded with its reason; the sweep goes on
         return BatchResult(batch_size, warmups=scenario.warmups, error=f"{type(exc).__name__}: {exc}")
-    return BatchResult(batch_size, samples=samples, warmups=scenario.warmups, foreign_load=meter.stop())
+    return BatchResult(batch_size, samples=runs.samples, warmups=scenario.warmups, foreign_load=runs.foreign_load,
+                       retaken=runs.retaken)
 
 
 def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str) -> BenchmarkResult:
@@ -57,7 +84,7 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
 
 def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int) -> BatchResult:
     """A new set of runs of one batch size (after fresh warmups), to confirm or settle a verdict."""
-    meter = LoadMeter()
     with backend.apply_knobs(scenario.knobs):
-        samples = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups)
-    return BatchResult(batch_size, samples=samples, warmups=scenario.warmups, foreign_load=meter.stop())
+        taken = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups, scenario.max_load)
+    return BatchResult(batch_size, samples=taken.samples, warmups=scenario.warmups, foreign_load=taken.foreign_load,
+                       retaken=taken.retaken)

@@ -26,6 +26,7 @@ def llmperf_marker(
     knobs: Mapping[str, Any] | None = None,
     group: str | None = None,
     stop_after_oom: bool | None = None,
+    max_load: float | None = None,
     devices: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The signature of `@pytest.mark.llmperf(...)`; calling it validates the keywords."""
@@ -35,7 +36,7 @@ def llmperf_marker(
 MARKER_KEYWORDS = tuple(inspect.signature(llmperf_marker).parameters)
 MARKER_HELP = (
     "llmperf(batch_sizes=[1], sequence_length=, decode_length=, runs=, warmups=, max_runs=, alpha=, "
-    "rtol=float|{metric: float}, metrics=[...], knobs={...}, group=, stop_after_oom=, devices=[...]): "
+    "rtol=float|{metric: float}, metrics=[...], knobs={...}, group=, stop_after_oom=, max_load=, devices=[...]): "
     "an LLM inference benchmark; `devices` lists the hardware targets it runs on"
 )
 
@@ -59,6 +60,7 @@ class Scenario:
     knobs: Mapping[str, Any] = field(default_factory=dict)
     group: str | None = None
     stop_after_oom: bool = True
+    max_load: float = float("inf")  # cores other processes may use during a run before it is retaken
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
@@ -122,6 +124,7 @@ def build_scenario(settings: Mapping[str, Any]) -> Scenario:
             knobs=dict(settings.get("knobs", {})),
             group=settings.get("group"),
             stop_after_oom=bool(settings.get("stop_after_oom", True)),
+            max_load=float(settings.get("max_load", float("inf"))),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ScenarioError):

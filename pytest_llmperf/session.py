@@ -114,7 +114,8 @@ class Benchmark:
         """Run this test's scenario on `backend` and gate it. Keyword overrides beat the marker."""
         __tracebackhide__ = True
         unknown = set(overrides) - {"batch_sizes", "sequence_length", "decode_length", "runs", "warmups",
-                                    "max_runs", "alpha", "rtol", "metrics", "knobs", "group", "stop_after_oom"}
+                                    "max_runs", "alpha", "rtol", "metrics", "knobs", "group", "stop_after_oom",
+                                    "max_load"}
         if unknown:
             raise ScenarioError(f"llmperf.measure() got unknown setting(s) {', '.join(sorted(unknown))}")
         settings = self.session.settings.for_test({**self.marker_kwargs, **overrides})
@@ -143,7 +144,7 @@ class Benchmark:
             path = str(session.store.path_for(module))
             if session.mode == "update" or (session.mode == "update-missing" and baseline is None):
                 status = "updated" if baseline is not None else "created"
-                max_load = session.settings["max_load"]
+                max_load = scenario.max_load
                 busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was "
                         f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
                         if b.foreign_load is not None and b.foreign_load > max_load]
@@ -189,7 +190,7 @@ class Benchmark:
         extra = min(scenario.runs, scenario.max_runs - scenario.runs)
         alpha = scenario.alpha / 2 if extra > 0 else scenario.alpha
         compare = lambda res: judge.compare(res, baseline, scenario, splits_prefill=backend.splits_prefill,  # noqa: E731
-                                            alpha=alpha, max_load=self.session.settings["max_load"],
+                                            alpha=alpha, max_load=scenario.max_load,
                                             counters_better=getattr(backend, "counters_better", None))
         first = compare(result)
         flagged = judge.flagged_batches(first)

@@ -52,3 +52,31 @@ def test_a_baseline_recorded_on_a_busy_machine_is_refused():
 def test_a_quiet_machine_is_judged():
     rows = _rows(current_load=0.1, baseline_load=0.1)
     assert "regressed" in {r.verdict for r in rows}
+
+
+class BurstyMeter:
+    """Stands in for LoadMeter: scripted loads, one per run."""
+
+    def __init__(self, loads):
+        self.loads = iter(loads)
+
+    def __call__(self):
+        return self
+
+    def stop(self):
+        return next(self.loads)
+
+
+def test_runs_taken_while_the_machine_was_busy_are_retaken(monkeypatch):
+    monkeypatch.setattr(runner, "LoadMeter", BurstyMeter([0.0, 1.5, 0.1, 1.2, 0.0]))
+    backend = SimulatedBackend()
+    request = runner.request_for(Scenario(), 1)
+    taken = runner.take_runs(backend, request, runs=3, warmups=0, max_load=0.25)
+    assert taken.retaken == 2 and len(taken.samples) == 3 and backend.calls == 5
+    assert abs(taken.foreign_load - 0.1 / 3) < 1e-9
+
+
+def test_retakes_are_bounded_and_the_load_is_reported(monkeypatch):
+    monkeypatch.setattr(runner, "LoadMeter", BurstyMeter([2.0] * 10))
+    taken = runner.take_runs(SimulatedBackend(), runner.request_for(Scenario(), 1), runs=2, warmups=0, max_load=0.25)
+    assert taken.retaken == 2 and len(taken.samples) == 2 and taken.foreign_load == 2.0
