@@ -98,10 +98,11 @@ def stop_tree(pid: int, grace_s: float = 10.0) -> list[int]:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.terminate()
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = [p for p in alive if _running(p)]  # a zombie has exited; its parent just has not reaped it
     # A process may have spawned more children while shutting down.
     for proc in list(alive):
         with contextlib.suppress(psutil.NoSuchProcess):
-            alive.extend(c for c in proc.children(recursive=True) if c not in alive)
+            alive.extend(c for c in proc.children(recursive=True) if c not in alive and _running(c))
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
@@ -176,6 +177,13 @@ class ServerProcess:
             self.killed = stop_tree(self.popen.pid, self.grace_s)
         with contextlib.suppress(Exception):
             self.popen.wait(timeout=5)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _has_children(pid: int) -> bool:
