@@ -83,16 +83,33 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def stop_tree(pid: int, grace_s: float = 10.0) -> list[int]:
+def session_members(sid: int) -> list[psutil.Process]:
+    """Processes in the session `sid` (a server started with start_new_session has sid = its pid)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid != os.getpid() and os.getsid(proc.pid) == sid:
+                found.append(proc)
+    return found
+
+
+def stop_tree(pid: int, grace_s: float = 10.0, *, session: bool = False) -> list[int]:
     """SIGTERM a process and all its descendants, SIGKILL whatever is left after `grace_s`.
 
     Returns the pids that had to be killed. Children are listed before the parent is signalled,
     so processes the parent spawned are found even if it exits first and they get re-parented.
+    With `session`, `pid` is also a session id (the process was started with start_new_session)
+    and every process still in that session is stopped too: the children of a server that
+    crashed, which psutil can no longer find through it.
     """
-    try:
+    procs: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    if session:  # orphans: descendants whose parent died were re-parented, but keep the session
+        procs += [p for p in session_members(pid) if p.pid not in {q.pid for q in procs}]
+    procs = [p for p in procs if _running(p)]
+    if not procs:
         return []
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -173,8 +190,7 @@ class ServerProcess:
         """Stop the server and every process it started; safe to call twice."""
         if self.popen is None:
             return
-        if self.popen.poll() is None or _has_children(self.popen.pid):
-            self.killed = stop_tree(self.popen.pid, self.grace_s)
+        self.killed = stop_tree(self.popen.pid, self.grace_s, session=True)
         with contextlib.suppress(Exception):
             self.popen.wait(timeout=5)
 
@@ -182,13 +198,6 @@ class ServerProcess:
 def _running(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _has_children(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).children(recursive=True))
     except psutil.NoSuchProcess:
         return False
 
