@@ -130,7 +130,10 @@ class OpenAICompatBackend(Backend):
                 raise OutOfMemory(f"{self._where()}: out of memory at batch size {request.batch_size}: {text}") from exc
             if self.process is not None and not self.process.alive():
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
-            status = f" (HTTP {exc.status_code})" if isinstance(exc, APIStatusError) else ""
+            status = ""
+            if isinstance(exc, APIStatusError):
+                status = f" (HTTP {exc.status_code})"
+                text += f"; response: {exc.response.text[:500]}"
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
                                f"{text}") from exc
         if self.fixed_length != "none" or not self.count_chunks:

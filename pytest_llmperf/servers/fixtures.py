@@ -49,6 +49,11 @@ def _http_ok(url: str) -> Callable[[], bool]:
     return check
 
 
+def fill(command: Sequence[str], port: int) -> list[str]:
+    """The command with `{host}` and `{port}` filled in (other braces, e.g. JSON, left alone)."""
+    return [str(a).replace("{host}", LOOPBACK).replace("{port}", str(port)) for a in command]
+
+
 def pick_port(name: str, port: int | None) -> int:
     """`port` if it is free (a clear error naming who holds it otherwise), or a free one."""
     if port is None:
@@ -227,7 +232,7 @@ def llmperf_openai(request: pytest.FixtureRequest,
             return reused
         chosen = pick_port(name, port)
         base = f"http://{LOOPBACK}:{chosen}"
-        argv = [str(a).format(host=LOOPBACK, port=chosen) for a in command]
+        argv = fill(command, chosen)
         process = pool.start(name, argv, url=base, healthy=_http_ok(base + health_path),
                              timeout_s=_timeout(config, timeout_s), env=env)
         try:
@@ -305,7 +310,7 @@ def llmperf_vllm(request: pytest.FixtureRequest,
         check_has_vllm(python)
         chosen = pick_port("vLLM", port)
         base = f"http://{LOOPBACK}:{chosen}"
-        argv = [a.format(host=LOOPBACK, port=chosen) for a in command]
+        argv = fill(command, chosen)
         process = pool.start("vLLM", argv, url=base, healthy=_http_ok(base + "/health"),
                              timeout_s=_timeout(config, timeout_s), env=full_env)
         try:
@@ -358,7 +363,7 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
             return reused
         chosen = pick_port("JetStream", port)
         addr = f"{LOOPBACK}:{chosen}"
-        argv = [str(a).format(host=LOOPBACK, port=chosen) for a in command]
+        argv = fill(command, chosen)
 
         def healthy() -> bool:
             with contextlib.suppress(Exception):
