@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 
@@ -33,3 +34,34 @@ def read_pids(path) -> list[int]:
         return [int(x) for x in open(path).read().split()]
     except FileNotFoundError:
         return []
+
+
+def main(argv: list[str]) -> int:
+    """`python tests/doubles/leaks.py TAG`: fail if any process other than this one lives with
+    LLMPERF_LEAK_TAG=TAG in its environment. tox sets the tag for the pytest session, so every
+    process it started (servers, their spawned workers) carries it; run this after the session."""
+    tag = argv[0] if argv else os.environ.get("LLMPERF_LEAK_TAG", "")
+    if not tag:
+        print("usage: leaks.py TAG (or set LLMPERF_LEAK_TAG)")
+        return 2
+    me = os.getpid()
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.info["pid"] in (me, os.getppid()) or not alive(proc.info["pid"]):
+            continue
+        try:
+            if proc.environ().get("LLMPERF_LEAK_TAG") == tag:
+                left.append((proc.info["pid"], " ".join(proc.info["cmdline"] or [])[:200]))
+        except (psutil.Error, OSError):
+            continue
+    if left:
+        print(f"processes left behind after the session: {left}")
+        return 1
+    print(f"no process with LLMPERF_LEAK_TAG={tag} left behind")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
