@@ -325,3 +325,29 @@ def test_interrupt(llmperf_tgi):
     pids = read_pids(tmp_path / "pids")
     assert len(pids) == 3
     assert_gone(pids, within_s=5)
+
+
+GATED_TEST = """
+import pytest
+
+@pytest.mark.llmperf(batch_sizes=[1, 2], sequence_length=16, decode_length=8, runs=8, warmups=1, max_runs=16)
+def test_tgi_gate(llmperf, llmperf_tgi):
+    llmperf.measure(llmperf_tgi(model_id="double/m"))
+"""
+
+
+def test_the_gate_catches_a_slower_tgi_and_the_report_has_the_server_tables(pytester, monkeypatch, tmp_path):
+    clean_env(monkeypatch)
+    monkeypatch.setenv("PATH", f"{LAUNCHER.parent}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("LLMPERF_TGI_DOUBLE_CONFIG", json.dumps({"token_delay_ms": 4.0, "batch_factor": 0.0}))
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_gated=GATED_TEST)
+    run_inner(pytester, "--llmperf-update").assert_outcomes(passed=1)
+    report = (pytester.path / "reports" / "cpu.md").read_text()
+    assert "| Time to first token | 1 " in report and "| Inter-token latency |" in report
+    assert "| Token count" in report and "server details.generated_tokens" in report
+    monkeypatch.setenv("LLMPERF_TGI_DOUBLE_CONFIG", json.dumps({"token_delay_ms": 12.0, "batch_factor": 0.0}))
+    result = run_inner(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*itl_ms*"])
+    assert "regress" in result.stdout.str().lower()
