@@ -90,8 +90,10 @@ class JetStreamBackend(Backend):
         return f"JetStream server at {self.target}" + (f" (from {self.source})" if self.source else "")
 
     def _raise_unreachable(self, exc: BaseException) -> Any:
-        if self.process is not None and not self.process.alive():
-            raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__})")) from exc
+        if self.process is not None:
+            if self.process.exited_within(2.0):
+                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__})")) from exc
+            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
         hint = ("check the address (host:port), or unset it to let the fixture start a server" if self.source
                 else "is the server running?")
         detail = exc.details() if hasattr(exc, "details") else str(exc)
@@ -110,7 +112,7 @@ class JetStreamBackend(Backend):
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.UNAVAILABLE:
                 self._raise_unreachable(exc)
-            if self.process is not None and not self.process.alive():
+            if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({code})")) from exc
             detail = exc.details() if hasattr(exc, "details") else str(exc)
             raise BackendError(f"{self._where()}: Decode failed at batch size {request.batch_size}: {code}: "

@@ -93,8 +93,10 @@ class OpenAICompatBackend(Backend):
         return models[0]
 
     def _raise_unreachable(self, exc: BaseException) -> Any:
-        if self.process is not None and not self.process.alive():
-            raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
+        if self.process is not None:
+            if self.process.exited_within(2.0):
+                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
+            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
         hint = ("check the URL, or unset it to let the fixture start a server" if self.source
                 else "is the server running?")
         raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {exc}; {hint}") from exc
@@ -128,7 +130,7 @@ class OpenAICompatBackend(Backend):
             text = f"{type(exc).__name__}: {exc}"
             if "out of memory" in text.lower():
                 raise OutOfMemory(f"{self._where()}: out of memory at batch size {request.batch_size}: {text}") from exc
-            if self.process is not None and not self.process.alive():
+            if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
             status = ""
             if isinstance(exc, APIStatusError):

@@ -147,8 +147,10 @@ class TGIBackend(Backend):
         return info
 
     def _raise_unreachable(self, exc: BaseException) -> Any:
-        if self.process is not None and not self.process.alive():
-            raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
+        if self.process is not None:
+            if self.process.exited_within(2.0):
+                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
+            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
         hint = ("check the URL, or unset it to let the fixture start a server" if self.source
                 else "is the server running?")
         raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {exc}; {hint}") from exc
@@ -176,7 +178,7 @@ class TGIBackend(Backend):
             if not answered and (isinstance(exc, (httpx.TransportError, ConnectionError))
                                  or "connect" in text.lower() or "disconnect" in text.lower()):
                 self._raise_unreachable(exc)
-            if self.process is not None and not self.process.alive():
+            if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}: {text}") from exc
         self.last_finish_reasons = [s.finish_reason for s in streams]

@@ -148,6 +148,17 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def exited_within(self, seconds: float) -> bool:
+        """True if the process has exited or exits within `seconds` (a crash closes its sockets a
+        moment before the process can be reaped, so a connection error may come first)."""
+        if self.popen is None:
+            return False
+        try:
+            self.popen.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return tail(self.log_path, lines)
 
