@@ -77,8 +77,10 @@ def test_compat_route_info_health_and_validation(tgi):
                                    "and 600 `max_new_tokens`", "error_type": "validation"}
 
 
-def test_huggingface_hub_client_parses_the_double(tgi):
-    from huggingface_hub import InferenceClient
+def test_huggingface_hub_client_parses_the_double(tgi, monkeypatch):
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # tox sets HF_HUB_OFFLINE=1; this is loopback
 
     client = InferenceClient(model=tgi.url)
     events = list(client.text_generation("a b c", stream=True, details=True, max_new_tokens=4))
@@ -351,3 +353,15 @@ def test_the_gate_catches_a_slower_tgi_and_the_report_has_the_server_tables(pyte
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*itl_ms*"])
     assert "regress" in result.stdout.str().lower()
+
+
+def test_hf_hub_offline_mode_does_not_block_a_tgi_server(tgi, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert constants.is_offline_mode()
+    backend = TGIBackend(tgi.url)
+    try:
+        assert backend.generate(request(1)).generated_tokens == 8
+    finally:
+        backend.close()

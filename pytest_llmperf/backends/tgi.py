@@ -125,7 +125,24 @@ class TGIBackend(Backend):
         self.info = self._fetch_info()
         self._loop = LoopThread("tgi")
         self._client = AsyncInferenceClient(model=self.url, timeout=request_timeout_s)
+        self._loop.run(self._allow_offline_mode())
         self.last_finish_reasons: list[str | None] = []
+
+    async def _allow_offline_mode(self) -> None:
+        """HF_HUB_OFFLINE=1 (common in air-gapped CI, set by our tox envs) makes huggingface_hub's
+        HTTP session refuse every request, also to a TGI server on loopback that has nothing to do
+        with the Hub. In offline mode, give the client a session without that hook (otherwise the
+        same as huggingface_hub's default_async_client_factory)."""
+        from huggingface_hub import constants
+
+        if not constants.is_offline_mode():
+            return
+        import httpx2  # huggingface_hub's own HTTP library
+        from huggingface_hub.utils._http import async_hf_response_event_hook
+
+        session = httpx2.AsyncClient(event_hooks={"response": [async_hf_response_event_hook]},
+                                     follow_redirects=True, timeout=None)
+        self._client._async_client = await self._client.exit_stack.enter_async_context(session)
 
     # -- server ---------------------------------------------------------------------------------
 
