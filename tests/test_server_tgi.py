@@ -268,7 +268,7 @@ def test_fixture_server_dying_mid_run_is_reported_with_its_log(project, monkeypa
     monkeypatch.setenv("LLMPERF_TGI_DOUBLE_MODE", "exit-after:1")
     result = run_inner(project)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*TGI server at http://127.0.0.1:* died*", "*exiting after 1 requests*"])
+    result.stdout.fnmatch_lines(["*TGI server at http://127.0.0.1:* died*", "*router: exiting after * requests (exit_after_requests)*"])
     assert_gone(read_pids(tmp_path / "pids"), within_s=2)
 
 

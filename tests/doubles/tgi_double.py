@@ -186,6 +186,11 @@ class Handler(BaseHTTPRequestHandler):
         if overloaded:
             self._error(429, "Model is overloaded", "overloaded")
             return
+        limit = state.get("exit_after_requests")
+        if limit is not None and number > int(limit):  # dies as request N+1 arrives, others mid-stream
+            sys.stderr.write(f"router: exiting after {number - 1} requests (exit_after_requests)\n")
+            sys.stderr.flush()
+            os._exit(3)
         try:
             route(body)
         except ValidationError as exc:
@@ -193,11 +198,6 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             with state.lock:
                 state.active -= 1
-            limit = state.get("exit_after_requests")
-            if limit is not None and number >= int(limit):
-                sys.stderr.write(f"router: exiting after {number} requests (exit_after_requests)\n")
-                sys.stderr.flush()
-                os._exit(3)
 
     # -- generation ----------------------------------------------------------------------------
 
