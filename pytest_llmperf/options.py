@@ -54,6 +54,20 @@ def _non_negative_float(text: str | float) -> float:
     return value
 
 
+def _positive_float(text: str | float) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _url(text: str) -> str:
+    value = str(text).strip().rstrip("/")
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return value
+
+
 def _string(text: str) -> str:
     return str(text)
 
@@ -164,6 +178,19 @@ OPTIONS: tuple[Option, ...] = (
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
            _model_map, default={}, ini_type="linelist", repeatable=True, metavar="NAME=PATH"),
+    # Servers (pytest_llmperf/servers/fixtures.py): attach to a running server instead of starting one.
+    Option("tgi_url", "Attach llmperf_tgi to this running TGI server instead of starting one, e.g. "
+           "http://127.0.0.1:8080", _url, metavar="URL"),
+    Option("tgi_launcher", "The text-generation-launcher program llmperf_tgi starts (default: from PATH)",
+           _string, default="text-generation-launcher", metavar="PATH"),
+    Option("openai_url", "Attach llmperf_openai and llmperf_vllm to this running OpenAI-compatible server "
+           "(base URL, without /v1)", _url, metavar="URL"),
+    Option("vllm_python", "The Python interpreter (of vLLM's own environment) llmperf_vllm starts vLLM with "
+           "(default: this one)", _string, metavar="PATH"),
+    Option("jetstream_url", "Attach llmperf_jetstream to this running JetStream server, host:port",
+           _string, metavar="HOST:PORT"),
+    Option("server_timeout", "Seconds a started server may take to become healthy (default: 600)",
+           _positive_float, default=600.0, ini_type="string", metavar="S"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

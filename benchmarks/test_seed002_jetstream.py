@@ -1,0 +1,37 @@
+"""Seed 002 on JetStream: throughput at the server's batch size, logged per target and date.
+
+Attach to a running JetStream server with --llmperf-jetstream-url=HOST:PORT and describe it with
+the environment (seed 002's columns): LLMPERF_JETSTREAM_MODEL, _DEVICE, _DTYPE, _BATCH_SIZE,
+_CACHE_LENGTH, _MAX_INPUT, _MAX_OUTPUT. Skipped without a URL.
+"""
+
+import os
+
+import pytest
+
+from tgi_available import require_jetstream
+
+# Registered by the plugin once it imports pytest_llmperf.servers.fixtures; harmless twice.
+pytest_plugins = ["pytest_llmperf.servers.fixtures"]
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
+
+
+BATCH = env_int("LLMPERF_JETSTREAM_BATCH_SIZE", 128)
+
+
+@pytest.mark.llmperf(batch_sizes=[BATCH], sequence_length=env_int("LLMPERF_JETSTREAM_MAX_INPUT", 1024),
+                     decode_length=env_int("LLMPERF_JETSTREAM_MAX_OUTPUT", 1024), runs=3, warmups=1,
+                     metrics=["throughput_tokens_per_s"])
+def test_jetstream_seed002(llmperf, llmperf_jetstream, request):
+    require_jetstream(request.config)
+    server = llmperf_jetstream(
+        model=os.environ.get("LLMPERF_JETSTREAM_MODEL", "llama-3-8b"),
+        device=os.environ.get("LLMPERF_JETSTREAM_DEVICE", "unknown"),
+        dtype=os.environ.get("LLMPERF_JETSTREAM_DTYPE", "bfloat16"),
+        server_batch_size=BATCH, cache_length=env_int("LLMPERF_JETSTREAM_CACHE_LENGTH", 2048),
+        max_input_length=env_int("LLMPERF_JETSTREAM_MAX_INPUT", 1024),
+        max_output_length=env_int("LLMPERF_JETSTREAM_MAX_OUTPUT", 1024), require_full_length=False)
+    llmperf.measure(server)

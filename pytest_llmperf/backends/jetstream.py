@@ -1,0 +1,171 @@
+"""JetStream over gRPC: the `Orchestrator.Decode` server stream, with JetStream's own stubs.
+
+The stubs come from the `google-jetstream` package (`jetstream.core.proto.jetstream_pb2_grpc`);
+they need only grpcio and protobuf, so `pip install --no-deps google-jetstream` is enough on a
+client machine (the package's own requirements pull jax, flax and seqio for the server).
+
+One run of batch size B is B concurrent `Decode` streams. JetStream sends one `DecodeResponse`
+per generation step (one token per sample unless a tokenizer buffer flushes several), then a
+final empty one when the sequence completes. A response with k `token_ids` is k arrivals at the
+time it came; tokens are counted from `token_ids`, the empty final message is not a token.
+Output length: `max_tokens=decode_length`; JetStream stops at its stop tokens and has no
+`ignore_eos`, so with `require_full_length` an early stop fails the run.
+
+`describe()` carries seed 002's columns (device, dtype, batch size, cache length, max input and
+output length): the server does not report them, so the fixture passes them in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..clock import Clock
+from ..records import RunSample
+from ._aio import LoopThread, Stream, run_concurrently, sample_from
+from .base import Backend, BackendError, GenerationRequest
+
+if TYPE_CHECKING:
+    from ..servers.process import ServerProcess
+
+
+def stubs() -> tuple[Any, Any]:
+    """(jetstream_pb2, jetstream_pb2_grpc), or a BackendError saying how to install them."""
+    try:
+        from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
+    except ImportError as exc:
+        raise BackendError("the JetStream backend needs JetStream's gRPC stubs: pip install grpcio protobuf "
+                           f"and pip install --no-deps google-jetstream ({exc})") from exc
+    return jetstream_pb2, jetstream_pb2_grpc
+
+
+def health_check(target: str, timeout_s: float = 2.0) -> bool:
+    """True when the Orchestrator at `target` (host:port) answers HealthCheck with is_live."""
+    import grpc
+
+    pb2, pb2_grpc = stubs()
+    with grpc.insecure_channel(target) as channel:
+        reply = pb2_grpc.OrchestratorStub(channel).HealthCheck(pb2.HealthCheckRequest(), timeout=timeout_s)
+    return bool(reply.is_live)
+
+
+class JetStreamBackend(Backend):
+    kind = "jetstream"
+    splits_prefill: ClassVar[bool] = False
+
+    def __init__(self, target: str, *, model: str = "unknown", device: str = "unknown", dtype: str = "unknown",
+                 server_batch_size: int | None = None, cache_length: int | None = None,
+                 max_input_length: int | None = None, max_output_length: int | None = None,
+                 require_full_length: bool = True, process: ServerProcess | None = None,
+                 request_timeout_s: float = 600.0, source: str = "", clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        self.pb2, self.pb2_grpc = stubs()
+        self.target = target.removeprefix("grpc://").rstrip("/")
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.server_batch_size = server_batch_size
+        self.cache_length = cache_length
+        self.max_input_length = max_input_length
+        self.max_output_length = max_output_length
+        self.require_full_length = require_full_length
+        self.process = process
+        self.request_timeout_s = request_timeout_s
+        self.source = source
+        try:
+            live = health_check(self.target, timeout_s=10)
+        except Exception as exc:  # noqa: BLE001 - grpc raises RpcError subclasses and others
+            self._raise_unreachable(exc)
+        if not live:
+            raise BackendError(f"{self._where()}: HealthCheck says the server is not live (is_live=false)")
+        self._loop = LoopThread("jetstream")
+        self._channel, self._stub = self._loop.run(self._connect())
+
+    async def _connect(self) -> tuple[Any, Any]:
+        import grpc
+
+        channel = grpc.aio.insecure_channel(self.target)
+        return channel, self.pb2_grpc.OrchestratorStub(channel)
+
+    def _where(self) -> str:
+        return f"JetStream server at {self.target}" + (f" (from {self.source})" if self.source else "")
+
+    def _raise_unreachable(self, exc: BaseException) -> Any:
+        if self.process is not None:
+            if self.process.exited_within(2.0):
+                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__})")) from exc
+            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
+        hint = ("check the address (host:port), or unset it to let the fixture start a server" if self.source
+                else "is the server running?")
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {detail}; {hint}") from exc
+
+    def generate(self, request: GenerationRequest) -> RunSample:
+        import grpc
+
+        if self.process is not None:
+            self.process.check_alive()
+        try:
+            streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
+                                                           lambda i, t0: self._one(request, t0)),
+                                          timeout=self.request_timeout_s + 30)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self._raise_unreachable(exc)
+            if self.process is not None and self.process.exited_within(1.0):
+                raise BackendError(self.process.describe_failure(f"died during a run ({code})")) from exc
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            raise BackendError(f"{self._where()}: Decode failed at batch size {request.batch_size}: {code}: "
+                               f"{detail}") from exc
+        if self.require_full_length:
+            for i, s in enumerate(streams):
+                if s.server_tokens != request.decode_length:
+                    raise BackendError(
+                        f"{self._where()}: request {i} of batch size {request.batch_size} returned {s.server_tokens} "
+                        f"tokens, not decode_length={request.decode_length} (JetStream stops at its stop tokens and "
+                        "has no ignore_eos); pass require_full_length=False to llmperf_jetstream(...) to allow it")
+        return sample_from(request.batch_size, streams, e2e)
+
+    async def _one(self, request: GenerationRequest, start: int) -> Stream:
+        pb2 = self.pb2
+        stream = Stream(server_tokens=0)
+        call = self._stub.Decode(pb2.DecodeRequest(
+            max_tokens=request.decode_length, text_content=pb2.DecodeRequest.TextContent(text=request.prompt)),
+            timeout=self.request_timeout_s)
+        async for response in call:
+            now = self.clock() - start
+            if response.WhichOneof("content") != "stream_content":
+                continue
+            for sample in response.stream_content.samples[:1]:
+                count = len(sample.token_ids)
+                stream.times_ns.extend([now] * count)
+                stream.server_tokens = (stream.server_tokens or 0) + count
+        stream.end_ns = self.clock() - start
+        return stream
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.kind,
+            "model": self.model,
+            "target": self.target,
+            "device": self.device,
+            "dtype": self.dtype,
+            "server_batch_size": self.server_batch_size,
+            "cache_length": self.cache_length,
+            "max_input_length": self.max_input_length,
+            "max_output_length": self.max_output_length,
+            "token_count": "token_ids in the Decode stream",
+            "output_length": "max_tokens=decode_length; JetStream has no ignore_eos"
+                             + (" (early stops fail the run)" if self.require_full_length else ""),
+            "attached": self.process is None,
+        }
+
+    def close(self) -> None:
+        if getattr(self, "_loop", None) is None:
+            return
+        try:
+            self._loop.run(self._channel.close(), timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+        self._loop.close()
+        self._loop = None  # type: ignore[assignment]

@@ -1,0 +1,267 @@
+"""text-generation-inference (TGI) over HTTP, with huggingface_hub's AsyncInferenceClient.
+
+One run of batch size B is B concurrent `text_generation(stream=True, details=True)` requests.
+Per request: the arrival of every streamed token (TGI sends one SSE event per generated token),
+so TTFT is the first event and inter-token latency the gaps after it. Generated tokens are counted
+from the last event's `details.generated_tokens`, never from the number of events.
+
+Input length: `truncate=sequence_length` makes TGI keep exactly the prompt's last
+`sequence_length` tokens (the prompt is longer). Output length: `max_new_tokens=decode_length`,
+greedy. TGI's HTTP API has no `ignore_eos` (its own benchmark reaches the shards over gRPC to get
+one), so a sequence can end early at an end-of-sequence token; with `require_full_length` (the
+default) such a run is an error naming the sequence, because runs of different lengths are not
+comparable.
+
+`TGILauncherArgs` holds the launcher arguments of seeds 000/001 and builds the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..clock import Clock
+from ..records import RunSample
+from ._aio import LoopThread, Stream, run_concurrently, sample_from
+from .base import Backend, BackendError, GenerationRequest, OutOfMemory
+
+if TYPE_CHECKING:
+    from ..servers.process import ServerProcess
+
+QUANTIZE = ("awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin", "bitsandbytes", "bitsandbytes-nf4",
+            "bitsandbytes-fp4", "fp8")
+
+
+@dataclass(frozen=True)
+class TGILauncherArgs:
+    """`text-generation-launcher` arguments (seed 000's "text_generation_launcher: Args").
+
+    None leaves the launcher's own default. `extra_args` are appended as given.
+    """
+
+    model_id: str
+    num_shard: int | None = None
+    quantize: str | None = None
+    dtype: str | None = None
+    revision: str | None = None
+    sharded: bool | None = None
+    max_concurrent_requests: int | None = None
+    max_best_of: int | None = None
+    max_stop_sequences: int | None = None
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_batch_prefill_tokens: int | None = None
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int | None = None
+    waiting_served_ratio: float | None = None
+    max_waiting_tokens: int | None = None
+    trust_remote_code: bool = False
+    disable_custom_kernels: bool = False
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.quantize is not None and self.quantize not in QUANTIZE:
+            raise BackendError(f"TGI: --quantize {self.quantize!r} is not one of {', '.join(QUANTIZE)}")
+        if self.num_shard is not None and self.num_shard < 1:
+            raise BackendError(f"TGI: num_shard must be >= 1, got {self.num_shard}")
+
+    def argv(self, launcher: str, *, host: str, port: int, prometheus_port: int | None = None,
+             shard_uds_path: str | None = None, master_port: int | None = None) -> list[str]:
+        """The launcher's command line. Host, ports and the shard socket are per server, so that
+        two launchers (or a leftover one) never share the defaults 3000/9000/29500 and
+        /tmp/text-generation-server."""
+        argv = [launcher, "--model-id", self.model_id, "--hostname", host, "--port", str(port)]
+        if prometheus_port is not None:
+            argv += ["--prometheus-port", str(prometheus_port)]
+        if shard_uds_path is not None:
+            argv += ["--shard-uds-path", shard_uds_path]
+        if master_port is not None:
+            argv += ["--master-port", str(master_port)]
+        for f in dataclasses.fields(self):
+            if f.name in ("model_id", "extra_args"):
+                continue
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                if f.name == "sharded":
+                    argv += [flag, "true" if value else "false"]
+                elif value:
+                    argv.append(flag)
+            elif value is not None:
+                argv += [flag, str(value)]
+        return [*argv, *self.extra_args]
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["extra_args"] = list(self.extra_args)
+        return data
+
+
+def _is_oom(text: str) -> bool:
+    text = text.lower()
+    return "out of memory" in text or "outofmemory" in text
+
+
+class TGIBackend(Backend):
+    """A TGI server at `url` (started by the `llmperf_tgi` fixture, or attached to)."""
+
+    kind = "tgi"
+    splits_prefill: ClassVar[bool] = False
+
+    def __init__(self, url: str, *, launcher_args: TGILauncherArgs | None = None,
+                 process: ServerProcess | None = None, require_full_length: bool = True,
+                 request_timeout_s: float = 600.0, source: str = "", clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        from huggingface_hub import AsyncInferenceClient
+
+        self.url = url.rstrip("/")
+        self.launcher_args = launcher_args
+        self.process = process
+        self.require_full_length = require_full_length
+        self.request_timeout_s = request_timeout_s
+        self.source = source  # where the URL came from, for error messages
+        self.info = self._fetch_info()
+        self._loop = LoopThread("tgi")
+        self._client = AsyncInferenceClient(model=self.url, timeout=request_timeout_s)
+        self._loop.run(self._allow_offline_mode())
+        self.last_finish_reasons: list[str | None] = []
+
+    async def _allow_offline_mode(self) -> None:
+        """HF_HUB_OFFLINE=1 (common in air-gapped CI, set by our tox envs) makes huggingface_hub's
+        HTTP session refuse every request, also to a TGI server on loopback that has nothing to do
+        with the Hub. In offline mode, give the client a session without that hook (otherwise the
+        same as huggingface_hub's default_async_client_factory)."""
+        from huggingface_hub import constants
+
+        if not constants.is_offline_mode():
+            return
+        import httpx2  # huggingface_hub's own HTTP library
+        from huggingface_hub.utils._http import async_hf_response_event_hook
+
+        session = httpx2.AsyncClient(event_hooks={"response": [async_hf_response_event_hook]},
+                                     follow_redirects=True, timeout=None)
+        self._client._async_client = await self._client.exit_stack.enter_async_context(session)
+
+    # -- server ---------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"TGI server at {self.url}" + (f" (from {self.source})" if self.source else "")
+
+    def _fetch_info(self) -> dict[str, Any]:
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.url}/info", timeout=10)
+            response.raise_for_status()
+            info = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            self._raise_unreachable(exc)
+        if not isinstance(info, dict) or "model_id" not in info:
+            raise BackendError(f"{self._where()}: GET /info did not return TGI's Info (no model_id): {info!r:.200}. "
+                               "Is this a text-generation-inference server?")
+        return info
+
+    def _raise_unreachable(self, exc: BaseException) -> Any:
+        if self.process is not None:
+            if self.process.exited_within(2.0):
+                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
+            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
+        hint = ("check the URL, or unset it to let the fixture start a server" if self.source
+                else "is the server running?")
+        raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {exc}; {hint}") from exc
+
+    # -- measurement ---------------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> RunSample:
+        import httpx
+
+        if self.process is not None:
+            self.process.check_alive()
+        try:
+            streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
+                                                           lambda i, t0: self._one(request, i, t0)),
+                                          timeout=self.request_timeout_s + 30)
+        except BackendError:
+            raise
+        except Exception as exc:
+            from huggingface_hub.errors import TextGenerationError
+
+            text = f"{type(exc).__name__}: {exc}"
+            if _is_oom(text):
+                raise OutOfMemory(f"{self._where()}: out of memory at batch size {request.batch_size}: {text}") from exc
+            answered = isinstance(exc, TextGenerationError)  # TGI sent an error (validation, overloaded, ...)
+            if not answered and (isinstance(exc, (httpx.TransportError, ConnectionError))
+                                 or "connect" in text.lower() or "disconnect" in text.lower()):
+                self._raise_unreachable(exc)
+            if self.process is not None and self.process.exited_within(1.0):
+                raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
+            raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}: {text}") from exc
+        self.last_finish_reasons = [s.finish_reason for s in streams]
+        if self.require_full_length:
+            short = [(i, s) for i, s in enumerate(streams) if s.server_tokens != request.decode_length]
+            if short:
+                i, s = short[0]
+                raise BackendError(
+                    f"{self._where()}: sequence {i} of batch size {request.batch_size} generated {s.server_tokens} "
+                    f"tokens (finish_reason={s.finish_reason}), not decode_length={request.decode_length}. TGI's HTTP "
+                    "API cannot ignore the end-of-sequence token; use a prompt/model that does not stop early, or "
+                    "pass require_full_length=False to llmperf_tgi(...) to measure variable lengths")
+        return sample_from(request.batch_size, streams, e2e)
+
+    async def _one(self, request: GenerationRequest, index: int, start: int) -> Stream:
+        stream = Stream()
+        events = await self._client.text_generation(
+            request.prompt, stream=True, details=True, max_new_tokens=request.decode_length, do_sample=False,
+            truncate=request.sequence_length, return_full_text=False)
+        async for event in events:
+            stream.times_ns.append(self.clock() - start)
+            if event.details is not None:
+                stream.server_tokens = int(event.details.generated_tokens)
+                stream.finish_reason = str(event.details.finish_reason)
+        stream.end_ns = self.clock() - start
+        if stream.server_tokens is None:
+            raise BackendError(f"{self._where()}: the stream ended without `details` (generated_tokens); "
+                               "a TGI stream's last event carries them when details=True")
+        return stream
+
+    # -- lifecycle and description --------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "backend": self.kind,
+            "model": self.info.get("model_id"),
+            "url": self.url,
+            "device": "server",
+            "dtype": (self.launcher_args.dtype or "auto") if self.launcher_args else "unknown",
+            "server_version": self.info.get("version"),
+            "max_input_tokens": self.info.get("max_input_tokens"),
+            "max_total_tokens": self.info.get("max_total_tokens"),
+            "token_count": "server details.generated_tokens",
+            "input_length": "truncate=sequence_length",
+            "output_length": "max_new_tokens=decode_length, greedy; TGI has no ignore_eos"
+                             + (" (early stops fail the run)" if self.require_full_length else ""),
+            "attached": self.process is None,
+        }
+        if self.launcher_args is not None:
+            data["launcher_args"] = self.launcher_args.to_json()
+        return data
+
+    def close(self) -> None:
+        if getattr(self, "_loop", None) is None:
+            return
+        try:
+            self._loop.run(self._client.close(), timeout=10)
+        except Exception:  # noqa: BLE001 - closing a client of a dead server may fail; nothing to keep
+            pass
+        self._loop.close()
+        self._loop = None  # type: ignore[assignment]
+
+
+def seed_launcher_args(model_id: str, num_shard: int = 1, quantize: str | None = None,
+                       extra_args: Sequence[str] = ()) -> TGILauncherArgs:
+    """Seed 000's launcher settings (bloomz-7b1-mt experiment): the limits the seed lists."""
+    return TGILauncherArgs(model_id=model_id, num_shard=num_shard, quantize=quantize, max_concurrent_requests=128,
+                           max_best_of=2, max_stop_sequences=4, max_input_tokens=1000, max_total_tokens=1512,
+                           max_batch_total_tokens=32000, max_waiting_tokens=20, extra_args=tuple(extra_args))

@@ -1,0 +1,285 @@
+"""A managed server process: free port on 127.0.0.1, health wait with a deadline, captured log,
+and a process-tree stop (SIGTERM, then SIGKILL after a grace period) that also runs when the
+pytest session is interrupted.
+
+One concern only: starting, watching and stopping a process. What "healthy" means is a callable
+the caller passes (an HTTP GET, a gRPC health check). Every `ServerProcess` is tracked by the
+`ProcessRegistry` that started it; the registry is owned by a session fixture, which stops
+everything at teardown (also after a failed test or Ctrl-C) and, while it lives, turns SIGTERM
+into a clean stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+
+from ..backends.base import BackendError
+
+LOOPBACK = "127.0.0.1"
+LOG_TAIL_LINES = 40
+
+HealthCheck = Callable[[], bool]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    """True when something already listens on host:port (a bind attempt fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def port_owner(port: int) -> str:
+    """'pid N (name)' of the process listening on `port`, when the OS tells us; '' otherwise."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                return f"pid {conn.pid}"
+    return ""
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the server gets SIGTERM if pytest itself is killed (even with SIGKILL)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def session_members(sid: int) -> list[psutil.Process]:
+    """Processes in the session `sid` (a server started with start_new_session has sid = its pid)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid != os.getpid() and os.getsid(proc.pid) == sid:
+                found.append(proc)
+    return found
+
+
+def stop_tree(pid: int, grace_s: float = 10.0, *, session: bool = False) -> list[int]:
+    """SIGTERM a process and all its descendants, SIGKILL whatever is left after `grace_s`.
+
+    Returns the pids that had to be killed. Children are listed before the parent is signalled,
+    so processes the parent spawned are found even if it exits first and they get re-parented.
+    With `session`, `pid` is also a session id (the process was started with start_new_session)
+    and every process still in that session is stopped too: the children of a server that
+    crashed, which psutil can no longer find through it.
+    """
+    procs: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    if session:  # orphans: descendants whose parent died were re-parented, but keep the session
+        procs += [p for p in session_members(pid) if p.pid not in {q.pid for q in procs}]
+    procs = [p for p in procs if _running(p)]
+    if not procs:
+        return []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = [p for p in alive if _running(p)]  # a zombie has exited; its parent just has not reaped it
+    # A process may have spawned more children while shutting down.
+    for proc in list(alive):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            alive.extend(c for c in proc.children(recursive=True) if c not in alive and _running(c))
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in alive]
+
+
+@dataclass
+class ServerProcess:
+    """One server started from an argv. Use `ProcessRegistry.start` to make one."""
+
+    name: str  # e.g. "TGI", "vLLM": used in every error message
+    argv: list[str]
+    url: str
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace_s: float = 10.0
+    popen: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    killed: list[int] = field(default_factory=list)  # pids that needed SIGKILL at stop
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def exited_within(self, seconds: float) -> bool:
+        """True if the process has exited or exits within `seconds` (a crash closes its sockets a
+        moment before the process can be reaped, so a connection error may come first)."""
+        if self.popen is None:
+            return False
+        try:
+            self.popen.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return tail(self.log_path, lines)
+
+    def describe_failure(self, what: str) -> str:
+        """An error text naming the server, its URL, the command, the log, and the log's tail."""
+        code = self.popen.poll() if self.popen else None
+        status = f" (exit code {code})" if code is not None else ""
+        last = self.log_tail()
+        return (f"{self.name} server at {self.url} {what}{status}.\n"
+                f"  command: {' '.join(self.argv)}\n"
+                f"  log: {self.log_path}\n"
+                + (f"  last lines of the log:\n{_indent(last)}" if last else "  the log is empty"))
+
+    def check_alive(self) -> None:
+        """Raise BackendError with the log tail if the server has exited."""
+        if self.popen is not None and self.popen.poll() is not None:
+            raise BackendError(self.describe_failure("has exited"))
+
+    def wait_ready(self, healthy: HealthCheck, timeout_s: float, poll_s: float = 0.2) -> float:
+        """Poll `healthy()` until it is true; return the seconds it took.
+
+        Raises BackendError (and stops the process) if the process exits first or the deadline
+        passes; the message carries the log's tail and how to give more time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                raise BackendError(self.describe_failure("exited before it became healthy"))
+            with contextlib.suppress(Exception):
+                if healthy():
+                    return time.monotonic() - self.started_at
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise BackendError(self.describe_failure(
+                    f"was not healthy after {timeout_s:g} s; stopped it. If it needs longer to load, "
+                    f"raise --llmperf-server-timeout (ini llmperf_server_timeout)"))
+            time.sleep(poll_s)
+
+    def stop(self) -> None:
+        """Stop the server and every process it started; safe to call twice."""
+        if self.popen is None:
+            return
+        self.killed = stop_tree(self.popen.pid, self.grace_s, session=True)
+        with contextlib.suppress(Exception):
+            self.popen.wait(timeout=5)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+class ProcessRegistry:
+    """The servers a pytest session started. Owned by a session fixture; `stop_all()` at teardown.
+
+    While `handle_signals()` is active, SIGTERM (and SIGHUP) stop every server and then raise
+    KeyboardInterrupt, so pytest tears down and reports the session as interrupted.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.processes: list[ServerProcess] = []
+
+    def start(self, name: str, argv: Sequence[str], *, url: str, env: Mapping[str, str] | None = None,
+              log_name: str | None = None, grace_s: float = 10.0, cwd: str | Path | None = None) -> ServerProcess:
+        """Start `argv` with stdout and stderr captured to a log file; it is stopped by `stop_all`."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = log_name or name.lower()
+        log_path = self.log_dir / f"{stem}-{len(self.processes) + 1}.log"
+        full_env = {**os.environ, **(env or {})}
+        proc = ServerProcess(name=name, argv=[str(a) for a in argv], url=url, log_path=log_path,
+                             env=dict(env or {}), grace_s=grace_s)
+        with open(log_path, "wb") as log:
+            log.write(f"$ {' '.join(proc.argv)}\n".encode())
+            log.flush()
+            try:
+                proc.popen = subprocess.Popen(
+                    proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+                    cwd=cwd, start_new_session=True,  # Ctrl-C reaches pytest only; we stop the server
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            except OSError as exc:
+                raise BackendError(f"cannot start the {name} server: {exc}.\n  command: {' '.join(proc.argv)}\n"
+                                   f"  Is the program installed and on PATH?") from exc
+        proc.started_at = time.monotonic()
+        self.processes.append(proc)
+        return proc
+
+    def stop(self, proc: ServerProcess) -> None:
+        proc.stop()
+        if proc in self.processes:
+            self.processes.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+
+    @contextlib.contextmanager
+    def handle_signals(self) -> Iterator[None]:
+        """Stop all servers on SIGTERM/SIGHUP, then interrupt pytest (main thread only)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop_all()
+            raise KeyboardInterrupt(f"llmperf: received {signal.Signals(signum).name}; servers stopped")
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, on_signal)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,36 @@
+"""Shared by tests/test_server_*.py: where the doubles live and an inner-pytest runner."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf.options import OPTIONS
+
+DOUBLES = Path(__file__).parent / "doubles"
+LAUNCHER = DOUBLES / "bin" / "text-generation-launcher"
+TGI_DOUBLE = DOUBLES / "tgi_double.py"
+JETSTREAM_DOUBLE = DOUBLES / "jetstream_double.py"
+PYTHON = sys.executable
+
+
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    for name in list(os.environ):
+        if name.startswith("LLMPERF_TGI_DOUBLE"):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+def run_inner(pytester: pytest.Pytester, *args: str, subprocess: bool = False) -> pytest.RunResult:
+    """Run pytest on the pytester project with our fixtures loaded (the lead's plugin imports them
+    too once wired; loading them twice is harmless)."""
+    common = ("-p", "pytest_llmperf.servers.fixtures", "-p", "no:cacheprovider", "--llmperf-device=cpu",
+              "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+    if subprocess:
+        return pytester.runpytest_subprocess(*common, timeout=300)
+    return pytester.runpytest(*common)

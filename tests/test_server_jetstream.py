@@ -1,0 +1,100 @@
+"""JetStream: the backend over the gRPC double (JetStream's own stubs), and the fixture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("jetstream.core.proto.jetstream_pb2", reason="pip install --no-deps google-jetstream")
+
+from pytest_llmperf.backends.base import BackendError, GenerationRequest  # noqa: E402
+from pytest_llmperf.backends.jetstream import JetStreamBackend  # noqa: E402
+from pytest_llmperf.servers.process import free_port  # noqa: E402
+
+from .doubles.leaks import assert_gone, descendants  # noqa: E402
+from .server_helpers import JETSTREAM_DOUBLE, PYTHON, clean_env, run_inner  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    before = descendants()
+    yield
+    assert_gone(descendants() - before)
+
+
+def test_bad_address_is_a_clear_error():
+    port = free_port()
+    with pytest.raises(BackendError, match=rf"cannot reach the JetStream server at 127.0.0.1:{port} "
+                                           r"\(from --llmperf-jetstream-url\).*host:port"):
+        JetStreamBackend(f"127.0.0.1:{port}", source="--llmperf-jetstream-url")
+
+
+TEST = f"""
+import json, sys, pytest
+from pytest_llmperf.backends.base import BackendError, GenerationRequest
+
+CMD = [sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--host", "{{host}}", "--port", "{{port}}", "--config",
+       json.dumps({{"batch_size": 2, "token_delay_ms": 4.0}})]
+SEED = dict(model="double", device="cpu", dtype="float32", server_batch_size=2, cache_length=64,
+            max_input_length=32, max_output_length=8)
+
+def test_tokens(llmperf_jetstream):
+    server = llmperf_jetstream(CMD, **SEED)
+    server.generate(GenerationRequest(1, 8, 6, "a b c d e f g h"))
+    sample = server.generate(GenerationRequest(4, 8, 6, "a b c d e f g h"))
+    assert sample.generated_tokens == 24  # token_ids counted; the final empty message is not a token
+    assert [len(t) for t in sample.token_times_ns] == [6] * 4
+    # two slots: requests 3 and 4 wait for 1 and 2, so the last first-token comes after a whole sequence
+    firsts = sorted(t[0] for t in sample.token_times_ns)
+    assert firsts[2] >= 5 * 4_000_000
+    d = server.describe()
+    assert (d["cache_length"], d["server_batch_size"], d["dtype"]) == (64, 2, "float32")
+
+def test_early_stop(llmperf_jetstream):
+    cmd = CMD[:-1] + [json.dumps({{"eos_after": 3}})]
+    with pytest.raises(BackendError, match=r"returned 3 tokens, not decode_length=6.*no ignore_eos"):
+        llmperf_jetstream(cmd, **SEED).generate(GenerationRequest(1, 8, 6, "a b c"))
+
+def test_dies(llmperf_jetstream):
+    cmd = CMD[:-1] + [json.dumps({{"exit_after_requests": 1}})]
+    server = llmperf_jetstream(cmd, **SEED)
+    server.generate(GenerationRequest(1, 8, 2, "a b c"))
+    with pytest.raises(BackendError, match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_requests"):
+        server.generate(GenerationRequest(1, 8, 2, "a b c"))
+
+def test_wont_start(llmperf_jetstream):
+    with pytest.raises(BackendError, match=r"(?s)exited before it became healthy \\(exit code 1\\).*failed to load checkpoint"):
+        llmperf_jetstream([sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--port", "{{port}}", "--fail"])
+"""
+
+
+def test_fixture_lifecycle(pytester, monkeypatch):
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_js=TEST)
+    run_inner(pytester, "-v").assert_outcomes(passed=4)
+
+
+def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):
+    from pytest_llmperf.servers.process import ProcessRegistry
+
+    from pytest_llmperf.backends.jetstream import health_check
+
+    registry = ProcessRegistry(tmp_path_factory.mktemp("js"))
+    port = free_port()
+    proc = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port)], url=f"grpc://127.0.0.1:{port}")
+    try:
+        proc.wait_ready(lambda: health_check(f"127.0.0.1:{port}"), 30)
+        clean_env(monkeypatch)
+        pytester.makeini("[pytest]\n")
+        pytester.makepyfile(test_a="""
+from pytest_llmperf.backends.base import GenerationRequest
+def test_a(llmperf_jetstream, llmperf_servers):
+    s = llmperf_jetstream(model="x")
+    assert s.generate(GenerationRequest(2, 4, 3, "a b c d")).generated_tokens == 6
+    assert llmperf_servers.processes == []
+""")
+        run_inner(pytester, f"--llmperf-jetstream-url=127.0.0.1:{port}").assert_outcomes(passed=1)
+    finally:
+        registry.stop_all()

@@ -1,0 +1,143 @@
+"""OpenAI-compatible backend against the double's /v1 routes (TGI's Messages API shape), and the
+llmperf_openai fixture. The real-vLLM tests are in test_vllm_e2e.py (tox -e vllm)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.backends.openai_compat import OpenAICompatBackend
+from pytest_llmperf.models import make_prompt
+from pytest_llmperf.servers.process import ProcessRegistry, free_port
+
+from .doubles.leaks import assert_gone, descendants
+from .server_helpers import PYTHON, TGI_DOUBLE, clean_env, run_inner
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    before = descendants()
+    yield
+    assert_gone(descendants() - before)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    registry = ProcessRegistry(tmp_path_factory.mktemp("openai-logs"))
+    port = free_port()
+    config = {"model_id": "double/chat", "token_delay_ms": 4.0, "batch_factor": 0.0}
+    proc = registry.start("double", [PYTHON, str(TGI_DOUBLE), "--port", str(port), "--config", json.dumps(config)],
+                          url=f"http://127.0.0.1:{port}")
+    proc.wait_ready(lambda: httpx.get(f"{proc.url}/health").status_code == 200, 30)
+    yield proc
+    registry.stop_all()
+
+
+def req(bs, decode=6):
+    return GenerationRequest(bs, 16, decode, make_prompt(16))
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_tokens_times_and_usage_counts(server, api):
+    backend = OpenAICompatBackend(server.url, api=api, fixed_length="none")
+    try:
+        assert backend.model == "double/chat"  # from /v1/models
+        backend.generate(req(1))
+        sample = backend.generate(req(2))
+        assert sample.generated_tokens == 12  # usage.completion_tokens, summed
+        assert [len(t) for t in sample.token_times_ns] == [6, 6]  # role-only and usage chunks are not tokens
+        assert all(t[-1] >= 5 * 4_000_000 for t in sample.token_times_ns)
+        assert backend.describe()["token_count"] == "server usage.completion_tokens"
+    finally:
+        backend.close()
+
+
+def test_fixed_length_modes(server):
+    httpx.post(f"{server.url}/_double/config", json={"eos_after": 2}).raise_for_status()
+    backends = {mode: OpenAICompatBackend(server.url, fixed_length=mode, eos_token_ids=[2])
+                for mode in ("ignore_eos", "logit_bias", "none")}
+    try:
+        assert backends["ignore_eos"].generate(req(2)).generated_tokens == 12
+        assert backends["logit_bias"].generate(req(2)).generated_tokens == 12
+        with pytest.raises(BackendError, match=r"generated 3 tokens \(finish_reason=stop\), not decode_length=6; "
+                                               r"the sequence stopped early"):
+            backends["none"].generate(req(2))
+        assert "logit_bias -100 on tokens [2]" in backends["logit_bias"].describe()["output_length"]
+    finally:
+        httpx.post(f"{server.url}/_double/config", json={"eos_after": None})
+        for b in backends.values():
+            b.close()
+
+
+def test_server_that_ignores_ignore_eos_is_caught(server):
+    # TGI's Messages API has no ignore_eos: asking for it does not make the run pass silently
+    httpx.post(f"{server.url}/_double/config", json={"eos_after": 2}).raise_for_status()
+    backend = OpenAICompatBackend(server.url, fixed_length="ignore_eos", extra_body={"ignore_eos": False})
+    try:
+        with pytest.raises(BackendError, match="the server ignored ignore_eos/min_tokens"):
+            backend.generate(req(1))
+    finally:
+        httpx.post(f"{server.url}/_double/config", json={"eos_after": None})
+        backend.close()
+
+
+def test_errors_name_the_server_and_the_fix(server):
+    with pytest.raises(BackendError, match="logit_bias' needs eos_token_ids"):
+        OpenAICompatBackend(server.url, fixed_length="logit_bias")
+    port = free_port()
+    with pytest.raises(BackendError, match=rf"cannot reach the vLLM server at http://127.0.0.1:{port} "
+                                           r"\(from --llmperf-openai-url\)"):
+        OpenAICompatBackend(f"http://127.0.0.1:{port}", server_name="vLLM", source="--llmperf-openai-url")
+    backend = OpenAICompatBackend(server.url)
+    try:
+        with pytest.raises(BackendError, match=r"request failed at batch size 1 \(HTTP 422\).*must be <= 1512"):
+            backend.generate(GenerationRequest(1, 4, 1600, "a b c d"))
+    finally:
+        backend.close()
+
+
+FIXTURE_TEST = f"""
+import sys
+from pytest_llmperf.backends.base import GenerationRequest
+
+def test_start(llmperf_openai):
+    cmd = [sys.executable, {str(TGI_DOUBLE)!r}, "--hostname", "{{host}}", "--port", "{{port}}"]
+    server = llmperf_openai(cmd, name="TGI-messages", fixed_length="none", api="chat")
+    assert llmperf_openai(cmd, name="TGI-messages", fixed_length="none", api="chat") is server
+    assert server.generate(GenerationRequest(2, 4, 3, "a b c d")).generated_tokens == 6
+    assert server.describe()["server"] == "TGI-messages"
+"""
+
+
+def test_fixture_starts_from_a_command_and_attaches_by_url(pytester, monkeypatch, server):
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_cmd=FIXTURE_TEST, test_attach="""
+def test_attach(llmperf_openai, llmperf_servers):
+    backend = llmperf_openai(fixed_length="none")
+    assert backend.process is None and llmperf_servers.processes == []
+""", test_none="""
+def test_none(llmperf_openai):
+    llmperf_openai()
+""")
+    run_inner(pytester, "test_cmd.py").assert_outcomes(passed=1)
+    run_inner(pytester, "test_attach.py", f"--llmperf-openai-url={server.url}").assert_outcomes(passed=1)
+    result = run_inner(pytester, "test_none.py")
+    result.stdout.fnmatch_lines(["*llmperf_openai needs a command*--llmperf-openai-url=URL*"])
+
+
+def test_vllm_fixture_without_vllm_says_which_option(pytester, monkeypatch, tmp_path):
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_v="def test_v(llmperf_vllm):\n    llmperf_vllm('tiny-llama')\n")
+    fake = tmp_path / "python-without-vllm"
+    fake.write_text(f"#!/bin/sh\nexec {PYTHON} -S \"$@\"\n")
+    fake.chmod(0o755)
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    result = run_inner(pytester, f"--llmperf-vllm-python={fake}", f"--llmperf-model=tiny-llama={model_dir}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*vLLM is not installed for * (--llmperf-vllm-python)*"])

