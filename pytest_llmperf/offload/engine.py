@@ -176,13 +176,13 @@ class OffloadEngine:
         self = cls.__new__(cls)
         self.model_path = None
         self._setup(model, tokenizer, options, costs, clock, name=name or f"{type(model).__name__} (random)",
-                    weight_source=random_weights)
+                    weight_source=random_weights, sites=sites)
         return self
 
     # -- start-up ---------------------------------------------------------------------------------
 
     def _setup(self, model: torch.nn.Module, tokenizer: Any, options: OffloadOptions, costs: CostModel | None,
-               clock: Clock | None, *, name: str, weight_source: Any = None) -> None:
+               clock: Clock | None, *, name: str, weight_source: Any = None, sites: Any = None) -> None:
         self.name = name
         self.options = options
         self.tokenizer = tokenizer
@@ -192,7 +192,7 @@ class OffloadEngine:
         self.threads = options.threads or physical_cores()
         self._closed = False
         config = model.config
-        sites = find_experts(model)
+        sites = sites if sites is not None else find_experts(model)
         self.sites = sites
         self.num_layers = len(sites)
         self.num_experts = sites[0].num_experts
@@ -246,8 +246,8 @@ class OffloadEngine:
         if base_costs is None:
             base_costs = self._measure_costs(source)
         self.measured_costs = base_costs
-        self.runtime.scheduler = Scheduler(base_costs.with_overrides(options.latency_cpu, options.latency_gpu),
-                                           options.schedule)
+        self.runtime.scheduler = Scheduler(base_costs, options.schedule)
+        self.set_costs(latency_cpu=options.latency_cpu, latency_gpu=options.latency_gpu)
 
         # 6. Switch the experts implementation (the registry is global; the state lives on the modules).
         register_implementation()
@@ -306,9 +306,12 @@ class OffloadEngine:
 
     def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
                   schedule: str | None = None) -> None:
-        """Change the cost overrides (None: measured value) and the schedule between runs."""
+        """Change the cost overrides and the schedule between runs. None keeps the start-up value (the
+        measured cost, or the injected one)."""
+        base = self.measured_costs
         try:
-            costs = self.measured_costs.with_overrides(latency_cpu, latency_gpu)
+            costs = base.with_overrides(base.latency_cpu if latency_cpu is None else latency_cpu,
+                                        base.latency_gpu if latency_gpu is None else latency_gpu)
             self.runtime.scheduler = Scheduler(costs, schedule or self.runtime.scheduler.schedule)
         except ValueError as exc:
             raise OffloadError(str(exc)) from None
@@ -411,7 +414,7 @@ def _reinit_buffers(module: torch.nn.Module) -> None:
 
     init = module.compute_default_rope_parameters if module.rope_type == "default" else ROPE_INIT_FUNCTIONS[
         module.rope_type]
-    inv_freq, _ = init(module.config, module.inv_freq.device)
+    inv_freq, _ = init(module.config)
     module.inv_freq.copy_(inv_freq)
     if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
         module.original_inv_freq.copy_(inv_freq)
