@@ -164,6 +164,14 @@ OPTIONS: tuple[Option, ...] = (
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
            _model_map, default={}, ini_type="linelist", repeatable=True, metavar="NAME=PATH"),
+    # The offload engine (llmperf_offload); its fixture's keyword arguments take precedence.
+    Option("offload_expert_budget_gb", "Offload engine: most GiB of experts kept on the fast device "
+           "(default: as many as fit after the reserve)", _non_negative_float, metavar="GB"),
+    Option("offload_device_memory_gb", "Offload engine: size the budget as if the fast device had this many GiB, "
+           "e.g. 24 to emulate an RTX 3090 (default: its real free memory)", _non_negative_float, metavar="GB"),
+    Option("offload_popularity", "Offload engine: expert popularity profile (JSON written by "
+           "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
+           _string, metavar="PATH"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
