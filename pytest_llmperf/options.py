@@ -191,6 +191,14 @@ OPTIONS: tuple[Option, ...] = (
            _string, metavar="HOST:PORT"),
     Option("server_timeout", "Seconds a started server may take to become healthy (default: 600)",
            _positive_float, default=600.0, ini_type="string", metavar="S"),
+    # The offload engine (llmperf_offload); its fixture's keyword arguments take precedence.
+    Option("offload_expert_budget_gb", "Offload engine: most GiB of experts kept on the fast device "
+           "(default: as many as fit after the reserve)", _non_negative_float, metavar="GB"),
+    Option("offload_device_memory_gb", "Offload engine: size the budget as if the fast device had this many GiB, "
+           "e.g. 24 to emulate an RTX 3090 (default: its real free memory)", _non_negative_float, metavar="GB"),
+    Option("offload_popularity", "Offload engine: expert popularity profile (JSON written by "
+           "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
+           _string, metavar="PATH"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -1,0 +1,16 @@
+"""Our MoE offload engine (Fiddler-style): experts split between a fast and a slow device.
+
+Public API: `OffloadEngine`, `OffloadOptions`, `OffloadBackend` (the pytest-llmperf backend), the cost
+model (`CostModel`, `fixed_costs`) and the scheduler (`Scheduler`). See docs/offload.md.
+"""
+
+from .costs import CostModel, LinearFit, fixed_costs, measure_costs
+from .engine import Generation, OffloadEngine, OffloadOptions
+from .experts import IMPLEMENTATION, OffloadError, OffloadStats
+from .placement import PlacementError
+from .scheduler import SCHEDULES, LayerPlan, Scheduler
+
+__all__ = [
+    "IMPLEMENTATION", "SCHEDULES", "CostModel", "Generation", "LayerPlan", "LinearFit", "OffloadEngine",
+    "OffloadError", "OffloadOptions", "OffloadStats", "PlacementError", "Scheduler", "fixed_costs", "measure_costs",
+]

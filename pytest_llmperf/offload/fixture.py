@@ -1,0 +1,79 @@
+"""The `llmperf_offload` fixture: start the offload engine for a model and options, as a backend.
+
+    def test_x(llmperf, llmperf_offload):
+        llmperf.measure(llmperf_offload("tiny-mixtral", expert_budget_gb=0.011))
+
+Keyword arguments are `OffloadOptions` fields; unset ones come from the `--llmperf-offload-*` options,
+then the engine's defaults. Engines are kept for the session (start-up loads the model and measures
+the cost model) and all are closed at teardown, also when a test failed. On CUDA, starting another
+engine closes the previous one first, so two large models never share the device. An embedded
+GPU-sized name (`mixtral-8x7b`) on a GPU target is made in memory with random weights: its checkpoint
+would not fit on the disk of the machines it runs on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..fixtures import SESSION_KEY
+from ..options import OPTIONS_BY_NAME
+
+if TYPE_CHECKING:
+    from .backend import OffloadBackend
+
+#: OffloadOptions fields that have a session-wide option (`--llmperf-offload-<name>`).
+SESSION_OPTIONS = ("expert_budget_gb", "device_memory_gb", "popularity")
+
+
+def session_defaults(config: pytest.Config) -> dict[str, Any]:
+    values = {name: OPTIONS_BY_NAME["offload_" + name].value(config) for name in SESSION_OPTIONS}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@pytest.fixture(scope="session")
+def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., OffloadBackend]]:
+    """Start our MoE offload engine: `llmperf_offload("tiny-mixtral", expert_budget_gb=..., ...)`."""
+    session = request.config.stash[SESSION_KEY]
+    defaults = session_defaults(request.config)
+    started: dict[tuple[Any, ...], OffloadBackend] = {}
+
+    def start(model: str = "tiny-mixtral", **options: Any) -> OffloadBackend:
+        from ..models import CPU_SIZED, EMBEDDED, tokenizer_for
+        from .backend import OffloadBackend
+        from .engine import OffloadEngine, OffloadOptions
+
+        fields = {f.name for f in dataclasses.fields(OffloadOptions)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise pytest.UsageError(f"llmperf_offload got unknown option(s) {', '.join(unknown)}; "
+                                    f"known: {', '.join(sorted(fields))}")
+        merged = {**defaults, **options}
+        merged.setdefault("fast_device", "cpu" if session.device == "cpu" else "cuda")
+        merged.setdefault("dtype", "fp32" if merged["fast_device"] == "cpu" else "bf16")
+        opts = OffloadOptions(**merged)
+        key = (model, tuple(sorted(dataclasses.asdict(opts).items())))
+        if key in started:
+            return started[key]
+        if opts.fast_device.startswith("cuda"):
+            for other in list(started):
+                started.pop(other).close()
+        mapped = model in session.settings["model"]
+        if model in EMBEDDED and model not in CPU_SIZED and not mapped and opts.fast_device.startswith("cuda"):
+            config = EMBEDDED[model]()
+            engine = OffloadEngine.from_config(config, tokenizer_for(config.vocab_size), opts, name=model)
+            backend = OffloadBackend.from_engine(engine, name=model)
+        else:
+            path = session.resolve_model(model, build_device="cpu")
+            backend = OffloadBackend(path, opts, name=model)
+        started[key] = backend
+        return backend
+
+    try:
+        yield start
+    finally:
+        for backend in started.values():
+            backend.close()

@@ -1,0 +1,100 @@
+"""Per-layer decision for experts that are not resident: run on the slow tier (CPU) or fetch.
+
+Fiddler enumerates all 2^E splits (and minimises the sum, not the makespan it describes). We balance
+the makespan `max(cpu_total, fast_total)` greedily, which is O(E log E) and scales to 64+ experts:
+
+1. The fast tier starts with the cost of the resident experts that have tokens.
+2. Non-resident experts are taken in decreasing order of their cheaper cost (longest first, as in LPT
+   scheduling) and each goes where it would finish earlier; a tie goes to the fast tier.
+3. The result is compared with the per-expert rule (each expert where it alone is cheaper, Fiddler's
+   decision) and the smaller makespan wins, so the greedy plan is never worse than Fiddler's.
+
+With Fiddler's costs (7 per token, 70 per fetch) a lone non-resident expert therefore runs on CPU
+exactly when it has fewer than 10 tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .costs import CostModel
+
+SCHEDULES = ("makespan", "fiddler", "cpu", "fetch")
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Where each expert with tokens runs in one layer's forward."""
+
+    resident: tuple[int, ...]  # on the fast tier already
+    cpu: tuple[int, ...]  # run on the slow tier by the worker thread
+    fetch: tuple[int, ...]  # copied to the fast tier's staging buffers, then run there
+    cpu_ms: float = 0.0  # the cost model's estimate of each side
+    fast_ms: float = 0.0
+    sequential: bool = False  # run the two sides one after the other (Fiddler), not overlapped
+
+    @property
+    def makespan_ms(self) -> float:
+        return self.cpu_ms + self.fast_ms if self.sequential else max(self.cpu_ms, self.fast_ms)
+
+
+@dataclass
+class Scheduler:
+    """Plans one layer from its per-expert token counts. `schedule` is one of SCHEDULES:
+
+    - `makespan` (default): greedy makespan balance, the two tiers overlapped;
+    - `fiddler`: Fiddler's published policy, each expert where it alone is cheaper, tiers run one after the other;
+    - `cpu`: every non-resident expert on the slow tier (llama.cpp's `--cpu-moe`);
+    - `fetch`: every non-resident expert fetched (mixtral-offloading's policy, without its cache).
+    """
+
+    costs: CostModel
+    schedule: str = "makespan"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+
+    def plan(self, counts: Sequence[int], resident: Sequence[bool]) -> LayerPlan:
+        if len(counts) != len(resident):
+            raise ValueError(f"{len(counts)} token counts for {len(resident)} experts")
+        c = self.costs
+        res = tuple(e for e, n in enumerate(counts) if n > 0 and resident[e])
+        todo = [e for e, n in enumerate(counts) if n > 0 and not resident[e]]
+        fast0 = sum(c.resident_ms(int(counts[e])) for e in res)
+        if self.schedule == "cpu":
+            return self._finish(res, todo, [], counts, fast0)
+        if self.schedule == "fetch":
+            return self._finish(res, [], todo, counts, fast0)
+        per_expert_cpu = [e for e in todo if c.cpu_ms(int(counts[e])) < c.fetch_ms(int(counts[e]))]
+        per_expert_fetch = [e for e in todo if e not in per_expert_cpu]
+        fiddler = self._finish(res, per_expert_cpu, per_expert_fetch, counts, fast0,
+                               sequential=self.schedule == "fiddler")
+        if self.schedule == "fiddler":
+            return fiddler
+        greedy = self._greedy(res, todo, counts, fast0)
+        return greedy if greedy.makespan_ms <= fiddler.makespan_ms else fiddler
+
+    def _greedy(self, res: tuple[int, ...], todo: list[int], counts: Sequence[int], fast0: float) -> LayerPlan:
+        c = self.costs
+        order = sorted(todo, key=lambda e: (-min(c.cpu_ms(int(counts[e])), c.fetch_ms(int(counts[e]))), e))
+        cpu_t, fast_t = 0.0, fast0
+        cpu, fetch = [], []
+        for e in order:
+            n = int(counts[e])
+            if cpu_t + c.cpu_ms(n) < fast_t + c.fetch_ms(n):
+                cpu.append(e)
+                cpu_t += c.cpu_ms(n)
+            else:
+                fetch.append(e)
+                fast_t += c.fetch_ms(n)
+        return self._finish(res, sorted(cpu), sorted(fetch), counts, fast0)
+
+    def _finish(self, res: tuple[int, ...], cpu: list[int], fetch: list[int], counts: Sequence[int],
+                fast0: float, sequential: bool = False) -> LayerPlan:
+        c = self.costs
+        return LayerPlan(resident=res, cpu=tuple(cpu), fetch=tuple(fetch),
+                         cpu_ms=sum(c.cpu_ms(int(counts[e])) for e in cpu),
+                         fast_ms=fast0 + sum(c.fetch_ms(int(counts[e])) for e in fetch),
+                         sequential=sequential)
