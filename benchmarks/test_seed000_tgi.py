@@ -15,7 +15,6 @@ from pytest_llmperf.backends.tgi import seed_launcher_args
 from tgi_available import require_tgi
 
 # Registered by the plugin once it imports pytest_llmperf.servers.fixtures; harmless twice.
-pytest_plugins = ["pytest_llmperf.servers.fixtures"]
 
 MODEL_ID = os.environ.get("LLMPERF_TGI_MODEL_ID", "bigscience/bloomz-7b1-mt")
 

@@ -12,7 +12,6 @@ from pytest_llmperf.backends.tgi import seed_launcher_args
 from tgi_available import require_tgi, visible_gpus
 
 # Registered by the plugin once it imports pytest_llmperf.servers.fixtures; harmless twice.
-pytest_plugins = ["pytest_llmperf.servers.fixtures"]
 
 MODEL_ID = os.environ.get("LLMPERF_TGI_MODEL_ID", "bigscience/bloomz-7b1-mt")
 SIZES = {"batch_sizes": [1, 2, 4, 8, 16, 32], "sequence_length": 1024, "decode_length": 8, "runs": 10, "warmups": 1}

@@ -12,7 +12,6 @@ import pytest
 from tgi_available import require_jetstream
 
 # Registered by the plugin once it imports pytest_llmperf.servers.fixtures; harmless twice.
-pytest_plugins = ["pytest_llmperf.servers.fixtures"]
 
 
 def env_int(name, default):

@@ -13,7 +13,6 @@ reports/<device>.md under "Offload runs".
 
 import pytest
 
-from pytest_llmperf.offload.fixture import llmperf_offload  # noqa: F401  (until plugin.py registers it)
 
 TINY_EXPERT_GB = 3 * 256 * 512 * 4 / 2**30  # one tiny-Mixtral expert in fp32
 CPU_ENGINE = {"expert_budget_gb": 7 * TINY_EXPERT_GB}  # 7/32 experts resident, like Fiddler's 56/256

@@ -11,6 +11,9 @@ import pytest
 from . import report, terminal
 from .baselines import now_iso
 from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
+from .offload.fixture import llmperf_offload  # noqa: F401
+from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
+                               llmperf_vllm)
 from .options import Settings, add_options
 from .scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
 from .session import LLMPerfSession, marker_devices

@@ -98,3 +98,33 @@ def test_a(llmperf_jetstream, llmperf_servers):
         run_inner(pytester, f"--llmperf-jetstream-url=127.0.0.1:{port}").assert_outcomes(passed=1)
     finally:
         registry.stop_all()
+
+
+def test_updating_a_jetstream_baseline_adds_a_row_to_the_dated_log(pytester, monkeypatch, tmp_path_factory):
+    from pytest_llmperf.backends.jetstream import health_check
+    from pytest_llmperf.servers.process import ProcessRegistry
+
+    registry = ProcessRegistry(tmp_path_factory.mktemp("js-log"))
+    port = free_port()
+    proc = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port)], url=f"grpc://127.0.0.1:{port}")
+    try:
+        proc.wait_ready(lambda: health_check(f"127.0.0.1:{port}"), 30)
+        clean_env(monkeypatch)
+        pytester.makeini("[pytest]\n")
+        pytester.makepyfile(test_js_log="""
+import pytest
+@pytest.mark.llmperf(batch_sizes=[1, 2], sequence_length=4, decode_length=3, runs=3, warmups=0)
+def test_js(llmperf, llmperf_jetstream):
+    llmperf.measure(llmperf_jetstream(model="llama-tiny"))
+""")
+        args = (f"--llmperf-jetstream-url=127.0.0.1:{port}", "--llmperf-max-load=1000")
+        run_inner(pytester, *args, "--llmperf-update").assert_outcomes(passed=1)
+        def rows() -> list[str]:
+            log = (pytester.path / "reports" / "cpu-throughput-log.md").read_text()
+            return [line for line in log.splitlines() if line[:4].isdigit() and line.count(" | ") == 7]
+
+        assert [r.split(" | ")[3] for r in rows()] == ["1", "2"]  # one dated row per batch size
+        run_inner(pytester, *args).assert_outcomes(passed=1)  # gating does not add rows
+        assert len(rows()) == 2
+    finally:
+        registry.stop_all()

@@ -16,7 +16,6 @@ from pytest_llmperf.backends.base import BackendError, GenerationRequest
 from pytest_llmperf.metrics import run_values
 from pytest_llmperf.models import make_prompt
 
-pytest_plugins = ["pytest_llmperf.servers.fixtures"]
 
 SEQ, DECODE = 32, 16
 
