@@ -79,14 +79,39 @@ def detect_device() -> str:
     return gpu_slug(found[0]["name"]) if found else "cpu"
 
 
-def cpu_model() -> str:
+#: ISA extensions that change which kernels torch/oneDNN run, hence the timings of the same code.
+KERNEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16",
+                    "amx_int8", "amx_tile", "asimd", "sve", "sve2")
+
+
+def _cpuinfo_fields() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_model() -> str:
+    return _cpuinfo_fields().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_identity() -> dict[str, Any]:
+    """What tells two CPUs apart when the model name does not: a virtual machine may report just
+    'AMD EPYC' on hosts of different generations, one with AVX-512 BF16 and one with AVX2 only, where
+    the same code runs several times apart. Vendor, family/model/stepping and the kernel-relevant ISA."""
+    fields = _cpuinfo_fields()
+    flags = set((fields.get("flags") or fields.get("features") or "").split())
+    signature = " ".join(f"{k}={fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping") if k in fields)
+    return {"cpu_signature": signature or platform.machine(),
+            "cpu_isa": [flag for flag in KERNEL_ISA_FLAGS if flag in flags]}
 
 
 def _version(dist: str) -> str | None:
@@ -113,6 +138,7 @@ def fingerprint(root: Path) -> dict[str, Any]:
         cuda = getattr(sys.modules["torch"].version, "cuda", None)
     return {
         "cpu_model": cpu_model(),
+        **cpu_identity(),
         "cpu_cores_physical": psutil.cpu_count(logical=False),
         "cpu_cores_logical": psutil.cpu_count(logical=True),
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
@@ -130,14 +156,25 @@ def fingerprint(root: Path) -> dict[str, Any]:
 SOFTWARE_KEYS = ("torch", "transformers", "cuda", "python")
 
 
+CPU_KEYS = ("cpu_model", "cpu_signature", "cpu_isa")
+
+
+def describe_cpu(fp: Mapping[str, Any]) -> str:
+    """'AMD EPYC [vendor_id=AuthenticAMD cpu family=26 model=2 stepping=1; avx2 avx512f]'."""
+    isa = fp.get("cpu_isa")
+    detail = "; ".join(p for p in (fp.get("cpu_signature") or "", " ".join(isa or [])) if p)
+    return f"{fp.get('cpu_model')} [{detail or 'no CPU signature recorded'}]"
+
+
 def hardware_mismatch(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """('gpu' | 'cpu', baseline's, current's) when the baseline was measured on other hardware."""
+    """('gpu' | 'cpu', baseline's, current's) when the baseline was measured on other hardware. A baseline
+    without the CPU signature (older files) counts as other hardware: it cannot show it is the same."""
     base_gpus = [g.get("name") for g in baseline.get("gpus") or []]
     cur_gpus = [g.get("name") for g in current.get("gpus") or []]
     if base_gpus != cur_gpus:
         return "gpu", ", ".join(base_gpus) or "no GPU", ", ".join(cur_gpus) or "no GPU"
-    if baseline.get("cpu_model") != current.get("cpu_model"):
-        return "cpu", str(baseline.get("cpu_model")), str(current.get("cpu_model"))
+    if any(baseline.get(key) != current.get(key) for key in CPU_KEYS):
+        return "cpu", describe_cpu(baseline), describe_cpu(current)
     return None
 
 

@@ -243,5 +243,7 @@ class Settings:
     def for_test(self, marker_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Per-test settings: the marker's keywords over the session's values."""
         merged = {name: self.values[name] for name in PER_TEST}
+        # A per-metric rtol in the marker ({"prefill_ms": 0.1}) falls back to the session's rtol for the rest.
+        merged["default_rtol"] = self.values["rtol"]
         merged.update(marker_kwargs)
         return merged

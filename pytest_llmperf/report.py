@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .environment import describe_cpu
 from .judge import Row
 from .metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
 from .metrics import values_by_metric
@@ -200,7 +201,7 @@ def verdict_table(rows: Sequence[Row]) -> str:
 def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
     gpus = ", ".join(f"{g['name']} ({g['memory_gb']} GiB, driver {g['driver']})" for g in fp.get("gpus", [])) or "none"
     return [f"- Device: {device}",
-            f"- CPU: {fp.get('cpu_model')} ({fp.get('cpu_cores_physical')} physical / "
+            f"- CPU: {describe_cpu(fp)} ({fp.get('cpu_cores_physical')} physical / "
             f"{fp.get('cpu_cores_logical')} logical cores), RAM {fp.get('ram_gb')} GiB",
             f"- GPU: {gpus}; CUDA {fp.get('cuda')}",
             f"- torch {fp.get('torch')}, transformers {fp.get('transformers')}, Python {fp.get('python')}",

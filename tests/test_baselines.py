@@ -74,8 +74,26 @@ def test_baseline_from_another_cpu_warns_and_counts_as_refused(recorded):
         cpu_model="Some Other CPU", torch="0.0.1"))
     result = run(recorded)
     result.assert_outcomes(passed=1, warnings=1)
-    result.stdout.fnmatch_lines(["*was measured on CPU 'Some Other CPU'*not compared*", "*1 refused*",
+    result.stdout.fnmatch_lines(["*was measured on CPU 'Some Other CPU [[]*not compared*", "*1 refused*",
                                  "*software drift since the baselines: torch 0.0.1 -> *"])
+
+
+def test_baseline_from_a_cpu_with_the_same_name_but_other_isa_is_refused(recorded):
+    # A VM reports "AMD EPYC" for hosts of different generations; the ISA tells them apart.
+    edit_baseline(recorded, lambda d: d["benchmarks"]["test_engine"]["fingerprint"].update(
+        cpu_signature="vendor_id=AuthenticAMD cpu family=25 model=1 stepping=1", cpu_isa=["avx2"]))
+    result = run(recorded)
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*was measured on CPU '* [[]vendor_id=AuthenticAMD cpu family=25 model=1 stepping=1; "
+                                 "avx2[]]', this machine has *not compared*", "*1 refused*"])
+
+
+def test_baseline_without_a_cpu_signature_is_not_compared(recorded):
+    edit_baseline(recorded, lambda d: [d["benchmarks"]["test_engine"]["fingerprint"].pop(k)
+                                       for k in ("cpu_signature", "cpu_isa")])
+    result = run(recorded)
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*no CPU signature recorded*not compared*", "*1 refused*"])
 
 
 def test_write_is_atomic_and_sorted(tmp_path):

@@ -86,3 +86,17 @@ def test_out_of_memory_stops_the_sweep_and_marks_larger_batches():
 def test_unknown_knob_is_rejected_with_the_known_ones():
     with pytest.raises(Exception, match="has no knob"):
         runner.measure(SimulatedBackend(), Scenario(knobs={"threads": 2}), key="k", nodeid="t::k", module="t")
+
+
+def test_per_metric_rtol_in_the_marker_falls_back_to_the_sessions_rtol():
+    from pathlib import Path
+
+    from pytest_llmperf.options import Settings
+    from pytest_llmperf.scenario import build_scenario
+
+    settings = Settings({"runs": 10, "warmups": 1, "max_runs": 30, "alpha": 0.01, "rtol": 0.6, "max_load": 0.25},
+                        Path("."))
+    scenario = build_scenario(settings.for_test({"rtol": {"prefill_ms": 0.1}}))
+    assert scenario.rtol_for("prefill_ms") == 0.1
+    assert scenario.rtol_for("decode_token_ms") == 0.6
+    assert build_scenario(settings.for_test({"rtol": {"default": 0.2}})).rtol_for("decode_token_ms") == 0.2
