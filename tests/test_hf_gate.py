@@ -1,0 +1,77 @@
+"""The gate on a real model: a 20% slowdown injected into the model's forward from a conftest (no
+change to the project) fails the test and names the phase it was put in.
+
+The baseline and the gated runs are taken minutes apart on the same machine, so the tolerance is
+rtol 0.1: a 20% slowdown is beyond it, the run-to-run noise of a quiet machine is well within it.
+"""
+
+import pytest
+
+pytest.importorskip("torch", reason="the hf extra is not installed: pip install pytest-llmperf[hf]")
+
+BENCHMARK = """
+import pytest
+
+@pytest.mark.llmperf(batch_sizes=[2], sequence_length=64, decode_length=8, runs=10, warmups=2)
+def test_llama(llmperf, llmperf_hf):
+    llmperf.measure(llmperf_hf("tiny-llama"))
+"""
+
+# Busy-waits `factor` times the forward's own time after it, in the phase named by LLMPERF_SLOW_PHASE:
+# prefill is the forward over the whole prompt, decode a forward over one new token.
+SLOWDOWN_CONFTEST = """
+import os
+import time
+
+from transformers import LlamaForCausalLM
+
+_forward = LlamaForCausalLM.forward
+
+
+def slowed_forward(self, *args, **kwargs):
+    start = time.perf_counter()
+    out = _forward(self, *args, **kwargs)
+    spent = time.perf_counter() - start
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    phase = "prefill" if ids.shape[1] > 1 else "decode"
+    if phase == os.environ.get("LLMPERF_SLOW_PHASE"):
+        until = time.perf_counter() + float(os.environ["LLMPERF_SLOWDOWN"]) * spent
+        while time.perf_counter() < until:
+            pass
+    return out
+
+
+LlamaForCausalLM.forward = slowed_forward
+"""
+
+
+@pytest.fixture
+def project(pytester, monkeypatch, model_cache):
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
+    monkeypatch.delenv("LLMPERF_SLOW_PHASE", raising=False)
+    monkeypatch.setenv("LLMPERF_SLOWDOWN", "0.2")
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_bench=BENCHMARK)
+    pytester.makeconftest(SLOWDOWN_CONFTEST)
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest_subprocess("--llmperf-device=cpu", "--llmperf-rtol=0.1", "-p", "no:cacheprovider",
+                                         *args)
+
+
+@pytest.mark.parametrize(("phase", "metric", "other"), [("prefill", "prefill_ms (prefill)", "decode_token_ms"),
+                                                        ("decode", "decode_token_ms (decode)", "prefill_ms")])
+def test_a_twenty_percent_slowdown_fails_and_names_its_phase(project, monkeypatch, phase, metric, other):
+    update = run(project, "--llmperf-update")
+    if "not written: a baseline measured on a busy machine" in update.stdout.str():
+        pytest.skip("the machine was busy while the baseline was taken; re-run on a quiet machine")
+    update.assert_outcomes(passed=1)
+    monkeypatch.setenv("LLMPERF_SLOW_PHASE", phase)
+    result = run(project)
+    if "1 refused" in result.stdout.str():  # other processes kept the machine busy: nothing can be judged
+        pytest.skip("the machine was busy during the gated runs (refused, not judged); re-run on a quiet machine")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{metric} at batch size 2 regressed: baseline median*"])
+    assert f"{other} (" not in result.stdout.str()
