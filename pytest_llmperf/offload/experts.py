@@ -13,10 +13,12 @@ one expert. `FusedExpertsAdapter` covers every model whose experts class uses th
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -264,6 +266,45 @@ class Staging:
             self.free[slot].record(torch.cuda.current_stream(self.device))
 
 
+class CpuWorker:
+    """The one thread that runs CPU experts, started on first use. A daemon thread rather than a
+    ThreadPoolExecutor's: a job stuck past `cpu_timeout_s` cannot be interrupted, and neither `close()`
+    nor interpreter exit may wait for it."""
+
+    def __init__(self, name: str = "llmperf-offload-cpu") -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        if self._closed:
+            raise OffloadError("the CPU worker is shut down (the engine is closed)")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+        future: Future[Any] = Future()
+        self._jobs.put((future, fn))
+        return future
+
+    def _loop(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 -- handed to the waiting thread, which raises it
+                future.set_exception(exc)
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Stop after the job in hand; wait for it at most `timeout` seconds (0: do not wait)."""
+        self._closed = True
+        self._jobs.put(None)
+        if self._thread is not None and timeout != 0:
+            self._thread.join(timeout)
+
+
 @dataclass
 class Runtime:
     """What all layers of one engine share: devices, scheduler, stats, staging and the CPU worker."""
@@ -278,8 +319,8 @@ class Runtime:
     cpu_timeout_s: float | None = 300.0
     overlap: bool = True
     phase: str = "prefill"
-    executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-offload-cpu"))
+    worker: CpuWorker = field(default_factory=CpuWorker)
+    broken: str | None = None  # set when a CPU job timed out: it still holds the worker, so nothing else can run
 
     @property
     def cuda(self) -> bool:
@@ -296,8 +337,22 @@ class Runtime:
         done.synchronize()
         return host
 
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise OffloadError(f"{self.broken}; the stuck job still holds the CPU worker, so this engine cannot "
+                               "run again: close it and start a new one (or raise cpu_timeout_s)")
+
+    def wait_cpu(self, future: Future[torch.Tensor], layer: int) -> torch.Tensor:
+        """The worker's result, waiting at most `cpu_timeout_s`; a timeout marks the runtime broken."""
+        try:
+            return future.result(timeout=self.cpu_timeout_s)
+        except FutureTimeout:
+            self.broken = f"CPU experts of MoE layer {layer} did not finish within {self.cpu_timeout_s} s (cpu_timeout_s)"
+            raise OffloadError(self.broken) from None
+
     def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        # After a timeout the stuck job is abandoned (its thread is a daemon) instead of waited for forever.
+        self.worker.shutdown(timeout=0 if self.broken is not None else self.cpu_timeout_s)
 
 
 class OffloadedLayer:
@@ -331,6 +386,7 @@ class OffloadedLayer:
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         rt = self.runtime
+        rt.check_usable()
         top_k = top_k_index.shape[-1]
         flat = top_k_index.reshape(-1)
         # One small device-to-host copy per layer: the token count of every expert.
@@ -355,19 +411,18 @@ class OffloadedLayer:
             sizes = [int(counts[e]) for e in plan.cpu]
             cpu_job = self._cpu_job(plan.cpu, sizes, x_host, w_host, out.dtype)
             if rt.overlap and not plan.sequential:
-                future = rt.executor.submit(cpu_job)
+                future = rt.worker.submit(cpu_job)
         try:
             self._run_fast(plan, offsets, tokens, weights, hidden, out)
             if cpu_job is not None:
                 y = self._cpu_result(future, cpu_job)
                 out.index_add_(0, cpu_tokens, y.to(out.device, non_blocking=False))
         finally:
-            if future is not None and not future.done():
-                # The fast side failed: let the worker finish before its inputs go away.
-                try:
-                    future.result(timeout=rt.cpu_timeout_s)
-                except Exception:
-                    pass
+            if future is not None and not future.done() and rt.broken is None:
+                # The fast side failed: let the worker finish, so the next job does not queue behind this one.
+                # (After a timeout `broken` is set and the timeout is not waited out a second time.)
+                with contextlib.suppress(Exception):
+                    rt.wait_cpu(future, self.index)
         return out
 
     def _record(self, counts: np.ndarray, plan: LayerPlan) -> None:
@@ -434,10 +489,9 @@ class OffloadedLayer:
     def _cpu_result(self, future: Future[torch.Tensor] | None, job: Callable[[], torch.Tensor]) -> torch.Tensor:
         rt = self.runtime
         try:
-            y = job() if future is None else future.result(timeout=rt.cpu_timeout_s)
-        except FutureTimeout:
-            raise OffloadError(f"CPU experts of MoE layer {self.index} did not finish within {rt.cpu_timeout_s} s "
-                               "(cpu_timeout_s)") from None
+            y = job() if future is None else rt.wait_cpu(future, self.index)
+        except OffloadError:
+            raise
         except Exception as exc:
             raise OffloadError(f"a CPU expert of MoE layer {self.index} failed: {type(exc).__name__}: {exc}") from exc
         rt.stats.cpu_expert_ms += getattr(job, "elapsed_ms", 0.0)
