@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig  # 
 
 from pytest_llmperf.models import resolve_model, tokenizer_for  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadError, OffloadOptions, fixed_costs  # noqa: E402
+from pytest_llmperf.offload.backend import OffloadBackend  # noqa: E402
+from pytest_llmperf.offload.costs import CostModel, LinearFit  # noqa: E402
 from pytest_llmperf.offload.experts import FusedExpertsAdapter  # noqa: E402
 
 def opts(**kw):
@@ -223,6 +225,44 @@ def test_a_stuck_cpu_expert_times_out_once_and_close_does_not_wait_for_it(tiny_p
         assert not release.is_set() and engine._closed
     finally:
         release.set()
+
+
+def test_set_costs_keeps_the_start_up_overrides_it_is_not_given(tiny_path):
+    measured = CostModel(cpu=LinearFit(0.5, 0.25), gpu=LinearFit(0.1, 0.01), h2d_bytes_per_s=1e9,
+                         expert_bytes=EXPERT_BYTES)
+    with OffloadEngine(tiny_path, opts(expert_budget_gb=0, latency_gpu=70), costs=measured) as engine:
+        costs = lambda: (engine.costs.latency_cpu, engine.costs.latency_gpu)  # noqa: E731
+        assert costs() == (None, 70)
+        engine.set_costs(latency_cpu=7)
+        assert costs() == (7, 70) and (engine.costs.cpu_ms(9), engine.costs.fetch_ms(9)) == (63, 70)
+        engine.set_costs(latency_gpu=1, schedule="fiddler")
+        assert costs() == (None, 1) and engine.costs.cpu_ms(4) == pytest.approx(1.5)  # measured cpu again
+        engine.set_costs()
+        assert costs() == (None, 70) and engine.runtime.scheduler.schedule == "fiddler"
+        # The same through the backend's knobs, which the seed-004 suite uses.
+        with OffloadBackend.from_engine(engine).apply_knobs({"latency_cpu": 7}):
+            assert costs() == (7, 70)
+        assert costs() == (None, 70)
+
+
+def test_a_failed_run_leaves_the_phase_at_prefill(tiny_path, reference):
+    ids = reference[0]
+    with OffloadEngine(tiny_path, opts(), costs=fixed_costs(1, 1)) as engine:
+        def fail_in_decode(*args):
+            if engine.runtime.phase == "decode":
+                raise RuntimeError("simulated failure in a decode step")
+
+        hook = engine.model.model.layers[0].register_forward_pre_hook(fail_in_decode)
+        with pytest.raises(RuntimeError, match="decode step"):
+            engine.generate(ids, 3)
+        hook.remove()
+        assert engine.runtime.phase == "prefill"
+        engine.stats.reset()
+        with torch.inference_mode():
+            engine.model(ids)  # a direct call counts as prefill, not as decode
+        top_k = engine.model.config.num_experts_per_tok
+        assert engine.stats.assignments[1].sum() == 0
+        assert engine.stats.assignments[0].sum() == ids.numel() * top_k * engine.num_layers
 
 
 def test_calibrated_profile_beats_round_robin_on_the_same_input(tiny_path, reference, tmp_path):

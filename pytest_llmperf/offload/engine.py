@@ -246,8 +246,14 @@ class OffloadEngine:
         if base_costs is None:
             base_costs = self._measure_costs(source)
         self.measured_costs = base_costs
-        self.runtime.scheduler = Scheduler(base_costs, options.schedule)
-        self.set_costs(latency_cpu=options.latency_cpu, latency_gpu=options.latency_gpu)
+        # What set_costs(None) goes back to: the measured (or injected) model with the options' overrides.
+        try:
+            self.startup_costs = base_costs.with_overrides(
+                base_costs.latency_cpu if options.latency_cpu is None else options.latency_cpu,
+                base_costs.latency_gpu if options.latency_gpu is None else options.latency_gpu)
+        except ValueError as exc:
+            raise OffloadError(str(exc)) from None
+        self.runtime.scheduler = Scheduler(self.startup_costs, options.schedule)
 
         # 6. Switch the experts implementation (the registry is global; the state lives on the modules).
         register_implementation()
@@ -306,9 +312,10 @@ class OffloadEngine:
 
     def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
                   schedule: str | None = None) -> None:
-        """Change the cost overrides and the schedule between runs. None keeps the start-up value (the
-        measured cost, or the injected one)."""
-        base = self.measured_costs
+        """Change the cost overrides and the schedule between runs. For the costs, None means the start-up
+        value (OffloadOptions.latency_cpu / latency_gpu if set, else the measured or injected cost); for
+        the schedule, None keeps the current one."""
+        base = self.startup_costs
         try:
             costs = base.with_overrides(base.latency_cpu if latency_cpu is None else latency_cpu,
                                         base.latency_gpu if latency_gpu is None else latency_gpu)
@@ -334,19 +341,22 @@ class OffloadEngine:
         with self.threads_applied(), torch.inference_mode():
             start = clock()
             self.runtime.phase = "prefill"
-            out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
-            token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-            times.append(clock())
-            past = out.past_key_values
-            tokens = [token]
-            self.runtime.phase = "decode"
-            for _ in range(max_new_tokens - 1):
-                out = model(input_ids=token, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+            try:
+                out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                tokens.append(token)
                 times.append(clock())
-            self.runtime.phase = "prefill"
+                past = out.past_key_values
+                tokens = [token]
+                self.runtime.phase = "decode"
+                for _ in range(max_new_tokens - 1):
+                    out = model(input_ids=token, past_key_values=past, use_cache=True)
+                    past = out.past_key_values
+                    token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+                    tokens.append(token)
+                    times.append(clock())
+            finally:
+                # A direct `engine.model(...)` call after a failed run must not count as decode.
+                self.runtime.phase = "prefill"
         rel = [t - start for t in times]
         return Generation(tokens=torch.cat(tokens, dim=1), step_times_ns=rel, prefill_ns=rel[0],
                           decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])], counters=self.stats.counters())
