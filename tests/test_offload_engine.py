@@ -149,6 +149,27 @@ def test_budget_is_respected_and_reported(tiny_path):
         assert all(site.module.gate_up_proj.numel() == 0 for site in engine.sites)
 
 
+def test_the_cost_model_is_measured_on_slow_tier_storage(tiny_path, monkeypatch):
+    seen = []
+
+    def spy(*, slow_weights, fast_device, act):
+        seen.append(slow_weights)
+        return fixed_costs(1, 1, EXPERT_BYTES)
+
+    monkeypatch.setattr("pytest_llmperf.offload.engine.measure_costs", spy)
+    # 29 of 32 experts, round robin: layer 0 holds all 8, layers 1-3 keep expert 7 on the slow tier.
+    with OffloadEngine(tiny_path, opts(expert_budget_gb=29 * EXPERT_BYTES / 2**30)) as engine:
+        assert engine.layers[0].slow_gate_up is None
+        gu, dn = seen[-1]
+        assert gu.data_ptr() == engine.layers[1].slow_gate_up[0].data_ptr()  # what a fetch copies from
+        assert dn.data_ptr() == engine.layers[1].slow_down[0].data_ptr()
+    with OffloadEngine(tiny_path, opts()) as engine:  # all resident: a host copy, not the fast tier itself
+        gu, dn = seen[-1]
+        assert gu.data_ptr() != engine.layers[0].fast_gate_up[0].data_ptr()
+        torch.testing.assert_close(gu, engine.layers[0].fast_gate_up[0])
+        torch.testing.assert_close(dn, engine.layers[0].fast_down[0])
+
+
 def test_emulated_device_memory_limits_the_budget(tiny_path):
     # A "card" holding the non-expert weights, the reserve and room for exactly 3 experts.
     probe = OffloadEngine(tiny_path, opts(expert_budget_gb=0), costs=fixed_costs(1, 1))

@@ -28,7 +28,7 @@ import torch
 from ..clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
 from .experts import (IMPLEMENTATION, OffloadedLayer, OffloadError, OffloadStats, Runtime, Staging, find_experts,
-                      register_implementation)
+                      host_empty, register_implementation)
 from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
                         read_profile, round_robin_ranking, write_profile)
 from .scheduler import SCHEDULES, Scheduler
@@ -244,7 +244,7 @@ class OffloadEngine:
 
         # 5. The cost model, measured here on one expert of the real shape (unless injected).
         if base_costs is None:
-            base_costs = self._measure_costs(source)
+            base_costs = self._measure_costs(pin)
         self.measured_costs = base_costs
         # What set_costs(None) goes back to: the measured (or injected) model with the options' overrides.
         try:
@@ -285,16 +285,20 @@ class OffloadEngine:
         except PlacementError as exc:
             raise OffloadError(str(exc)) from None
 
-    def _measure_costs(self, source: Any) -> CostModel:
-        layer = self.layers[0]
-        if layer.slow_gate_up is not None:
+    def _measure_costs(self, pin: bool) -> CostModel:
+        """Measured on the slow tier's own storage (pinned where it is): fetches copy from there, and a
+        pageable copy of a resident expert would time the wrong bandwidth."""
+        layer = next((lay for lay in self.layers if lay.slow_gate_up is not None), None)
+        if layer is not None:
             gu, dn = layer.slow_gate_up[0], layer.slow_down[0]
-        else:
-            gu, dn = layer.fast_gate_up[0].to(self.slow), layer.fast_down[0].to(self.slow)
-        module = layer.module
-        act = module.act_fn
+        else:  # every expert is resident (nothing is ever fetched): a slow-tier-like host copy of one
+            layer = self.layers[0]
+            gu, pinned = host_empty(layer.fast_gate_up[0].shape, self.dtype, pin)
+            dn, _ = host_empty(layer.fast_down[0].shape, self.dtype, pinned)
+            gu.copy_(layer.fast_gate_up[0])
+            dn.copy_(layer.fast_down[0])
         with self.threads_applied():
-            return measure_costs(slow_weights=(gu, dn), fast_device=str(self.fast), act=act)
+            return measure_costs(slow_weights=(gu, dn), fast_device=str(self.fast), act=layer.module.act_fn)
 
     # -- running ----------------------------------------------------------------------------------
 
