@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig  # noqa: E402
 
+from pytest_llmperf.clock import FakeClock  # noqa: E402
 from pytest_llmperf.models import resolve_model, tokenizer_for  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadError, OffloadOptions, fixed_costs  # noqa: E402
 from pytest_llmperf.offload.backend import OffloadBackend  # noqa: E402
@@ -132,6 +133,38 @@ def test_counters_equal_a_count_by_hand(tiny_path, reference):
         assert cpu_calls > 0 and fetches > 0  # both sides of the rule were exercised
         assert c["h2d_bytes"] == c["fetches"] * EXPERT_BYTES
         assert sum(sum(r) for r in engine.resident) == 9
+
+
+def test_expert_time_and_fetch_time_are_disjoint(tiny_path, reference):
+    """Injected clock: a fast-tier expert run takes 1 ms, a staging copy 10 ms; nothing else takes time."""
+    clock = FakeClock(step=0)
+    runs, copies = [], []
+
+    class Timed(FusedExpertsAdapter):
+        @staticmethod
+        def run(module, x, gate_up, down):
+            runs.append(x.shape[0])
+            clock.advance(1_000_000)
+            return FusedExpertsAdapter.run(module, x, gate_up, down)
+
+    options = opts(expert_budget_gb=7 * EXPERT_BYTES / 2**30, schedule="fetch")
+    with OffloadEngine(tiny_path, options, costs=fixed_costs(7, 70), clock=clock) as engine:
+        staging, real_copy = engine.runtime.staging, engine.runtime.staging.copy
+
+        def slow_copy(slot, gate_up, down):
+            copies.append(slot)
+            clock.advance(10_000_000)
+            real_copy(slot, gate_up, down)
+
+        staging.copy = slow_copy
+        for layer in engine.layers:
+            layer.adapter = Timed
+        out = engine.generate(reference[0], 3)
+    c = out.counters
+    assert c["fetches"] == len(copies) > 0 and c["cpu_expert_calls"] == 0
+    assert c["fetch_ms"] == pytest.approx(10 * len(copies))
+    assert c["gpu_expert_ms"] == pytest.approx(len(runs))  # the copies are not counted a second time
+    assert c["gpu_expert_ms"] + c["fetch_ms"] <= out.step_times_ns[-1] / 1e6 + 1e-6
 
 
 def test_budget_is_respected_and_reported(tiny_path):

@@ -235,7 +235,8 @@ class OffloadEngine:
         self.runtime = Runtime(fast=self.fast, slow=self.slow, stats=self.stats, staging=staging,
                                scheduler=Scheduler(costs or _placeholder_costs(self.expert_bytes), options.schedule),
                                expert_bytes=self.expert_bytes, worker_threads=self.threads,
-                               cpu_timeout_s=options.cpu_timeout_s, overlap=options.overlap)
+                               cpu_timeout_s=options.cpu_timeout_s, overlap=options.overlap,
+                               clock=clock or perf_counter_clock)
         self.layers = []
         for site in sites:
             weights, _, _ = source(site)
