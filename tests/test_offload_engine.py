@@ -167,6 +167,34 @@ def test_expert_time_and_fetch_time_are_disjoint(tiny_path, reference):
     assert c["gpu_expert_ms"] + c["fetch_ms"] <= out.step_times_ns[-1] / 1e6 + 1e-6
 
 
+def test_costs_7_and_70_under_fiddler_run_a_lone_non_resident_expert_on_cpu_exactly_below_10_tokens():
+    """The rule at the engine level, for every token count 1..20: CPU calls and fetches counted, and the
+    layer's output equal to the experts run by hand."""
+    config = MixtralConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    experts = model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach().clone(), experts.down_proj.detach().clone()
+    expert = 3 * 32 * 64 * 4
+    options = opts(expert_budget_gb=3.5 * expert / 2**30, schedule="fiddler")
+    with OffloadEngine.from_model(model, tokenizer_for(300), options, costs=fixed_costs(7, 70)) as engine:
+        layer = engine.layers[0]
+        assert layer.resident == [True, True, False, False]  # round robin over 2 layers: experts 0, 1 here
+        for n in range(1, 21):
+            hidden = torch.randn(n, 32)
+            index = torch.tensor([[2, 0]] * n)  # non-resident expert 2 gets exactly n tokens
+            weights = torch.tensor([[0.75, 0.25]] * n)
+            engine.stats.reset()
+            with torch.inference_mode():
+                out = layer.forward(hidden, index, weights)
+            calls = (engine.stats.cpu_expert_calls, engine.stats.fetches)
+            assert calls == ((1, 0) if n < 10 else (0, 1)), f"{n} tokens"
+            expected = sum(w * FusedExpertsAdapter.run(experts, hidden, gate_up[e], down[e])
+                           for e, w in ((2, 0.75), (0, 0.25)))
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_budget_is_respected_and_reported(tiny_path):
     budget = 5.5 * EXPERT_BYTES / 2**30
     with OffloadEngine(tiny_path, opts(expert_budget_gb=budget),
