@@ -377,6 +377,29 @@ def test_threads_are_set_for_generate_and_restored(tiny_path, reference):
         engine.generate(reference[0], 1)
 
 
+def test_main_thread_and_worker_share_the_threads_while_they_overlap_on_the_cpu(tiny_path, reference):
+    seen = {"main": set(), "worker": set(), "attention": set()}
+
+    class Spy(FusedExpertsAdapter):
+        @staticmethod
+        def run(module, x, gate_up, down):
+            worker = threading.current_thread().name.startswith("llmperf-offload-cpu")
+            seen["worker" if worker else "main"].add(torch.get_num_threads())
+            return FusedExpertsAdapter.run(module, x, gate_up, down)
+
+    # Prefill of 48 tokens: every layer has resident experts (main thread) and CPU experts (worker).
+    options = opts(threads=2, expert_budget_gb=7.5 * EXPERT_BYTES / 2**30, schedule="cpu")
+    with OffloadEngine(tiny_path, options, costs=fixed_costs(7, 70)) as engine:
+        for layer in engine.layers:
+            layer.adapter = Spy
+        attention = engine.model.model.layers[0].self_attn
+        hook = attention.register_forward_hook(lambda *a: seen["attention"].add(torch.get_num_threads()))
+        out = engine.generate(reference[0], 1)
+        hook.remove()
+    assert out.counters["cpu_expert_calls"] > 0 and out.counters["hit_rate"] > 0
+    assert seen == {"main": {1}, "worker": {1}, "attention": {2}}  # 2 cores' worth while overlapped, not 4
+
+
 def test_bad_options_name_the_option_and_the_fix(tiny_path):
     for options, match in [(OffloadOptions(schedule="fast"), "schedule='fast'.*makespan"),
                            (OffloadOptions(expert_budget_gb=-1), "expert_budget_gb=-1"),

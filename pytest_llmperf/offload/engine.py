@@ -28,7 +28,7 @@ import torch
 from ..clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
 from .experts import (IMPLEMENTATION, OffloadedLayer, OffloadError, OffloadStats, Runtime, Staging, find_experts,
-                      host_empty, register_implementation)
+                      host_empty, register_implementation, torch_threads)
 from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
                         read_profile, round_robin_ranking, write_profile)
 from .scheduler import SCHEDULES, Scheduler
@@ -56,7 +56,7 @@ class OffloadOptions:
     schedule: str = "makespan"  # makespan | fiddler | cpu | fetch
     latency_cpu: float | None = None  # override: slow-tier ms per token (Fiddler's 7)
     latency_gpu: float | None = None  # override: ms per fetched expert (Fiddler's 70)
-    threads: int | None = None  # torch threads during generate; None: physical cores
+    threads: int | None = None  # torch threads during generate; None: physical cores (split with the worker on cpu)
     overlap: bool = True  # run CPU experts on the worker thread while the fast tier works
     pin_memory: bool | None = None  # pin the slow tier; None: when the fast device is CUDA
     cpu_timeout_s: float | None = 300.0  # a CPU expert batch slower than this is an error, not a hang
@@ -234,7 +234,10 @@ class OffloadEngine:
         base_costs = costs
         self.runtime = Runtime(fast=self.fast, slow=self.slow, stats=self.stats, staging=staging,
                                scheduler=Scheduler(costs or _placeholder_costs(self.expert_bytes), options.schedule),
-                               expert_bytes=self.expert_bytes, worker_threads=self.threads,
+                               expert_bytes=self.expert_bytes, threads=self.threads,
+                               # Both sides compute on the same cores only when the fast tier is the CPU
+                               # (measured: docs/offload.md, "Threads").
+                               split_threads=self.fast.type == "cpu",
                                cpu_timeout_s=options.cpu_timeout_s, overlap=options.overlap,
                                clock=clock or perf_counter_clock)
         self.layers = []
@@ -306,14 +309,9 @@ class OffloadEngine:
     @contextlib.contextmanager
     def threads_applied(self, threads: int | None = None) -> Iterator[None]:
         """torch's thread count is process-wide: set it for the duration, then restore it."""
-        old = torch.get_num_threads()
-        want = threads or self.threads
-        torch.set_num_threads(want)
-        self.runtime.worker_threads = want
-        try:
+        self.runtime.threads = threads or self.threads
+        with torch_threads(self.runtime.threads):
             yield
-        finally:
-            torch.set_num_threads(old)
 
     def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
                   schedule: str | None = None) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -200,6 +200,20 @@ def host_empty(shape: Sequence[int], dtype: torch.dtype, pin: bool) -> tuple[tor
     return torch.empty(tuple(shape), dtype=dtype), False
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Set this thread's torch thread count for the block, then restore it (None: leave it)."""
+    old = torch.get_num_threads()
+    if n is None or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 class Timer:
     """Phase timing: CUDA events on a CUDA stream (resolved at the end of the run), else `clock` (ns)."""
 
@@ -320,7 +334,8 @@ class Runtime:
     stats: OffloadStats
     staging: Staging
     expert_bytes: int
-    worker_threads: int
+    threads: int  # torch threads of a run (the engine's `threads`); how main and worker share them is below
+    split_threads: bool = False  # share `threads` between main and worker while they overlap
     cpu_timeout_s: float | None = 300.0
     overlap: bool = True
     phase: str = "prefill"
@@ -331,6 +346,15 @@ class Runtime:
     @property
     def cuda(self) -> bool:
         return self.fast.type == "cuda"
+
+    @property
+    def worker_threads(self) -> int:
+        return max(1, self.threads // 2) if self.split_threads else self.threads
+
+    @property
+    def overlap_main_threads(self) -> int | None:
+        """The main thread's torch threads while a CPU job runs beside it (None: its usual count)."""
+        return max(1, self.threads - self.worker_threads) if self.split_threads else None
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         """A device-to-host copy into pinned memory, synchronised by an event (never a pageable non_blocking copy)."""
@@ -420,10 +444,11 @@ class OffloadedLayer:
             if rt.overlap and not plan.sequential:
                 future = rt.worker.submit(cpu_job)
         try:
-            self._run_fast(plan, offsets, tokens, weights, hidden, out)
-            if cpu_job is not None:
-                y = self._cpu_result(future, cpu_job)
-                out.index_add_(0, cpu_tokens, y.to(out.device, non_blocking=False))
+            with torch_threads(rt.overlap_main_threads if future is not None else None):
+                self._run_fast(plan, offsets, tokens, weights, hidden, out)
+                if cpu_job is not None:
+                    y = self._cpu_result(future, cpu_job)
+                    out.index_add_(0, cpu_tokens, y.to(out.device, non_blocking=False))
         finally:
             if future is not None and not future.done() and rt.broken is None:
                 # The fast side failed: let the worker finish, so the next job does not queue behind this one.
