@@ -231,6 +231,13 @@ def test_the_cost_model_is_measured_on_slow_tier_storage(tiny_path, monkeypatch)
         torch.testing.assert_close(dn, engine.layers[0].fast_down[0])
 
 
+def test_reserve_gb_replaces_kv_and_activations_and_staging_comes_on_top(tiny_path):
+    with OffloadEngine(tiny_path, opts(reserve_gb=0.25), costs=fixed_costs(1, 1)) as engine:
+        reserve = engine.budget.reserve
+        assert (reserve.kv_cache_bytes, reserve.activation_bytes) == (2**28, 0)
+        assert reserve.staging_bytes == 2 * EXPERT_BYTES and reserve.total == 2**28 + 2 * EXPERT_BYTES
+
+
 def test_emulated_device_memory_limits_the_budget(tiny_path):
     # A "card" holding the non-expert weights, the reserve and room for exactly 3 experts.
     probe = OffloadEngine(tiny_path, opts(expert_budget_gb=0), costs=fixed_costs(1, 1))

@@ -49,7 +49,7 @@ class OffloadOptions:
     dtype: str = "fp32"
     expert_budget_gb: float | None = None  # most GiB of experts on the fast tier (None: as many as fit)
     device_memory_gb: float | None = None  # emulate a fast device of this size (e.g. 24 for an RTX 3090)
-    reserve_gb: float | None = None  # fast memory kept free; None: computed (KV + activations + staging)
+    reserve_gb: float | None = None  # fast memory for KV + activations; None: computed. Staging is added on top
     max_batch_size: int = 8  # the reserve is sized for this batch ...
     max_seq_len: int = 1024  # ... and this many tokens per sequence
     popularity: str | None = None  # a profile JSON from calibrate(); None: round robin across layers
@@ -59,7 +59,7 @@ class OffloadOptions:
     threads: int | None = None  # torch threads during generate; None: physical cores (split with the worker on cpu)
     overlap: bool = True  # run CPU experts on the worker thread while the fast tier works
     pin_memory: bool | None = None  # pin the slow tier; None: when the fast device is CUDA
-    cpu_timeout_s: float | None = 300.0  # a CPU expert batch slower than this is an error, not a hang
+    cpu_timeout_s: float | None = 300.0  # a worker-thread CPU job slower than this is an error, not a hang
 
     def validated(self) -> OffloadOptions:
         def bad(name: str, value: Any, want: str) -> OffloadError:
