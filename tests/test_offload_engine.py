@@ -2,6 +2,7 @@
 policy, budget respected, counters equal to counts by hand, the worker thread used, failures surfaced."""
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,11 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig  # noqa: E402
 
+from pytest_llmperf.clock import FakeClock  # noqa: E402
 from pytest_llmperf.models import resolve_model, tokenizer_for  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadError, OffloadOptions, fixed_costs  # noqa: E402
+from pytest_llmperf.offload.backend import OffloadBackend  # noqa: E402
+from pytest_llmperf.offload.costs import CostModel, LinearFit  # noqa: E402
 from pytest_llmperf.offload.experts import FusedExpertsAdapter  # noqa: E402
 
 def opts(**kw):
@@ -131,6 +135,66 @@ def test_counters_equal_a_count_by_hand(tiny_path, reference):
         assert sum(sum(r) for r in engine.resident) == 9
 
 
+def test_expert_time_and_fetch_time_are_disjoint(tiny_path, reference):
+    """Injected clock: a fast-tier expert run takes 1 ms, a staging copy 10 ms; nothing else takes time."""
+    clock = FakeClock(step=0)
+    runs, copies = [], []
+
+    class Timed(FusedExpertsAdapter):
+        @staticmethod
+        def run(module, x, gate_up, down):
+            runs.append(x.shape[0])
+            clock.advance(1_000_000)
+            return FusedExpertsAdapter.run(module, x, gate_up, down)
+
+    options = opts(expert_budget_gb=7 * EXPERT_BYTES / 2**30, schedule="fetch")
+    with OffloadEngine(tiny_path, options, costs=fixed_costs(7, 70), clock=clock) as engine:
+        staging, real_copy = engine.runtime.staging, engine.runtime.staging.copy
+
+        def slow_copy(slot, gate_up, down):
+            copies.append(slot)
+            clock.advance(10_000_000)
+            real_copy(slot, gate_up, down)
+
+        staging.copy = slow_copy
+        for layer in engine.layers:
+            layer.adapter = Timed
+        out = engine.generate(reference[0], 3)
+    c = out.counters
+    assert c["fetches"] == len(copies) > 0 and c["cpu_expert_calls"] == 0
+    assert c["fetch_ms"] == pytest.approx(10 * len(copies))
+    assert c["gpu_expert_ms"] == pytest.approx(len(runs))  # the copies are not counted a second time
+    assert c["gpu_expert_ms"] + c["fetch_ms"] <= out.step_times_ns[-1] / 1e6 + 1e-6
+
+
+def test_costs_7_and_70_under_fiddler_run_a_lone_non_resident_expert_on_cpu_exactly_below_10_tokens():
+    """The rule at the engine level, for every token count 1..20: CPU calls and fetches counted, and the
+    layer's output equal to the experts run by hand."""
+    config = MixtralConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    experts = model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach().clone(), experts.down_proj.detach().clone()
+    expert = 3 * 32 * 64 * 4
+    options = opts(expert_budget_gb=3.5 * expert / 2**30, schedule="fiddler")
+    with OffloadEngine.from_model(model, tokenizer_for(300), options, costs=fixed_costs(7, 70)) as engine:
+        layer = engine.layers[0]
+        assert layer.resident == [True, True, False, False]  # round robin over 2 layers: experts 0, 1 here
+        for n in range(1, 21):
+            hidden = torch.randn(n, 32)
+            index = torch.tensor([[2, 0]] * n)  # non-resident expert 2 gets exactly n tokens
+            weights = torch.tensor([[0.75, 0.25]] * n)
+            engine.stats.reset()
+            with torch.inference_mode():
+                out = layer.forward(hidden, index, weights)
+            calls = (engine.stats.cpu_expert_calls, engine.stats.fetches)
+            assert calls == ((1, 0) if n < 10 else (0, 1)), f"{n} tokens"
+            expected = sum(w * FusedExpertsAdapter.run(experts, hidden, gate_up[e], down[e])
+                           for e, w in ((2, 0.75), (0, 0.25)))
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_budget_is_respected_and_reported(tiny_path):
     budget = 5.5 * EXPERT_BYTES / 2**30
     with OffloadEngine(tiny_path, opts(expert_budget_gb=budget),
@@ -144,6 +208,34 @@ def test_budget_is_respected_and_reported(tiny_path):
         assert report["costs"]["latency_cpu"] == 7
         # The module's own expert weights are gone: the tiers hold the only copy.
         assert all(site.module.gate_up_proj.numel() == 0 for site in engine.sites)
+
+
+def test_the_cost_model_is_measured_on_slow_tier_storage(tiny_path, monkeypatch):
+    seen = []
+
+    def spy(*, slow_weights, fast_device, act):
+        seen.append(slow_weights)
+        return fixed_costs(1, 1, EXPERT_BYTES)
+
+    monkeypatch.setattr("pytest_llmperf.offload.engine.measure_costs", spy)
+    # 29 of 32 experts, round robin: layer 0 holds all 8, layers 1-3 keep expert 7 on the slow tier.
+    with OffloadEngine(tiny_path, opts(expert_budget_gb=29 * EXPERT_BYTES / 2**30)) as engine:
+        assert engine.layers[0].slow_gate_up is None
+        gu, dn = seen[-1]
+        assert gu.data_ptr() == engine.layers[1].slow_gate_up[0].data_ptr()  # what a fetch copies from
+        assert dn.data_ptr() == engine.layers[1].slow_down[0].data_ptr()
+    with OffloadEngine(tiny_path, opts()) as engine:  # all resident: a host copy, not the fast tier itself
+        gu, dn = seen[-1]
+        assert gu.data_ptr() != engine.layers[0].fast_gate_up[0].data_ptr()
+        torch.testing.assert_close(gu, engine.layers[0].fast_gate_up[0])
+        torch.testing.assert_close(dn, engine.layers[0].fast_down[0])
+
+
+def test_reserve_gb_replaces_kv_and_activations_and_staging_comes_on_top(tiny_path):
+    with OffloadEngine(tiny_path, opts(reserve_gb=0.25), costs=fixed_costs(1, 1)) as engine:
+        reserve = engine.budget.reserve
+        assert (reserve.kv_cache_bytes, reserve.activation_bytes) == (2**28, 0)
+        assert reserve.staging_bytes == 2 * EXPERT_BYTES and reserve.total == 2**28 + 2 * EXPERT_BYTES
 
 
 def test_emulated_device_memory_limits_the_budget(tiny_path):
@@ -191,24 +283,75 @@ def test_cpu_experts_run_on_the_worker_thread_and_a_failure_is_an_error_not_a_ha
         assert engine.generate(ids, 2).tokens.shape == (2, 2)
 
 
-def test_a_stuck_cpu_expert_times_out(tiny_path, reference):
+def test_a_stuck_cpu_expert_times_out_once_and_close_does_not_wait_for_it(tiny_path, reference):
     release = threading.Event()
+    started = []
 
     class Stuck(FusedExpertsAdapter):
         @staticmethod
         def run(module, x, gate_up, down):
             if threading.current_thread().name.startswith("llmperf-offload-cpu"):
-                release.wait(5)
+                started.append(time.perf_counter())
+                release.wait(120)
             return FusedExpertsAdapter.run(module, x, gate_up, down)
 
-    options = opts(expert_budget_gb=0, schedule="cpu", cpu_timeout_s=0.2)
-    with OffloadEngine(tiny_path, options, costs=fixed_costs(7, 70)) as engine:
-        engine.layers[0].adapter = Stuck
-        try:
-            with pytest.raises(OffloadError, match="did not finish within 0.2 s"):
-                engine.generate(reference[0], 1)
-        finally:
-            release.set()
+    timeout = 1.0
+    options = opts(expert_budget_gb=0, schedule="cpu", cpu_timeout_s=timeout)
+    engine = OffloadEngine(tiny_path, options, costs=fixed_costs(7, 70))
+    engine.layers[0].adapter = Stuck
+    try:
+        with pytest.raises(OffloadError, match="did not finish within 1.0 s"):
+            engine.generate(reference[0], 1)
+        # Waited out once: the error comes before a second timeout could have passed.
+        assert time.perf_counter() - started[0] < 2 * timeout
+        # The stuck job still holds the worker: later calls fail at once instead of queueing behind it.
+        with pytest.raises(OffloadError, match="close it and start a new one"):
+            engine.generate(reference[0], 1)
+        assert len(started) == 1
+        before = time.perf_counter()
+        engine.close()  # fixture teardown calls this: it must not wait for the stuck job
+        assert time.perf_counter() - before < 5 * timeout
+        assert not release.is_set() and engine._closed
+    finally:
+        release.set()
+
+
+def test_set_costs_keeps_the_start_up_overrides_it_is_not_given(tiny_path):
+    measured = CostModel(cpu=LinearFit(0.5, 0.25), gpu=LinearFit(0.1, 0.01), h2d_bytes_per_s=1e9,
+                         expert_bytes=EXPERT_BYTES)
+    with OffloadEngine(tiny_path, opts(expert_budget_gb=0, latency_gpu=70), costs=measured) as engine:
+        costs = lambda: (engine.costs.latency_cpu, engine.costs.latency_gpu)  # noqa: E731
+        assert costs() == (None, 70)
+        engine.set_costs(latency_cpu=7)
+        assert costs() == (7, 70) and (engine.costs.cpu_ms(9), engine.costs.fetch_ms(9)) == (63, 70)
+        engine.set_costs(latency_gpu=1, schedule="fiddler")
+        assert costs() == (None, 1) and engine.costs.cpu_ms(4) == pytest.approx(1.5)  # measured cpu again
+        engine.set_costs()
+        assert costs() == (None, 70) and engine.runtime.scheduler.schedule == "fiddler"
+        # The same through the backend's knobs, which the seed-004 suite uses.
+        with OffloadBackend.from_engine(engine).apply_knobs({"latency_cpu": 7}):
+            assert costs() == (7, 70)
+        assert costs() == (None, 70)
+
+
+def test_a_failed_run_leaves_the_phase_at_prefill(tiny_path, reference):
+    ids = reference[0]
+    with OffloadEngine(tiny_path, opts(), costs=fixed_costs(1, 1)) as engine:
+        def fail_in_decode(*args):
+            if engine.runtime.phase == "decode":
+                raise RuntimeError("simulated failure in a decode step")
+
+        hook = engine.model.model.layers[0].register_forward_pre_hook(fail_in_decode)
+        with pytest.raises(RuntimeError, match="decode step"):
+            engine.generate(ids, 3)
+        hook.remove()
+        assert engine.runtime.phase == "prefill"
+        engine.stats.reset()
+        with torch.inference_mode():
+            engine.model(ids)  # a direct call counts as prefill, not as decode
+        top_k = engine.model.config.num_experts_per_tok
+        assert engine.stats.assignments[1].sum() == 0
+        assert engine.stats.assignments[0].sum() == ids.numel() * top_k * engine.num_layers
 
 
 def test_calibrated_profile_beats_round_robin_on_the_same_input(tiny_path, reference, tmp_path):
@@ -239,6 +382,29 @@ def test_threads_are_set_for_generate_and_restored(tiny_path, reference):
     engine.close()  # twice is fine
     with pytest.raises(OffloadError, match="closed"):
         engine.generate(reference[0], 1)
+
+
+def test_main_thread_and_worker_share_the_threads_while_they_overlap_on_the_cpu(tiny_path, reference):
+    seen = {"main": set(), "worker": set(), "attention": set()}
+
+    class Spy(FusedExpertsAdapter):
+        @staticmethod
+        def run(module, x, gate_up, down):
+            worker = threading.current_thread().name.startswith("llmperf-offload-cpu")
+            seen["worker" if worker else "main"].add(torch.get_num_threads())
+            return FusedExpertsAdapter.run(module, x, gate_up, down)
+
+    # Prefill of 48 tokens: every layer has resident experts (main thread) and CPU experts (worker).
+    options = opts(threads=2, expert_budget_gb=7.5 * EXPERT_BYTES / 2**30, schedule="cpu")
+    with OffloadEngine(tiny_path, options, costs=fixed_costs(7, 70)) as engine:
+        for layer in engine.layers:
+            layer.adapter = Spy
+        attention = engine.model.model.layers[0].self_attn
+        hook = attention.register_forward_hook(lambda *a: seen["attention"].add(torch.get_num_threads()))
+        out = engine.generate(reference[0], 1)
+        hook.remove()
+    assert out.counters["cpu_expert_calls"] > 0 and out.counters["hit_rate"] > 0
+    assert seen == {"main": {1}, "worker": {1}, "attention": {2}}  # 2 cores' worth while overlapped, not 4
 
 
 def test_bad_options_name_the_option_and_the_fix(tiny_path):

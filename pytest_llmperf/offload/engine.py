@@ -28,7 +28,7 @@ import torch
 from ..clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
 from .experts import (IMPLEMENTATION, OffloadedLayer, OffloadError, OffloadStats, Runtime, Staging, find_experts,
-                      register_implementation)
+                      host_empty, register_implementation, torch_threads)
 from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
                         read_profile, round_robin_ranking, write_profile)
 from .scheduler import SCHEDULES, Scheduler
@@ -49,17 +49,17 @@ class OffloadOptions:
     dtype: str = "fp32"
     expert_budget_gb: float | None = None  # most GiB of experts on the fast tier (None: as many as fit)
     device_memory_gb: float | None = None  # emulate a fast device of this size (e.g. 24 for an RTX 3090)
-    reserve_gb: float | None = None  # fast memory kept free; None: computed (KV + activations + staging)
+    reserve_gb: float | None = None  # fast memory for KV + activations; None: computed. Staging is added on top
     max_batch_size: int = 8  # the reserve is sized for this batch ...
     max_seq_len: int = 1024  # ... and this many tokens per sequence
     popularity: str | None = None  # a profile JSON from calibrate(); None: round robin across layers
     schedule: str = "makespan"  # makespan | fiddler | cpu | fetch
     latency_cpu: float | None = None  # override: slow-tier ms per token (Fiddler's 7)
     latency_gpu: float | None = None  # override: ms per fetched expert (Fiddler's 70)
-    threads: int | None = None  # torch threads during generate; None: physical cores
+    threads: int | None = None  # torch threads during generate; None: physical cores (split with the worker on cpu)
     overlap: bool = True  # run CPU experts on the worker thread while the fast tier works
     pin_memory: bool | None = None  # pin the slow tier; None: when the fast device is CUDA
-    cpu_timeout_s: float | None = 300.0  # a CPU expert batch slower than this is an error, not a hang
+    cpu_timeout_s: float | None = 300.0  # a worker-thread CPU job slower than this is an error, not a hang
 
     def validated(self) -> OffloadOptions:
         def bad(name: str, value: Any, want: str) -> OffloadError:
@@ -234,8 +234,12 @@ class OffloadEngine:
         base_costs = costs
         self.runtime = Runtime(fast=self.fast, slow=self.slow, stats=self.stats, staging=staging,
                                scheduler=Scheduler(costs or _placeholder_costs(self.expert_bytes), options.schedule),
-                               expert_bytes=self.expert_bytes, worker_threads=self.threads,
-                               cpu_timeout_s=options.cpu_timeout_s, overlap=options.overlap)
+                               expert_bytes=self.expert_bytes, threads=self.threads,
+                               # Both sides compute on the same cores only when the fast tier is the CPU
+                               # (measured: docs/offload.md, "Threads").
+                               split_threads=self.fast.type == "cpu",
+                               cpu_timeout_s=options.cpu_timeout_s, overlap=options.overlap,
+                               clock=clock or perf_counter_clock)
         self.layers = []
         for site in sites:
             weights, _, _ = source(site)
@@ -244,10 +248,16 @@ class OffloadEngine:
 
         # 5. The cost model, measured here on one expert of the real shape (unless injected).
         if base_costs is None:
-            base_costs = self._measure_costs(source)
+            base_costs = self._measure_costs(pin)
         self.measured_costs = base_costs
-        self.runtime.scheduler = Scheduler(base_costs, options.schedule)
-        self.set_costs(latency_cpu=options.latency_cpu, latency_gpu=options.latency_gpu)
+        # What set_costs(None) goes back to: the measured (or injected) model with the options' overrides.
+        try:
+            self.startup_costs = base_costs.with_overrides(
+                base_costs.latency_cpu if options.latency_cpu is None else options.latency_cpu,
+                base_costs.latency_gpu if options.latency_gpu is None else options.latency_gpu)
+        except ValueError as exc:
+            raise OffloadError(str(exc)) from None
+        self.runtime.scheduler = Scheduler(self.startup_costs, options.schedule)
 
         # 6. Switch the experts implementation (the registry is global; the state lives on the modules).
         register_implementation()
@@ -279,36 +289,36 @@ class OffloadEngine:
         except PlacementError as exc:
             raise OffloadError(str(exc)) from None
 
-    def _measure_costs(self, source: Any) -> CostModel:
-        layer = self.layers[0]
-        if layer.slow_gate_up is not None:
+    def _measure_costs(self, pin: bool) -> CostModel:
+        """Measured on the slow tier's own storage (pinned where it is): fetches copy from there, and a
+        pageable copy of a resident expert would time the wrong bandwidth."""
+        layer = next((lay for lay in self.layers if lay.slow_gate_up is not None), None)
+        if layer is not None:
             gu, dn = layer.slow_gate_up[0], layer.slow_down[0]
-        else:
-            gu, dn = layer.fast_gate_up[0].to(self.slow), layer.fast_down[0].to(self.slow)
-        module = layer.module
-        act = module.act_fn
+        else:  # every expert is resident (nothing is ever fetched): a slow-tier-like host copy of one
+            layer = self.layers[0]
+            gu, pinned = host_empty(layer.fast_gate_up[0].shape, self.dtype, pin)
+            dn, _ = host_empty(layer.fast_down[0].shape, self.dtype, pinned)
+            gu.copy_(layer.fast_gate_up[0])
+            dn.copy_(layer.fast_down[0])
         with self.threads_applied():
-            return measure_costs(slow_weights=(gu, dn), fast_device=str(self.fast), act=act)
+            return measure_costs(slow_weights=(gu, dn), fast_device=str(self.fast), act=layer.module.act_fn)
 
     # -- running ----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def threads_applied(self, threads: int | None = None) -> Iterator[None]:
         """torch's thread count is process-wide: set it for the duration, then restore it."""
-        old = torch.get_num_threads()
-        want = threads or self.threads
-        torch.set_num_threads(want)
-        self.runtime.worker_threads = want
-        try:
+        self.runtime.threads = threads or self.threads
+        with torch_threads(self.runtime.threads):
             yield
-        finally:
-            torch.set_num_threads(old)
 
     def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
                   schedule: str | None = None) -> None:
-        """Change the cost overrides and the schedule between runs. None keeps the start-up value (the
-        measured cost, or the injected one)."""
-        base = self.measured_costs
+        """Change the cost overrides and the schedule between runs. For the costs, None means the start-up
+        value (OffloadOptions.latency_cpu / latency_gpu if set, else the measured or injected cost); for
+        the schedule, None keeps the current one."""
+        base = self.startup_costs
         try:
             costs = base.with_overrides(base.latency_cpu if latency_cpu is None else latency_cpu,
                                         base.latency_gpu if latency_gpu is None else latency_gpu)
@@ -334,19 +344,22 @@ class OffloadEngine:
         with self.threads_applied(), torch.inference_mode():
             start = clock()
             self.runtime.phase = "prefill"
-            out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
-            token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-            times.append(clock())
-            past = out.past_key_values
-            tokens = [token]
-            self.runtime.phase = "decode"
-            for _ in range(max_new_tokens - 1):
-                out = model(input_ids=token, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+            try:
+                out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                tokens.append(token)
                 times.append(clock())
-            self.runtime.phase = "prefill"
+                past = out.past_key_values
+                tokens = [token]
+                self.runtime.phase = "decode"
+                for _ in range(max_new_tokens - 1):
+                    out = model(input_ids=token, past_key_values=past, use_cache=True)
+                    past = out.past_key_values
+                    token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+                    tokens.append(token)
+                    times.append(clock())
+            finally:
+                # A direct `engine.model(...)` call after a failed run must not count as decode.
+                self.runtime.phase = "prefill"
         rel = [t - start for t in times]
         return Generation(tokens=torch.cat(tokens, dim=1), step_times_ns=rel, prefill_ns=rel[0],
                           decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])], counters=self.stats.counters())

@@ -13,10 +13,11 @@ one expert. `FusedExpertsAdapter` covers every model whose experts class uses th
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..clock import Clock, perf_counter_clock
 from .scheduler import LayerPlan, Scheduler
 
 IMPLEMENTATION = "llmperf_offload"
@@ -198,18 +200,33 @@ def host_empty(shape: Sequence[int], dtype: torch.dtype, pin: bool) -> tuple[tor
     return torch.empty(tuple(shape), dtype=dtype), False
 
 
-class Timer:
-    """Phase timing: CUDA events on a CUDA stream (resolved at the end of the run), else the wall clock."""
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Set this thread's torch thread count for the block, then restore it (None: leave it)."""
+    old = torch.get_num_threads()
+    if n is None or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
-    def __init__(self, stats: OffloadStats, kind: str, cuda_stream: Any = None) -> None:
-        self.stats, self.kind, self.stream = stats, kind, cuda_stream
+
+class Timer:
+    """Phase timing: CUDA events on a CUDA stream (resolved at the end of the run), else `clock` (ns)."""
+
+    def __init__(self, stats: OffloadStats, kind: str, cuda_stream: Any = None,
+                 clock: Clock = perf_counter_clock) -> None:
+        self.stats, self.kind, self.stream, self.clock = stats, kind, cuda_stream, clock
 
     def __enter__(self) -> Timer:
         if self.stream is not None:
             self.start = torch.cuda.Event(enable_timing=True)
             self.start.record(self.stream)
         else:
-            self.t0 = time.perf_counter()
+            self.t0 = self.clock()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -218,7 +235,7 @@ class Timer:
             end.record(self.stream)
             self.stats.add_time(self.kind, self.start, end)
         else:
-            setattr(self.stats, self.kind, getattr(self.stats, self.kind) + (time.perf_counter() - self.t0) * 1e3)
+            setattr(self.stats, self.kind, getattr(self.stats, self.kind) + (self.clock() - self.t0) / 1e6)
 
 
 class Staging:
@@ -241,18 +258,22 @@ class Staging:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.gate_up, *self.down))
 
-    def load(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor, stats: OffloadStats) -> None:
+    def load(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor, stats: OffloadStats,
+             clock: Clock = perf_counter_clock) -> None:
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 self.stream.wait_event(self.free[slot])
                 with Timer(stats, "fetch_ms", self.stream):
-                    self.gate_up[slot].copy_(gate_up, non_blocking=True)
-                    self.down[slot].copy_(down, non_blocking=True)
+                    self.copy(slot, gate_up, down)
                 self.ready[slot].record(self.stream)
         else:
-            with Timer(stats, "fetch_ms"):
-                self.gate_up[slot].copy_(gate_up)
-                self.down[slot].copy_(down)
+            with Timer(stats, "fetch_ms", clock=clock):
+                self.copy(slot, gate_up, down)
+
+    def copy(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+        """The copy itself (asynchronous on the copy stream on CUDA; the caller records the events)."""
+        self.gate_up[slot].copy_(gate_up, non_blocking=self.cuda)
+        self.down[slot].copy_(down, non_blocking=self.cuda)
 
     def acquire(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cuda:
@@ -262,6 +283,45 @@ class Staging:
     def release(self, slot: int) -> None:
         if self.cuda:
             self.free[slot].record(torch.cuda.current_stream(self.device))
+
+
+class CpuWorker:
+    """The one thread that runs CPU experts, started on first use. A daemon thread rather than a
+    ThreadPoolExecutor's: a job stuck past `cpu_timeout_s` cannot be interrupted, and neither `close()`
+    nor interpreter exit may wait for it."""
+
+    def __init__(self, name: str = "llmperf-offload-cpu") -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        if self._closed:
+            raise OffloadError("the CPU worker is shut down (the engine is closed)")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+        future: Future[Any] = Future()
+        self._jobs.put((future, fn))
+        return future
+
+    def _loop(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 -- handed to the waiting thread, which raises it
+                future.set_exception(exc)
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Stop after the job in hand; wait for it at most `timeout` seconds (0: do not wait)."""
+        self._closed = True
+        self._jobs.put(None)
+        if self._thread is not None and timeout != 0:
+            self._thread.join(timeout)
 
 
 @dataclass
@@ -274,16 +334,27 @@ class Runtime:
     stats: OffloadStats
     staging: Staging
     expert_bytes: int
-    worker_threads: int
+    threads: int  # torch threads of a run (the engine's `threads`); how main and worker share them is below
+    split_threads: bool = False  # share `threads` between main and worker while they overlap
     cpu_timeout_s: float | None = 300.0
     overlap: bool = True
     phase: str = "prefill"
-    executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-offload-cpu"))
+    worker: CpuWorker = field(default_factory=CpuWorker)
+    clock: Clock = perf_counter_clock  # for the phase timers off CUDA (injected in tests)
+    broken: str | None = None  # set when a CPU job timed out: it still holds the worker, so nothing else can run
 
     @property
     def cuda(self) -> bool:
         return self.fast.type == "cuda"
+
+    @property
+    def worker_threads(self) -> int:
+        return max(1, self.threads // 2) if self.split_threads else self.threads
+
+    @property
+    def overlap_main_threads(self) -> int | None:
+        """The main thread's torch threads while a CPU job runs beside it (None: its usual count)."""
+        return max(1, self.threads - self.worker_threads) if self.split_threads else None
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         """A device-to-host copy into pinned memory, synchronised by an event (never a pageable non_blocking copy)."""
@@ -296,8 +367,23 @@ class Runtime:
         done.synchronize()
         return host
 
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise OffloadError(f"{self.broken}; the stuck job still holds the CPU worker, so this engine cannot "
+                               "run again: close it and start a new one (or raise cpu_timeout_s)")
+
+    def wait_cpu(self, future: Future[torch.Tensor], layer: int) -> torch.Tensor:
+        """The worker's result, waiting at most `cpu_timeout_s`; a timeout marks the runtime broken."""
+        try:
+            return future.result(timeout=self.cpu_timeout_s)
+        except FutureTimeout:
+            self.broken = (f"CPU experts of MoE layer {layer} did not finish within {self.cpu_timeout_s} s "
+                           "(cpu_timeout_s)")
+            raise OffloadError(self.broken) from None
+
     def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        # After a timeout the stuck job is abandoned (its thread is a daemon) instead of waited for forever.
+        self.worker.shutdown(timeout=0 if self.broken is not None else self.cpu_timeout_s)
 
 
 class OffloadedLayer:
@@ -331,6 +417,7 @@ class OffloadedLayer:
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         rt = self.runtime
+        rt.check_usable()
         top_k = top_k_index.shape[-1]
         flat = top_k_index.reshape(-1)
         # One small device-to-host copy per layer: the token count of every expert.
@@ -355,19 +442,19 @@ class OffloadedLayer:
             sizes = [int(counts[e]) for e in plan.cpu]
             cpu_job = self._cpu_job(plan.cpu, sizes, x_host, w_host, out.dtype)
             if rt.overlap and not plan.sequential:
-                future = rt.executor.submit(cpu_job)
+                future = rt.worker.submit(cpu_job)
         try:
-            self._run_fast(plan, offsets, tokens, weights, hidden, out)
-            if cpu_job is not None:
-                y = self._cpu_result(future, cpu_job)
-                out.index_add_(0, cpu_tokens, y.to(out.device, non_blocking=False))
+            with torch_threads(rt.overlap_main_threads if future is not None else None):
+                self._run_fast(plan, offsets, tokens, weights, hidden, out)
+                if cpu_job is not None:
+                    y = self._cpu_result(future, cpu_job)
+                    out.index_add_(0, cpu_tokens, y.to(out.device, non_blocking=False))
         finally:
-            if future is not None and not future.done():
-                # The fast side failed: let the worker finish before its inputs go away.
-                try:
-                    future.result(timeout=rt.cpu_timeout_s)
-                except Exception:
-                    pass
+            if future is not None and not future.done() and rt.broken is None:
+                # The fast side failed: let the worker finish, so the next job does not queue behind this one.
+                # (After a timeout `broken` is set and the timeout is not waited out a second time.)
+                with contextlib.suppress(Exception):
+                    rt.wait_cpu(future, self.index)
         return out
 
     def _record(self, counts: np.ndarray, plan: LayerPlan) -> None:
@@ -386,21 +473,25 @@ class OffloadedLayer:
         fetch = list(plan.fetch)
         # Start the first copies before the resident experts run, so they overlap with compute.
         for i, e in enumerate(fetch[: staging.slots]):
-            staging.load(i, self.slow_gate_up[self.slot[e]], self.slow_down[self.slot[e]], rt.stats)
+            staging.load(i, self.slow_gate_up[self.slot[e]], self.slow_down[self.slot[e]], rt.stats, rt.clock)
         stream = torch.cuda.current_stream(rt.fast) if rt.cuda else None
-        with Timer(rt.stats, "gpu_expert_ms", stream):
-            for e in plan.resident:
-                s = self.slot[e]
-                self._apply(e, offsets, tokens, weights, hidden, out, self.fast_gate_up[s], self.fast_down[s])
-            for i, e in enumerate(fetch):
-                slot = i % staging.slots
-                gate_up, down = staging.acquire(slot)
+        if plan.resident:
+            with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock):
+                for e in plan.resident:
+                    s = self.slot[e]
+                    self._apply(e, offsets, tokens, weights, hidden, out, self.fast_gate_up[s], self.fast_down[s])
+        for i, e in enumerate(fetch):
+            slot = i % staging.slots
+            gate_up, down = staging.acquire(slot)
+            # Timed after the wait for its copy and apart from the next load: gpu_expert_ms and fetch_ms
+            # are disjoint (the loads are fetch_ms only).
+            with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock):
                 self._apply(e, offsets, tokens, weights, hidden, out, gate_up, down)
-                staging.release(slot)
-                nxt = i + staging.slots
-                if nxt < len(fetch):
-                    f = fetch[nxt]
-                    staging.load(slot, self.slow_gate_up[self.slot[f]], self.slow_down[self.slot[f]], rt.stats)
+            staging.release(slot)
+            nxt = i + staging.slots
+            if nxt < len(fetch):
+                f = fetch[nxt]
+                staging.load(slot, self.slow_gate_up[self.slot[f]], self.slow_down[self.slot[f]], rt.stats, rt.clock)
 
     def _apply(self, expert: int, offsets: np.ndarray, tokens: torch.Tensor, weights: torch.Tensor,
                hidden: torch.Tensor, out: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
@@ -417,7 +508,7 @@ class OffloadedLayer:
             # Thread-local settings: a new thread starts with grad enabled and may hold another thread count.
             if torch.get_num_threads() != rt.worker_threads:
                 torch.set_num_threads(rt.worker_threads)
-            t0 = time.perf_counter()
+            t0 = rt.clock()
             with torch.no_grad():
                 y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
                 start = 0
@@ -426,7 +517,7 @@ class OffloadedLayer:
                     part = self.adapter.run(self.module, x[start:start + n], self.slow_gate_up[s], self.slow_down[s])
                     y[start:start + n] = (part * w[start:start + n, None]).to(out_dtype)
                     start += n
-            job.elapsed_ms = (time.perf_counter() - t0) * 1e3  # type: ignore[attr-defined]
+            job.elapsed_ms = (rt.clock() - t0) / 1e6  # type: ignore[attr-defined]
             return y
 
         return job
@@ -434,10 +525,9 @@ class OffloadedLayer:
     def _cpu_result(self, future: Future[torch.Tensor] | None, job: Callable[[], torch.Tensor]) -> torch.Tensor:
         rt = self.runtime
         try:
-            y = job() if future is None else future.result(timeout=rt.cpu_timeout_s)
-        except FutureTimeout:
-            raise OffloadError(f"CPU experts of MoE layer {self.index} did not finish within {rt.cpu_timeout_s} s "
-                               "(cpu_timeout_s)") from None
+            y = job() if future is None else rt.wait_cpu(future, self.index)
+        except OffloadError:
+            raise
         except Exception as exc:
             raise OffloadError(f"a CPU expert of MoE layer {self.index} failed: {type(exc).__name__}: {exc}") from exc
         rt.stats.cpu_expert_ms += getattr(job, "elapsed_ms", 0.0)
