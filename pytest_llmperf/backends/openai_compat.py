@@ -115,7 +115,7 @@ class OpenAICompatBackend(Backend):
     def generate(self, request: GenerationRequest) -> RunSample:
         if self.process is not None:
             self.process.check_alive()
-        from openai import APIConnectionError, APIStatusError
+        from openai import APIConnectionError, APIError, APIStatusError
 
         try:
             streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
@@ -136,6 +136,9 @@ class OpenAICompatBackend(Backend):
             if isinstance(exc, APIStatusError):
                 status = f" (HTTP {exc.status_code})"
                 text += f"; response: {exc.response.text[:500]}"
+            elif isinstance(exc, APIError) and isinstance(exc.body, dict) and exc.body.get("http_status_code"):
+                # TGI validates inside the stream: a 200 response whose error event names the status
+                status = f" (HTTP {exc.body['http_status_code']}, sent in the stream)"
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
                                f"{text}") from exc
         if self.fixed_length != "none" or not self.count_chunks:
