@@ -51,6 +51,14 @@ def test_tokens(llmperf_jetstream):
     d = server.describe()
     assert (d["cache_length"], d["server_batch_size"], d["dtype"]) == (64, 2, "float32")
 
+def test_several_tokens_in_one_message_are_one_arrival(llmperf_jetstream):
+    cmd = CMD[:-1] + [json.dumps({{"token_delay_ms": 4.0, "tokens_per_message": 2}})]
+    sample = llmperf_jetstream(cmd, **SEED).generate(GenerationRequest(1, 8, 6, "a b c d e f g h"))
+    assert sample.generated_tokens == 6  # counted from token_ids
+    times = sample.token_times_ns[0]
+    assert len(times) == 3  # three messages of two tokens: three arrivals, two gaps
+    assert all(later > earlier for earlier, later in zip(times, times[1:]))  # no zero gaps
+
 def test_early_stop(llmperf_jetstream):
     cmd = CMD[:-1] + [json.dumps({{"eos_after": 3}})]
     with pytest.raises(BackendError, match=r"returned 3 tokens, not decode_length=6.*no ignore_eos"):
@@ -73,7 +81,7 @@ def test_fixture_lifecycle(pytester, monkeypatch):
     clean_env(monkeypatch)
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_js=TEST)
-    run_inner(pytester, "-v").assert_outcomes(passed=4)
+    run_inner(pytester, "-v").assert_outcomes(passed=5)
 
 
 def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):

@@ -47,6 +47,7 @@ def test_tokens_times_and_usage_counts(server, api):
         assert backend.model == "double/chat"  # from /v1/models
         backend.generate(req(1))
         sample = backend.generate(req(2))
+        assert len(backend.last_prompt_tokens) == 2  # this run's two requests, not every run's
         assert sample.generated_tokens == 12  # usage.completion_tokens, summed
         assert [len(t) for t in sample.token_times_ns] == [6, 6]  # role-only and usage chunks are not tokens
         assert all(t[-1] >= 5 * 4_000_000 for t in sample.token_times_ns)

@@ -434,6 +434,9 @@ def test_attach(llmperf_tgi, llmperf_servers):
     assert server.generate(__import__("pytest_llmperf.backends.base").backends.base.GenerationRequest(
         1, 4, 2, "a b c d e")).generated_tokens == 2
     assert llmperf_servers.processes == []  # nothing started
+    lax = llmperf_tgi(model_id="double/m", require_full_length=False)
+    assert lax is not server and not lax.require_full_length and server.require_full_length
+    assert llmperf_tgi(model_id="double/m") is server
     with pytest.raises(BackendError, match="serves 'double/m', this test asks for 'other'"):
         llmperf_tgi(model_id="other")
 """)

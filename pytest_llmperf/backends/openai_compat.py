@@ -72,7 +72,7 @@ class OpenAICompatBackend(Backend):
         self._loop = LoopThread("openai")
         self._client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key="EMPTY", timeout=request_timeout_s,
                                    max_retries=0)
-        self.last_prompt_tokens: list[int | None] = []
+        self.last_prompt_tokens: list[int | None] = []  # usage.prompt_tokens of the last run's requests
 
     # -- server ---------------------------------------------------------------------------------
 
@@ -117,6 +117,7 @@ class OpenAICompatBackend(Backend):
             self.process.check_alive()
         from openai import APIConnectionError, APIError, APIStatusError
 
+        self.last_prompt_tokens = []
         try:
             streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
                                                            lambda i, t0: self._one(request, t0)),

@@ -172,7 +172,7 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
               require_full_length: bool = True, timeout_s: float | None = None, **launcher: Any) -> TGIBackend:
         url = option(config, "tgi_url")
         if url:
-            key = ("attach", url)
+            key = ("attach", url, require_full_length)
             if key not in pool.attached:
                 pool.attached[key] = TGIBackend(url, require_full_length=require_full_length,
                                                 source=OPTIONS_BY_NAME["tgi_url"].cli)
