@@ -400,6 +400,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 drops connections when a batch of 32 connects at once;
+    # TGI's router (tokio) listens with a backlog of 1024
+    request_queue_size = 1024
     state: State
 
 
