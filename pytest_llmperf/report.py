@@ -142,7 +142,9 @@ def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
         column_of: Callable[[BenchmarkResult], str] = (
             (lambda m: str(m.backend.get("dtype"))) if len(dtypes) == len(members)
             else (lambda m: f"{m.backend.get('model')} {m.backend.get('dtype')}"))
-        columns = [column_of(m) for m in members]
+        # A backend's `variant` (a TGI server's shards and quantization) tells apart columns whose
+        # model and dtype agree.
+        columns = [" ".join(filter(None, (column_of(m), m.backend.get("variant")))) for m in members]
         batch_sizes = sorted({b.batch_size for m in members for b in m.batches})
 
         def cell(m: BenchmarkResult, bs: int, render: Callable[[BatchResult], str]) -> str:

@@ -1,4 +1,5 @@
-"""Servers in the report: seed 000's latency and throughput rows from token arrivals."""
+"""Servers in the report: seed 000's latency and throughput rows from token arrivals, and seed
+001's sweep grid with one labelled column per shard count / quantization."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ def test_server_section_has_seed_000s_shape_with_honest_labels():
                                           "End to end (tokens / E2E)"]
     assert throughput[1][2] == "1000.00 tokens/secs"
 
+
+def test_sweep_grid_columns_name_the_shard_count_and_quantization():
+    members = [result(f"test_tp[{n}]", {"backend": "tgi", "model": "bloomz", "dtype": "auto",
+                                        "variant": f"num_shard={n} quantize={q}"}, group="seed001")
+               for n, q in ((1, "none"), (8, "none"), (8, "bitsandbytes"))]
+    grid = report.grid_sections(members)[0]
+    header = grid.split("tokens/sec | msec/token\n")[1].splitlines()[0]
+    columns = [c.strip() for c in header.strip("|").split("|")][1:]
+    assert columns == ["bloomz auto num_shard=1 quantize=none", "bloomz auto num_shard=8 quantize=none",
+                       "bloomz auto num_shard=8 quantize=bitsandbytes"]

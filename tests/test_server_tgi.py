@@ -355,6 +355,7 @@ def test_start(llmperf_tgi):
     assert llmperf_tgi(model_id="double/m", num_shard=2, max_total_tokens=512) is server  # reused
     assert server.generate(req(2)).generated_tokens == 8
     assert server.describe()["launcher_args"]["num_shard"] == 2
+    assert server.describe()["variant"] == "num_shard=2 quantize=none"  # the sweep grid's column label
     open(os.environ["PIDS_OUT"], "a").write(str(server.process.pid) + "\\n")
     if os.environ.get("FAIL_TEST"):
         assert False, "the test failed on purpose"

@@ -284,7 +284,11 @@ class TGIBackend(Backend):
             "attached": self.process is None,
         }
         if self.launcher_args is not None:
-            data["launcher_args"] = self.launcher_args.to_json()
+            args = self.launcher_args
+            data["launcher_args"] = args.to_json()
+            # what sets this server apart in seed 001's sweeps; the report's grid labels columns with it
+            data["variant"] = (f"num_shard={args.num_shard if args.num_shard is not None else 'default'} "
+                               f"quantize={args.quantize or 'none'}")
         return data
 
     def close(self) -> None:
