@@ -136,3 +136,46 @@ def test_js(llmperf, llmperf_jetstream):
         assert len(rows()) == 2
     finally:
         registry.stop_all()
+
+
+PORT_TAKEN = f"""
+import os, sys
+def test_port(llmperf_jetstream):
+    llmperf_jetstream([sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--port", "{{port}}"], port=int(os.environ["TAKEN"]))
+"""
+
+
+def test_fixture_port_taken_names_the_holder(pytester, monkeypatch):
+    import os
+    import socket
+
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_port=PORT_TAKEN)
+    before = descendants()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("TAKEN", str(port))
+        result = run_inner(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*cannot start the JetStream server on 127.0.0.1:{port}: the port is taken by pid "
+                                 f"{os.getpid()}*"])
+    assert descendants() - before == set()  # nothing was started
+
+
+def test_fixture_bad_url_option(pytester, monkeypatch):
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_bad="def test_bad(llmperf_jetstream):\n    llmperf_jetstream(model='x')\n")
+    before = descendants()
+    port = free_port()
+    result = run_inner(pytester, f"--llmperf-jetstream-url=127.0.0.1:{port}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*cannot reach the JetStream server at 127.0.0.1:{port} (from "
+                                 "--llmperf-jetstream-url)*check the address (host:port)*"])
+    result = run_inner(pytester, "--llmperf-jetstream-url=http://127.0.0.1:9000")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*JetStream: 'http://127.0.0.1:9000' (from --llmperf-jetstream-url) is not HOST:PORT*"])
+    assert descendants() - before == set()

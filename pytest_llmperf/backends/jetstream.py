@@ -62,6 +62,11 @@ class JetStreamBackend(Backend):
         super().__init__(clock)
         self.pb2, self.pb2_grpc = stubs()
         self.target = target.removeprefix("grpc://").rstrip("/")
+        self.source = source
+        host, _, port = self.target.rpartition(":")
+        if not host or not port.isdigit() or "://" in self.target:
+            raise BackendError(f"JetStream: {target!r}" + (f" (from {source})" if source else "")
+                               + " is not HOST:PORT, e.g. 127.0.0.1:9000 (gRPC, no http://)")
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -72,7 +77,6 @@ class JetStreamBackend(Backend):
         self.require_full_length = require_full_length
         self.process = process
         self.request_timeout_s = request_timeout_s
-        self.source = source
         try:
             live = health_check(self.target, timeout_s=10)
         except Exception as exc:  # noqa: BLE001 - grpc raises RpcError subclasses and others
