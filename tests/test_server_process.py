@@ -269,3 +269,17 @@ def test_a_fixed_port_is_not_retried(registry, monkeypatch):
         with pytest.raises(BackendError, match=r"(?s)exited before it became healthy.*Address already in use") as info:
             fixtures.ServerPool(registry, "double").start("double", _double_on, port=taken, timeout_s=30)
     assert "free ports tried" not in str(info.value)
+
+
+def test_the_leak_check_finds_a_tagged_process_that_outlived_the_session(capsys):
+    from .doubles import leaks
+
+    tag = f"leak-check-test-{os.getpid()}"
+    straggler = psutil.Popen([PYTHON, "-c", "import time; time.sleep(60)"], env={**os.environ, "LLMPERF_LEAK_TAG": tag})
+    try:
+        assert leaks.main([tag]) == 1
+        assert str(straggler.pid) in capsys.readouterr().out
+    finally:
+        straggler.kill()
+        straggler.wait()
+    assert leaks.main([tag]) == 0
