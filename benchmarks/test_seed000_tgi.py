@@ -25,7 +25,7 @@ def test_tgi_seed000(llmperf, llmperf_tgi, request):
     if attached:
         server = llmperf_tgi(model_id=None)
     else:
-        args = seed_launcher_args(MODEL_ID, num_shard=1).to_json()
+        args = seed_launcher_args(MODEL_ID, num_shard=1, sequence_length=1024, decode_length=8).to_json()
         args.pop("model_id")
         server = llmperf_tgi(model_id=MODEL_ID, **args)
     llmperf.measure(server)

@@ -50,6 +50,13 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in (
     Metric("throughput_tokens_per_s", "tokens/secs", "higher", "Generated tokens of the whole batch / end to end "
                                                                "seconds (bigcode-inference-benchmark's tokens/s)."),
     Metric("ms_per_token", "ms", "lower", "1000 / throughput_tokens_per_s (bigcode's msec/token)."),
+    # Servers give no prefill/decode split; these give seed 000's rows from token arrivals instead.
+    Metric("first_to_last_token_ms", "ms", "lower", "Decode (total) of a server: last token - first token of "
+                                                    "each request, mean over the batch's requests."),
+    Metric("ttft_tokens_per_s", "tokens/secs", "higher", "Prefill throughput of a server: batch size / TTFT in "
+                                                         "seconds (first tokens per second)."),
+    Metric("itl_tokens_per_s", "tokens/secs", "higher", "Decode throughput of a server: batch size / inter-token "
+                                                        "latency in seconds."),
 )}
 
 #: Gated by default, by whether the backend splits prefill from decode.
@@ -96,12 +103,27 @@ def run_values(sample: RunSample) -> dict[str, float]:
     if sample.end_to_end_ns > 0 and tokens:
         values["throughput_tokens_per_s"] = tokens / (sample.end_to_end_ns * 1e-9)
         values["ms_per_token"] = 1000.0 / values["throughput_tokens_per_s"]
+    if sample.prefill_ns is None:
+        values.update(_server_values(sample, values))
     if sample.tokenize_ns is not None:
         values["tokenize_ms"] = sample.tokenize_ns * ms
     if sample.detokenize_ns is not None:
         values["detokenize_ms"] = sample.detokenize_ns * ms
     values.update({k: float(v) for k, v in sample.counters.items()})
     return values
+
+
+def _server_values(sample: RunSample, values: Mapping[str, float]) -> dict[str, float]:
+    """Seed 000's decode total and throughputs for a backend without a prefill/decode split."""
+    out: dict[str, float] = {}
+    spans = [times[-1] - times[0] for times in sample.token_times_ns if times]
+    if spans:
+        out["first_to_last_token_ms"] = float(np.mean(spans)) * 1e-6
+    if values.get("ttft_ms"):
+        out["ttft_tokens_per_s"] = sample.batch_size / (values["ttft_ms"] / 1000)
+    if values.get("itl_ms"):
+        out["itl_tokens_per_s"] = sample.batch_size / (values["itl_ms"] / 1000)
+    return out
 
 
 def gaps_per_run(sample: RunSample) -> int:

@@ -24,8 +24,11 @@ from .records import BatchResult, BenchmarkResult
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
-SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"), ("End to end", "e2e_ms"))
-SERVER_THROUGHPUT = (("End to end", "throughput_tokens_per_s"),)
+# Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and the README).
+SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"),
+                  ("Decode (total)", "first_to_last_token_ms"), ("End to end", "e2e_ms"))
+SERVER_THROUGHPUT = (("Prefill (batch / TTFT)", "ttft_tokens_per_s"), ("Decode (batch / ITL)", "itl_tokens_per_s"),
+                     ("End to end (tokens / E2E)", "throughput_tokens_per_s"))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -71,8 +74,11 @@ def _step_rows(result: BenchmarkResult, steps: Sequence[tuple[str, str]], unit: 
     for step, metric in steps:
         for i, batch in enumerate(result.batches):
             head = [step if i == 0 else "", str(batch.batch_size)]
-            if batch.ok:
-                rows.append(head + cells(values_by_metric(batch.samples)[metric]))
+            values = values_by_metric(batch.samples).get(metric) if batch.ok else None
+            if values:
+                rows.append(head + cells(values))
+            elif batch.ok:  # the backend could not measure it (e.g. no token arrived)
+                rows.append(head + ["n/a"] * width)
             else:
                 rows.append(head + [f"{_failed_cell(batch)} {unit}"] * width)
     return rows
@@ -137,7 +143,9 @@ def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
         column_of: Callable[[BenchmarkResult], str] = (
             (lambda m: str(m.backend.get("dtype"))) if len(dtypes) == len(members)
             else (lambda m: f"{m.backend.get('model')} {m.backend.get('dtype')}"))
-        columns = [column_of(m) for m in members]
+        # A backend's `variant` (a TGI server's shards and quantization) tells apart columns whose
+        # model and dtype agree.
+        columns = [" ".join(filter(None, (column_of(m), m.backend.get("variant")))) for m in members]
         batch_sizes = sorted({b.batch_size for m in members for b in m.batches})
 
         def cell(m: BenchmarkResult, bs: int, render: Callable[[BatchResult], str]) -> str:

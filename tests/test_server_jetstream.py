@@ -51,6 +51,14 @@ def test_tokens(llmperf_jetstream):
     d = server.describe()
     assert (d["cache_length"], d["server_batch_size"], d["dtype"]) == (64, 2, "float32")
 
+def test_several_tokens_in_one_message_are_one_arrival(llmperf_jetstream):
+    cmd = CMD[:-1] + [json.dumps({{"token_delay_ms": 4.0, "tokens_per_message": 2}})]
+    sample = llmperf_jetstream(cmd, **SEED).generate(GenerationRequest(1, 8, 6, "a b c d e f g h"))
+    assert sample.generated_tokens == 6  # counted from token_ids
+    times = sample.token_times_ns[0]
+    assert len(times) == 3  # three messages of two tokens: three arrivals, two gaps
+    assert all(later > earlier for earlier, later in zip(times, times[1:]))  # no zero gaps
+
 def test_early_stop(llmperf_jetstream):
     cmd = CMD[:-1] + [json.dumps({{"eos_after": 3}})]
     with pytest.raises(BackendError, match=r"returned 3 tokens, not decode_length=6.*no ignore_eos"):
@@ -73,7 +81,7 @@ def test_fixture_lifecycle(pytester, monkeypatch):
     clean_env(monkeypatch)
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_js=TEST)
-    run_inner(pytester, "-v").assert_outcomes(passed=4)
+    run_inner(pytester, "-v").assert_outcomes(passed=5)
 
 
 def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):
@@ -128,3 +136,46 @@ def test_js(llmperf, llmperf_jetstream):
         assert len(rows()) == 2
     finally:
         registry.stop_all()
+
+
+PORT_TAKEN = f"""
+import os, sys
+def test_port(llmperf_jetstream):
+    llmperf_jetstream([sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--port", "{{port}}"], port=int(os.environ["TAKEN"]))
+"""
+
+
+def test_fixture_port_taken_names_the_holder(pytester, monkeypatch):
+    import os
+    import socket
+
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_port=PORT_TAKEN)
+    before = descendants()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("TAKEN", str(port))
+        result = run_inner(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*cannot start the JetStream server on 127.0.0.1:{port}: the port is taken by pid "
+                                 f"{os.getpid()}*"])
+    assert descendants() - before == set()  # nothing was started
+
+
+def test_fixture_bad_url_option(pytester, monkeypatch):
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_bad="def test_bad(llmperf_jetstream):\n    llmperf_jetstream(model='x')\n")
+    before = descendants()
+    port = free_port()
+    result = run_inner(pytester, f"--llmperf-jetstream-url=127.0.0.1:{port}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*cannot reach the JetStream server at 127.0.0.1:{port} (from "
+                                 "--llmperf-jetstream-url)*check the address (host:port)*"])
+    result = run_inner(pytester, "--llmperf-jetstream-url=http://127.0.0.1:9000")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*JetStream: 'http://127.0.0.1:9000' (from --llmperf-jetstream-url) is not HOST:PORT*"])
+    assert descendants() - before == set()

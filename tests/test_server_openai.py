@@ -4,6 +4,8 @@ llmperf_openai fixture. The real-vLLM tests are in test_vllm_e2e.py (tox -e vllm
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import httpx
 import pytest
@@ -47,6 +49,7 @@ def test_tokens_times_and_usage_counts(server, api):
         assert backend.model == "double/chat"  # from /v1/models
         backend.generate(req(1))
         sample = backend.generate(req(2))
+        assert len(backend.last_prompt_tokens) == 2  # this run's two requests, not every run's
         assert sample.generated_tokens == 12  # usage.completion_tokens, summed
         assert [len(t) for t in sample.token_times_ns] == [6, 6]  # role-only and usage chunks are not tokens
         assert all(t[-1] >= 5 * 4_000_000 for t in sample.token_times_ns)
@@ -93,7 +96,9 @@ def test_errors_name_the_server_and_the_fix(server):
         OpenAICompatBackend(f"http://127.0.0.1:{port}", server_name="vLLM", source="--llmperf-openai-url")
     backend = OpenAICompatBackend(server.url)
     try:
-        with pytest.raises(BackendError, match=r"request failed at batch size 1 \(HTTP 422\).*must be <= 1512"):
+        # TGI's /v1 routes validate inside the stream: 200, then an error event naming the status
+        with pytest.raises(BackendError, match=r"request failed at batch size 1 \(HTTP 422, sent in the stream\): "
+                                               r"APIError: Input validation error: .*must be <= 1512"):
             backend.generate(GenerationRequest(1, 4, 1600, "a b c d"))
     finally:
         backend.close()
@@ -141,3 +146,75 @@ def test_vllm_fixture_without_vllm_says_which_option(pytester, monkeypatch, tmp_
     result = run_inner(pytester, f"--llmperf-vllm-python={fake}", f"--llmperf-model=tiny-llama={model_dir}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*vLLM is not installed for * (--llmperf-vllm-python)*"])
+
+
+# -- llmperf_openai failure paths: each a clear error, and no process left behind ------------------
+
+FAILING = f"""
+import json, sys, pytest
+from pytest_llmperf.backends.base import BackendError, GenerationRequest
+
+DOUBLE = [sys.executable, {str(TGI_DOUBLE)!r}, "--hostname", "{{host}}", "--port", "{{port}}"]
+
+def test_wont_start(llmperf_openai):
+    cmd = [sys.executable, "-c", "import sys; sys.exit('loading the model failed: no such file /models/x')"]
+    llmperf_openai(cmd, name="SGLang", timeout_s=30)
+
+def test_dies_mid_run(llmperf_openai):
+    server = llmperf_openai(DOUBLE + ["--config", json.dumps({{"exit_after_requests": 1}})], fixed_length="none")
+    server.generate(GenerationRequest(1, 4, 2, "a b c d"))
+    server.generate(GenerationRequest(1, 4, 2, "a b c d"))
+
+def test_port_taken(llmperf_openai):
+    import os
+    llmperf_openai(DOUBLE, port=int(os.environ["TAKEN_PORT"]), fixed_length="none")
+
+def test_attach(llmperf_openai):
+    llmperf_openai(fixed_length="none")
+"""
+
+
+@pytest.fixture
+def failing(pytester, monkeypatch):
+    clean_env(monkeypatch)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_failing=FAILING)
+    before = descendants()
+    yield pytester
+    assert_gone(descendants() - before, within_s=5)  # the server and its children are stopped
+
+
+def test_openai_server_that_wont_start(failing):
+    result = run_inner(failing, "-k", "wont_start")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*SGLang server at http://127.0.0.1:* exited before it became healthy (exit code 1)*",
+                                 "*last lines of the log:*", "*loading the model failed: no such file /models/x*"])
+
+
+def test_openai_server_dying_mid_run(failing):
+    result = run_inner(failing, "-k", "dies_mid_run")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*OpenAI-compatible server at http://127.0.0.1:* died*",
+                                 "*router: exiting after 1 requests (exit_after_requests)*"])
+
+
+def test_openai_port_taken(failing, monkeypatch):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("TAKEN_PORT", str(port))
+        result = run_inner(failing, "-k", "port_taken")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*cannot start the OpenAI-compatible server on 127.0.0.1:{port}: the port is taken "
+                                 f"by pid {os.getpid()}*leave port= unset*"])
+
+
+def test_openai_bad_url(failing):
+    port = free_port()
+    result = run_inner(failing, "-k", "attach", f"--llmperf-openai-url=http://127.0.0.1:{port}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*cannot reach the OpenAI-compatible server at http://127.0.0.1:{port} "
+                                 "(from --llmperf-openai-url)*unset it*"])
+    result = run_inner(failing, "-k", "attach", "--llmperf-openai-url=ftp://x")
+    assert "bad value for --llmperf-openai-url: expected an http:// or https:// URL" in result.stderr.str()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -16,7 +17,7 @@ from pytest_llmperf.backends.base import BackendError
 from pytest_llmperf.servers.process import ProcessRegistry, free_port, port_in_use, port_owner, stop_tree, tail
 
 from .doubles.leaks import alive, assert_gone, descendants, read_pids
-from .server_helpers import LAUNCHER, PYTHON
+from .server_helpers import LAUNCHER, PYTHON, TGI_DOUBLE
 
 
 @pytest.fixture(autouse=True)
@@ -118,13 +119,22 @@ def test_sigterm_stops_servers_and_interrupts(registry, tmp_path):
     port = free_port()
     proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}")
     proc.wait_ready(health(port), timeout_s=30)
-    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-        with registry.handle_signals():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler raises before this ends
-    assert not proc.alive()
-    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler, None) or callable(
-        signal.getsignal(signal.SIGTERM))
+
+    def mine(signum, frame):  # a handler of our own, to see that it is put back
+        pass
+
+    saved = {sig: signal.signal(sig, mine) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with registry.handle_signals():
+                assert signal.getsignal(signal.SIGTERM) is not mine
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises before this ends
+        assert not proc.alive()
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGHUP) is mine
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def test_tail_of_missing_and_long_logs(tmp_path):
@@ -132,3 +142,144 @@ def test_tail_of_missing_and_long_logs(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n" for i in range(1000)))
     assert tail(log, 3).splitlines() == ["line 997", "line 998", "line 999"]
+
+
+def test_a_port_in_time_wait_is_not_taken():
+    # The side that closes first keeps the connection in TIME_WAIT on its port: here, the server's.
+    # Its listener sets SO_REUSEADDR as servers do (tokio, http.server); the TIME_WAIT inherits it.
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()
+        client.recv(1)  # the server's FIN
+        client.close()
+    deadline = time.monotonic() + 5
+    while not any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_TIME_WAIT
+                  for c in psutil.net_connections(kind="tcp4")):
+        assert time.monotonic() < deadline, "no TIME_WAIT connection on the port: the test saw nothing"
+        time.sleep(0.05)
+    assert not port_in_use(port)
+
+
+def test_stop_after_reaping_never_signals_a_reused_pid(registry):
+    port = free_port()
+    proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}", env={"LLMPERF_TGI_DOUBLE_MODE": "exit"})
+    assert proc.exited_within(30)  # reaped: its pid number is free for the kernel to hand out again
+    # Stand-in for the kernel reusing the number: a bystander session leader now has "that" pid.
+    bystander = psutil.Popen([PYTHON, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        proc.popen.pid = bystander.pid
+        proc.stop()
+        assert bystander.is_running() and bystander.status() != psutil.STATUS_ZOMBIE
+        assert proc.killed == []
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_crashed_servers_orphans_are_still_stopped(registry, tmp_path):
+    pidfile = tmp_path / "pids"
+    port = free_port()
+    proc = registry.start("TGI", launcher(port, "--num-shard", "2"), url=f"http://127.0.0.1:{port}",
+                          env={"LLMPERF_TGI_DOUBLE_PID_FILE": str(pidfile)})
+    proc.wait_ready(health(port), timeout_s=30)
+    launcher_pid, *shards = read_pids(pidfile)
+    os.kill(launcher_pid, signal.SIGKILL)  # the launcher dies; its shards are orphaned
+    assert proc.exited_within(10)  # and reaped
+    assert all(alive(p) for p in shards)
+    proc.stop()
+    assert_gone(shards, within_s=2)
+
+
+def test_server_is_terminated_when_pytest_is_killed(tmp_path):
+    """PR_SET_PDEATHSIG, set up in the child with prctl resolved in the parent."""
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import sys, time
+from pathlib import Path
+from pytest_llmperf.servers.process import ProcessRegistry
+proc = ProcessRegistry(Path({str(tmp_path)!r})).start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                                                      url="none")
+print(proc.pid, flush=True)
+time.sleep(60)
+""")
+    parent = psutil.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert alive(child)
+        parent.kill()  # SIGKILL: no teardown runs in the parent
+        parent.wait()
+        assert_gone([child], within_s=10)
+    finally:
+        if parent.is_running():
+            parent.kill()
+            parent.wait()
+
+
+def _double_on(port):
+    base = f"http://127.0.0.1:{port}"
+    return [PYTHON, str(TGI_DOUBLE), "--port", str(port)], base, health(port)
+
+
+def test_a_server_that_loses_its_free_port_is_started_again_on_another(registry, monkeypatch):
+    from pytest_llmperf.servers import fixtures
+
+    with socket.socket() as holder:  # another process "took" the port we picked, before the server bound it
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        monkeypatch.setattr(fixtures, "pick_port", lambda name, port: next(picks, None) or free_port())
+        pool = fixtures.ServerPool(registry, "double")
+        proc = pool.start("double", _double_on, port=None, timeout_s=30)
+        assert proc.alive() and proc.url != f"http://127.0.0.1:{taken}"
+        first_log = sorted(registry.log_dir.glob("double-*.log"))[0]
+        assert "Address already in use" in first_log.read_text()
+
+
+def test_a_server_that_keeps_losing_its_port_gives_up_after_three_tries(registry, monkeypatch):
+    from pytest_llmperf.servers import fixtures
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        calls = []
+        monkeypatch.setattr(fixtures, "pick_port", lambda name, port: calls.append(port) or taken)
+        pool = fixtures.ServerPool(registry, "double")
+        with pytest.raises(BackendError, match=r"(?s)exited before it became healthy.*Address already in use.*"
+                                               r"on each of 3 free ports tried.*Pass port="):
+            pool.start("double", _double_on, port=None, timeout_s=30)
+        assert len(calls) == 3
+    assert registry.processes == []
+
+
+def test_a_fixed_port_is_not_retried(registry, monkeypatch):
+    from pytest_llmperf.servers import fixtures
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        monkeypatch.setattr(fixtures, "pick_port", lambda name, port: taken)  # the check passed; the bind fails
+        with pytest.raises(BackendError, match=r"(?s)exited before it became healthy.*Address already in use") as info:
+            fixtures.ServerPool(registry, "double").start("double", _double_on, port=taken, timeout_s=30)
+    assert "free ports tried" not in str(info.value)
+
+
+def test_the_leak_check_finds_a_tagged_process_that_outlived_the_session(capsys):
+    from .doubles import leaks
+
+    tag = f"leak-check-test-{os.getpid()}"
+    straggler = psutil.Popen([PYTHON, "-c", "import time; time.sleep(60)"], env={**os.environ, "LLMPERF_LEAK_TAG": tag})
+    try:
+        assert leaks.main([tag]) == 1
+        assert str(straggler.pid) in capsys.readouterr().out
+    finally:
+        straggler.kill()
+        straggler.wait()
+    assert leaks.main([tag]) == 0

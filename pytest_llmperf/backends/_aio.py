@@ -7,6 +7,7 @@ reused across runs as a long-lived benchmark client's would be, and warmup runs 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ class LoopThread:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
-        except TimeoutError:
+        # Python 3.10's concurrent.futures.TimeoutError is not the builtin TimeoutError (3.11 made
+        # it an alias); catch both so the coroutine is cancelled on every supported version.
+        except (TimeoutError, concurrent.futures.TimeoutError):
             future.cancel()
             raise
 

@@ -6,8 +6,10 @@ client machine (the package's own requirements pull jax, flax and seqio for the 
 
 One run of batch size B is B concurrent `Decode` streams. JetStream sends one `DecodeResponse`
 per generation step (one token per sample unless a tokenizer buffer flushes several), then a
-final empty one when the sequence completes. A response with k `token_ids` is k arrivals at the
-time it came; tokens are counted from `token_ids`, the empty final message is not a token.
+final empty one when the sequence completes. Arrivals are messages: a response with k
+`token_ids` is one arrival, as vLLM's `bench serve` counts a chunk, because k arrivals at the same
+instant would put k-1 zero gaps into the inter-token latency. Tokens are counted from
+`token_ids` (k for that message); the empty final message is neither an arrival nor a token.
 Output length: `max_tokens=decode_length`; JetStream stops at its stop tokens and has no
 `ignore_eos`, so with `require_full_length` an early stop fails the run.
 
@@ -60,6 +62,11 @@ class JetStreamBackend(Backend):
         super().__init__(clock)
         self.pb2, self.pb2_grpc = stubs()
         self.target = target.removeprefix("grpc://").rstrip("/")
+        self.source = source
+        host, _, port = self.target.rpartition(":")
+        if not host or not port.isdigit() or "://" in self.target:
+            raise BackendError(f"JetStream: {target!r}" + (f" (from {source})" if source else "")
+                               + " is not HOST:PORT, e.g. 127.0.0.1:9000 (gRPC, no http://)")
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -70,7 +77,6 @@ class JetStreamBackend(Backend):
         self.require_full_length = require_full_length
         self.process = process
         self.request_timeout_s = request_timeout_s
-        self.source = source
         try:
             live = health_check(self.target, timeout_s=10)
         except Exception as exc:  # noqa: BLE001 - grpc raises RpcError subclasses and others
@@ -137,9 +143,9 @@ class JetStreamBackend(Backend):
             if response.WhichOneof("content") != "stream_content":
                 continue
             for sample in response.stream_content.samples[:1]:
-                count = len(sample.token_ids)
-                stream.times_ns.extend([now] * count)
-                stream.server_tokens = (stream.server_tokens or 0) + count
+                if sample.token_ids:  # one arrival per message, k tokens counted
+                    stream.times_ns.append(now)
+                    stream.server_tokens = (stream.server_tokens or 0) + len(sample.token_ids)
         stream.end_ns = self.clock() - start
         return stream
 
@@ -154,7 +160,7 @@ class JetStreamBackend(Backend):
             "cache_length": self.cache_length,
             "max_input_length": self.max_input_length,
             "max_output_length": self.max_output_length,
-            "token_count": "token_ids in the Decode stream",
+            "token_count": "token_ids in the Decode stream (arrivals: one per message)",
             "output_length": "max_tokens=decode_length; JetStream has no ignore_eos"
                              + (" (early stops fail the run)" if self.require_full_length else ""),
             "attached": self.process is None,

@@ -72,7 +72,7 @@ class OpenAICompatBackend(Backend):
         self._loop = LoopThread("openai")
         self._client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key="EMPTY", timeout=request_timeout_s,
                                    max_retries=0)
-        self.last_prompt_tokens: list[int | None] = []
+        self.last_prompt_tokens: list[int | None] = []  # usage.prompt_tokens of the last run's requests
 
     # -- server ---------------------------------------------------------------------------------
 
@@ -115,8 +115,9 @@ class OpenAICompatBackend(Backend):
     def generate(self, request: GenerationRequest) -> RunSample:
         if self.process is not None:
             self.process.check_alive()
-        from openai import APIConnectionError, APIStatusError
+        from openai import APIConnectionError, APIError, APIStatusError
 
+        self.last_prompt_tokens = []
         try:
             streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
                                                            lambda i, t0: self._one(request, t0)),
@@ -136,6 +137,9 @@ class OpenAICompatBackend(Backend):
             if isinstance(exc, APIStatusError):
                 status = f" (HTTP {exc.status_code})"
                 text += f"; response: {exc.response.text[:500]}"
+            elif isinstance(exc, APIError) and isinstance(exc.body, dict) and exc.body.get("http_status_code"):
+                # TGI validates inside the stream: a 200 response whose error event names the status
+                status = f" (HTTP {exc.body['http_status_code']}, sent in the stream)"
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
                                f"{text}") from exc
         if self.fixed_length != "none" or not self.count_chunks:

@@ -12,6 +12,11 @@ one), so a sequence can end early at an end-of-sequence token; with `require_ful
 default) such a run is an error naming the sequence, because runs of different lengths are not
 comparable.
 
+Limits: TGI's router validates every request (`truncate` <= max_input_tokens, input +
+max_new_tokens <= max_total_tokens) and refuses requests beyond max_concurrent_requests. Before a
+run the request is checked against the server's GET /info, and a mismatch is an error naming the
+launcher argument to raise, instead of B validation errors per run.
+
 `TGILauncherArgs` holds the launcher arguments of seeds 000/001 and builds the command line.
 """
 
@@ -99,6 +104,21 @@ class TGILauncherArgs:
         return data
 
 
+def is_transport_error(exc: BaseException) -> bool:
+    """True when the connection failed (refused, reset, closed mid-stream) rather than TGI answering.
+
+    AsyncInferenceClient (huggingface_hub >= 2.0) talks through httpx2, whose exceptions are not
+    httpx's; /info is read with httpx. Timeouts are not transport errors here: the client turns
+    them into InferenceTimeoutError, and a slow server is not an unreachable one.
+    """
+    import httpx
+    import httpx2
+
+    if isinstance(exc, (httpx2.TimeoutException, httpx.TimeoutException)):
+        return False
+    return isinstance(exc, (httpx2.TransportError, httpx.TransportError, ConnectionError))
+
+
 def _is_oom(text: str) -> bool:
     text = text.lower()
     return "out of memory" in text or "outofmemory" in text
@@ -174,11 +194,31 @@ class TGIBackend(Backend):
 
     # -- measurement ---------------------------------------------------------------------------
 
-    def generate(self, request: GenerationRequest) -> RunSample:
-        import httpx
+    def check_limits(self, request: GenerationRequest) -> None:
+        """Raise a BackendError naming the launcher argument to raise when the server's limits
+        (GET /info) cannot admit `request`: TGI would answer every request with a validation error
+        (or `overloaded` beyond max_concurrent_requests)."""
+        info = self.info
+        limits = (
+            # (limit in /info (older TGI: max_input_length), launcher flag, what the request needs, why)
+            (info.get("max_input_tokens", info.get("max_input_length")), "--max-input-tokens",
+             request.sequence_length, f"truncate=sequence_length={request.sequence_length}"),
+            (info.get("max_total_tokens"), "--max-total-tokens", request.sequence_length + request.decode_length,
+             f"sequence_length + decode_length = {request.sequence_length + request.decode_length}"),
+            (info.get("max_concurrent_requests"), "--max-concurrent-requests", request.batch_size,
+             f"batch size {request.batch_size} (concurrent requests)"),
+        )
+        for limit, flag, needed, what in limits:
+            if isinstance(limit, int) and needed > limit:
+                name = flag[2:].replace("-", "_")
+                keyword = f" (llmperf_tgi(..., {name}={needed}))" if self.process is not None else ""
+                raise BackendError(f"{self._where()}: {what} exceeds the server's {name}={limit} (GET /info), so TGI "
+                                   f"would reject every request. Start TGI with {flag} {needed} or more{keyword}")
 
+    def generate(self, request: GenerationRequest) -> RunSample:
         if self.process is not None:
             self.process.check_alive()
+        self.check_limits(request)
         try:
             streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
                                                            lambda i, t0: self._one(request, i, t0)),
@@ -192,8 +232,7 @@ class TGIBackend(Backend):
             if _is_oom(text):
                 raise OutOfMemory(f"{self._where()}: out of memory at batch size {request.batch_size}: {text}") from exc
             answered = isinstance(exc, TextGenerationError)  # TGI sent an error (validation, overloaded, ...)
-            if not answered and (isinstance(exc, (httpx.TransportError, ConnectionError))
-                                 or "connect" in text.lower() or "disconnect" in text.lower()):
+            if not answered and is_transport_error(exc):
                 self._raise_unreachable(exc)
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
@@ -245,7 +284,11 @@ class TGIBackend(Backend):
             "attached": self.process is None,
         }
         if self.launcher_args is not None:
-            data["launcher_args"] = self.launcher_args.to_json()
+            args = self.launcher_args
+            data["launcher_args"] = args.to_json()
+            # what sets this server apart in seed 001's sweeps; the report's grid labels columns with it
+            data["variant"] = (f"num_shard={args.num_shard if args.num_shard is not None else 'default'} "
+                               f"quantize={args.quantize or 'none'}")
         return data
 
     def close(self) -> None:
@@ -259,9 +302,22 @@ class TGIBackend(Backend):
         self._loop = None  # type: ignore[assignment]
 
 
-def seed_launcher_args(model_id: str, num_shard: int = 1, quantize: str | None = None,
+SEED_MAX_INPUT_TOKENS = 1000
+SEED_MAX_TOTAL_TOKENS = 1512
+
+
+def seed_launcher_args(model_id: str, num_shard: int = 1, quantize: str | None = None, *,
+                       sequence_length: int = 1024, decode_length: int = 8,
                        extra_args: Sequence[str] = ()) -> TGILauncherArgs:
-    """Seed 000's launcher settings (bloomz-7b1-mt experiment): the limits the seed lists."""
+    """Seed 000's launcher settings (bloomz-7b1-mt experiment), with limits that admit the scenario.
+
+    The seed lists max_input_length 1000 beside sequence length 1024: its text-generation-benchmark
+    sends batches to the shards over gRPC, past the router. We go through the router's HTTP API,
+    which rejects `truncate` above max_input_tokens and inputs + max_new_tokens above
+    max_total_tokens (validation.rs), so both are raised to the scenario where the seed's are lower.
+    """
     return TGILauncherArgs(model_id=model_id, num_shard=num_shard, quantize=quantize, max_concurrent_requests=128,
-                           max_best_of=2, max_stop_sequences=4, max_input_tokens=1000, max_total_tokens=1512,
+                           max_best_of=2, max_stop_sequences=4,
+                           max_input_tokens=max(SEED_MAX_INPUT_TOKENS, sequence_length),
+                           max_total_tokens=max(SEED_MAX_TOTAL_TOKENS, sequence_length + decode_length),
                            max_batch_total_tokens=32000, max_waiting_tokens=20, extra_args=tuple(extra_args))

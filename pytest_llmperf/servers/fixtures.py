@@ -34,6 +34,10 @@ from ..options import OPTIONS_BY_NAME
 from .process import LOOPBACK, ProcessRegistry, ServerProcess, free_port, port_in_use, port_owner
 
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": LOOPBACK}
+START_TRIES = 3  # starts on fresh free ports when a server loses its port to another process
+
+#: What `ServerPool.start` needs to start a server on a port: (argv, url, health check).
+Launch = tuple[list[str], str, Callable[[], bool]]
 
 
 def option(config: pytest.Config, name: str) -> Any:
@@ -47,6 +51,15 @@ def _http_ok(url: str) -> Callable[[], bool]:
         return httpx.get(url, timeout=2).status_code == 200
 
     return check
+
+
+def _http_command(command: Sequence[str], health_path: str) -> Callable[[int], Launch]:
+    """A command line with `{host}`/`{port}`, as `ServerPool.start` builds it per port."""
+    def build(chosen: int) -> Launch:
+        base = f"http://{LOOPBACK}:{chosen}"
+        return fill(command, chosen), base, _http_ok(base + health_path)
+
+    return build
 
 
 def fill(command: Sequence[str], port: int) -> list[str]:
@@ -87,15 +100,33 @@ class ServerPool:
         self.key, self.backend, self.process = key, backend, process
         return backend
 
-    def start(self, name: str, argv: Sequence[str], *, url: str, healthy: Callable[[], bool], timeout_s: float,
+    def start(self, name: str, build: Callable[[int], Launch], *, port: int | None, timeout_s: float,
               env: Mapping[str, str] | None = None) -> ServerProcess:
-        process = self.registry.start(name, argv, url=url, env=env, log_name=self.kind)
-        try:
-            process.wait_ready(healthy, timeout_s)
-        except BaseException:
-            self.registry.stop(process)
-            raise
-        return process
+        """Start `build(port)` and wait until it is healthy; stopped again if it is not.
+
+        Without a fixed `port`, another process can take the free port we picked before the server
+        binds it: when the server exits saying its address is in use, it is started again on a new
+        free port (START_TRIES tries in all).
+        """
+        tries = 1 if port is not None else START_TRIES
+        for attempt in range(1, tries + 1):
+            argv, url, healthy = build(pick_port(name, port))
+            process = self.registry.start(name, argv, url=url, env=env, log_name=self.kind)
+            try:
+                process.wait_ready(healthy, timeout_s)
+                return process
+            except BackendError as exc:
+                self.registry.stop(process)
+                if not (tries > 1 and process.lost_its_port()):
+                    raise
+                if attempt == tries:
+                    raise BackendError(f"{exc}\n  The port was taken before the server could bind it, on each of "
+                                       f"{tries} free ports tried; something on this machine grabs ports quickly. "
+                                       "Pass port= to choose one") from exc
+            except BaseException:
+                self.registry.stop(process)
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def release(self) -> None:
         if self.backend is not None:
@@ -141,7 +172,7 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
               require_full_length: bool = True, timeout_s: float | None = None, **launcher: Any) -> TGIBackend:
         url = option(config, "tgi_url")
         if url:
-            key = ("attach", url)
+            key = ("attach", url, require_full_length)
             if key not in pool.attached:
                 pool.attached[key] = TGIBackend(url, require_full_length=require_full_length,
                                                 source=OPTIONS_BY_NAME["tgi_url"].cli)
@@ -168,15 +199,18 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
             raise BackendError(f"TGI: {program!r} not found (--llmperf-tgi-launcher). Install "
                                "text-generation-inference, point --llmperf-tgi-launcher at the launcher, or attach to "
                                "a running server with --llmperf-tgi-url=URL")
-        chosen = pick_port("TGI", port)
-        base = f"http://{LOOPBACK}:{chosen}"
-        uds = llmperf_servers.log_dir / f"tgi-{len(llmperf_servers.processes) + 1}-shard"
-        argv = args.argv(found, host=LOOPBACK, port=chosen, prometheus_port=free_port(), shard_uds_path=str(uds),
-                         master_port=free_port())
-        process = pool.start("TGI", argv, url=base, healthy=_http_ok(f"{base}/health"),
-                             timeout_s=_timeout(config, timeout_s), env=env)
+
+        def build(chosen: int) -> Launch:
+            base = f"http://{LOOPBACK}:{chosen}"
+            uds = llmperf_servers.log_dir / f"tgi-{llmperf_servers.started + 1}-shard"
+            argv = args.argv(found, host=LOOPBACK, port=chosen, prometheus_port=free_port(), shard_uds_path=str(uds),
+                             master_port=free_port())
+            return argv, base, _http_ok(f"{base}/health")
+
+        process = pool.start("TGI", build, port=port, timeout_s=_timeout(config, timeout_s), env=env)
         try:
-            backend = TGIBackend(base, launcher_args=args, process=process, require_full_length=require_full_length)
+            backend = TGIBackend(process.url, launcher_args=args, process=process,
+                                 require_full_length=require_full_length)
         except BaseException:
             llmperf_servers.stop(process)
             raise
@@ -230,13 +264,11 @@ def llmperf_openai(request: pytest.FixtureRequest,
         if reused is not None:
             assert isinstance(reused, OpenAICompatBackend)
             return reused
-        chosen = pick_port(name, port)
-        base = f"http://{LOOPBACK}:{chosen}"
-        argv = fill(command, chosen)
-        process = pool.start(name, argv, url=base, healthy=_http_ok(base + health_path),
+        process = pool.start(name, _http_command(command, health_path), port=port,
                              timeout_s=_timeout(config, timeout_s), env=env)
         try:
-            backend = OpenAICompatBackend(base, model=model, server_name=name, process=process, **backend_kwargs)
+            backend = OpenAICompatBackend(process.url, model=model, server_name=name, process=process,
+                                          **backend_kwargs)
         except BaseException:
             llmperf_servers.stop(process)
             raise
@@ -308,13 +340,10 @@ def llmperf_vllm(request: pytest.FixtureRequest,
             assert isinstance(reused, OpenAICompatBackend)
             return reused
         check_has_vllm(python)
-        chosen = pick_port("vLLM", port)
-        base = f"http://{LOOPBACK}:{chosen}"
-        argv = fill(command, chosen)
-        process = pool.start("vLLM", argv, url=base, healthy=_http_ok(base + "/health"),
+        process = pool.start("vLLM", _http_command(command, "/health"), port=port,
                              timeout_s=_timeout(config, timeout_s), env=full_env)
         try:
-            backend = OpenAICompatBackend(base, model=model, server_name="vLLM", process=process, api=api,
+            backend = OpenAICompatBackend(process.url, model=model, server_name="vLLM", process=process, api=api,
                                           describe_extra={"model_path": str(model_dir), "dtype": dtype,
                                                           "max_model_len": max_model_len}, **backend_kwargs)
         except BaseException:
@@ -361,19 +390,20 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
         if reused is not None:
             assert isinstance(reused, JetStreamBackend)
             return reused
-        chosen = pick_port("JetStream", port)
-        addr = f"{LOOPBACK}:{chosen}"
-        argv = fill(command, chosen)
 
-        def healthy() -> bool:
-            with contextlib.suppress(Exception):
-                return jetstream_health(addr, timeout_s=1.0)
-            return False
+        def build(chosen: int) -> Launch:
+            addr = f"{LOOPBACK}:{chosen}"
 
-        process = pool.start("JetStream", argv, url=f"grpc://{addr}", healthy=healthy,
-                             timeout_s=_timeout(config, timeout_s), env=env)
+            def healthy() -> bool:
+                with contextlib.suppress(Exception):
+                    return jetstream_health(addr, timeout_s=1.0)
+                return False
+
+            return fill(command, chosen), f"grpc://{addr}", healthy
+
+        process = pool.start("JetStream", build, port=port, timeout_s=_timeout(config, timeout_s), env=env)
         try:
-            backend = JetStreamBackend(addr, process=process, **backend_kwargs)
+            backend = JetStreamBackend(process.url, process=process, **backend_kwargs)
         except BaseException:
             llmperf_servers.stop(process)
             raise

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -45,6 +47,9 @@ def free_port(host: str = LOOPBACK) -> int:
 def port_in_use(port: int, host: str = LOOPBACK) -> bool:
     """True when something already listens on host:port (a bind attempt fails)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers bind (tokio, http.server, grpc): a connection in TIME_WAIT from an earlier
+        # server on this port does not stop them, so it must not read as taken either.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -76,11 +81,32 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the server gets SIGTERM if pytest itself is killed (even with SIGKILL)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+PR_SET_PDEATHSIG = 1
+ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use|os error 98|errno 98", re.IGNORECASE)
+
+
+@functools.cache
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux: a preexec_fn that has the server get SIGTERM if pytest itself is killed (even with
+    SIGKILL); None elsewhere.
+
+    prctl is looked up here, in the parent: loading a library in the forked child can deadlock on
+    a loader lock another thread of pytest held at fork. The child only makes the call.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    signum = int(signal.SIGTERM)
+
+    def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(PR_SET_PDEATHSIG, signum)
+
+    return preexec
 
 
 def session_members(sid: int) -> list[psutil.Process]:
@@ -93,19 +119,21 @@ def session_members(sid: int) -> list[psutil.Process]:
     return found
 
 
-def stop_tree(pid: int, grace_s: float = 10.0, *, session: bool = False) -> list[int]:
+def stop_tree(pid: int, grace_s: float = 10.0, *, session: bool = False, root: bool = True) -> list[int]:
     """SIGTERM a process and all its descendants, SIGKILL whatever is left after `grace_s`.
 
     Returns the pids that had to be killed. Children are listed before the parent is signalled,
     so processes the parent spawned are found even if it exits first and they get re-parented.
     With `session`, `pid` is also a session id (the process was started with start_new_session)
     and every process still in that session is stopped too: the children of a server that
-    crashed, which psutil can no longer find through it.
+    crashed, which psutil can no longer find through it. With `root=False` only those session
+    members are stopped, never the process `pid` names (it was reaped; the number may be reused).
     """
     procs: list[psutil.Process] = []
-    with contextlib.suppress(psutil.NoSuchProcess):
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+    if root:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top = psutil.Process(pid)
+            procs = [top, *top.children(recursive=True)]
     if session:  # orphans: descendants whose parent died were re-parented, but keep the session
         procs += [p for p in session_members(pid) if p.pid not in {q.pid for q in procs}]
     procs = [p for p in procs if _running(p)]
@@ -162,6 +190,10 @@ class ServerProcess:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return tail(self.log_path, lines)
 
+    def lost_its_port(self) -> bool:
+        """True when the server has exited and its log says its address was in use (EADDRINUSE)."""
+        return not self.alive() and ADDRESS_IN_USE.search(self.log_tail()) is not None
+
     def describe_failure(self, what: str) -> str:
         """An error text naming the server, its URL, the command, the log, and the log's tail."""
         code = self.popen.poll() if self.popen else None
@@ -201,7 +233,18 @@ class ServerProcess:
         """Stop the server and every process it started; safe to call twice."""
         if self.popen is None:
             return
-        self.killed = stop_tree(self.popen.pid, self.grace_s, session=True)
+        pid = self.popen.pid
+        if self.popen.returncode is None:
+            # Not reaped (running, or a zombie only we can reap): the pid is still this server's.
+            self.killed = stop_tree(pid, self.grace_s, session=True)
+        elif not psutil.pid_exists(pid):
+            # Reaped: never signal the pid itself, another process may get the number. Its orphaned
+            # children are still stopped: Linux reuses no pid while a live process has it as its
+            # session id, so whatever is in that session is ours.
+            self.killed = stop_tree(pid, self.grace_s, session=True, root=False)
+        else:
+            # Reaped and the number is taken again: then no process of ours is left in that session.
+            self.killed = []
         with contextlib.suppress(Exception):
             self.popen.wait(timeout=5)
 
@@ -227,13 +270,15 @@ class ProcessRegistry:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = Path(log_dir)
         self.processes: list[ServerProcess] = []
+        self.started = 0  # numbers the logs: a server started after another was stopped gets its own
 
     def start(self, name: str, argv: Sequence[str], *, url: str, env: Mapping[str, str] | None = None,
               log_name: str | None = None, grace_s: float = 10.0, cwd: str | Path | None = None) -> ServerProcess:
         """Start `argv` with stdout and stderr captured to a log file; it is stopped by `stop_all`."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stem = log_name or name.lower()
-        log_path = self.log_dir / f"{stem}-{len(self.processes) + 1}.log"
+        self.started += 1
+        log_path = self.log_dir / f"{stem}-{self.started}.log"
         full_env = {**os.environ, **(env or {})}
         proc = ServerProcess(name=name, argv=[str(a) for a in argv], url=url, log_path=log_path,
                              env=dict(env or {}), grace_s=grace_s)
@@ -244,7 +289,7 @@ class ProcessRegistry:
                 proc.popen = subprocess.Popen(
                     proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                     cwd=cwd, start_new_session=True,  # Ctrl-C reaches pytest only; we stop the server
-                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                    preexec_fn=_die_with_parent())
             except OSError as exc:
                 raise BackendError(f"cannot start the {name} server: {exc}.\n  command: {' '.join(proc.argv)}\n"
                                    f"  Is the program installed and on PATH?") from exc

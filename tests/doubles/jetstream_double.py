@@ -10,6 +10,7 @@ engine with `batch_size` slots (requests beyond it wait for a free slot), one De
 generation step with the sample's `text` and `token_ids`, then a final empty StreamContent sample
 when the request completes (process_result_tokens marks it complete and returns an empty sample),
 `max_tokens` generated tokens, stop at `eos_after` if set, and HealthCheck's `is_live`.
+`tokens_per_message` > 1 sends k token_ids per message, as a flushing tokenizer buffer does.
 
 Timing: prefill `prefill_ms_per_token` x input tokens, then `token_delay_ms` per step.
 """
@@ -29,7 +30,8 @@ from jetstream.core.proto import jetstream_pb2_grpc as pb2_grpc
 
 WORDS = ("the", "of", "and", "a", "to", "in", "is", "was")
 DEFAULTS: dict[str, Any] = {"batch_size": 4, "prefill_ms_per_token": 0.05, "token_delay_ms": 4.0,
-                            "eos_after": None, "exit_after_requests": None, "max_prefill_length": 1024}
+                            "eos_after": None, "exit_after_requests": None, "max_prefill_length": 1024,
+                            "tokens_per_message": 1}
 
 
 class Orchestrator(pb2_grpc.OrchestratorServicer):
@@ -55,18 +57,28 @@ class Orchestrator(pb2_grpc.OrchestratorServicer):
         async with self.slots:
             await asyncio.sleep(self.config["prefill_ms_per_token"] * prompt_len / 1000)
             eos_after = self.config["eos_after"]
+            per_message = int(self.config["tokens_per_message"])  # a detokenizer buffer flushing k at once
+            ids: list[int] = []
             for step in range(max(int(request.max_tokens), 0)):
                 if step:
                     await asyncio.sleep(self.config["token_delay_ms"] / 1000)
                 if eos_after is not None and step >= int(eos_after):
                     break
-                word = WORDS[step % len(WORDS)]
-                sample = pb2.DecodeResponse.StreamContent.Sample(token_ids=[100 + step % len(WORDS)])
-                if not client_side:
-                    sample.text = " " + word
-                yield pb2.DecodeResponse(stream_content=pb2.DecodeResponse.StreamContent(samples=[sample]))
+                ids.append(100 + step % len(WORDS))
+                if len(ids) == per_message:
+                    yield self._message(ids, client_side)
+                    ids = []
+            if ids:
+                yield self._message(ids, client_side)
             yield pb2.DecodeResponse(stream_content=pb2.DecodeResponse.StreamContent(
                 samples=[pb2.DecodeResponse.StreamContent.Sample()]))
+
+    @staticmethod
+    def _message(ids: list[int], client_side: bool) -> Any:
+        sample = pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)
+        if not client_side:
+            sample.text = "".join(" " + WORDS[i - 100] for i in ids)
+        return pb2.DecodeResponse(stream_content=pb2.DecodeResponse.StreamContent(samples=[sample]))
 
     async def HealthCheck(self, request: Any, context: Any) -> Any:  # noqa: N802
         return pb2.HealthCheckResponse(is_live=True)

@@ -5,8 +5,16 @@ Faithful to TGI's router (router/src/server.rs, lib.rs, validation.rs): routes `
 for non-stream, SSE when "stream": true), `/generate`, `/generate_stream`, `/info`, `/health`,
 `/v1/models`, `/v1/completions`, `/v1/chat/completions`; SSE events `data:{json}` with
 `index`, `token {id, text, logprob, special}`, `generated_text` and `details {finish_reason,
-generated_tokens, seed, input_length}` on the last event; errors `{"error", "error_type"}` with
-TGI's status codes (422 validation, 429 overloaded) and TGI's validation messages.
+generated_tokens, seed, input_length}` on the last event.
+
+Errors as the router sends them (server.rs `From<InferError>`, validation.rs): on `/generate` (and
+`/` without stream) a JSON body `{"error", "error_type"}` with TGI's status (422 validation, 429
+overloaded, 424 generation); on `/generate_stream` (and `/` with stream) the response is a 200
+event stream whose event carries that same `{"error", "error_type"}`, because the router validates
+inside the stream; on the streaming /v1 routes the event is OpenAI's `{"error": {"message",
+"http_status_code": 422}}`. Messages are InferError's: "Input validation error: " + the
+ValidationError text, checked in the router's order (`truncate` in 1..=max_input_tokens, then
+input length = min(tokens, truncate) against max_total_tokens and max_input_tokens).
 
 Tokens are words (the prompt is split on whitespace, like the embedded models' tokenizer).
 Timing is a cost model with settable delays, so a test can slow it down by a known factor:
@@ -69,8 +77,27 @@ def token_for(step: int, seed: str) -> tuple[int, str]:
     return 100 + WORDS.index(word), " " + word
 
 
-class ValidationError(Exception):
-    pass
+class RouterError(Exception):
+    """An InferError of TGI's router: its message, error_type and the status /generate answers with."""
+
+    status = 500
+    error_type = "unknown"
+    prefix = ""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self.prefix + message)
+
+
+class ValidationError(RouterError):
+    status, error_type, prefix = 422, "validation", "Input validation error: "
+
+
+class Overloaded(RouterError):
+    status, error_type = 429, "overloaded"
+
+
+class GenerationError(RouterError):
+    status, error_type = 424, "generation"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -100,6 +127,23 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, error_type: str) -> None:
         self._json(status, {"error": message, "error_type": error_type})
+
+    def _fail(self, exc: RouterError, streaming: bool, openai: bool) -> None:
+        """An error before any token, as the router sends it on this route (see the module doc)."""
+        if not streaming:
+            self._error(exc.status, str(exc), exc.error_type)
+            return
+        self._start_sse()
+        self._stream_error(exc, openai)
+        if openai:
+            self._chunk("data: [DONE]\n\n")  # the /v1 streams end with it, also after an error
+        self._end_chunks()
+
+    def _stream_error(self, exc: RouterError, openai: bool) -> None:
+        if openai:  # InferError::into_openai_event
+            self._chunk("data: " + json.dumps({"error": {"message": str(exc), "http_status_code": 422}}) + "\n\n")
+        else:
+            self._event({"error": str(exc), "error_type": exc.error_type})
 
     def _body(self) -> dict[str, Any]:
         length = int(self.headers.get("Content-Length") or 0)
@@ -175,6 +219,8 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             self._error(404, f"no route {self.path}", "not_found")
             return
+        streaming = self.path == "/generate_stream" or bool(body.get("stream"))
+        openai = self.path.startswith("/v1/")
         with state.lock:
             if state.active >= state.config["max_concurrent_requests"]:
                 overloaded = True
@@ -184,7 +230,7 @@ class Handler(BaseHTTPRequestHandler):
                 state.requests += 1
                 number = state.requests
         if overloaded:
-            self._error(429, "Model is overloaded", "overloaded")
+            self._fail(Overloaded("Model is overloaded"), streaming, openai)
             return
         limit = state.get("exit_after_requests")
         if limit is not None and number > int(limit):  # dies as request N+1 arrives, others mid-stream
@@ -193,27 +239,37 @@ class Handler(BaseHTTPRequestHandler):
             os._exit(3)
         try:
             route(body)
-        except ValidationError as exc:
-            self._error(422, str(exc), "validation")
+        except RouterError as exc:  # raised before the first token: nothing was sent yet
+            self._fail(exc, streaming, openai)
         finally:
             with state.lock:
                 state.active -= 1
 
     # -- generation ----------------------------------------------------------------------------
 
-    def _validate(self, inputs: str, max_new_tokens: int) -> int:
+    def _validate(self, inputs: str, max_new_tokens: int, truncate: int | None = None) -> int:
+        """The input length the router keeps, or its ValidationError (validation.rs, in its order)."""
         c = self.server.state.config
-        if not inputs:
-            raise ValidationError("`inputs` cannot be empty")
         if max_new_tokens <= 0:
             raise ValidationError("`max_new_tokens` must be strictly positive")
+        if not inputs:
+            raise ValidationError("`inputs` cannot be empty")
+        if truncate is not None and (truncate == 0 or truncate > c["max_input_tokens"]):
+            raise ValidationError(f"`truncate` must be strictly positive and less than {c['max_input_tokens']}. "
+                                  f"Given: {truncate}")
         n = len(inputs.split())
+        if truncate is not None:
+            n = min(n, truncate)  # the router keeps the last `truncate` tokens
         if n + max_new_tokens > c["max_total_tokens"]:
             raise ValidationError(f"`inputs` tokens + `max_new_tokens` must be <= {c['max_total_tokens']}. "
                                   f"Given: {n} `inputs` tokens and {max_new_tokens} `max_new_tokens`")
         if n > c["max_input_tokens"]:
             raise ValidationError(f"`inputs` must have less than {c['max_input_tokens']} tokens. Given: {n}")
         return n
+
+    def _validate_params(self, inputs: str, params: dict[str, Any]) -> int:
+        truncate = params.get("truncate")
+        return self._validate(inputs, int(params["max_new_tokens"]), None if truncate is None else int(truncate))
 
     def _tokens(self, inputs: str, max_new: int, allow_eos: bool) -> Any:
         """Yield (index, id, text, special, finish_reason or None) with the cost model's delays."""
@@ -229,7 +285,7 @@ class Handler(BaseHTTPRequestHandler):
                     delay = state.config["token_delay_ms"] * (1 + state.config["batch_factor"] * (active - 1))
                 time.sleep(delay / 1000)
             if error_after is not None and step >= int(error_after):
-                raise RuntimeError("Request failed during generation: Server error: CUDA out of memory (double)")
+                raise GenerationError("Request failed during generation: Server error: CUDA out of memory (double)")
             if eos_after is not None and step >= int(eos_after):
                 yield step + 1, EOS_ID, "</s>", True, "eos_token"
                 return
@@ -250,15 +306,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: dict[str, Any], as_list: bool = False) -> None:
         inputs, params = body.get("inputs", ""), self._params(body)
-        n = self._validate(inputs, int(params["max_new_tokens"]))
+        n = self._validate_params(inputs, params)
         tokens, finish = [], "length"
-        try:
-            for index, tid, text, special, reason in self._tokens(inputs, int(params["max_new_tokens"]), True):
-                tokens.append({"id": tid, "text": text, "logprob": -0.5, "special": special})
-                finish = reason or finish
-        except RuntimeError as exc:
-            self._error(424, str(exc), "generation")
-            return
+        for index, tid, text, special, reason in self._tokens(inputs, int(params["max_new_tokens"]), True):
+            tokens.append({"id": tid, "text": text, "logprob": -0.5, "special": special})
+            finish = reason or finish
         text = "".join(t["text"] for t in tokens if not t["special"])
         out: dict[str, Any] = {"generated_text": (inputs + text) if params.get("return_full_text") else text}
         if params.get("details"):
@@ -271,7 +323,7 @@ class Handler(BaseHTTPRequestHandler):
         inputs, params = body.get("inputs", ""), self._params(body)
         if (params.get("best_of") or 1) != 1:
             raise ValidationError("`best_of` != 1 is not supported when streaming tokens")
-        n = self._validate(inputs, int(params["max_new_tokens"]))
+        n = self._validate_params(inputs, params)
         self._start_sse()
         text = ""
         try:
@@ -286,8 +338,8 @@ class Handler(BaseHTTPRequestHandler):
                         event["details"] = {"finish_reason": reason, "generated_tokens": index,
                                             "seed": params.get("seed"), "input_length": n}
                 self._event(event)
-        except RuntimeError as exc:
-            self._event({"error": str(exc), "error_type": "generation"})
+        except GenerationError as exc:
+            self._stream_error(exc, openai=False)
         self._end_chunks()
 
     def _openai(self, body: dict[str, Any], chat: bool) -> None:
@@ -331,8 +383,8 @@ class Handler(BaseHTTPRequestHandler):
                 finish_out = None if reason is None else ("stop" if reason == "eos_token" else reason)
                 self._chunk("data: " + json.dumps({**base, "choices": [choice("" if special else text, finish_out)]})
                             + "\n\n")
-        except RuntimeError as exc:
-            self._chunk("data: " + json.dumps({"error": str(exc), "error_type": "generation"}) + "\n\n")
+        except GenerationError as exc:
+            self._stream_error(exc, openai=True)
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": n, "completion_tokens": generated, "total_tokens": n + generated}
             self._chunk("data: " + json.dumps({**base, "choices": [], "usage": usage}) + "\n\n")
@@ -348,6 +400,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 drops connections when a batch of 32 connects at once;
+    # TGI's router (tokio) listens with a backlog of 1024
+    request_queue_size = 1024
     state: State
 
 
