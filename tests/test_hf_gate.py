@@ -12,7 +12,7 @@ pytest.importorskip("torch", reason="the hf extra is not installed: pip install 
 BENCHMARK = """
 import pytest
 
-@pytest.mark.llmperf(batch_sizes=[2], sequence_length=64, decode_length=8, runs=10, warmups=2)
+@pytest.mark.llmperf(batch_sizes=[2], sequence_length=64, decode_length=8, runs=10, warmups=2, knobs={"threads": 1})
 def test_llama(llmperf, llmperf_hf):
     llmperf.measure(llmperf_hf("tiny-llama"))
 """
