@@ -153,7 +153,7 @@ def fingerprint(root: Path) -> dict[str, Any]:
     }
 
 
-SOFTWARE_KEYS = ("torch", "transformers", "cuda", "python")
+SOFTWARE_KEYS = ("torch", "transformers", "cuda", "python", "malloc")
 
 
 CPU_KEYS = ("cpu_model", "cpu_signature", "cpu_isa")

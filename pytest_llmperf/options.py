@@ -72,6 +72,15 @@ def _string(text: str) -> str:
     return str(text)
 
 
+def _malloc_mode(text: str) -> str:
+    from .allocator import MODES
+
+    value = str(text).strip().lower()
+    if value not in MODES:
+        raise ValueError(f"expected one of {', '.join(MODES)}, got {text!r}")
+    return value
+
+
 def _model_map(items: list[str] | str) -> dict[str, str]:
     """`NAME=PATH` pairs (CLI repeated, ini one per line, env comma separated)."""
     if isinstance(items, str):
@@ -170,6 +179,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_load", "Retake a run during which other processes kept more than this many cores busy; "
            "refuse to judge or record a batch that stayed busy (default: 0.25)", _non_negative_float,
            default=0.25, ini_type="float", metavar="CORES"),
+    Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
+           "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
+           "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
            ini_type="bool", flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,

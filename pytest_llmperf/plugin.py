@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from . import report, terminal
+from .allocator import steady_malloc
 from .baselines import now_iso
 from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
 from .offload.fixture import llmperf_offload  # noqa: F401
@@ -39,7 +40,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     s = session.settings
     return [
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
-        f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}",
+        f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}, "
+        f"malloc={s['malloc']}",
         f"llmperf: baselines={session.store.device_dir}, reports={s['report_dir']}",
     ]
 
@@ -53,6 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     selected = [item for item in items if _is_llmperf(item)]
     session.selected = len(selected)
     on_xdist_worker = hasattr(config, "workerinput")
+    if selected and not on_xdist_worker:  # before any fixture loads a model
+        session.malloc = steady_malloc() if session.settings["malloc"] == "steady" else "system (--llmperf-malloc)"
     for item in selected:
         if on_xdist_worker:  # refuse: timed tests must not run side by side with other tests
             item.stash[INVALID_MARKER_KEY] = (

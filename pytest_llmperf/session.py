@@ -52,6 +52,7 @@ class LLMPerfSession:
         self.written: list[Path] = []
         self.outcomes: list[Outcome] = []
         self.selected = 0  # llmperf tests selected in this session
+        self.malloc = "system (no benchmark selected)"  # what pytest_llmperf.allocator did, for the fingerprint
         self._fingerprint: dict[str, Any] | None = None
 
     @property
@@ -65,7 +66,7 @@ class LLMPerfSession:
     @property
     def fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.settings.rootdir)
+            self._fingerprint = {**fingerprint(self.settings.rootdir), "malloc": self.malloc}
         return self._fingerprint
 
     def counts(self) -> Counter[str]:
