@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from . import gate
-from .baselines import BaselineEntry
+from .baselines import BaselineEntry, stored_value
 from .metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS, TAIL_MIN_GAPS, gaps_per_run,
                       metric_better, values_by_metric)
 from .records import BenchmarkResult
@@ -101,7 +101,8 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
                                 None, None, "ungated",
                                 f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
                 continue
-            comparisons.append(gate.compare(metric, batch.batch_size, base[metric], current[metric],
+            comparisons.append(gate.compare(metric, batch.batch_size, base[metric],
+                                            [stored_value(v) for v in current[metric]],
                                             better=metric_better(metric, counters_better),
                                             rtol=scenario.rtol_for(metric)))
     for batch_size, reason in baseline.errors.items():

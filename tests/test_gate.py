@@ -59,3 +59,14 @@ def test_benjamini_hochberg_adjusts_across_one_tests_metrics():
 def test_min_attainable_p_tells_when_runs_are_too_few():
     assert gate.min_attainable_p(3, 3) == pytest.approx(0.05)
     assert gate.min_attainable_p(10, 10) < 1e-4
+
+
+def test_a_deterministic_counter_ties_with_its_stored_baseline(tmp_path):
+    # 51/184 stored with fewer digits than computed now must still tie, not read as a complete shift.
+    from pytest_llmperf.baselines import BaselineEntry, BaselineStore, stored_value
+
+    store = BaselineStore(tmp_path, "cpu")
+    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [51 / 184] * 10}}))
+    stored = BaselineStore(tmp_path, "cpu").get("t.py", "k").batches[1]["hit_rate"]
+    result = gate.compare("hit_rate", 1, stored, [stored_value(51 / 184)] * 10, better="higher", rtol=0.0)
+    assert result.ratio == 1.0 and result.p_worse >= 0.5  # all tied: no evidence either way
