@@ -10,6 +10,9 @@ run-to-run noise is a few percent, well within rtol 0.1, and 20% is beyond it.
 import pytest
 
 pytest.importorskip("torch", reason="the hf extra is not installed: pip install pytest-llmperf[hf]")
+# Imported here, before pytester's in-process runs: modules that a run imports for the first time are
+# dropped from sys.modules after it, which leaves transformers' lazy modules unusable for the next run.
+from transformers import LlamaForCausalLM  # noqa: E402, F401
 
 BENCHMARK = """
 import pytest
