@@ -99,18 +99,16 @@ def _cpuinfo_fields() -> dict[str, str]:
     return fields
 
 
-def cpu_model() -> str:
-    return _cpuinfo_fields().get("model name") or platform.processor() or platform.machine()
-
-
 def cpu_identity() -> dict[str, Any]:
-    """What tells two CPUs apart when the model name does not: a virtual machine may report just
-    'AMD EPYC' on hosts of different generations, one with AVX-512 BF16 and one with AVX2 only, where
-    the same code runs several times apart. Vendor, family/model/stepping and the kernel-relevant ISA."""
+    """The CPU's model name, and what tells two CPUs apart when the name does not: a virtual machine may
+    report just 'AMD EPYC' on hosts of different generations, one with AVX-512 BF16 and one with AVX2
+    only, where the same code runs several times apart. Vendor, family/model/stepping and the
+    kernel-relevant ISA."""
     fields = _cpuinfo_fields()
     flags = set((fields.get("flags") or fields.get("features") or "").split())
     signature = " ".join(f"{k}={fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping") if k in fields)
-    return {"cpu_signature": signature or platform.machine(),
+    return {"cpu_model": fields.get("model name") or platform.processor() or platform.machine(),
+            "cpu_signature": signature or platform.machine(),
             "cpu_isa": [flag for flag in KERNEL_ISA_FLAGS if flag in flags]}
 
 
@@ -137,7 +135,6 @@ def fingerprint(root: Path) -> dict[str, Any]:
     if "torch" in sys.modules:  # only if a backend already imported it: never import torch for this
         cuda = getattr(sys.modules["torch"].version, "cuda", None)
     return {
-        "cpu_model": cpu_model(),
         **cpu_identity(),
         "cpu_cores_physical": psutil.cpu_count(logical=False),
         "cpu_cores_logical": psutil.cpu_count(logical=True),

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from .allocator import MODES
+
 
 def _bool(text: str | bool) -> bool:
     if isinstance(text, bool):
@@ -73,8 +75,6 @@ def _string(text: str) -> str:
 
 
 def _malloc_mode(text: str) -> str:
-    from .allocator import MODES
-
     value = str(text).strip().lower()
     if value not in MODES:
         raise ValueError(f"expected one of {', '.join(MODES)}, got {text!r}")
