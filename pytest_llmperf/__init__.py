@@ -1,8 +1,8 @@
 """pytest-llmperf: LLM inference benchmarks as pytest regression tests."""
 
 from .backends.base import Backend, BackendError, GenerationRequest, OutOfMemory
-from .records import BatchResult, BenchmarkResult, RunSample
-from .scenario import Scenario
+from .measure.records import BatchResult, BenchmarkResult, RunSample
+from .measure.scenario import Scenario
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .allocator import MODES
+from .measure.allocator import MODES
 
 
 def _bool(text: str | bool) -> bool:

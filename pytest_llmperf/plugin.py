@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
-from . import report, terminal
-from .allocator import steady_malloc
-from .baselines import now_iso
+from .report import markdown as report
+from .report import terminal
+from .measure.allocator import steady_malloc
+from .judge.baselines import now_iso
 from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
 from .offload.fixture import llmperf_offload  # noqa: F401
 from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
                                llmperf_vllm)
 from .options import Settings, add_options
-from .scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
+from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
 from .session import LLMPerfSession, marker_devices
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
@@ -145,7 +146,7 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
     llm = config.stash.get(SESSION_KEY, None)
     if llm is None:
         return
-    from .metrics import summarize, values_by_metric
+    from .measure.metrics import summarize, values_by_metric
 
     for outcome in llm.outcomes:
         result = outcome.result

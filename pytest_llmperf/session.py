@@ -16,15 +16,18 @@ from typing import Any
 
 import pytest
 
-from . import gate, judge, runner, throughput_log
+from .judge import gate
+from .judge import verdicts as judge
+from .measure import runner
+from .report import throughput_log
 from .backends.base import Backend
-from .baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
-from .environment import detect_device, fingerprint, hardware_mismatch, software_drift
-from .metrics import values_by_metric
-from .models import resolve_model
+from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
+from .judge.environment import detect_device, fingerprint, hardware_mismatch, software_drift
+from .measure.metrics import values_by_metric
+from .backends.models import resolve_model
 from .options import Settings
-from .records import BatchResult, BenchmarkResult
-from .scenario import ScenarioError, build_scenario, check_marker_kwargs
+from .measure.records import BatchResult, BenchmarkResult
+from .measure.scenario import ScenarioError, build_scenario, check_marker_kwargs
 
 
 class PytestLLMPerfWarning(pytest.PytestWarning):
@@ -52,7 +55,7 @@ class LLMPerfSession:
         self.written: list[Path] = []
         self.outcomes: list[Outcome] = []
         self.selected = 0  # llmperf tests selected in this session
-        self.malloc = "system (no benchmark selected)"  # what pytest_llmperf.allocator did, for the fingerprint
+        self.malloc = "system (no benchmark selected)"  # what pytest_llmperf.measure.allocator did, for the fingerprint
         self._fingerprint: dict[str, Any] | None = None
 
     @property

@@ -14,10 +14,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pytest_llmperf import gate, judge
-from pytest_llmperf.baselines import BaselineStore
-from pytest_llmperf.records import BatchResult, BenchmarkResult, RunSample
-from pytest_llmperf.scenario import Scenario
+from pytest_llmperf.judge import gate
+from pytest_llmperf.judge import verdicts as judge
+from pytest_llmperf.judge.baselines import BaselineStore
+from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
+from pytest_llmperf.measure.scenario import Scenario
 
 SAMPLE_FIELDS = {f.name for f in dataclasses.fields(RunSample)}
 # Counters where more is better (the offload backend's); any other metric: lower is better.

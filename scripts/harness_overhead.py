@@ -14,7 +14,7 @@ import torch
 
 from pytest_llmperf.backends.base import GenerationRequest
 from pytest_llmperf.backends.hf import HFBackend
-from pytest_llmperf.models import default_cache_dir, make_prompt, resolve_model
+from pytest_llmperf.backends.models import default_cache_dir, make_prompt, resolve_model
 
 
 def bare_loop_step_ns(model, input_ids, steps: int) -> float:

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.models import EMBEDDED, tokenizer_for  # noqa: E402
+from pytest_llmperf.backends.models import EMBEDDED, tokenizer_for  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadOptions  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_llmperf.models import make_prompt, resolve_model
+from pytest_llmperf.backends.models import make_prompt, resolve_model
 from pytest_llmperf.offload import OffloadEngine, OffloadOptions
 
 EXPERT_GB = 3 * 256 * 512 * 4 / 2**30  # one tiny-Mixtral expert in fp32

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pytest_llmperf.baselines import BaselineEntry, BaselineError, BaselineStore
+from pytest_llmperf.judge.baselines import BaselineEntry, BaselineError, BaselineStore
 
 from .test_plugin import ENGINE_TEST, baseline_file, run
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pytest_llmperf import gate
+from pytest_llmperf.judge import gate
 
 
 def _verdict(base, cur, *, better="lower", rtol=0.05, alpha=0.01):
@@ -63,7 +63,7 @@ def test_min_attainable_p_tells_when_runs_are_too_few():
 
 def test_a_deterministic_counter_ties_with_its_stored_baseline(tmp_path):
     # 51/184 stored with fewer digits than computed now must still tie, not read as a complete shift.
-    from pytest_llmperf.baselines import BaselineEntry, BaselineStore, stored_value
+    from pytest_llmperf.judge.baselines import BaselineEntry, BaselineStore, stored_value
 
     store = BaselineStore(tmp_path, "cpu")
     store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [51 / 184] * 10}}))

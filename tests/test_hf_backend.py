@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="the hf extra is not installed: pip 
 
 from pytest_llmperf.backends.base import BackendError, GenerationRequest  # noqa: E402
 from pytest_llmperf.backends.hf import HFBackend  # noqa: E402
-from pytest_llmperf.models import EMBEDDED, ModelError, make_prompt, resolve_model  # noqa: E402
+from pytest_llmperf.backends.models import EMBEDDED, ModelError, make_prompt, resolve_model  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-bloom", "tiny-mixtral"])

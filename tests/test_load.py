@@ -4,12 +4,13 @@ import subprocess
 import sys
 import time
 
-from pytest_llmperf import judge, runner
+from pytest_llmperf.judge import verdicts as judge
+from pytest_llmperf.measure import runner
 from pytest_llmperf.backends.simulated import SimulatedBackend
-from pytest_llmperf.baselines import BaselineEntry
-from pytest_llmperf.load import LoadMeter
-from pytest_llmperf.metrics import values_by_metric
-from pytest_llmperf.scenario import Scenario
+from pytest_llmperf.judge.baselines import BaselineEntry
+from pytest_llmperf.measure.load import LoadMeter
+from pytest_llmperf.measure.metrics import values_by_metric
+from pytest_llmperf.measure.scenario import Scenario
 
 
 def test_meter_counts_a_process_outside_our_tree_and_not_our_own_work():

@@ -2,12 +2,13 @@
 
 import pytest
 
-from pytest_llmperf import metrics, runner
+from pytest_llmperf.measure import metrics
+from pytest_llmperf.measure import runner
 from pytest_llmperf.backends.base import Backend, GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
-from pytest_llmperf.clock import FakeClock
-from pytest_llmperf.records import RunSample
-from pytest_llmperf.scenario import Scenario
+from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.records import RunSample
+from pytest_llmperf.measure.scenario import Scenario
 
 MS = 1_000_000
 
@@ -92,7 +93,7 @@ def test_per_metric_rtol_in_the_marker_falls_back_to_the_sessions_rtol():
     from pathlib import Path
 
     from pytest_llmperf.options import Settings
-    from pytest_llmperf.scenario import build_scenario
+    from pytest_llmperf.measure.scenario import build_scenario
 
     settings = Settings({"runs": 10, "warmups": 1, "max_runs": 30, "alpha": 0.01, "rtol": 0.6, "max_load": 0.25},
                         Path("."))

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_llmperf.backends.base import BackendError, GenerationRequest
 from pytest_llmperf.backends.openai_compat import OpenAICompatBackend
-from pytest_llmperf.models import make_prompt
+from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.servers.process import ProcessRegistry, free_port
 
 from .doubles.leaks import assert_gone, descendants

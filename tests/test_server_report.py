@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmperf import metrics, report
-from pytest_llmperf.records import BatchResult, BenchmarkResult, RunSample
+from pytest_llmperf.measure import metrics
+from pytest_llmperf.report import markdown as report
+from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
 
 MS = 1_000_000
 SCENARIO = {"sequence_length": 16, "decode_length": 3, "runs": 1, "warmups": 0, "knobs": {}}

@@ -9,8 +9,8 @@ import pytest
 
 from pytest_llmperf.backends.base import BackendError, GenerationRequest
 from pytest_llmperf.backends.tgi import TGIBackend, TGILauncherArgs, seed_launcher_args
-from pytest_llmperf.metrics import run_values
-from pytest_llmperf.models import make_prompt
+from pytest_llmperf.measure.metrics import run_values
+from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.servers.process import ProcessRegistry, free_port
 
 from .doubles.leaks import assert_gone, descendants, read_pids

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from pytest_llmperf.backends.base import BackendError, GenerationRequest
-from pytest_llmperf.models import make_prompt
+from pytest_llmperf.backends.models import make_prompt
 
 STAND_IN = Path(__file__).parent / "doubles" / "bin" / "text-generation-launcher"
 MAX_INPUT, MAX_TOTAL = 64, 128

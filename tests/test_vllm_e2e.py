@@ -13,8 +13,8 @@ import statistics
 import pytest
 
 from pytest_llmperf.backends.base import BackendError, GenerationRequest
-from pytest_llmperf.metrics import run_values
-from pytest_llmperf.models import make_prompt
+from pytest_llmperf.measure.metrics import run_values
+from pytest_llmperf.backends.models import make_prompt
 
 
 SEQ, DECODE = 32, 16

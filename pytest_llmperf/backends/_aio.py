@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..clock import Clock
-from ..records import RunSample
+from ..measure.clock import Clock
+from ..measure.records import RunSample
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..clock import Clock, synchronized_clock
-from ..records import RunSample
+from ..measure.clock import Clock, synchronized_clock
+from ..measure.records import RunSample
 from .base import Backend, BackendError, GenerationRequest, OutOfMemory
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..clock import Clock
-from ..records import RunSample
+from ..measure.clock import Clock
+from ..measure.records import RunSample
 from ._aio import LoopThread, Stream, run_concurrently, sample_from
 from .base import Backend, BackendError, GenerationRequest, OutOfMemory
 

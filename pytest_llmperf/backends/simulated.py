@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..records import RunSample
+from ..measure.records import RunSample
 from .base import Backend, GenerationRequest, OutOfMemory
 
 

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..backends.base import Backend, BackendError, GenerationRequest, OutOfMemory
-from ..clock import Clock
-from ..records import RunSample
+from ..measure.clock import Clock
+from ..measure.records import RunSample
 from .costs import CostModel
 from .engine import OffloadEngine, OffloadOptions
 from .experts import OffloadError

@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 import torch
 
-from ..clock import Clock, perf_counter_clock, synchronized_clock
+from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
 from .experts import (IMPLEMENTATION, OffloadedLayer, OffloadError, OffloadStats, Runtime, Staging, find_experts,
                       host_empty, register_implementation, torch_threads)

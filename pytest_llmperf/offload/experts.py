@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..clock import Clock, perf_counter_clock
+from ..measure.clock import Clock, perf_counter_clock
 from .scheduler import LayerPlan, Scheduler
 
 IMPLEMENTATION = "llmperf_offload"

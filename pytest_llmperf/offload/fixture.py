@@ -42,7 +42,7 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
     started: dict[tuple[Any, ...], OffloadBackend] = {}
 
     def start(model: str = "tiny-mixtral", **options: Any) -> OffloadBackend:
-        from ..models import CPU_SIZED, EMBEDDED, tokenizer_for
+        from ..backends.models import CPU_SIZED, EMBEDDED, tokenizer_for
         from .backend import OffloadBackend
         from .engine import OffloadEngine, OffloadOptions
 

@@ -29,7 +29,7 @@ from ..backends.jetstream import JetStreamBackend
 from ..backends.jetstream import health_check as jetstream_health
 from ..backends.openai_compat import OpenAICompatBackend
 from ..backends.tgi import TGIBackend, TGILauncherArgs
-from ..models import resolve_model
+from ..backends.models import resolve_model
 from ..options import OPTIONS_BY_NAME
 from .process import LOOPBACK, ProcessRegistry, ServerProcess, free_port, port_in_use, port_owner
 

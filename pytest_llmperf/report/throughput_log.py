@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .metrics import values_by_metric
-from .records import BenchmarkResult
+from ..measure.metrics import values_by_metric
+from ..measure.records import BenchmarkResult
 
 SCHEMA_VERSION = 1
 HEADER = ("Date", "Device", "dtype", "batch size", "cache length", "max input length", "max output length",

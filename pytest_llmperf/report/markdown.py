@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .environment import describe_cpu
-from .judge import Row
-from .metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
-from .metrics import values_by_metric
-from .records import BatchResult, BenchmarkResult
+from ..judge.environment import describe_cpu
+from ..judge.verdicts import Row
+from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
+from ..measure.metrics import values_by_metric
+from ..measure.records import BatchResult, BenchmarkResult
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .report import table
+from .markdown import table
 
 COUNT_ORDER = ("passed", "regressed", "improved", "created", "updated", "refused", "missing", "inconclusive")
 

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from .load import LoadMeter
-from .backends.base import Backend, GenerationRequest, OutOfMemory
-from .models import make_prompt
+from ..backends.base import Backend, GenerationRequest, OutOfMemory
+from ..backends.models import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
 from .scenario import Scenario
 

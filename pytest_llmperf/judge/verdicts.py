@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 
 from . import gate
 from .baselines import BaselineEntry, stored_value
-from .metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS, TAIL_MIN_GAPS, gaps_per_run,
+from ..measure.metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS, TAIL_MIN_GAPS, gaps_per_run,
                       metric_better, values_by_metric)
-from .records import BenchmarkResult
-from .scenario import Scenario
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
 
 PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
           "throughput": "end-to-end throughput", "e2e": "end to end"}
