@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from .measure.allocator import MODES
+from .measure.worker import worker_settings
 
 
 def _bool(text: str | bool) -> bool:
@@ -79,6 +80,12 @@ def _malloc_mode(text: str) -> str:
     if value not in MODES:
         raise ValueError(f"expected one of {', '.join(MODES)}, got {text!r}")
     return value
+
+
+def _processes(text: str | int) -> int | str:
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    return _positive_int(text)
 
 
 def _model_map(items: list[str] | str) -> dict[str, str]:
@@ -182,6 +189,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
+    Option("processes", "Worker processes that measure each benchmark, each reduced to its medians; the gate tests "
+           "per-process values. 1 measures in the pytest process itself (default: auto, 10 on the cpu target, 5 on "
+           "GPU targets)", _processes, default="auto", metavar="N|auto"),
+    Option("max_processes", "Most worker processes per side while a verdict stays inconclusive; more are added in "
+           "doublings from --llmperf-processes (default: twice --llmperf-processes)", _positive_int, ini_type="int",
+           metavar="N"),
+    Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
+           "A/B in alternating worker processes, instead of against stored baselines", _string, metavar="REF"),
+    Option("worker_timeout", "Seconds one worker process may run before it is stopped as hung (default: 3600)",
+           _positive_float, default=3600.0, ini_type="string", metavar="S"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
            ini_type="bool", flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
@@ -234,6 +251,9 @@ class Settings:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
+        inherited = worker_settings()
+        if inherited is not None:  # a worker process: exactly the controller's settings, measured in-process
+            return cls({**{o.name: o.default for o in OPTIONS}, **inherited}, Path(config.rootpath))
         values = {o.name: o.value(config) for o in OPTIONS}
         # Directories: from the command line or environment relative to where pytest was invoked,
         # from the ini file relative to that file (as pytest's own "paths" ini type does).

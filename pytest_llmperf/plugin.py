@@ -19,6 +19,9 @@ from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_server
 from .options import Settings, add_options
 from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
 from .session import LLMPerfSession, marker_devices
+from .controller import ProcessController, check_settings
+from .measure.worker import WorkerRecorder, worker_out
+from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
 
@@ -29,10 +32,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
-    config.stash[SESSION_KEY] = LLMPerfSession(Settings.from_config(config))
+    llm = config.stash[SESSION_KEY] = LLMPerfSession(Settings.from_config(config))
+    out = worker_out()
+    if out is not None:  # a worker process: measure, and report to the controller
+        llm.recorder = WorkerRecorder(out)
+        config.pluginmanager.register(llm.recorder, "llmperf-worker")
+    elif not hasattr(config, "workerinput") and (llm.settings["compare"] or llm.processes > 1):
+        check_settings(llm)
+        config.pluginmanager.register(ProcessController(config, llm, _is_planned), "llmperf-controller")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    llm = config.stash.get(SESSION_KEY, None)
+    if llm is not None and llm.recorder is not None:
+        llm.recorder.close()
     config.stash.__delitem__(SESSION_KEY) if SESSION_KEY in config.stash else None
 
 
@@ -77,6 +90,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason=f"llmperf: runs on {', '.join(devices)}; the current device is {session.device}"))
 
 
+def _is_planned(item: pytest.Item) -> bool:
+    """A benchmark test the controller measures in worker processes (not one that is skipped or invalid)."""
+    if not _is_llmperf(item) or INVALID_MARKER_KEY in item.stash:
+        return False
+    return evaluate_skip_marks(item) is None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if INVALID_MARKER_KEY in item.stash:
         pytest.fail(f"{item.nodeid}: {item.stash[INVALID_MARKER_KEY]}", pytrace=False)
@@ -96,7 +116,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     llm = session.config.stash.get(SESSION_KEY, None)
-    if llm is None or not llm.outcomes or hasattr(session.config, "workerinput"):
+    if llm is None or not llm.outcomes or hasattr(session.config, "workerinput") or llm.recorder is not None:
         return
     created = now_iso()
     results = [o.result for o in llm.outcomes]

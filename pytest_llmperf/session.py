@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,11 +23,16 @@ from .report import throughput_log
 from .backends.base import Backend
 from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
 from .judge.environment import detect_device, fingerprint, hardware_mismatch, software_drift
-from .measure.metrics import values_by_metric
+from .measure.metrics import values_by_process
 from .backends.models import resolve_model
+from .measure.worker import WorkerRecorder
 from .options import Settings
 from .measure.records import BatchResult, BenchmarkResult
-from .measure.scenario import ScenarioError, build_scenario, check_marker_kwargs
+from .measure.scenario import Scenario, ScenarioError, build_scenario, check_marker_kwargs
+
+
+#: Worker processes per benchmark when --llmperf-processes is auto, per target class (docs/noise.md).
+DEFAULT_PROCESSES = {"cpu": 10, "gpu": 5}
 
 
 class PytestLLMPerfWarning(pytest.PytestWarning):
@@ -57,6 +62,22 @@ class LLMPerfSession:
         self.selected = 0  # llmperf tests selected in this session
         self.malloc = "system (no benchmark selected)"  # what pytest_llmperf.measure.allocator did, for the fingerprint
         self._fingerprint: dict[str, Any] | None = None
+        self.recorder: WorkerRecorder | None = None  # set in a worker process: results go to the controller
+        self.compared_to: str | None = None  # the git ref of an A/B comparison, once checked out
+
+    @property
+    def processes(self) -> int:
+        """Worker processes per benchmark: the option, or the measured default for the target class."""
+        value = self.settings["processes"]
+        if value == "auto":
+            return DEFAULT_PROCESSES["cpu" if self.device == "cpu" else "gpu"]
+        return int(value)
+
+    def processes_for(self, item: pytest.Item) -> int:
+        marker = item.get_closest_marker("llmperf")
+        if marker is not None and marker.kwargs.get("processes") is not None:
+            return int(marker.kwargs["processes"])
+        return self.processes
 
     @property
     def mode(self) -> str:
@@ -133,6 +154,10 @@ class Benchmark:
             raise ScenarioError(f"{key} was measured twice in one test; pass name= to tell the measurements apart")
         result = runner.measure(backend, scenario, key=key, nodeid=self.item.nodeid, module=module)
         self.results.append(result)
+        if self.session.recorder is not None:  # a worker process: the controller judges
+            self.session.recorder.record_result(self.item.nodeid, result, splits_prefill=backend.splits_prefill,
+                                                counters_better=getattr(backend, "counters_better", None))
+            return result
         outcome = self._judge(result, scenario, backend, module)
         self.session.outcomes.append(outcome)
         if outcome.messages:
@@ -140,55 +165,8 @@ class Benchmark:
         return result
 
     def _judge(self, result: BenchmarkResult, scenario: Any, backend: Backend, module: str) -> Outcome:
-        session = self.session
-        failed_batches = [b for b in result.batches if b.error is not None and not b.oom]
-        errors = [f"batch size {b.batch_size} failed: {b.error}" for b in failed_batches]
-        try:
-            baseline = session.store.get(module, result.key)
-            path = str(session.store.path_for(module))
-            if session.mode == "update" or (session.mode == "update-missing" and baseline is None):
-                status = "updated" if baseline is not None else "created"
-                max_load = scenario.max_load
-                busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was "
-                        f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
-                        if b.foreign_load is not None and b.foreign_load > max_load]
-                if busy:
-                    errors = [f"not written: a baseline measured on a busy machine would gate against noise. "
-                              f"Re-run the update when the machine is quiet. {'; '.join(busy)}", *errors]
-                if not errors:  # never store a broken or disturbed measurement as the new normal
-                    session.store.write(module, self._entry(result))
-                    if result.backend.get("backend") == "jetstream":  # seed 002's dated log gains its rows
-                        throughput_log.append_rows(Path(session.settings["report_dir"]), session.device,
-                                                   str(result.backend.get("model")),
-                                                   throughput_log.rows_from_result(result, now_iso()[:10]))
-                return Outcome(result, status if not errors else "refused", messages=errors, baseline_path=path)
-        except BaselineError as exc:
-            return Outcome(result, "refused", messages=[str(exc), *errors])
-        if baseline is None:
-            hint = (f"no baseline for {result.key} in {path} (device {session.device}). Create it with:\n"
-                    f"  pytest '{self.item.nodeid}' --llmperf-device={session.device} --llmperf-update")
-            return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
-        mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
-        drift = software_drift(baseline.fingerprint, session.fingerprint)
-        if mismatch is not None:
-            kind, was, now = mismatch
-            text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
-                    f"{now!r}; not compared. Re-create it here with --llmperf-update, or use a device name "
-                    f"of its own for this hardware (--llmperf-device)")
-            if kind == "gpu":
-                return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path)
-            warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
-            return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path)
-        rows = self._gate(result, baseline, scenario, backend)
-        refused = [r for r in rows if r.verdict == judge.REFUSED]
-        if refused:
-            warnings.warn(PytestLLMPerfWarning(f"{result.key}: " + "; ".join(
-                f"batch size {r.batch_size}: {r.note}" for r in refused)), stacklevel=2)
-        messages = [judge.regression_message(r, scenario.alpha) for r in rows if r.verdict == gate.REGRESSED]
-        if messages:
-            messages.append(f"If the slowdown is intended, update the baseline: pytest '{self.item.nodeid}' "
-                            f"--llmperf-device={session.device} --llmperf-update")
-        return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path)
+        return judge_outcome(self.session, result, scenario,
+                             lambda res, baseline: self._gate(res, baseline, scenario, backend))
 
     def _gate(self, result: BenchmarkResult, baseline: BaselineEntry, scenario: Any, backend: Backend) -> list[judge.Row]:
         """Two looks: the first runs, then, where a batch size is flagged (regressed or inconclusive), a fresh
@@ -212,23 +190,88 @@ class Benchmark:
         second = compare(replace(result, batches=fresh_batches))
         return judge.confirm(first, second, flagged)
 
-    def _entry(self, result: BenchmarkResult) -> BaselineEntry:
-        fp = self.session.fingerprint
-        return BaselineEntry(
-            key=result.key,
-            batches={b.batch_size: values_by_metric(b.samples) for b in result.batches if b.ok},
-            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
-            foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
-            fingerprint=fp,
-            scenario=result.scenario,
-            backend={k: v for k, v in result.backend.items() if k != "model_path"},
-            git_commit=fp["git"]["commit"],
-            created=now_iso(),
-        )
-
     def model(self, name: str) -> Path:
         """The local directory of a model name (embedded, mapped with --llmperf-model, or a path)."""
         return self.session.resolve_model(name)
+
+
+Gate = Callable[[BenchmarkResult, BaselineEntry], "list[judge.Row]"]
+
+
+def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, gate_rows: Gate) -> Outcome:
+    """Record (update modes) or judge one measured benchmark against the stored baseline. `gate_rows`
+    compares it with its baseline: in-process with a second look of fresh runs, or on the per-process
+    values that worker processes reported."""
+    failed_batches = [b for b in result.batches if b.error is not None and not b.oom]
+    errors = [f"batch size {b.batch_size} failed: {b.error}" for b in failed_batches]
+    module = result.module
+    try:
+        baseline = session.store.get(module, result.key)
+        path = str(session.store.path_for(module))
+        if session.mode == "update" or (session.mode == "update-missing" and baseline is None):
+            status = "updated" if baseline is not None else "created"
+            max_load = scenario.max_load
+            busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was "
+                    f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
+                    if b.foreign_load is not None and b.foreign_load > max_load]
+            if busy:
+                errors = [f"not written: a baseline measured on a busy machine would gate against noise. "
+                          f"Re-run the update when the machine is quiet. {'; '.join(busy)}", *errors]
+            if not errors:  # never store a broken or disturbed measurement as the new normal
+                session.store.write(module, baseline_entry(session, result))
+                if result.backend.get("backend") == "jetstream":  # seed 002's dated log gains its rows
+                    throughput_log.append_rows(Path(session.settings["report_dir"]), session.device,
+                                               str(result.backend.get("model")),
+                                               throughput_log.rows_from_result(result, now_iso()[:10]))
+            return Outcome(result, status if not errors else "refused", messages=errors, baseline_path=path)
+    except BaselineError as exc:
+        return Outcome(result, "refused", messages=[str(exc), *errors])
+    if baseline is None:
+        hint = (f"no baseline for {result.key} in {path} (device {session.device}). Create it with:\n"
+                f"  pytest '{result.nodeid}' --llmperf-device={session.device} --llmperf-update")
+        return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
+    mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
+    drift = software_drift(baseline.fingerprint, session.fingerprint)
+    if mismatch is not None:
+        kind, was, now = mismatch
+        text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
+                f"{now!r}; not compared. Re-create it here with --llmperf-update, or use a device name "
+                f"of its own for this hardware (--llmperf-device)")
+        if kind == "gpu":
+            return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path)
+        warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
+        return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path)
+    rows = gate_rows(result, baseline)
+    refused = [r for r in rows if r.verdict == judge.REFUSED]
+    if refused:
+        warnings.warn(PytestLLMPerfWarning(f"{result.key}: " + "; ".join(
+            f"batch size {r.batch_size}: {r.note}" for r in refused)), stacklevel=2)
+    messages = [judge.regression_message(r, scenario.alpha) for r in rows if r.verdict == gate.REGRESSED]
+    if messages:
+        messages.append(f"If the slowdown is intended, update the baseline: pytest '{result.nodeid}' "
+                        f"--llmperf-device={session.device} --llmperf-update")
+    return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path)
+
+
+def baseline_entry(session: LLMPerfSession, result: BenchmarkResult) -> BaselineEntry:
+    fp = session.fingerprint
+    return BaselineEntry(
+        key=result.key,
+        runs={b.batch_size: values_by_process(b.samples) for b in result.batches if b.ok},
+        unit=unit_of_result(result),
+        errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
+        foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
+        fingerprint=fp,
+        scenario=result.scenario,
+        backend={k: v for k, v in result.backend.items() if k != "model_path"},
+        git_commit=fp["git"]["commit"],
+        created=now_iso(),
+    )
+
+
+def unit_of_result(result: BenchmarkResult) -> str:
+    """"process" when the runs came from several worker processes, else "run"."""
+    return "process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run"
 
 
 def marker_devices(item: pytest.Item) -> list[str] | None:

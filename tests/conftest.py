@@ -8,3 +8,10 @@ def model_cache(tmp_path_factory):
 
     cached = os.environ.get("LLMPERF_TEST_MODEL_CACHE")
     return cached if cached else str(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(autouse=True)
+def _measure_in_process(monkeypatch):
+    """The suite's pytester runs measure in-process unless a test asks for worker processes
+    (tests/test_workers.py): the default on the cpu target spawns workers, which these tests do not test."""
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")

@@ -20,6 +20,7 @@ PYTHON = sys.executable
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process; tests/test_workers.py covers worker processes
     for name in list(os.environ):
         if name.startswith("LLMPERF_TGI_DOUBLE"):
             monkeypatch.delenv(name, raising=False)

@@ -30,6 +30,7 @@ def project(pytester, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process; tests/test_workers.py covers worker processes
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE_TEST)
     return pytester
@@ -54,8 +55,10 @@ def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeyp
 
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     stored = json.loads(baseline_file(project).read_text())
-    assert stored["schema_version"] == 1 and stored["device"] == "cpu"
-    assert len(stored["benchmarks"]["test_engine"]["batches"]["4"]["prefill_ms"]) == 10
+    assert stored["schema_version"] == 2 and stored["device"] == "cpu"
+    entry = stored["benchmarks"]["test_engine"]
+    assert entry["unit"] == "run" and len(entry["batches"]["4"]["runs"]["prefill_ms"]) == 1  # one process
+    assert len(entry["batches"]["4"]["runs"]["prefill_ms"][0]) == 10
 
     monkeypatch.setenv("SIM_SEED", "1")
     result = run(project)

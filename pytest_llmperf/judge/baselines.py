@@ -18,7 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+import numpy as np
+
+SCHEMA_VERSION = 2
 
 
 def stored_value(value: float) -> float:
@@ -32,39 +34,56 @@ class BaselineError(Exception):
     """A baseline file or directory that cannot be used; the message names it and the fix."""
 
 
+def process_medians(runs: list[list[float]]) -> list[float]:
+    """One value per worker process: the median of its runs (the gate's unit)."""
+    return [float(np.median(values)) for values in runs if values]
+
+
 @dataclass
 class BaselineEntry:
     key: str
-    batches: dict[int, dict[str, list[float]]]  # batch size -> metric -> per-run values
+    runs: dict[int, dict[str, list[list[float]]]]  # batch size -> metric -> per-process lists of per-run values
     errors: dict[int, str] = field(default_factory=dict)  # batch size -> why it did not run ("oom: ...")
     foreign_load: dict[int, float] = field(default_factory=dict)  # batch size -> cores used by other processes
+    unit: str = "process"  # "run": measured in one process, the gate tests its runs
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scenario: dict[str, Any] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
     git_commit: str | None = None
     created: str = ""
 
+    def process_values(self, batch_size: int) -> dict[str, list[float]]:
+        return {m: process_medians(per_process) for m, per_process in self.runs.get(batch_size, {}).items()}
+
+    @property
+    def batches(self) -> dict[int, dict[str, list[float]]]:
+        return {bs: {m: [v for values in per_process for v in values] for m, per_process in metrics.items()}
+                for bs, metrics in self.runs.items()}
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "batches": {str(bs): {m: [stored_value(v) for v in vals] for m, vals in sorted(metrics.items())}
-                        for bs, metrics in sorted(self.batches.items())},
-            "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
-            "foreign_load": {str(bs): round(load, 3) for bs, load in sorted(self.foreign_load.items())},
-            "fingerprint": self.fingerprint,
-            "scenario": self.scenario,
-            "backend": self.backend,
-            "git_commit": self.git_commit,
-            "created": self.created,
-        }
+        batches: dict[str, Any] = {}
+        for bs, metrics in sorted(self.runs.items()):
+            batches[str(bs)] = {
+                "runs": {m: [[stored_value(v) for v in values] for values in per_process]
+                         for m, per_process in sorted(metrics.items())},
+                "processes": {m: [stored_value(v) for v in vals] for m, vals in sorted(self.process_values(bs).items())},
+            }
+            if bs in self.foreign_load:
+                batches[str(bs)]["foreign_load"] = round(self.foreign_load[bs], 3)
+        return {"batches": batches, "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
+                "unit": self.unit, "fingerprint": self.fingerprint, "scenario": self.scenario,
+                "backend": self.backend, "git_commit": self.git_commit, "created": self.created}
 
     @classmethod
     def from_json(cls, key: str, data: Mapping[str, Any]) -> BaselineEntry:
         return cls(
             key=key,
-            batches={int(bs): {m: [float(v) for v in vals] for m, vals in metrics.items()}
-                     for bs, metrics in data["batches"].items()},
+            runs={int(bs): {m: [[float(v) for v in values] for values in per_process]
+                            for m, per_process in batch["runs"].items()} for bs, batch in data["batches"].items()},
             errors={int(bs): str(msg) for bs, msg in data.get("errors", {}).items()},
-            foreign_load={int(bs): float(v) for bs, v in data.get("foreign_load", {}).items()},
+            foreign_load={int(bs): float(batch["foreign_load"]) for bs, batch in data["batches"].items()
+                          if batch.get("foreign_load") is not None},
+            unit=str(data.get("unit", "process")),
             fingerprint=dict(data.get("fingerprint", {})),
             scenario=dict(data.get("scenario", {})),
             backend=dict(data.get("backend", {})),

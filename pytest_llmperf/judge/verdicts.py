@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from . import gate
 from .baselines import BaselineEntry, stored_value
 from ..measure.metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS, TAIL_MIN_GAPS, gaps_per_run,
-                      metric_better, values_by_metric)
+                      metric_better, unit_values)
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 
@@ -57,6 +57,7 @@ def gated_metrics(scenario: Scenario, splits_prefill: bool) -> tuple[str, ...]:
 
 
 REFUSED = "refused"
+UNIT_WORDS = {"process": "one value per worker process", "run": "runs of one process (--llmperf-processes=1)"}
 
 
 def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
@@ -76,6 +77,7 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
     metrics = gated_metrics(scenario, splits_prefill)
     comparisons: list[gate.Comparison] = []
     rows: list[Row] = []
+    units: dict[int, str] = {}
     for batch in result.batches:
         base = baseline.batches.get(batch.batch_size)
         busy = busy_note(batch.foreign_load, baseline.foreign_load.get(batch.batch_size), max_load)
@@ -92,7 +94,15 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
             rows.append(Row(result.key, result.nodeid, "*", batch.batch_size, None, None, None, None, None, None,
                             None, gate.REGRESSED, f"ran in the baseline, now {batch.status}: {batch.error}"))
             continue
-        current = values_by_metric(batch.samples)
+        unit, current = unit_values(batch.samples)
+        units[batch.batch_size] = "processes" if unit == "process" else "runs"
+        base_values = baseline.process_values(batch.batch_size) if baseline.unit == "process" else base
+        if unit != baseline.unit:
+            rows.append(Row(result.key, result.nodeid, "*", batch.batch_size, None, None, None, None, None, None,
+                            None, REFUSED, f"the baseline holds {UNIT_WORDS[baseline.unit]}, this run "
+                            f"{UNIT_WORDS[unit]}: not comparable. Measure as the baseline was "
+                            f"(--llmperf-processes) or re-record it with --llmperf-update"))
+            continue
         for metric in metrics:
             if metric not in current or metric not in base:
                 continue  # this backend does not measure it (e.g. prefill on a server)
@@ -101,7 +111,7 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
                                 None, None, "ungated",
                                 f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
                 continue
-            comparisons.append(gate.compare(metric, batch.batch_size, base[metric],
+            comparisons.append(gate.compare(metric, batch.batch_size, base_values[metric],
                                             [stored_value(v) for v in current[metric]],
                                             better=metric_better(metric, counters_better),
                                             rtol=scenario.rtol_for(metric)))
@@ -113,7 +123,7 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
     for c in gate.decide(comparisons, alpha):
         rows.append(Row(result.key, result.nodeid, c.metric, c.batch_size, c.baseline_median, c.current_median,
                         c.ratio, c.ci_low, c.ci_high, c.p_worse, c.p_adjusted, c.verdict,
-                        f"n={c.n_baseline}/{c.n_current}"))
+                        f"n={c.n_baseline}/{c.n_current} {units[c.batch_size]}"))
     return rows
 
 

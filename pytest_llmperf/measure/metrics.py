@@ -167,3 +167,23 @@ def summarize(values: Sequence[float]) -> Summary:
         percentiles={q: (float(np.percentile(arr, q, method=PERCENTILE_METHOD))
                          if len(arr) >= min_runs_for_percentile(q) else None) for q in PERCENTILES},
     )
+
+
+def values_by_process(samples: Sequence[RunSample]) -> dict[str, list[list[float]]]:
+    """Per-run values of every metric, one list per worker process (in process order)."""
+    processes = sorted({s.process for s in samples})
+    per_process = [values_by_metric([s for s in samples if s.process == p]) for p in processes]
+    if not per_process:
+        return {}
+    names = set(per_process[0]).intersection(*per_process[1:])
+    return {name: [values[name] for values in per_process] for name in sorted(names)}
+
+
+def unit_values(samples: Sequence[RunSample]) -> tuple[str, dict[str, list[float]]]:
+    """What the gate tests: ("process", the median of each worker process's runs) when the runs come from
+    several processes, since runs of one process share its speed and are not independent of each other;
+    ("run", the per-run values) when all were measured in one process."""
+    if len({s.process for s in samples}) <= 1:
+        return "run", values_by_metric(samples)
+    return "process", {m: [float(np.median(v)) for v in per_process]
+                       for m, per_process in values_by_process(samples).items()}

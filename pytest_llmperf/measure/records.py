@@ -7,7 +7,7 @@ All times are integer nanoseconds from `time.perf_counter_ns` (or an injected cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -29,6 +29,7 @@ class RunSample:
     detokenize_ns: int | None = None
     generated_tokens: int | None = None  # as counted by the backend (server `details`/`usage`)
     counters: dict[str, float] = field(default_factory=dict)  # backend metrics, e.g. offload hit rate
+    process: int = 0  # which worker process took the run (0: measured in the pytest process itself)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,7 +42,13 @@ class RunSample:
             "detokenize_ns": self.detokenize_ns,
             "generated_tokens": self.generated_tokens,
             "counters": self.counters,
+            "process": self.process,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSample:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
@@ -60,6 +67,21 @@ class BatchResult:
     @property
     def ok(self) -> bool:
         return self.error is None and bool(self.samples)
+
+    @property
+    def processes(self) -> list[int]:
+        """The worker processes that took this batch's runs, in order."""
+        return sorted({s.process for s in self.samples})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "samples"},
+                "samples": [s.to_json() for s in self.samples]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchResult:
+        names = {f.name for f in fields(cls)} - {"samples"}
+        return cls(samples=[RunSample.from_json(s) for s in data.get("samples", [])],
+                   **{k: v for k, v in data.items() if k in names})
 
     @property
     def status(self) -> str:
@@ -84,3 +106,13 @@ class BenchmarkResult:
 
     def batch(self, batch_size: int) -> BatchResult | None:
         return next((b for b in self.batches if b.batch_size == batch_size), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "nodeid": self.nodeid, "module": self.module, "scenario": self.scenario,
+                "backend": self.backend, "group": self.group, "batches": [b.to_json() for b in self.batches]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchmarkResult:
+        return cls(key=data["key"], nodeid=data["nodeid"], module=data["module"], scenario=data["scenario"],
+                   backend=data["backend"], group=data.get("group"),
+                   batches=[BatchResult.from_json(b) for b in data["batches"]])

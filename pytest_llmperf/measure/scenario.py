@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -28,6 +28,7 @@ def llmperf_marker(
     stop_after_oom: bool | None = None,
     max_load: float | None = None,
     devices: Sequence[str] | None = None,
+    processes: int | None = None,
 ) -> dict[str, Any]:
     """The signature of `@pytest.mark.llmperf(...)`; calling it validates the keywords."""
     return {k: v for k, v in locals().items() if v is not None}
@@ -36,8 +37,9 @@ def llmperf_marker(
 MARKER_KEYWORDS = tuple(inspect.signature(llmperf_marker).parameters)
 MARKER_HELP = (
     "llmperf(batch_sizes=[1], sequence_length=, decode_length=, runs=, warmups=, max_runs=, alpha=, "
-    "rtol=float|{metric: float}, metrics=[...], knobs={...}, group=, stop_after_oom=, max_load=, devices=[...]): "
-    "an LLM inference benchmark; `devices` lists the hardware targets it runs on"
+    "rtol=float|{metric: float}, metrics=[...], knobs={...}, group=, stop_after_oom=, max_load=, devices=[...], "
+    "processes=): an LLM inference benchmark; `devices` lists the hardware targets it runs on, `processes` the "
+    "worker processes that measure it"
 )
 
 
@@ -78,6 +80,14 @@ class Scenario:
 
     def rtol_for(self, metric: str) -> float:
         return self.rtol_per_metric.get(metric, self.rtol)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Scenario:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["batch_sizes"] = tuple(values.get("batch_sizes", (1,)))
+        values["metrics"] = tuple(values["metrics"]) if values.get("metrics") is not None else None
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -1,0 +1,76 @@
+"""The worker side of worker processes: measure, and report to the controlling pytest process.
+
+The controller (`pytest_llmperf/controller.py`) starts `python -m pytest NODEID...` with the
+environment variables below. In such a process `llmperf.measure()` measures as usual but, instead of
+judging, appends the result to the file `LLMPERF_WORKER_OUT` names; every test report (passed,
+failed, skipped, with its text) goes there too. One JSON object per line, so a worker that dies
+leaves every line it finished. pyperf splits its manager and workers the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .records import BenchmarkResult
+
+ENV_OUT = "LLMPERF_WORKER_OUT"
+ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
+ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (0 is "measured in-process")
+PROTOCOL = 1
+
+
+def worker_out() -> Path | None:
+    """The file to report to when this pytest process is a worker, else None."""
+    path = os.environ.get(ENV_OUT)
+    return Path(path) if path else None
+
+
+def worker_settings() -> dict[str, Any] | None:
+    raw = os.environ.get(ENV_SETTINGS)
+    return json.loads(raw) if raw else None
+
+
+def process_index() -> int:
+    return int(os.environ.get(ENV_PROCESS, "1"))
+
+
+class WorkerRecorder:
+    """A plugin registered only in workers: writes results and test reports to the controller's file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
+        self._write({"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "process": process_index()})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+    def record_result(self, nodeid: str, result: BenchmarkResult, *, splits_prefill: bool,
+                      counters_better: dict[str, str] | None) -> None:
+        index = process_index()
+        for batch in result.batches:
+            for sample in batch.samples:
+                sample.process = index
+        self._write({"type": "result", "nodeid": nodeid, "splits_prefill": splits_prefill,
+                     "counters_better": counters_better, "result": result.to_json()})
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.passed and report.when != "call":
+            return
+        text = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            text = str(report.longrepr[2])
+        elif report.longrepr is not None:
+            text = report.longreprtext
+        self._write({"type": "report", "nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                     "text": text})
+
+    def close(self) -> None:
+        self._handle.close()

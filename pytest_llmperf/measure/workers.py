@@ -1,0 +1,133 @@
+"""Starting worker processes and reading what they measured (the controller's half of worker.py).
+
+A worker is `python -m pytest NODEID...` run by the same interpreter in the same environment, in the
+root of one side of a comparison (the working tree, or a git worktree of the reference). Its output
+goes to a log whose tail is in every error; a worker that crashes, hangs past its deadline or reports
+nothing is stopped with its whole process tree and raised as a WorkerError naming the side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..servers.process import _die_with_parent, stop_tree, tail
+from .records import BenchmarkResult
+from .worker import ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
+
+#: pytest's exit codes after which the worker's reports are complete: all passed, some failed.
+COMPLETE_EXIT_CODES = (0, 1)
+
+
+class WorkerError(RuntimeError):
+    """A worker process that crashed, hung or reported nothing; the message holds its log tail."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """Where the workers of one side run: the working tree ("B", or "" without a comparison) or a ref ("A")."""
+
+    name: str
+    root: Path  # cwd of the workers: the rootdir of the pytest run, on this side
+    label: str  # for messages: "the working tree", "origin/main (abc1234)"
+    pythonpath: tuple[str, ...] = ()  # put first on PYTHONPATH: the user's project imports from this side
+
+
+@dataclass
+class Measured:
+    """One benchmark as one worker measured it."""
+
+    nodeid: str
+    result: BenchmarkResult
+    splits_prefill: bool
+    counters_better: dict[str, str] | None
+
+
+@dataclass
+class WorkerRun:
+    side: Side
+    index: int
+    measured: list[Measured] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def failures(self, nodeid: str) -> list[dict[str, Any]]:
+        return [r for r in self.reports if r["nodeid"] == nodeid and r["outcome"] == "failed"]
+
+    def skip_reason(self, nodeid: str) -> str | None:
+        return next((r["text"] for r in self.reports if r["nodeid"] == nodeid and r["outcome"] == "skipped"), None)
+
+
+def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "pytest", *nodeids, "-q", "--no-header", "-p", "no:cacheprovider", *extra_args]
+
+
+def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
+               timeout_s: float, extra_args: Sequence[str] = ()) -> WorkerRun:
+    """Run one worker to completion; raise WorkerError if it did not complete."""
+    tag = f"{side.name or 'worker'}{index}"
+    out = work_dir / f"{tag}.jsonl"
+    log = work_dir / f"{tag}.log"
+    out.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.update({ENV_OUT: str(out), ENV_SETTINGS: json.dumps(dict(settings)), ENV_PROCESS: str(index)})
+    if side.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*side.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    started = time.monotonic()
+    with open(log, "wb") as log_handle:
+        proc = subprocess.Popen(worker_command(nodeids, extra_args), cwd=side.root, stdout=log_handle,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, preexec_fn=_die_with_parent())
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_tree(proc.pid, grace_s=5, session=True)
+            proc.wait()
+            raise WorkerError(f"worker process {index} on {side.label} did not finish within {timeout_s:g} s "
+                              f"(--llmperf-worker-timeout); it was stopped. Its log ({log}) ends with:\n"
+                              f"{_indent(tail(log))}") from None
+        except BaseException:  # Ctrl-C, or the controller failing: no worker outlives it
+            stop_tree(proc.pid, grace_s=5, session=True)
+            proc.wait()
+            raise
+        stop_tree(proc.pid, grace_s=5, session=True, root=False)  # anything it left behind in its session
+    run = WorkerRun(side, index, seconds=time.monotonic() - started)
+    hello = _read(out, run)
+    if code not in COMPLETE_EXIT_CODES or hello is None:
+        why = (f"exited with code {code}" if code not in COMPLETE_EXIT_CODES else
+               "reported nothing (does the pytest-llmperf it imports on that side support worker processes?)")
+        raise WorkerError(f"worker process {index} on {side.label} {why}. Its log ({log}) ends with:\n"
+                          f"{_indent(tail(log))}")
+    return run
+
+
+def _read(out: Path, run: WorkerRun) -> dict[str, Any] | None:
+    hello = None
+    try:
+        lines = out.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a worker killed mid-line: the lines before it stand
+            continue
+        if record.get("type") == "hello" and record.get("protocol") == PROTOCOL:
+            hello = record
+        elif record.get("type") == "result":
+            run.measured.append(Measured(record["nodeid"], BenchmarkResult.from_json(record["result"]),
+                                         bool(record["splits_prefill"]), record.get("counters_better")))
+        elif record.get("type") == "report":
+            run.reports.append(record)
+    return hello
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in (text or "(empty)").splitlines())

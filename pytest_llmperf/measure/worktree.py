@@ -1,0 +1,81 @@
+"""The reference side of an A/B comparison: a git ref checked out into a temporary worktree.
+
+`--llmperf-compare REF` measures the working tree (B) against REF (A) in one job. REF is checked out
+with `git worktree add --detach` into a temporary directory, which is removed afterwards whatever
+happens (a failed test, an error, Ctrl-C). The user's project imports from the side being measured:
+the workers of A get A's checkout (and its `src/`, if any) first on PYTHONPATH, which wins over an
+editable install of the working tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class RefError(ValueError):
+    """A ref that cannot be compared against: not a git repository, an unknown ref."""
+
+
+@dataclass(frozen=True)
+class Checkout:
+    ref: str
+    commit: str
+    toplevel: Path  # the worktree's top directory
+    root: Path  # the pytest rootdir's counterpart inside it
+
+    @property
+    def label(self) -> str:
+        return f"{self.ref} ({self.commit[:10]})"
+
+    @property
+    def pythonpath(self) -> tuple[str, ...]:
+        paths = [str(self.toplevel / "src")] if (self.toplevel / "src").is_dir() else []
+        if self.root != self.toplevel:
+            paths.append(str(self.root))
+        return (*paths, str(self.toplevel))
+
+
+def _git(args: list[str], cwd: Path) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RefError(done.stderr.strip() or f"git {' '.join(args)} failed with code {done.returncode}")
+    return done.stdout.strip()
+
+
+def resolve(ref: str, rootdir: Path) -> tuple[str, Path]:
+    """(commit, git toplevel) of `ref` as seen from `rootdir`; RefError with the fix otherwise."""
+    try:
+        toplevel = Path(_git(["rev-parse", "--show-toplevel"], rootdir))
+    except (RefError, OSError) as exc:
+        raise RefError(f"--llmperf-compare {ref}: {rootdir} is not inside a git repository ({exc})") from None
+    try:
+        commit = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
+    except RefError:
+        raise RefError(f"--llmperf-compare {ref}: no such commit, branch or tag in {toplevel}. Name one that "
+                       f"`git rev-parse {ref}` finds (e.g. HEAD, origin/main; fetch it first in CI: "
+                       f"git fetch origin main)") from None
+    return commit, toplevel
+
+
+@contextlib.contextmanager
+def checkout(ref: str, rootdir: Path) -> Iterator[Checkout]:
+    """Check `ref` out into a temporary worktree for the duration of the block."""
+    commit, toplevel = resolve(ref, rootdir)
+    parent = Path(tempfile.mkdtemp(prefix="llmperf-ref-"))
+    path = parent / "ref"
+    try:
+        _git(["worktree", "add", "--detach", "--force", str(path), commit], toplevel)
+        root = path / Path(rootdir).resolve().relative_to(toplevel.resolve())
+        yield Checkout(ref, commit, path, root)
+    finally:
+        with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
+            _git(["worktree", "remove", "--force", str(path)], toplevel)
+        shutil.rmtree(parent, ignore_errors=True)
+        with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
+            _git(["worktree", "prune"], toplevel)
