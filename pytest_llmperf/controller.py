@@ -78,6 +78,7 @@ class ProcessController:
     def _campaign(self, items: list[pytest.Item]) -> None:
         settings = self.llm.settings
         work_dir = Path(tempfile.mkdtemp(prefix="llmperf-workers-"))
+        failed = True
         try:
             with contextlib.ExitStack() as stack:
                 sides = [Side("", Path(self.config.rootpath), "the working tree")]
@@ -91,9 +92,10 @@ class ProcessController:
                              Side("B", Path(self.config.rootpath), "the working tree")]
                     self.llm.compared_to = ref.label
                     available["A"] = self._collect(sides[0], items, work_dir)
-                self._rounds(items, sides, available, work_dir)
+                failed = not self._rounds(items, sides, available, work_dir)
         finally:
-            shutil.rmtree(work_dir, ignore_errors=True)
+            if not failed:  # a failed worker's log stays where its error message points
+                shutil.rmtree(work_dir, ignore_errors=True)
 
     def _plans(self, items: list[pytest.Item]) -> dict[str, Plan]:
         plans = {}
@@ -105,7 +107,8 @@ class ProcessController:
         return plans
 
     def _rounds(self, items: list[pytest.Item], sides: list[Side], available: dict[str, set[str]],
-                work_dir: Path) -> None:
+                work_dir: Path) -> bool:
+        """Run rounds until every planned test is decided; False when a worker failed."""
         plans = self._plans(items)
         runs: dict[str, list[WorkerRun]] = defaultdict(list)
         worker_settings = {**self.llm.settings.values, "processes": 1, "compare": None, "json": None,
@@ -127,7 +130,7 @@ class ProcessController:
                 except WorkerError as exc:
                     for nodeid in list(plans):
                         self.decisions[nodeid] = Decision(failure=f"llmperf: {exc}")
-                    return
+                    return False
                 runs[side.name].append(run)
                 if reporter is not None:
                     reporter.write_line(f"llmperf: process {done} of {max(p.target for p in plans.values())} on "
@@ -141,6 +144,7 @@ class ProcessController:
                 self.decisions[nodeid] = decision
                 self.llm.outcomes.extend(decision.outcomes)
                 del plans[nodeid]
+        return True
 
     def _decide(self, nodeid: str, sides: list[Side], runs: dict[str, list[WorkerRun]],
                 available: dict[str, set[str]], plan: Plan) -> tuple[Decision, bool]:
@@ -189,7 +193,8 @@ class ProcessController:
         messages = [judge.regression_message(r, alpha) for r in rows if r.verdict == gate.REGRESSED]
         if messages:
             messages.append(f"compared with {side_a.label} in alternating worker processes (--llmperf-compare)")
-        return Outcome(result, "compared", rows=rows, messages=messages, baseline_path=side_a.label)
+        return Outcome(result, "compared", rows=rows, messages=messages, baseline_path=side_a.label,
+                       reference=reference.result)
 
     def _collect(self, side: Side, items: list[pytest.Item], work_dir: Path) -> set[str]:
         """The planned tests that exist on a side (a test added in the working tree is 'new')."""

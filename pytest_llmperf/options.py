@@ -190,7 +190,7 @@ OPTIONS: tuple[Option, ...] = (
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
     Option("processes", "Worker processes that measure each benchmark, each reduced to its medians; the gate tests "
-           "per-process values. 1 measures in the pytest process itself (default: auto, 10 on the cpu target, 5 on "
+           "per-process values. 1 measures in the pytest process itself (default: auto, 8 on the cpu target, 5 on "
            "GPU targets)", _processes, default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a verdict stays inconclusive; more are added in "
            "doublings from --llmperf-processes (default: twice --llmperf-processes)", _positive_int, ini_type="int",

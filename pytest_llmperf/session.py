@@ -32,7 +32,7 @@ from .measure.scenario import Scenario, ScenarioError, build_scenario, check_mar
 
 
 #: Worker processes per benchmark when --llmperf-processes is auto, per target class (docs/noise.md).
-DEFAULT_PROCESSES = {"cpu": 10, "gpu": 5}
+DEFAULT_PROCESSES = {"cpu": 8, "gpu": 5}
 
 
 class PytestLLMPerfWarning(pytest.PytestWarning):
@@ -49,6 +49,7 @@ class Outcome:
     messages: list[str] = field(default_factory=list)
     drift: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     baseline_path: str = ""
+    reference: BenchmarkResult | None = None  # the A side of an A/B comparison, every run of it
 
 
 class LLMPerfSession:

@@ -66,7 +66,9 @@ class WorkerRun:
 
 
 def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "pytest", *nodeids, "-q", "--no-header", "-p", "no:cacheprovider", *extra_args]
+    # -s: a test's output goes straight to the worker's log, so a crash leaves its last words in the tail
+    return [sys.executable, "-m", "pytest", *nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider",
+            *extra_args]
 
 
 def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
@@ -77,7 +79,8 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     log = work_dir / f"{tag}.log"
     out.unlink(missing_ok=True)
     env = dict(os.environ)
-    env.update({ENV_OUT: str(out), ENV_SETTINGS: json.dumps(dict(settings)), ENV_PROCESS: str(index)})
+    env.update({ENV_OUT: str(out), ENV_SETTINGS: json.dumps(dict(settings)), ENV_PROCESS: str(index),
+                "PYTHONUNBUFFERED": "1"})
     if side.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*side.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()

@@ -258,7 +258,9 @@ def json_document(device: str, created: str, fp: Mapping[str, Any], settings: Ma
         "benchmarks": benchmarks,
         "outcomes": [{"key": o.result.key, "nodeid": o.result.nodeid, "status": o.status,
                       "baseline": o.baseline_path, "messages": o.messages,
-                      "software_drift": {k: list(v) for k, v in o.drift.items()}} for o in outcomes],
+                      "software_drift": {k: list(v) for k, v in o.drift.items()},
+                      "reference": o.reference.to_json() if getattr(o, "reference", None) else None}
+                     for o in outcomes],
         "verdicts": [r.__dict__ for o in outcomes for r in o.rows],
         "counts": dict(counts),
     }

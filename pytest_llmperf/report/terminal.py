@@ -7,7 +7,7 @@ from typing import Any
 
 from .markdown import table
 
-COUNT_ORDER = ("passed", "regressed", "improved", "created", "updated", "refused", "missing", "inconclusive")
+COUNT_ORDER = ("passed", "regressed", "improved", "created", "updated", "new", "refused", "missing", "inconclusive")
 
 
 def counts_line(counts: Mapping[str, int]) -> str:

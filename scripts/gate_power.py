@@ -1,0 +1,125 @@
+"""How often the gate fails a job: unchanged code (false alarms) and injected slowdowns (power).
+
+Runs K real jobs of a shipped benchmark test per condition and prints, per mode and condition, the
+share of jobs that failed, and for a slowdown whether the failure named the slowed phase. A
+slowdown is injected as the README's recipe does: a `conftest.py` in the test's directory (written
+here, untracked, removed afterwards) that busy-waits a fraction of each forward pass, in prefill or
+in decode. So in A/B mode (`--llmperf-compare HEAD`) only the working tree's workers are slowed.
+Modes: `ab` (A/B against HEAD) and `stored` (baselines recorded once, unchanged, then gated).
+Run it in a clean checkout (the A/B mode compares the working tree with HEAD).
+
+    python scripts/gate_power.py --mode ab --jobs 20 --condition 0 --condition decode:0.10 \
+        --condition decode:0.05 --condition prefill:0.10 -- --llmperf-rtol=0.02
+"""
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SLOWDOWN_CONFTEST = '''"""Written by scripts/gate_power.py: a {fraction:.0%} slowdown in {phase}. Remove me."""
+import time
+
+from transformers import BloomForCausalLM, LlamaForCausalLM
+
+
+def _slowed(forward):
+    def slowed_forward(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = forward(self, *args, **kwargs)
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and (ids.shape[1] > 1) == ({phase!r} == "prefill"):
+            until = time.perf_counter() + {fraction!r} * (time.perf_counter() - start)
+            while time.perf_counter() < until:
+                pass
+        return out
+    return slowed_forward
+
+
+for cls in (LlamaForCausalLM, BloomForCausalLM):
+    cls.forward = _slowed(cls.forward)
+'''
+PHASE_METRICS = {"prefill": "prefill_ms", "decode": "decode_token_ms"}
+
+
+@contextlib.contextmanager
+def slowdown(test_dir: Path, condition: str):
+    path = test_dir / "conftest.py"
+    if condition in ("0", "none"):
+        yield None
+        return
+    if path.exists():
+        raise SystemExit(f"{path} exists: this script writes its own conftest there; move it away first")
+    phase, fraction = condition.split(":")
+    path.write_text(SLOWDOWN_CONFTEST.format(phase=phase, fraction=float(fraction)))
+    try:
+        yield phase
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def job(test: str, args: list[str], report: Path) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", test, "-p", "no:cacheprovider", "-q",
+                           f"--llmperf-json={report}", *args], capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    data = json.loads(report.read_text()) if report.exists() else {}
+    if done.returncode not in (0, 1):
+        print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"pytest exited with {done.returncode}")
+    return done.returncode, data, seconds
+
+
+def regressed_metrics(report: dict) -> set[str]:
+    return {row["metric"] for row in report.get("verdicts", []) if row["verdict"] == "regressed"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--test", default="benchmarks/test_seed000_prefill_decode.py::test_prefill_decode[llama]")
+    parser.add_argument("--mode", choices=("ab", "stored"), default="ab")
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--condition", action="append", default=[],
+                        help="0 (unchanged) or PHASE:FRACTION, e.g. decode:0.10; repeatable")
+    parser.add_argument("--out", default=None, help="directory for every job's JSON report (default: a temp dir)")
+    parser.add_argument("pytest_args", nargs="*", help="after --: options for every job, e.g. --llmperf-rtol=0.02")
+    args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="gate-power-"))
+    out.mkdir(parents=True, exist_ok=True)
+    test_dir = Path(args.test.split("::")[0]).parent
+    common = ["--llmperf-device=cpu", f"--llmperf-report-dir={out / 'reports'}", *args.pytest_args]
+    if args.mode == "ab":
+        common.append("--llmperf-compare=HEAD")
+    else:
+        common.append(f"--llmperf-baseline-dir={out / 'baselines'}")
+        code, _, seconds = job(args.test, [*common, "--llmperf-update"], out / "update.json")
+        print(f"baselines recorded in {seconds:.0f} s (exit {code})", flush=True)
+    print(f"mode {args.mode}, {args.jobs} jobs per condition, reports in {out}", flush=True)
+    summary = []
+    for condition in args.condition or ["0"]:
+        failed = named = 0
+        times = []
+        with slowdown(test_dir, condition) as phase:
+            for i in range(args.jobs):
+                name = condition.replace(":", "_")
+                code, report, seconds = job(args.test, common, out / f"{args.mode}_{name}_{i:02d}.json")
+                times.append(seconds)
+                metrics = regressed_metrics(report)
+                failed += code == 1
+                named += phase is not None and PHASE_METRICS[phase] in metrics
+                print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
+                      f"{seconds:.0f} s", flush=True)
+        summary.append((condition, failed, named, sorted(times)[len(times) // 2]))
+    print(f"\n| mode | condition | jobs | failed | named the slowed phase | median job time |")
+    print("|---|---|---|---|---|---|")
+    for condition, failed, named, median in summary:
+        print(f"| {args.mode} | {condition} | {args.jobs} | {failed} ({failed / args.jobs:.0%}) | "
+              f"{named if condition not in ('0', 'none') else '-'} | {median:.0f} s |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Worker processes and A/B comparisons against a git ref, end to end through pytester.
+
+Each project is a temporary git repository with a simulated engine whose speed comes from the
+project's own module `speed.py`: a slowdown "injected in the working tree" is an uncommitted edit
+of that module, which only the working tree's workers import. Every worker process is a real
+`python -m pytest`, so these tests take a few seconds each.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from pytest_llmperf.judge.sequential import looks_for, merge_processes, reference_entry, smallest_processes
+from pytest_llmperf.measure import runner
+from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.metrics import unit_values, values_by_process
+from pytest_llmperf.measure.scenario import Scenario
+from pytest_llmperf.options import OPTIONS
+
+ENGINE = """
+import os
+import numpy as np
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+import speed
+
+@pytest.fixture
+def engine():
+    index = int(os.environ.get("LLMPERF_WORKER_PROCESS", "0"))
+    speed.before_measuring()
+    # each process settles into a speed of its own, as real processes do (2% between processes)
+    factor = float(np.exp(np.random.default_rng([index, speed.SEED]).normal(0, 0.02)))
+    return SimulatedBackend(seed=index, noise=0.005, prefill_slowdown=factor * speed.PREFILL,
+                            decode_slowdown=factor * speed.DECODE)
+
+@pytest.mark.llmperf(batch_sizes=[1, 2], runs=3, warmups=0)
+def test_engine(llmperf, engine):
+    llmperf.measure(engine)
+"""
+SPEED = "SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\n\ndef before_measuring():\n    {hook}\n"
+ARGS = ("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=4",
+        "--llmperf-max-processes=4", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+def write_speed(pytester, *, prefill=1.0, decode=1.0, seed=0, hook="pass"):
+    pytester.makepyfile(speed=SPEED.format(seed=seed, prefill=prefill, decode=decode, hook=hook))
+
+
+def git(pytester, *args):
+    subprocess.run(["git", *args], cwd=pytester.path, check=True, capture_output=True)
+
+
+def worktrees(pytester):
+    out = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=pytester.path, capture_output=True,
+                         text=True, check=True).stdout
+    return [line for line in out.splitlines() if line.startswith("worktree ")]
+
+
+@pytest.fixture
+def repo(pytester, monkeypatch):
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_engine=ENGINE)
+    write_speed(pytester)
+    git(pytester, "init", "-q")
+    git(pytester, "add", "-A")
+    git(pytester, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest(*ARGS, *args)
+
+
+def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(repo):
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*process 1 of 4 on HEAD (*", "*process 4 of 4 on the working tree*",
+                                 "*decode_token_ms*pass*"])
+    assert worktrees(repo) == [f"worktree {repo.path}"]
+    report = json.loads((repo.path / "reports" / "cpu.json").read_text())
+    runs = report["benchmarks"][0]["batches"][0]["runs"]
+    assert sorted({r["process"] for r in runs}) == [1, 2, 3, 4] and len(runs) == 12  # 4 processes x 3 runs
+
+
+def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo):
+    write_speed(repo, decode=1.10)  # uncommitted: only the working tree's workers import it
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*n=4/4 processes*",
+                                 "*compared with HEAD (*) in alternating worker processes*"])
+    result.stdout.no_fnmatch_line("*prefill_ms (prefill) at batch size * regressed*")
+    assert worktrees(repo) == [f"worktree {repo.path}"]
+
+
+def test_a_test_only_in_the_working_tree_is_new_not_failed(repo):
+    repo.makepyfile(test_added=ENGINE.replace("def test_engine(", "def test_added("))
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*1 new*"])
+
+
+def test_a_bad_ref_is_a_usage_error_naming_it(repo):
+    result = run(repo, "--llmperf-compare", "no-such-branch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-compare no-such-branch: no such commit, branch or tag*"])
+    assert worktrees(repo) == [f"worktree {repo.path}"]
+
+
+def test_compare_refuses_to_update_baselines(repo):
+    result = run(repo, "--llmperf-compare", "HEAD", "--llmperf-update")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-compare measures against a git ref and writes no baselines*"])
+
+
+def test_too_few_processes_for_alpha_are_refused_with_the_number_needed(repo):
+    result = repo.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-processes=3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-processes=3 cannot fail*Use at least * processes*"])
+
+
+def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
+    run(repo, "--llmperf-update").assert_outcomes(passed=1)
+    stored = json.loads((repo.path / "baselines" / "cpu" / "test_engine.json").read_text())
+    entry = stored["benchmarks"]["test_engine"]
+    assert entry["unit"] == "process"
+    assert len(entry["batches"]["1"]["runs"]["prefill_ms"]) == 4  # one list per process
+    assert len(entry["batches"]["1"]["processes"]["prefill_ms"]) == 4  # and its median
+    run(repo).assert_outcomes(passed=1)
+    write_speed(repo, prefill=1.2)
+    result = run(repo)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=4/4 processes*"])
+
+
+def test_a_crashing_worker_fails_with_its_log_tail(repo):
+    write_speed(repo, hook="print('about to crash'); import os; os._exit(3)")
+    result = run(repo)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*worker process 1 on the working tree exited with code 3*", "*about to crash*"])
+
+
+def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo):
+    write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
+    result = run(repo, "--llmperf-worker-timeout=8")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within 8 s*"])
+    pid = int((repo.path / "worker.pid").read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_ctrl_c_during_a_comparison_removes_the_worktree_and_the_workers(repo):
+    write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_")}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *ARGS, "--llmperf-compare", "HEAD"], cwd=repo.path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pid_file = repo.path / "worker.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), "no worker started"
+    assert len(worktrees(repo)) == 2  # the ref's worktree exists while A is measured
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert b"KeyboardInterrupt" in out
+    pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert worktrees(repo) == [f"worktree {repo.path}"]
+
+
+# -- the reduction to per-process values, with an injected clock ------------------------------------------------
+
+
+class ClockedBackend:
+    """A backend whose every run takes a scripted time on an injected clock (prefill only)."""
+
+    splits_prefill = True
+
+    def __init__(self, prefill_ms):
+        self.times = iter(prefill_ms)
+        self.clock = FakeClock(step=0)
+
+    def generate(self, request):
+        from pytest_llmperf.measure.records import RunSample
+
+        start = self.clock()
+        self.clock.advance(int(next(self.times) * 1e6))
+        prefill = self.clock() - start
+        return RunSample(request.batch_size, [[prefill]], prefill, prefill_ns=prefill, decode_steps_ns=[])
+
+    def apply_knobs(self, knobs):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def describe(self):
+        return {"backend": "clocked"}
+
+
+def measured_by(process, prefill_ms):
+    scenario = Scenario(batch_sizes=(1,), runs=len(prefill_ms), warmups=0)
+    result = runner.measure(ClockedBackend(prefill_ms), scenario, key="k", nodeid="t.py::k", module="t.py")
+    for sample in result.batches[0].samples:
+        sample.process = process
+    return result
+
+
+def test_per_process_medians_are_what_reaches_the_gate():
+    # Process 1 is fast with one outlier run, process 2 slow: the gate sees one median per process.
+    merged = merge_processes([(measured_by(1, [10.0, 10.2, 30.0]), True, None),
+                              (measured_by(2, [12.0, 12.4, 12.2]), True, None)])
+    batch = merged.result.batches[0]
+    assert batch.processes == [1, 2] and len(batch.samples) == 6
+    unit, values = unit_values(batch.samples)
+    assert unit == "process"
+    assert values["prefill_ms"] == pytest.approx([10.2, 12.2], abs=1e-6)
+    per_process = values_by_process(batch.samples)["prefill_ms"]
+    assert [[round(v, 6) for v in runs] for runs in per_process] == [[10.0, 10.2, 30.0], [12.0, 12.4, 12.2]]
+    assert merged.result.scenario["processes"] == 2
+    entry = reference_entry(merged.result, "HEAD")
+    assert entry.unit == "process" and entry.process_values(1)["prefill_ms"] == pytest.approx([10.2, 12.2], abs=1e-6)
+
+
+def test_runs_of_one_process_stay_runs():
+    unit, values = unit_values(measured_by(0, [10.0, 11.0, 12.0]).batches[0].samples)
+    assert unit == "run" and values["prefill_ms"] == pytest.approx([10.0, 11.0, 12.0], abs=1e-6)
+
+
+def test_looks_double_up_to_the_cap_and_processes_needed_for_alpha():
+    assert looks_for(5, 20) == [5, 10, 20]
+    assert looks_for(6, 10) == [6, 10]
+    assert looks_for(6, 6) == [6]
+    assert smallest_processes(0.05) == 4  # 1/C(8,4) = 0.014
+    assert smallest_processes(0.005) == 5  # one-sided exact Mann-Whitney: at best 1/C(2n, n) = 1/252
+    assert smallest_processes(0.0025) == 6  # 1/924
