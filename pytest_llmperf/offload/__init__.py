@@ -6,9 +6,10 @@ model (`CostModel`, `fixed_costs`) and the scheduler (`Scheduler`). See docs/off
 
 from .costs import CostModel, LinearFit, fixed_costs, measure_costs
 from .engine import Generation, OffloadEngine, OffloadOptions
-from .experts import IMPLEMENTATION, OffloadError, OffloadStats
 from .placement import PlacementError
 from .scheduler import SCHEDULES, LayerPlan, Scheduler
+from .seam import IMPLEMENTATION, OffloadError
+from .stats import OffloadStats
 
 __all__ = [
     "IMPLEMENTATION", "SCHEDULES", "CostModel", "Generation", "LayerPlan", "LinearFit", "OffloadEngine",

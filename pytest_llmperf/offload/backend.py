@@ -20,7 +20,7 @@ from ..measure.clock import Clock
 from ..measure.records import RunSample
 from .costs import CostModel
 from .engine import OffloadEngine, OffloadOptions
-from .experts import OffloadError
+from .seam import OffloadError
 
 _TRUE = (True, 1, "1", "true", "True", "yes", "on")
 _FALSE = (False, 0, "0", "false", "False", "no", "off")

@@ -27,8 +27,10 @@ import torch
 
 from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
-from .experts import (IMPLEMENTATION, OffloadedLayer, OffloadError, OffloadStats, Runtime, Staging, find_experts,
-                      host_empty, register_implementation, torch_threads)
+from .experts import OffloadedLayer
+from .runtime import Runtime, Staging, host_empty, torch_threads
+from .seam import IMPLEMENTATION, OffloadError, find_experts, register_implementation
+from .stats import OffloadStats
 from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
                         read_profile, round_robin_ranking, write_profile)
 from .scheduler import SCHEDULES, Scheduler
