@@ -5,7 +5,8 @@ model (`CostModel`, `fixed_costs`) and the scheduler (`Scheduler`). See docs/off
 """
 
 from .costs import CostModel, LinearFit, fixed_costs, measure_costs
-from .engine import Generation, OffloadEngine, OffloadOptions
+from .engine import Generation, OffloadEngine
+from .options import OffloadOptions
 from .placement import PlacementError
 from .scheduler import SCHEDULES, LayerPlan, Scheduler
 from .seam import IMPLEMENTATION, OffloadError

@@ -19,7 +19,8 @@ from ..backends.base import Backend, BackendError, GenerationRequest, OutOfMemor
 from ..measure.clock import Clock
 from ..measure.records import RunSample
 from .costs import CostModel
-from .engine import OffloadEngine, OffloadOptions
+from .engine import OffloadEngine
+from .options import OffloadOptions
 from .seam import OffloadError
 
 _TRUE = (True, 1, "1", "true", "True", "yes", "on")
