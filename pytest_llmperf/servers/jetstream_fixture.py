@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..backends.base import BackendError
-from ..backends.jetstream import JetStreamBackend
-from ..backends.jetstream import health_check as jetstream_health
+from ..extras import JETSTREAM, require
 from ..options import OPTIONS_BY_NAME
 from .pool import Launch, ServerPool, fill, option, server_timeout
 from .process import LOOPBACK, ProcessRegistry
+
+if TYPE_CHECKING:
+    from ..backends.jetstream import JetStreamBackend
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +33,10 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
 
     def start(command: Sequence[str] | None = None, *, port: int | None = None, env: Mapping[str, str] | None = None,
               timeout_s: float | None = None, **backend_kwargs: Any) -> JetStreamBackend:
+        require("llmperf_jetstream", JETSTREAM)
+        from ..backends.jetstream import JetStreamBackend
+        from ..backends.jetstream import health_check as jetstream_health
+
         target = option(config, "jetstream_url")
         if target:
             key = ("attach", target, tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())))

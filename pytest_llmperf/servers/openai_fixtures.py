@@ -7,22 +7,27 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..backends.base import BackendError
-from ..backends.models import resolve_model
-from ..backends.openai_compat import OpenAICompatBackend
+from ..backends.models import EMBEDDED, resolve_model
+from ..extras import HF, OPENAI, require
 from ..options import OPTIONS_BY_NAME
 from .pool import ServerPool, http_command, option, server_timeout
 from .process import LOOPBACK, ProcessRegistry
+
+if TYPE_CHECKING:
+    from ..backends.openai_compat import OpenAICompatBackend
 
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": LOOPBACK}
 
 
 def _openai_attach(config: pytest.Config, pool: ServerPool, name: str, model: str | None,
                    **kwargs: Any) -> OpenAICompatBackend | None:
+    from ..backends.openai_compat import OpenAICompatBackend
+
     url = option(config, "openai_url")
     if not url:
         return None
@@ -51,6 +56,9 @@ def llmperf_openai(request: pytest.FixtureRequest,
     def start(command: Sequence[str] | None = None, *, name: str = "OpenAI-compatible", port: int | None = None,
               env: Mapping[str, str] | None = None, health_path: str = "/health", timeout_s: float | None = None,
               model: str | None = None, **backend_kwargs: Any) -> OpenAICompatBackend:
+        require("llmperf_openai", OPENAI)
+        from ..backends.openai_compat import OpenAICompatBackend
+
         attached = _openai_attach(config, pool, name, model, **backend_kwargs)
         if attached is not None:
             return attached
@@ -121,11 +129,16 @@ def llmperf_vllm(request: pytest.FixtureRequest,
               enforce_eager: bool = True, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
               api: str = "completions", port: int | None = None, timeout_s: float | None = None,
               **backend_kwargs: Any) -> OpenAICompatBackend:
+        require("llmperf_vllm", OPENAI)
+        from ..backends.openai_compat import OpenAICompatBackend
+
         backend_kwargs.setdefault("fixed_length", "ignore_eos")
         backend_kwargs.setdefault("truncate_prompt", True)
         attached = _openai_attach(config, pool, "vLLM", None, api=api, **backend_kwargs)
         if attached is not None:
             return attached
+        if model in EMBEDDED and model not in option(config, "model"):
+            require("llmperf_vllm", HF, why=f" (to build the embedded model {model!r})")
         cache = option(config, "cache_dir")
         model_dir = resolve_model(model, local_models=option(config, "model"), cache_dir=Path(cache) if cache else None)
         python = option(config, "vllm_python") or sys.executable

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..backends.base import BackendError
-from ..backends.tgi import TGIBackend, TGILauncherArgs
+from ..extras import TGI, require
 from ..options import OPTIONS_BY_NAME
 from .pool import Launch, ServerPool, http_ok, option, server_timeout
 from .process import LOOPBACK, ProcessRegistry, free_port
+
+if TYPE_CHECKING:
+    from ..backends.tgi import TGIBackend
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +31,9 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
 
     def start(model_id: str | None = None, *, port: int | None = None, env: Mapping[str, str] | None = None,
               require_full_length: bool = True, timeout_s: float | None = None, **launcher: Any) -> TGIBackend:
+        require("llmperf_tgi", TGI)
+        from ..backends.tgi import TGIBackend, TGILauncherArgs
+
         url = option(config, "tgi_url")
         if url:
             key = ("attach", url, require_full_length)
