@@ -1,14 +1,21 @@
-"""Fixtures that start in-process backends. Each owns its backends and closes them at teardown."""
+"""Fixtures that start in-process backends. Each owns its backends and closes them at teardown.
+
+Light on purpose (the plugin imports it): a backend and its libraries are imported when the fixture
+is used, after `extras.require` has checked they are installed.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .backends.hf import HFBackend
+from .extras import HF, require
 from .session import Benchmark, LLMPerfSession
+
+if TYPE_CHECKING:
+    from .backends.hf import HFBackend
 
 SESSION_KEY = pytest.StashKey[LLMPerfSession]()
 
@@ -32,6 +39,9 @@ def llmperf_hf(request: pytest.FixtureRequest) -> Iterator[Callable[..., HFBacke
 
     def start(model: str = "tiny-llama", *, dtype: str = "fp32", device: str | None = None,
               **model_kwargs: Any) -> HFBackend:
+        require("llmperf_hf", HF)
+        from .backends.hf import HFBackend
+
         device = device or ("cpu" if session.device == "cpu" else "cuda")
         key = (model, dtype, device, tuple(sorted(model_kwargs.items())))
         if key not in loaded:

@@ -119,9 +119,9 @@ def run_accelerate(config, prompt: torch.Tensor, args) -> float | None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.fill_(1.0) if "norm" in name else p.normal_(0, 0.02)
-    from pytest_llmperf.offload.engine import _reinit_buffers
+    from pytest_llmperf.offload.random_model import reinit_buffers
 
-    model.apply(_reinit_buffers)
+    model.apply(reinit_buffers)
     model.eval()
     if torch.cuda.is_available():
         device_map = infer_auto_device_map(model, max_memory={0: f"{args.budget_gb}GiB", "cpu": "1000GiB"},

@@ -226,48 +226,48 @@ def _double_on(port):
 
 
 def test_a_server_that_loses_its_free_port_is_started_again_on_another(registry, monkeypatch):
-    from pytest_llmperf.servers import fixtures
+    from pytest_llmperf.servers import pool
 
     with socket.socket() as holder:  # another process "took" the port we picked, before the server bound it
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
         picks = iter([taken])
-        monkeypatch.setattr(fixtures, "pick_port", lambda name, port: next(picks, None) or free_port())
-        pool = fixtures.ServerPool(registry, "double")
-        proc = pool.start("double", _double_on, port=None, timeout_s=30)
+        monkeypatch.setattr(pool, "pick_port", lambda name, port: next(picks, None) or free_port())
+        server_pool = pool.ServerPool(registry, "double")
+        proc = server_pool.start("double", _double_on, port=None, timeout_s=30)
         assert proc.alive() and proc.url != f"http://127.0.0.1:{taken}"
         first_log = sorted(registry.log_dir.glob("double-*.log"))[0]
         assert "Address already in use" in first_log.read_text()
 
 
 def test_a_server_that_keeps_losing_its_port_gives_up_after_three_tries(registry, monkeypatch):
-    from pytest_llmperf.servers import fixtures
+    from pytest_llmperf.servers import pool
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
         calls = []
-        monkeypatch.setattr(fixtures, "pick_port", lambda name, port: calls.append(port) or taken)
-        pool = fixtures.ServerPool(registry, "double")
+        monkeypatch.setattr(pool, "pick_port", lambda name, port: calls.append(port) or taken)
+        server_pool = pool.ServerPool(registry, "double")
         with pytest.raises(BackendError, match=r"(?s)exited before it became healthy.*Address already in use.*"
                                                r"on each of 3 free ports tried.*Pass port="):
-            pool.start("double", _double_on, port=None, timeout_s=30)
+            server_pool.start("double", _double_on, port=None, timeout_s=30)
         assert len(calls) == 3
     assert registry.processes == []
 
 
 def test_a_fixed_port_is_not_retried(registry, monkeypatch):
-    from pytest_llmperf.servers import fixtures
+    from pytest_llmperf.servers import pool
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        monkeypatch.setattr(fixtures, "pick_port", lambda name, port: taken)  # the check passed; the bind fails
+        monkeypatch.setattr(pool, "pick_port", lambda name, port: taken)  # the check passed; the bind fails
         with pytest.raises(BackendError, match=r"(?s)exited before it became healthy.*Address already in use") as info:
-            fixtures.ServerPool(registry, "double").start("double", _double_on, port=taken, timeout_s=30)
+            pool.ServerPool(registry, "double").start("double", _double_on, port=taken, timeout_s=30)
     assert "free ports tried" not in str(info.value)
 
 

@@ -19,8 +19,9 @@ from ..backends.base import Backend, BackendError, GenerationRequest, OutOfMemor
 from ..measure.clock import Clock
 from ..measure.records import RunSample
 from .costs import CostModel
-from .engine import OffloadEngine, OffloadOptions
-from .experts import OffloadError
+from .engine import OffloadEngine
+from .options import OffloadOptions
+from .seam import OffloadError
 
 _TRUE = (True, 1, "1", "true", "True", "yes", "on")
 _FALSE = (False, 0, "0", "false", "False", "no", "off")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,69 +26,15 @@ import torch
 
 from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
-from .experts import (IMPLEMENTATION, OffloadedLayer, OffloadError, OffloadStats, Runtime, Staging, find_experts,
-                      host_empty, register_implementation, torch_threads)
+from .experts import OffloadedLayer
+from .options import DTYPES, OffloadOptions, physical_cores
 from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
                         read_profile, round_robin_ranking, write_profile)
-from .scheduler import SCHEDULES, Scheduler
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def physical_cores() -> int:
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class OffloadOptions:
-    """Everything the engine can be told. Each field is documented in docs/offload.md."""
-
-    fast_device: str = "auto"  # "auto": cuda if available, else cpu
-    slow_device: str = "cpu"
-    dtype: str = "fp32"
-    expert_budget_gb: float | None = None  # most GiB of experts on the fast tier (None: as many as fit)
-    device_memory_gb: float | None = None  # emulate a fast device of this size (e.g. 24 for an RTX 3090)
-    reserve_gb: float | None = None  # fast memory for KV + activations; None: computed. Staging is added on top
-    max_batch_size: int = 8  # the reserve is sized for this batch ...
-    max_seq_len: int = 1024  # ... and this many tokens per sequence
-    popularity: str | None = None  # a profile JSON from calibrate(); None: round robin across layers
-    schedule: str = "makespan"  # makespan | fiddler | cpu | fetch
-    latency_cpu: float | None = None  # override: slow-tier ms per token (Fiddler's 7)
-    latency_gpu: float | None = None  # override: ms per fetched expert (Fiddler's 70)
-    threads: int | None = None  # torch threads during generate; None: physical cores (split with the worker on cpu)
-    overlap: bool = True  # run CPU experts on the worker thread while the fast tier works
-    pin_memory: bool | None = None  # pin the slow tier; None: when the fast device is CUDA
-    cpu_timeout_s: float | None = 300.0  # a worker-thread CPU job slower than this is an error, not a hang
-
-    def validated(self) -> OffloadOptions:
-        def bad(name: str, value: Any, want: str) -> OffloadError:
-            return OffloadError(f"offload option {name}={value!r}: {want}")
-
-        if self.dtype not in DTYPES:
-            raise bad("dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
-        if self.schedule not in SCHEDULES:
-            raise bad("schedule", self.schedule, f"use one of {', '.join(SCHEDULES)}")
-        for name in ("expert_budget_gb", "device_memory_gb", "reserve_gb", "latency_cpu", "latency_gpu",
-                     "cpu_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or value < 0 or math.isnan(value)):
-                raise bad(name, value, "use a number >= 0, or leave it unset")
-        for name in ("max_batch_size", "max_seq_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise bad(name, getattr(self, name), "use an integer >= 1")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise bad("threads", self.threads, "use an integer >= 1, or leave it unset for the physical core count")
-        fast = self.resolved_fast_device()
-        if torch.device(fast).type == "cuda" and not torch.cuda.is_available():
-            raise bad("fast_device", self.fast_device, "CUDA is not available here; use fast_device='cpu'")
-        if torch.device(self.slow_device).type != "cpu":
-            raise bad("slow_device", self.slow_device, "the slow tier is host memory; use 'cpu'")
-        return self
-
-    def resolved_fast_device(self) -> str:
-        if self.fast_device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.fast_device
+from .random_model import random_model
+from .runtime import Runtime, Staging, host_empty, torch_threads
+from .scheduler import Scheduler
+from .seam import IMPLEMENTATION, OffloadError, find_experts, register_implementation
+from .stats import OffloadStats
 
 
 @dataclass
@@ -140,38 +85,8 @@ class OffloadEngine:
         """A model with random weights made in place (nothing read from disk): non-expert weights directly on
         the fast device, experts generated there and split into tiers. For shapes too big to save,
         e.g. Mixtral-8x7B on a machine with a 64 GB disk. Timing depends on shapes, not weights."""
-        from transformers import AutoModelForCausalLM
-
         options = (options or OffloadOptions()).validated()
-        fast = torch.device(options.resolved_fast_device())
-        dtype = DTYPES[options.dtype]
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        sites = find_experts(model)
-        gen = torch.Generator(device=fast).manual_seed(seed)
-        shapes = {id(s.module): (tuple(s.module.gate_up_proj.shape), tuple(s.module.down_proj.shape)) for s in sites}
-        for s in sites:
-            s.adapter.detach(s.module, torch.device("meta"))
-        model.to_empty(device=fast)
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                if p.numel() == 0:
-                    continue
-                if "norm" in pname:
-                    p.fill_(1.0)
-                else:
-                    p.normal_(0.0, 0.02, generator=gen)
-            model.apply(_reinit_buffers)
-
-        def random_weights(site: Any) -> Any:
-            gu_shape, dn_shape = shapes[id(site.module)]
-
-            def make(ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-                gu = torch.empty((len(ids), *gu_shape[1:]), dtype=dtype, device=fast).normal_(0, 0.02, generator=gen)
-                dn = torch.empty((len(ids), *dn_shape[1:]), dtype=dtype, device=fast).normal_(0, 0.02, generator=gen)
-                return gu, dn
-
-            return make, gu_shape, dn_shape
+        model, sites, random_weights = random_model(config, options, seed)
 
         self = cls.__new__(cls)
         self.model_path = None
@@ -417,17 +332,3 @@ def _placeholder_costs(expert_bytes: int) -> CostModel:
     from .costs import fixed_costs
 
     return fixed_costs(1.0, 1.0, expert_bytes)
-
-
-def _reinit_buffers(module: torch.nn.Module) -> None:
-    """Buffers made on the meta device (rotary `inv_freq`) hold garbage after `to_empty`: recompute them."""
-    if not (hasattr(module, "inv_freq") and hasattr(module, "rope_type")):
-        return
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    init = module.compute_default_rope_parameters if module.rope_type == "default" else ROPE_INIT_FUNCTIONS[
-        module.rope_type]
-    inv_freq, _ = init(module.config)
-    module.inv_freq.copy_(inv_freq)
-    if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
-        module.original_inv_freq.copy_(inv_freq)

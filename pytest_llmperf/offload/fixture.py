@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..extras import HF, require
 from ..fixtures import SESSION_KEY
 from ..options import OPTIONS_BY_NAME
 
@@ -42,9 +43,11 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
     started: dict[tuple[Any, ...], OffloadBackend] = {}
 
     def start(model: str = "tiny-mixtral", **options: Any) -> OffloadBackend:
+        require("llmperf_offload", HF)
         from ..backends.models import CPU_SIZED, EMBEDDED, tokenizer_for
         from .backend import OffloadBackend
-        from .engine import OffloadEngine, OffloadOptions
+        from .engine import OffloadEngine
+        from .options import OffloadOptions
 
         fields = {f.name for f in dataclasses.fields(OffloadOptions)}
         unknown = sorted(set(options) - fields)
