@@ -76,7 +76,6 @@ class ProcessController:
         return (yield)
 
     def _campaign(self, items: list[pytest.Item]) -> None:
-        settings = self.llm.settings
         work_dir = Path(tempfile.mkdtemp(prefix="llmperf-workers-"))
         failed = True
         try:

@@ -56,8 +56,21 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
         f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}, "
         f"malloc={s['malloc']}",
+        f"llmperf: {_measured_how(session)}",
         f"llmperf: baselines={session.store.device_dir}, reports={s['report_dir']}",
     ]
+
+
+def _measured_how(session: LLMPerfSession) -> str:
+    if session.recorder is not None:
+        return "a worker process of the controlling pytest process"
+    auto = " (auto for this target)" if session.settings["processes"] == "auto" else ""
+    where = (f"the working tree against {session.settings['compare']} (A/B, alternating)"
+             if session.settings["compare"] else "against the stored baselines")
+    if session.processes == 1 and not session.settings["compare"]:
+        return f"processes=1{auto}: measured in this pytest process, the gate tests runs " + where
+    return (f"processes={session.processes}{auto} per side (worker processes; the gate tests their medians), "
+            f"max_processes={session.settings['max_processes'] or 2 * session.processes}, {where}")
 
 
 def _is_llmperf(item: pytest.Item) -> bool:

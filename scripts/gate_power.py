@@ -114,7 +114,7 @@ def main() -> None:
                 print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
                       f"{seconds:.0f} s", flush=True)
         summary.append((condition, failed, named, sorted(times)[len(times) // 2]))
-    print(f"\n| mode | condition | jobs | failed | named the slowed phase | median job time |")
+    print("\n| mode | condition | jobs | failed | named the slowed phase | median job time |")
     print("|---|---|---|---|---|---|")
     for condition, failed, named, median in summary:
         print(f"| {args.mode} | {condition} | {args.jobs} | {failed} ({failed / args.jobs:.0%}) | "

@@ -32,7 +32,11 @@ def summary_lines(session: Any) -> list[str]:
     if drift:
         lines.append("software drift since the baselines: " +
                      "; ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(drift.items())))
-    if counts.get("regressed") or counts.get("missing"):
+    compared_to = getattr(session, "compared_to", None)
+    if compared_to and counts.get("regressed"):
+        lines.append(f"compared with {compared_to}: re-run the same command to measure again; a slowdown the "
+                     "change intends is accepted by merging it (the next comparison starts from it)")
+    elif counts.get("regressed") or counts.get("missing"):
         lines.append(f"re-run: pytest --llmperf-device={session.device} (add --llmperf-update if the change is "
                      "intended, then commit the changed baselines/ files)")
     return lines
