@@ -159,6 +159,12 @@ class ProcessController:
                 return Decision(skip=reason), False
         measured = _by_key(nodeid, runs[current])
         reference = _by_key(nodeid, runs["A"]) if self.compare_ref else {}
+        if self.compare_ref:
+            for run in runs["A"]:
+                if run.failures(nodeid):
+                    text = "\n".join(f["text"] for f in run.failures(nodeid))
+                    return Decision(failure=f"cannot compare: the test fails on {run.side.label} (worker process "
+                                            f"{run.index}), so there is nothing to compare with:\n{text}"), False
         alpha_look = None
         decision = Decision()
         with warnings.catch_warnings(record=True) as caught:

@@ -37,7 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if out is not None:  # a worker process: measure, and report to the controller
         llm.recorder = WorkerRecorder(out)
         config.pluginmanager.register(llm.recorder, "llmperf-worker")
-    elif not hasattr(config, "workerinput") and (llm.settings["compare"] or llm.processes > 1):
+    elif (not hasattr(config, "workerinput") and config.getoption("dist", "no") == "no"
+          and (llm.settings["compare"] or llm.processes > 1)):  # under xdist, llmperf tests are refused instead
         check_settings(llm)
         config.pluginmanager.register(ProcessController(config, llm, _is_planned), "llmperf-controller")
 

@@ -241,3 +241,20 @@ def test_looks_double_up_to_the_cap_and_processes_needed_for_alpha():
     assert smallest_processes(0.05) == 4  # 1/C(8,4) = 0.014
     assert smallest_processes(0.005) == 5  # one-sided exact Mann-Whitney: at best 1/C(2n, n) = 1/252
     assert smallest_processes(0.0025) == 6  # 1/924
+
+
+def test_a_test_failing_on_the_ref_cannot_be_compared_and_says_so(repo):
+    write_speed(repo, hook="raise RuntimeError('broken at the base commit')")
+    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "broken")
+    write_speed(repo)  # fixed in the working tree
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*cannot compare: the test fails on HEAD (*", "*broken at the base commit*"])
+
+
+def test_under_xdist_worker_processes_are_not_started_and_the_tests_are_refused(repo):
+    pytest.importorskip("xdist")
+    result = run(repo, "-n", "2")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*timed benchmark tests must not run under pytest-xdist*"])
+    result.stdout.no_fnmatch_line("*llmperf: process 1 of*")
