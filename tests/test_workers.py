@@ -258,3 +258,25 @@ def test_under_xdist_worker_processes_are_not_started_and_the_tests_are_refused(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*timed benchmark tests must not run under pytest-xdist*"])
     result.stdout.no_fnmatch_line("*llmperf: process 1 of*")
+
+
+@pytest.fixture
+def steady_load():
+    """Another process keeping one core busy for the whole test (a steady neighbour)."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_steady_load_does_not_refuse_an_ab_comparison_but_refuses_stored_baselines(repo, steady_load):
+    # Both sides run beside the same neighbour, so A/B still judges; against stored baselines (recorded
+    # here with a tolerant limit) the same load refuses the comparison, as it always did.
+    result = run(repo, "--llmperf-compare", "HEAD", "--llmperf-max-load=0.25")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*1 passed, 0 regressed*0 refused*"])
+    run(repo, "--llmperf-update", "--llmperf-max-load=1000").assert_outcomes(passed=1)
+    result = run(repo, "--llmperf-max-load=0.25")
+    result.stdout.fnmatch_lines(["*1 refused*"])
