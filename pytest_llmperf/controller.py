@@ -193,8 +193,9 @@ class ProcessController:
             why = "measured here only" if on_a else f"not in {side_a.label}"
             return Outcome(result, "new", messages=[], baseline_path=f"{side_a.label}: {why}")
         entry = reference_entry(reference.result, side_a.label)
+        # A and B processes of one round ran back to back: paired, the machine's state of the moment cancels
         rows = judge.compare(result, entry, scenario, splits_prefill=merged.splits_prefill, alpha=alpha,
-                             max_load=INF, counters_better=merged.counters_better)
+                             max_load=INF, counters_better=merged.counters_better, paired=True)
         messages = [judge.regression_message(r, alpha) for r in rows if r.verdict == gate.REGRESSED]
         if messages:
             messages.append(f"compared with {side_a.label} in alternating worker processes (--llmperf-compare)")
@@ -291,12 +292,13 @@ def check_settings(llm: LLMPerfSession) -> None:
         raise pytest.UsageError("llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
                                 "drop --llmperf-update / --llmperf-update-missing")
     n = llm.processes
-    if settings["compare"] and n < 2:
-        raise pytest.UsageError("llmperf: --llmperf-compare needs worker processes: set --llmperf-processes to "
-                                "at least 5 (or leave it at auto)")
     if n > 1 and llm.mode == "gate":
         cap = settings["max_processes"] or 2 * n
         try:
-            check_attainable(n, settings["alpha"] / len(looks_for(n, max(cap, n))), "--llmperf-processes")
+            check_attainable(n, settings["alpha"] / len(looks_for(n, max(cap, n))), "--llmperf-processes",
+                             paired=bool(settings["compare"]))
         except ScenarioError as exc:
             raise pytest.UsageError(f"llmperf: {exc}") from None
+    elif settings["compare"]:
+        raise pytest.UsageError("llmperf: --llmperf-compare needs worker processes: leave --llmperf-processes "
+                                "at auto or set at least 8")

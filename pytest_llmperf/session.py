@@ -25,6 +25,7 @@ from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_is
 from .judge.environment import detect_device, fingerprint, hardware_mismatch, software_drift
 from .measure.metrics import values_by_process
 from .backends.models import resolve_model
+from .judge.sequential import smallest_processes
 from .measure.worker import WorkerRecorder
 from .options import Settings
 from .measure.records import BatchResult, BenchmarkResult
@@ -70,9 +71,12 @@ class LLMPerfSession:
     def processes(self) -> int:
         """Worker processes per benchmark: the option, or the measured default for the target class."""
         value = self.settings["processes"]
-        if value == "auto":
-            return DEFAULT_PROCESSES["cpu" if self.device == "cpu" else "gpu"]
-        return int(value)
+        if value != "auto":
+            return int(value)
+        n = DEFAULT_PROCESSES["cpu" if self.device == "cpu" else "gpu"]
+        if self.settings["compare"]:  # the paired test needs 2^n > looks / alpha (8 pairs for 0.01 over 2 looks)
+            n = max(n, smallest_processes(self.settings["alpha"] / 2, paired=True))
+        return n
 
     def processes_for(self, item: pytest.Item) -> int:
         marker = item.get_closest_marker("llmperf")

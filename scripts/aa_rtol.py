@@ -42,7 +42,8 @@ def up_to(result: BenchmarkResult, processes: int) -> BenchmarkResult:
     return dataclasses.replace(result, batches=batches)
 
 
-def replay(result: BenchmarkResult, baseline, scenario: Scenario, max_load: float, first_look: int) -> list[judge.Row]:
+def replay(result: BenchmarkResult, baseline, scenario: Scenario, max_load: float, first_look: int,
+           paired: bool) -> list[judge.Row]:
     """The shipped gate's looks: N processes, then (where inconclusive) all processes of the next look."""
     processes = max((s.process for b in result.batches for s in b.samples), default=1)
     looks = looks_for(min(first_look, processes), processes)
@@ -50,13 +51,15 @@ def replay(result: BenchmarkResult, baseline, scenario: Scenario, max_load: floa
     rows: list[judge.Row] = []
     for look in looks:
         rows = judge.compare(up_to(result, look), baseline, scenario, splits_prefill=splits,
-                             alpha=scenario.alpha / len(looks), max_load=max_load, counters_better=COUNTERS_BETTER)
+                             alpha=scenario.alpha / len(looks), max_load=max_load, counters_better=COUNTERS_BETTER,
+                             paired=paired)
         if not any(r.verdict == gate.INCONCLUSIVE for r in rows):
             break
     return rows
 
 
-def failures(reports: list[dict], store: BaselineStore | None, rtol: float, first_look: int) -> tuple[int, int, int]:
+def failures(reports: list[dict], store: BaselineStore | None, rtol: float, first_look: int,
+             paired: bool = True) -> tuple[int, int, int]:
     failed_jobs, failed_tests, tests = 0, 0, 0
     for report in reports:
         job_failed = False
@@ -72,7 +75,7 @@ def failures(reports: list[dict], store: BaselineStore | None, rtol: float, firs
                 max_load = float("inf")
             if baseline is None:
                 continue
-            rows = replay(result, baseline, scenario, max_load, first_look)
+            rows = replay(result, baseline, scenario, max_load, first_look, paired and store is None)
             tests += 1
             if any(r.verdict == gate.REGRESSED for r in rows):
                 failed_tests += 1
@@ -86,6 +89,7 @@ def main() -> None:
     parser.add_argument("reports", nargs="+")
     parser.add_argument("--baselines", help="the stored baselines' directory, e.g. baselines/cpu (omit for A/B)")
     parser.add_argument("--processes", type=int, default=8, help="processes of the first look (default 8)")
+    parser.add_argument("--unpaired", action="store_true", help="A/B: Mann-Whitney on the two sides, not pairs")
     args = parser.parse_args()
     reports = [json.loads(Path(p).read_text()) for p in args.reports]
     store = None
@@ -93,11 +97,12 @@ def main() -> None:
         root = Path(args.baselines)
         store = BaselineStore(root.parent, root.name)
     mode = "against stored baselines" if store else "A/B"
-    print(f"{len(reports)} jobs of unchanged code ({mode}), replayed through the look-by-look gate")
+    test = "Mann-Whitney" if store or args.unpaired else "paired signed-rank"
+    print(f"{len(reports)} jobs ({mode}, {test}), replayed through the look-by-look gate")
     print("| rtol | jobs with a failure | failing test-runs |")
     print("|---|---|---|")
     for rtol in CANDIDATES:
-        jobs, failed, total = failures(reports, store, rtol, args.processes)
+        jobs, failed, total = failures(reports, store, rtol, args.processes, not args.unpaired)
         print(f"| {rtol:.3f} | {jobs}/{len(reports)} | {failed}/{total} ({100 * failed / max(total, 1):.1f}%) |")
 
 

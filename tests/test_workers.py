@@ -13,9 +13,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
+from pytest_llmperf.judge import gate
 from pytest_llmperf.judge.sequential import looks_for, merge_processes, reference_entry, smallest_processes
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.clock import FakeClock
@@ -44,8 +46,8 @@ def test_engine(llmperf, engine):
     llmperf.measure(engine)
 """
 SPEED = "SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\n\ndef before_measuring():\n    {hook}\n"
-ARGS = ("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=4",
-        "--llmperf-max-processes=4", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+ARGS = ("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=5",
+        "--llmperf-max-processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
 def write_speed(pytester, *, prefill=1.0, decode=1.0, seed=0, hook="pass"):
@@ -83,19 +85,19 @@ def run(pytester, *args):
 def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(repo):
     result = run(repo, "--llmperf-compare", "HEAD")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*process 1 of 4 on HEAD (*", "*process 4 of 4 on the working tree*",
+    result.stdout.fnmatch_lines(["*process 1 of 5 on HEAD (*", "*process 5 of 5 on the working tree*",
                                  "*decode_token_ms*pass*"])
     assert worktrees(repo) == [f"worktree {repo.path}"]
     report = json.loads((repo.path / "reports" / "cpu.json").read_text())
     runs = report["benchmarks"][0]["batches"][0]["runs"]
-    assert sorted({r["process"] for r in runs}) == [1, 2, 3, 4] and len(runs) == 12  # 4 processes x 3 runs
+    assert sorted({r["process"] for r in runs}) == [1, 2, 3, 4, 5] and len(runs) == 15  # 5 processes x 3 runs
 
 
 def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo):
     write_speed(repo, decode=1.10)  # uncommitted: only the working tree's workers import it
     result = run(repo, "--llmperf-compare", "HEAD")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*n=4/4 processes*",
+    result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*n=5/5 processes*",
                                  "*compared with HEAD (*) in alternating worker processes*"])
     result.stdout.no_fnmatch_line("*prefill_ms (prefill) at batch size * regressed*")
     assert worktrees(repo) == [f"worktree {repo.path}"]
@@ -132,13 +134,13 @@ def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
     stored = json.loads((repo.path / "baselines" / "cpu" / "test_engine.json").read_text())
     entry = stored["benchmarks"]["test_engine"]
     assert entry["unit"] == "process"
-    assert len(entry["batches"]["1"]["runs"]["prefill_ms"]) == 4  # one list per process
-    assert len(entry["batches"]["1"]["processes"]["prefill_ms"]) == 4  # and its median
+    assert len(entry["batches"]["1"]["runs"]["prefill_ms"]) == 5  # one list per process
+    assert len(entry["batches"]["1"]["processes"]["prefill_ms"]) == 5  # and its median
     run(repo).assert_outcomes(passed=1)
     write_speed(repo, prefill=1.2)
     result = run(repo)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=4/4 processes*"])
+    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=5/5 processes*"])
 
 
 def test_a_crashing_worker_fails_with_its_log_tail(repo):
@@ -241,6 +243,27 @@ def test_looks_double_up_to_the_cap_and_processes_needed_for_alpha():
     assert smallest_processes(0.05) == 4  # 1/C(8,4) = 0.014
     assert smallest_processes(0.005) == 5  # one-sided exact Mann-Whitney: at best 1/C(2n, n) = 1/252
     assert smallest_processes(0.0025) == 6  # 1/924
+    assert smallest_processes(0.005, paired=True) == 8  # signed-rank on pairs: at best 1/2^n = 1/256
+    assert smallest_processes(0.05, paired=True) == 5
+
+
+def test_pairs_cancel_what_both_sides_of_a_round_shared():
+    # Each round's machine state moves both processes alike (+-10%); B is 5% slower in every round.
+    rng = np.random.default_rng(0)
+    state = np.exp(rng.normal(0, 0.10, 10))
+    a = 100 * state * np.exp(rng.normal(0, 0.005, 10))
+    b = 105 * state * np.exp(rng.normal(0, 0.005, 10))
+    paired = gate.compare_paired("prefill_ms", 1, a, b, better="lower", rtol=0.02)
+    unpaired = gate.compare("prefill_ms", 1, a, b, better="lower", rtol=0.02)
+    assert paired.p_worse == pytest.approx(0.5 ** 10) and unpaired.p_worse > 0.05  # unpaired: not significant
+    assert 1.04 < paired.ratio < 1.06 and paired.ci_low > 1.03
+    throughput = gate.compare_paired("throughput_tokens_per_s", 1, 1 / a, 1 / b, better="higher", rtol=0.02)
+    assert throughput.p_worse == pytest.approx(0.5 ** 10) and throughput.ratio == pytest.approx(1 / paired.ratio)
+
+
+def test_identical_pairs_give_no_evidence_either_way():
+    same = gate.compare_paired("hit_rate", 1, [0.5] * 8, [0.5] * 8, better="higher", rtol=0.0)
+    assert same.p_worse == 1.0 and same.ratio == 1.0
 
 
 def test_a_test_failing_on_the_ref_cannot_be_compared_and_says_so(repo):

@@ -94,6 +94,46 @@ def compare(metric: str, batch_size: int, baseline: Sequence[float], current: Se
                       float(np.median(cur)), ratio, low, high, p_worse, p_better)
 
 
+def _walsh_median(d: np.ndarray, axis: int = -1) -> np.ndarray:
+    """One-sample Hodges-Lehmann: the median of all pairwise averages (d_i + d_j) / 2, i <= j (vectorized)."""
+    d = np.moveaxis(d, axis, -1)
+    i, j = np.triu_indices(d.shape[-1])
+    return np.median((d[..., i] + d[..., j]) / 2, axis=-1)
+
+
+def compare_paired(metric: str, batch_size: int, reference: Sequence[float], current: Sequence[float], *,
+                   better: str, rtol: float, with_ci: bool = True, seed: int = 0) -> Comparison:
+    """Test one metric on pairs: reference[i] and current[i] were measured side by side (an A/B round, one
+    worker process each, back to back), so the machine's state at that moment cancels in their ratio.
+    One-sided Wilcoxon signed-rank test of the log ratios in the bad direction; the ratio is
+    exp(one-sample Hodges-Lehmann of the log ratios) with a 95% bootstrap interval."""
+    if better not in ("lower", "higher"):
+        raise ValueError(f"better must be 'lower' or 'higher', got {better!r}")
+    base = np.asarray(reference, dtype=float)
+    cur = np.asarray(current, dtype=float)
+    if base.shape != cur.shape:
+        raise ValueError(f"paired comparison needs as many reference as current values ({len(base)} vs {len(cur)})")
+    d = np.log(cur) - np.log(base)
+    worse_alt, better_alt = ("greater", "less") if better == "lower" else ("less", "greater")
+    if np.all(d == 0):
+        p_worse = p_better = 1.0
+    else:
+        p_worse = float(stats.wilcoxon(d, alternative=worse_alt).pvalue)
+        p_better = float(stats.wilcoxon(d, alternative=better_alt).pvalue)
+    ratio = low = high = float(np.exp(_walsh_median(d)))
+    if with_ci and len(d) >= 2 and np.ptp(d) > 0:
+        res = stats.bootstrap((d,), _walsh_median, vectorized=True, confidence_level=0.95,
+                              n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", rng=np.random.default_rng(seed))
+        low, high = float(np.exp(res.confidence_interval.low)), float(np.exp(res.confidence_interval.high))
+    return Comparison(metric, batch_size, better, rtol, len(base), len(cur), float(np.median(base)),
+                      float(np.median(cur)), ratio, low, high, p_worse, p_better)
+
+
+def min_attainable_p_paired(pairs: int) -> float:
+    """The smallest one-sided Wilcoxon signed-rank p with this many pairs: every difference the same sign."""
+    return 0.5 ** pairs
+
+
 def decide(comparisons: Sequence[Comparison], alpha: float) -> list[Comparison]:
     """Adjust the p-values of one test together (Benjamini-Hochberg) and give each its verdict."""
     if not comparisons:

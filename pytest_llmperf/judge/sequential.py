@@ -27,22 +27,28 @@ def looks_for(processes: int, max_processes: int) -> list[int]:
     return looks
 
 
-def smallest_processes(alpha: float, n_other: int | None = None) -> int:
-    """The fewest units per side with which a one-sided Mann-Whitney test can reach `alpha` at all."""
+def smallest_p(processes: int, *, paired: bool = False) -> float:
+    """The smallest one-sided p the gate's test can give with this many processes per side: Mann-Whitney
+    (stored baselines) or Wilcoxon signed-rank on the pairs of an A/B comparison."""
+    return gate.min_attainable_p_paired(processes) if paired else gate.min_attainable_p(processes, processes)
+
+
+def smallest_processes(alpha: float, *, paired: bool = False) -> int:
+    """The fewest processes per side with which the gate's test can reach `alpha` at all."""
     n = 2
-    while gate.min_attainable_p(n_other or n, n) >= alpha:
+    while smallest_p(n, paired=paired) >= alpha:
         n += 1
     return n
 
 
-def check_attainable(processes: int, alpha_per_look: float, what: str) -> None:
+def check_attainable(processes: int, alpha_per_look: float, what: str, *, paired: bool = False) -> None:
     """Refuse a setting that can never fail: too few processes for the per-look alpha."""
-    if gate.min_attainable_p(processes, processes) >= alpha_per_look:
-        need = smallest_processes(alpha_per_look)
+    if smallest_p(processes, paired=paired) >= alpha_per_look:
+        test = "Wilcoxon signed-rank p of the A/B pairs" if paired else "Mann-Whitney p"
         raise ScenarioError(
-            f"{what}={processes} cannot fail: with {processes} processes per side the smallest Mann-Whitney p "
-            f"is {gate.min_attainable_p(processes, processes):.2g}, not below the per-look alpha "
-            f"{alpha_per_look:.2g}. Use at least {need} processes (or a larger --llmperf-alpha)")
+            f"{what}={processes} cannot fail: with {processes} processes per side the smallest {test} is "
+            f"{smallest_p(processes, paired=paired):.2g}, not below the per-look alpha {alpha_per_look:.2g}. Use at "
+            f"least {smallest_processes(alpha_per_look, paired=paired)} processes (or a larger --llmperf-alpha)")
 
 
 @dataclass

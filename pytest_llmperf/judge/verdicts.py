@@ -72,7 +72,8 @@ def busy_note(current_load: float | None, baseline_load: float | None, max_load:
 
 
 def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario, *, splits_prefill: bool,
-            alpha: float, max_load: float, counters_better: Mapping[str, str] | None = None) -> list[Row]:
+            alpha: float, max_load: float, counters_better: Mapping[str, str] | None = None,
+            paired: bool = False) -> list[Row]:
     """Compare every gated metric at every batch size; adjust p-values together; give verdicts."""
     metrics = gated_metrics(scenario, splits_prefill)
     comparisons: list[gate.Comparison] = []
@@ -111,10 +112,10 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
                                 None, None, "ungated",
                                 f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
                 continue
-            comparisons.append(gate.compare(metric, batch.batch_size, base_values[metric],
-                                            [stored_value(v) for v in current[metric]],
-                                            better=metric_better(metric, counters_better),
-                                            rtol=scenario.rtol_for(metric)))
+            test = gate.compare_paired if paired and len(base_values[metric]) == len(current[metric]) else gate.compare
+            comparisons.append(test(metric, batch.batch_size, base_values[metric],
+                                    [stored_value(v) for v in current[metric]],
+                                    better=metric_better(metric, counters_better), rtol=scenario.rtol_for(metric)))
     for batch_size, reason in baseline.errors.items():
         batch = result.batch(batch_size)
         if batch is not None and batch.ok:
@@ -123,7 +124,7 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
     for c in gate.decide(comparisons, alpha):
         rows.append(Row(result.key, result.nodeid, c.metric, c.batch_size, c.baseline_median, c.current_median,
                         c.ratio, c.ci_low, c.ci_high, c.p_worse, c.p_adjusted, c.verdict,
-                        f"n={c.n_baseline}/{c.n_current} {units[c.batch_size]}"))
+                        f"n={c.n_baseline}/{c.n_current} {units[c.batch_size]}" + (", paired" if paired and c.n_baseline == c.n_current else "")))
     return rows
 
 
