@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import subprocess
+import threading
 import tempfile
 import warnings
 from collections import defaultdict
@@ -80,6 +82,7 @@ class ProcessController:
         failed = True
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(_sigterm_interrupts())
                 sides = [Side("", Path(self.config.rootpath), "the working tree")]
                 available: dict[str, set[str]] = {}
                 if self.compare_ref:
@@ -245,6 +248,23 @@ class ProcessController:
         report: pytest.TestReport = item.ihook.pytest_runtest_makereport(item=item, call=call)
         item.ihook.pytest_runtest_logreport(report=report)
         return report
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Any:
+    """While workers run, SIGTERM (a cancelled CI job) stops like Ctrl-C: workers stopped, worktree removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _call(decision: Decision) -> None:

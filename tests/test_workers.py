@@ -159,7 +159,8 @@ def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_ctrl_c_during_a_comparison_removes_the_worktree_and_the_workers(repo):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_comparison_removes_the_worktree_and_the_workers(repo, signum):
     write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_")}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *ARGS, "--llmperf-compare", "HEAD"], cwd=repo.path,
@@ -170,7 +171,7 @@ def test_ctrl_c_during_a_comparison_removes_the_worktree_and_the_workers(repo):
         time.sleep(0.2)
     assert pid_file.exists(), "no worker started"
     assert len(worktrees(repo)) == 2  # the ref's worktree exists while A is measured
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
     assert b"KeyboardInterrupt" in out
     pid = int(pid_file.read_text())
