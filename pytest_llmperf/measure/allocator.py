@@ -44,3 +44,10 @@ def steady_malloc() -> str:
     if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1 or libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
         return "system (glibc refused mallopt)"
     return f"steady (glibc mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB)"
+
+
+def steady_malloc_env() -> dict[str, str]:
+    """The same thresholds as environment variables, which glibc reads when a process starts: a worker
+    process allocates steadily from its first instruction, whatever its conftests import before the
+    plugin's `steady_malloc()` could run (importing torch first changes the heap a model lands in)."""
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}

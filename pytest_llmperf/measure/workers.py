@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..servers.process import _die_with_parent, stop_tree, tail
+from .allocator import steady_malloc_env
 from .records import BenchmarkResult
 from .worker import ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
@@ -81,6 +82,8 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     env = dict(os.environ)
     env.update({ENV_OUT: str(out), ENV_SETTINGS: json.dumps(dict(settings)), ENV_PROCESS: str(index),
                 "PYTHONUNBUFFERED": "1"})
+    if settings.get("malloc") == "steady":
+        env.update(steady_malloc_env())
     if side.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*side.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
