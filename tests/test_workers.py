@@ -304,3 +304,14 @@ def test_a_steady_load_does_not_refuse_an_ab_comparison_but_refuses_stored_basel
     run(repo, "--llmperf-update", "--llmperf-max-load=1000").assert_outcomes(passed=1)
     result = run(repo, "--llmperf-max-load=0.25")
     result.stdout.fnmatch_lines(["*1 refused*"])
+
+
+def test_a_worktree_left_by_a_killed_run_is_removed_by_the_next_comparison(repo):
+    from pytest_llmperf.measure import worktree
+
+    with worktree.checkout("HEAD", repo.path) as ref:
+        (ref.toplevel.parent / worktree.OWNER).write_text("999999999")  # a pid that no longer runs
+        left = ref.toplevel
+        # as after SIGKILL: nothing removes it on the way out
+        worktree.remove_orphans(repo.path)
+    assert not left.exists() and worktrees(repo) == [f"worktree {repo.path}"]

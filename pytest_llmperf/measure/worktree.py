@@ -10,12 +10,15 @@ editable install of the working tree.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 
 class RefError(ValueError):
@@ -63,11 +66,40 @@ def resolve(ref: str, rootdir: Path) -> tuple[str, Path]:
     return commit, toplevel
 
 
+PREFIX = "llmperf-ref-"
+OWNER = "owner.pid"
+
+
+def remove_orphans(toplevel: Path) -> list[Path]:
+    """Remove our worktrees whose pytest process is gone (it was killed with SIGKILL, which no cleanup
+    survives), so they do not pile up in the repository's `git worktree list`."""
+    removed = []
+    listing = _git(["worktree", "list", "--porcelain"], toplevel)
+    for line in listing.splitlines():
+        path = Path(line.removeprefix("worktree ")) if line.startswith("worktree ") else None
+        if path is None or not path.parent.name.startswith(PREFIX) or path.name != "ref":
+            continue
+        try:
+            owner = int((path.parent / OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # not one we can vouch for
+        if psutil.pid_exists(owner):
+            continue
+        with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
+            _git(["worktree", "remove", "--force", str(path)], toplevel)
+        shutil.rmtree(path.parent, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
 def checkout(ref: str, rootdir: Path) -> Iterator[Checkout]:
     """Check `ref` out into a temporary worktree for the duration of the block."""
     commit, toplevel = resolve(ref, rootdir)
-    parent = Path(tempfile.mkdtemp(prefix="llmperf-ref-"))
+    with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
+        remove_orphans(toplevel)
+    parent = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (parent / OWNER).write_text(str(os.getpid()))
     path = parent / "ref"
     try:
         _git(["worktree", "add", "--detach", "--force", str(path), commit], toplevel)
