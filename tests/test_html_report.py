@@ -170,3 +170,15 @@ def test_job_summary_gets_a_mermaid_throughput_chart(project, monkeypatch, tmp_p
     assert chart[2] == '    x-axis "batch size" [1, 2, 4]'
     values = [float(v) for v in chart[4].strip().removeprefix("line [").removesuffix("]").split(", ")]
     assert len(values) == 3 and values[0] < values[1] < values[2]  # the simulated engine scales with batch size
+
+
+def test_the_session_page_takes_the_newest_report_per_device_and_ignores_other_json(tmp_path):
+    from pytest_llmperf.report.html import report_documents
+
+    for name, device, created in (("cpu.json", "cpu", "2026-01-02"), ("copy.json", "cpu", "2026-01-01"),
+                                  ("a100.json", "a100", "2026-01-01")):
+        (tmp_path / name).write_text(json.dumps({"device": device, "created": created, "benchmarks": []}))
+    (tmp_path / "cpu-throughput-log.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "broken.json").write_text("{")
+    documents = report_documents(tmp_path)
+    assert sorted((d["device"], d["created"]) for d in documents) == [("a100", "2026-01-01"), ("cpu", "2026-01-02")]

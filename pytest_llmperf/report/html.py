@@ -235,16 +235,19 @@ def write_index(documents: list[dict], path: Path) -> None:
 
 
 def report_documents(report_dir: Path) -> list[dict]:
-    """The per-target JSON reports in a report directory (other JSON files there are left alone)."""
-    documents = []
+    """The per-target JSON reports in a report directory, the newest per device (a copy written with
+    --llmperf-json into the same directory is not a second target); other JSON files are left alone."""
+    newest: dict[str, dict] = {}
     for file in sorted(Path(report_dir).glob("*.json")):
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "device" in data and isinstance(data.get("benchmarks"), list):
-            documents.append(data)
-    return documents
+            device = str(data["device"])
+            if device not in newest or str(data.get("created", "")) > str(newest[device].get("created", "")):
+                newest[device] = data
+    return list(newest.values())
 
 
 def write_session_index(report_dir: Path) -> Path | str:
