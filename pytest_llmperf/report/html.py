@@ -134,6 +134,10 @@ def _num(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _median_text(value: Any, unit: str) -> str:
+    return f"{value:.4g} {unit}" if _num(value) else "n/a"
+
+
 def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     parts = ["<h2 id='verdicts'>Baseline vs now</h2>",
              "<p>Per gated metric and batch size: the ratio now / baseline of the metric (Hodges-Lehmann estimate "
@@ -162,8 +166,8 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                                                 bound if higher else None))
                 unit = _unit(doc, metric)
                 table.append(f"<tr><td>{html.escape(str(row.get('key')))}</td><td>{html.escape(metric)}</td>"
-                             f"<td>{row.get('batch_size')}</td><td>{row.get('baseline', float('nan')):.4g} {unit}</td>"
-                             f"<td>{row.get('now', float('nan')):.4g} {unit}</td><td>{row['ratio']:.3f} "
+                             f"<td>{row.get('batch_size')}</td><td>{_median_text(row.get('baseline'), unit)}</td>"
+                             f"<td>{_median_text(row.get('now'), unit)}</td><td>{row['ratio']:.3f} "
                              f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]</td>"
                              f"<td class='{html.escape(str(row.get('verdict')))}'>"
                              f"{html.escape(str(row.get('verdict')))}</td></tr>")
