@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from .report import markdown as report
+from .report import html as html_report
+from .report import mermaid
 from .report import terminal
 from .measure.allocator import steady_malloc
 from .judge.baselines import now_iso
@@ -151,11 +153,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         raise pytest.UsageError(f"llmperf: cannot write the report under {report_dir}: {exc}. "
                                 "Make it writable or set --llmperf-report-dir") from None
     llm.written = written
+    llm.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
     _write_benchmark_json_alone(session.config)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         with open(summary_path, "a", encoding="utf-8") as handle:
             handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+            handle.write(mermaid.throughput_charts(doc))
 
 
 def _write_benchmark_json_alone(config: pytest.Config) -> None:

@@ -19,7 +19,7 @@ import pytest
 from .judge import gate
 from .judge import verdicts as judge
 from .measure import runner
-from .report import throughput_log
+from .report import progress, throughput_log
 from .backends.base import Backend
 from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
 from .judge.environment import detect_device, fingerprint, hardware_mismatch, software_drift
@@ -157,7 +157,8 @@ class Benchmark:
             key = f"{key}::{name}"
         if any(r.key == key for r in self.results):
             raise ScenarioError(f"{key} was measured twice in one test; pass name= to tell the measurements apart")
-        result = runner.measure(backend, scenario, key=key, nodeid=self.item.nodeid, module=module)
+        with progress.benchmark(self.item.config, self.item.nodeid, key, scenario.batch_sizes) as on_run:
+            result = runner.measure(backend, scenario, key=key, nodeid=self.item.nodeid, module=module, on_run=on_run)
         self.results.append(result)
         if self.session.recorder is not None:  # a worker process: the controller judges
             self.session.recorder.record_result(self.item.nodeid, result, splits_prefill=backend.splits_prefill,
@@ -188,10 +189,11 @@ class Benchmark:
         if not flagged or extra <= 0:
             return first
         fresh_batches = []
-        for batch_size in flagged:
-            fresh = runner.fresh_runs(backend, scenario, batch_size, extra)
-            result.batch(batch_size).samples.extend(fresh.samples)  # the report shows every run taken
-            fresh_batches.append(fresh)
+        with progress.benchmark(self.item.config, self.item.nodeid, f"{result.key} (second look)", flagged) as on_run:
+            for batch_size in flagged:
+                fresh = runner.fresh_runs(backend, scenario, batch_size, extra, on_run=on_run)
+                result.batch(batch_size).samples.extend(fresh.samples)  # the report shows every run taken
+                fresh_batches.append(fresh)
         second = compare(replace(result, batches=fresh_batches))
         return judge.confirm(first, second, flagged)
 

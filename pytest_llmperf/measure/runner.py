@@ -8,6 +8,7 @@ oom"); any other error is recorded with its reason and the sweep goes on.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .load import LoadMeter
@@ -29,8 +30,13 @@ class Runs:
     retaken: int  # runs discarded because other processes were busy during them
 
 
+#: Called after every run: (batch size, runs kept, runs wanted, retaken, the sample or None when discarded).
+#: Progress display only (report/progress.py); None shows nothing.
+RunCallback = Callable[[int, int, int, int, "RunSample | None"], None]
+
+
 def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int,
-              max_load: float = math.inf) -> Runs:
+              max_load: float = math.inf, on_run: RunCallback | None = None) -> Runs:
     """Warmups (discarded), then `runs` runs. A run during which other processes kept more than
     `max_load` cores busy is discarded and taken again, at most `runs` times in all, so measurement
     proceeds in the quiet gaps of a shared machine; past that the disturbed runs are kept and the
@@ -46,16 +52,21 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
         load = meter.stop()
         if load > max_load and retaken < runs:
             retaken += 1
+            if on_run is not None:
+                on_run(request.batch_size, len(samples), runs, retaken, None)
             continue
         samples.append(sample)
         loads.append(load)
+        if on_run is not None:
+            on_run(request.batch_size, len(samples), runs, retaken, sample)
     return Runs(samples, sum(loads) / len(loads), retaken)
 
 
-def measure_batch(backend: Backend, scenario: Scenario, batch_size: int) -> BatchResult:
+def measure_batch(backend: Backend, scenario: Scenario, batch_size: int,
+                  on_run: RunCallback | None = None) -> BatchResult:
     request = request_for(scenario, batch_size)
     try:
-        runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load)
+        runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load, on_run)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
     except Exception as exc:  # recorded with its reason; the sweep goes on
@@ -64,7 +75,8 @@ def measure_batch(backend: Backend, scenario: Scenario, batch_size: int) -> Batc
                        retaken=runs.retaken)
 
 
-def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str) -> BenchmarkResult:
+def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str,
+            on_run: RunCallback | None = None) -> BenchmarkResult:
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()
@@ -74,7 +86,7 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                 batches.append(BatchResult(batch_size, error=f"not run: batch size {oom_at} ran out of memory",
                                            oom=True, skipped=True))
                 continue
-            result = measure_batch(backend, scenario, batch_size)
+            result = measure_batch(backend, scenario, batch_size, on_run)
             if result.oom and oom_at is None:
                 oom_at = batch_size
             batches.append(result)
@@ -82,9 +94,11 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                            backend=description, batches=batches, group=scenario.group)
 
 
-def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int) -> BatchResult:
+def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int,
+               on_run: RunCallback | None = None) -> BatchResult:
     """A new set of runs of one batch size (after fresh warmups), to confirm or settle a verdict."""
     with backend.apply_knobs(scenario.knobs):
-        taken = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups, scenario.max_load)
+        taken = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups, scenario.max_load,
+                          on_run)
     return BatchResult(batch_size, samples=taken.samples, warmups=scenario.warmups, foreign_load=taken.foreign_load,
                        retaken=taken.retaken)
