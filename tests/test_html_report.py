@@ -32,6 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 def project(pytester, monkeypatch):
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
     for name in ("SIM_SEED", "SIM_DECODE", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(name, raising=False)
     pytester.makeini("[pytest]\n")

@@ -160,6 +160,7 @@ def pytest_configure(config):
 def project(pytester, monkeypatch):
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
     monkeypatch.delenv("FAIL_AFTER", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     pytester.makeini("[pytest]\n")
