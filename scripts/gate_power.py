@@ -22,12 +22,15 @@ import time
 from pathlib import Path
 
 SLOWDOWN_CONFTEST = '''"""Written by scripts/gate_power.py: a {fraction:.0%} slowdown in {phase}. Remove me."""
+import functools
 import time
 
 from transformers import BloomForCausalLM, LlamaForCausalLM
 
 
 def _slowed(forward):
+    # wraps: the backend (as transformers' generate) reads forward's signature to pass logits_to_keep=1
+    @functools.wraps(forward)
     def slowed_forward(self, *args, **kwargs):
         start = time.perf_counter()
         out = forward(self, *args, **kwargs)

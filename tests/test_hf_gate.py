@@ -26,6 +26,7 @@ def test_llama(llmperf, llmperf_hf):
 # LLMPERF_SLOW_PHASE: prefill is the forward over the whole prompt, decode a forward over one new token.
 # A fixture, so that the class is restored after the run (these runs share the process).
 SLOWDOWN_CONFTEST = """
+import functools
 import os
 import time
 
@@ -37,6 +38,7 @@ from transformers import LlamaForCausalLM
 def slow_forward(monkeypatch):
     forward = LlamaForCausalLM.forward
 
+    @functools.wraps(forward)  # keeps forward's signature: the backend passes logits_to_keep=1 where it sees it
     def slowed_forward(self, *args, **kwargs):
         start = time.perf_counter()
         out = forward(self, *args, **kwargs)
