@@ -66,7 +66,7 @@ def test_a_deterministic_counter_ties_with_its_stored_baseline(tmp_path):
     from pytest_llmperf.judge.baselines import BaselineEntry, BaselineStore, stored_value
 
     store = BaselineStore(tmp_path, "cpu")
-    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [51 / 184] * 10}}))
+    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [[51 / 184] * 10]}}, unit="run"))
     stored = BaselineStore(tmp_path, "cpu").get("t.py", "k").batches[1]["hit_rate"]
     result = gate.compare("hit_rate", 1, stored, [stored_value(51 / 184)] * 10, better="higher", rtol=0.0)
     assert result.ratio == 1.0 and result.p_worse >= 0.5  # all tied: no evidence either way
