@@ -19,6 +19,7 @@ from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_server
 from .options import Settings, add_options
 from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
 from .session import LLMPerfSession, marker_devices
+from .baseline_hooks import BaselineHygiene
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
 
@@ -30,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     config.stash[SESSION_KEY] = LLMPerfSession(Settings.from_config(config))
+    config.pluginmanager.register(BaselineHygiene(config, config.stash[SESSION_KEY]), "llmperf-baselines")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -43,7 +45,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
         f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}, "
         f"malloc={s['malloc']}",
-        f"llmperf: baselines={session.store.device_dir}, reports={s['report_dir']}",
+        f"llmperf: baselines={session.store.directory}, reports={s['report_dir']}",
     ]
 
 
@@ -91,6 +93,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(line)
     for path in getattr(session, "written", []):
         terminalreporter.write_line(f"report: {path}")
+    for line in getattr(session, "report_errors", []):
+        terminalreporter.write_line(line, red=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -107,21 +111,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results, llm.outcomes,
                                llm.counts())
     written = [report_dir / f"{llm.device}.md", report_dir / f"{llm.device}.json"]
+    # A report that cannot be written is one clear line after the verdicts (never a traceback hiding them),
+    # and fails a session that would otherwise pass.
+    llm.written, llm.report_errors = [], []
     try:
         report.write_atomic(written[0], md)
         report.write_json(written[1], doc)
-        if llm.settings["json"]:
-            written.append(Path(llm.settings["json"]))
-            report.write_json(written[-1], doc)
+        llm.written += written
     except OSError as exc:
-        raise pytest.UsageError(f"llmperf: cannot write the report under {report_dir}: {exc}. "
-                                "Make it writable or set --llmperf-report-dir") from None
-    llm.written = written
+        llm.report_errors.append(f"llmperf: cannot write the report under {report_dir}: {exc}. "
+                                 "Make it writable or set --llmperf-report-dir")
+    if llm.settings["json"]:
+        try:
+            report.write_json(Path(llm.settings["json"]), doc)
+            llm.written.append(Path(llm.settings["json"]))
+        except OSError as exc:
+            llm.report_errors.append(f"llmperf: cannot write --llmperf-json={llm.settings['json']}: {exc}. "
+                                     "Give a writable file path")
+    if llm.report_errors and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
     _write_benchmark_json_alone(session.config)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
-        with open(summary_path, "a", encoding="utf-8") as handle:
-            handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+        try:
+            with open(summary_path, "a", encoding="utf-8") as handle:
+                handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+        except OSError as exc:
+            llm.report_errors.append(f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
+                                     f"{summary_path}: {exc}; the reports above are complete")
 
 
 def _write_benchmark_json_alone(config: pytest.Config) -> None:

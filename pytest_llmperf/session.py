@@ -22,7 +22,8 @@ from .measure import runner
 from .report import throughput_log
 from .backends.base import Backend
 from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
-from .judge.environment import detect_device, fingerprint, hardware_mismatch, software_drift
+from .judge.baseline_layout import machine_slug
+from .judge.environment import cpu_identity, detect_device, fingerprint, hardware_mismatch, software_drift
 from .measure.metrics import values_by_metric
 from .backends.models import resolve_model
 from .options import Settings
@@ -51,7 +52,8 @@ class LLMPerfSession:
         self.settings = settings
         self.device_given = settings["device"] is not None
         self.device: str = settings["device"] or detect_device()
-        self.store = BaselineStore(Path(settings["baseline_dir"]), self.device)
+        self.store = baseline_store(settings, self.device)
+        check_output_paths(settings)
         self.written: list[Path] = []
         self.outcomes: list[Outcome] = []
         self.selected = 0  # llmperf tests selected in this session
@@ -165,8 +167,9 @@ class Benchmark:
         except BaselineError as exc:
             return Outcome(result, "refused", messages=[str(exc), *errors])
         if baseline is None:
-            hint = (f"no baseline for {result.key} in {path} (device {session.device}). Create it with:\n"
-                    f"  pytest '{self.item.nodeid}' --llmperf-device={session.device} --llmperf-update")
+            note = session.store.missing_note(module)
+            hint = (f"no baseline for {result.key} in {path} (device {session.device}). {note + ' ' if note else ''}"
+                    f"Create it with:\n  pytest '{self.item.nodeid}' {session.store.rerun} --llmperf-update")
             return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
         mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
         drift = software_drift(baseline.fingerprint, session.fingerprint)
@@ -216,7 +219,9 @@ class Benchmark:
         fp = self.session.fingerprint
         return BaselineEntry(
             key=result.key,
-            batches={b.batch_size: values_by_metric(b.samples) for b in result.batches if b.ok},
+            runs={b.batch_size: {m: [v] for m, v in values_by_metric(b.samples).items()} for b in result.batches
+                  if b.ok},  # one process until worker processes measure
+            unit="run",
             errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
             foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
             fingerprint=fp,
@@ -229,6 +234,23 @@ class Benchmark:
     def model(self, name: str) -> Path:
         """The local directory of a model name (embedded, mapped with --llmperf-model, or a path)."""
         return self.session.resolve_model(name)
+
+
+def baseline_store(settings: Settings, device: str) -> BaselineStore:
+    """This machine's baselines: on the cpu target (or with --llmperf-machine) a set of its own."""
+    machine = settings["machine"] or (machine_slug(cpu_identity()) if device == "cpu" else None)
+    rerun = f"--llmperf-device={device}" + (f" --llmperf-machine={machine}" if settings["machine"] else "")
+    return BaselineStore(Path(settings["baseline_dir"]), device, machine, rerun=rerun,
+                         updating=bool(settings["update"] or settings["update_missing"]))
+
+
+def check_output_paths(settings: Settings) -> None:
+    """Refuse up front (not after an hour of benchmarks) a report path that is a directory."""
+    for name, option in (("json", "--llmperf-json"), ("report_dir", "--llmperf-report-dir")):
+        path = settings[name]
+        if path and (Path(path).is_dir() if name == "json" else Path(path).exists() and not Path(path).is_dir()):
+            what = "a directory; give a file path" if name == "json" else "a file; give a directory"
+            raise pytest.UsageError(f"llmperf: {option}={path} is {what}")
 
 
 def marker_devices(item: pytest.Item) -> list[str] | None:

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from pytest_llmperf.judge.baseline_layout import machine_slug
+from pytest_llmperf.judge.environment import cpu_identity
 from pytest_llmperf.options import OPTIONS
 
 ENGINE_TEST = """
@@ -41,21 +43,28 @@ def run(pytester, *args):
                               "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
 
 
+def machine_dir(pytester):
+    """This machine's cpu baselines (judge/baseline_layout.py: one set per machine on the cpu target)."""
+    return pytester.path / "baselines" / "cpu" / machine_slug(cpu_identity())
+
+
 def baseline_file(pytester):
-    return pytester.path / "baselines" / "cpu" / "test_engine.json"
+    return machine_dir(pytester) / "test_engine.json"
 
 
 def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeypatch):
     result = run(project)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*no baseline for test_engine in *baselines/cpu/test_engine.json (device cpu)*",
+    result.stdout.fnmatch_lines([f"*no baseline for test_engine in *baselines/cpu/{machine_slug(cpu_identity())}/test_engine.json (device cpu)*",
                                  "*--llmperf-device=cpu --llmperf-update*"])
     assert not baseline_file(project).exists()
 
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     stored = json.loads(baseline_file(project).read_text())
-    assert stored["schema_version"] == 1 and stored["device"] == "cpu"
-    assert len(stored["benchmarks"]["test_engine"]["batches"]["4"]["prefill_ms"]) == 10
+    assert stored["schema_version"] == 2 and stored["device"] == "cpu"
+    entry = stored["benchmarks"]["test_engine"]
+    assert entry["unit"] == "run" and len(entry["batches"]["4"]["runs"]["prefill_ms"]) == 1  # one process
+    assert len(entry["batches"]["4"]["runs"]["prefill_ms"][0]) == 10
 
     monkeypatch.setenv("SIM_SEED", "1")
     result = run(project)
@@ -86,7 +95,7 @@ def test_update_missing_writes_only_what_is_missing(project):
     before = baseline_file(project).read_bytes()
     run(project, "--llmperf-update-missing").assert_outcomes(passed=2)
     assert baseline_file(project).read_bytes() == before
-    assert (project.path / "baselines" / "cpu" / "test_other.json").exists()
+    assert (machine_dir(project) / "test_other.json").exists()
 
 
 def test_update_keeps_entries_of_tests_not_selected(project):
