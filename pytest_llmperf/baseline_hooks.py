@@ -20,7 +20,7 @@ from .judge.baselines import BaselineError
 
 
 class BaselineHygiene:
-    """Registered by plugin.py next to the session; reads the session through `session_of(config)`."""
+    """Registered by plugin.py with the session (LLMPerfSession) it reads: the store, the mode, the outcomes."""
 
     def __init__(self, config: pytest.Config, llm: Any) -> None:
         self.config = config

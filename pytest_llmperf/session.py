@@ -176,8 +176,8 @@ class Benchmark:
         if mismatch is not None:
             kind, was, now = mismatch
             text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
-                    f"{now!r}; not compared. Re-create it here with --llmperf-update, or use a device name "
-                    f"of its own for this hardware (--llmperf-device)")
+                    f"{now!r}; not compared. Re-create it here with --llmperf-update, or give this hardware a "
+                    f"set of its own (--llmperf-machine NAME; --llmperf-device NAME for another GPU)")
             if kind == "gpu":
                 return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path)
             warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)

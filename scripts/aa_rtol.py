@@ -6,7 +6,7 @@ any larger rtol would flag and takes its confirmation look, so each report holds
 looks. For each candidate rtol this replays the shipped gate on those runs (judge.compare on the first
 `runs` runs, then judge.confirm with the confirmation look's runs where a batch is flagged) and counts
 the jobs in which any test would have failed, and the failing test-runs.
-Usage: python scripts/aa_rtol.py --baselines baselines/cpu run_*.json
+Usage: python scripts/aa_rtol.py --baselines baselines/cpu/<machine> run_*.json
 """
 
 import argparse
@@ -79,11 +79,11 @@ def failures(reports: list[dict], store: BaselineStore, rtol: float) -> tuple[in
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("reports", nargs="+")
-    parser.add_argument("--baselines", required=True, help="the device's baseline directory, e.g. baselines/cpu")
+    parser.add_argument("--baselines", required=True, help="this machine's baseline set, e.g. baselines/cpu/<machine> or "
+                        "baselines/a100")
     args = parser.parse_args()
     reports = [json.loads(Path(p).read_text()) for p in args.reports]
-    root = Path(args.baselines)
-    store = BaselineStore(root.parent, root.name)
+    store = BaselineStore.at(args.baselines)
     print(f"{len(reports)} jobs of unchanged code, replayed through the two-look gate")
     print("| rtol | jobs with a failure | failing test-runs |")
     print("|---|---|---|")

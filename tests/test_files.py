@@ -101,3 +101,10 @@ def test_a_baseline_that_is_a_symlink_is_written_through(tmp_path):
     assert store.path_for("t.py").is_symlink()
     assert sorted(json.loads(shared.read_text())["benchmarks"]) == ["a", "b"]
     assert stat.S_IMODE(shared.stat().st_mode) == 0o664
+
+
+def test_a_script_opens_a_machines_set_by_its_directory(tmp_path):
+    BaselineStore(tmp_path, "cpu", "m1").write("b/t.py", BaselineEntry("k", {1: {"e2e_ms": [[1.0]]}}, unit="run"))
+    BaselineStore(tmp_path, "a100").write("b/t.py", BaselineEntry("k", {1: {"e2e_ms": [[2.0]]}}, unit="run"))
+    assert BaselineStore.at(tmp_path / "cpu" / "m1").get("b/t.py", "k").runs == {1: {"e2e_ms": [[1.0]]}}
+    assert BaselineStore.at(tmp_path / "a100").get("b/t.py", "k").runs == {1: {"e2e_ms": [[2.0]]}}

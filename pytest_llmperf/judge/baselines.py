@@ -114,6 +114,21 @@ class BaselineStore:
         self.dropped: dict[str, tuple[str, set[str]]] = {}  # schema-1 file -> (module, keys not re-recorded yet)
         self.pruned: dict[str, list[str]] = {}  # file -> stale keys removed by this run
 
+    @classmethod
+    def at(cls, directory: Path | str) -> BaselineStore:
+        """The store of one set given as its directory (`baselines/a100`, `baselines/cpu/<machine>`), for scripts:
+        a set whose files name a machine lies one level below its device's directory."""
+        directory = Path(directory)
+        for path in sorted(directory.rglob("*.json")):
+            try:
+                machine = json.loads(path.read_text(encoding="utf-8")).get("machine")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if machine:
+                return cls(directory.parent.parent, directory.parent.name, directory.name)
+            break
+        return cls(directory.parent, directory.name)
+
     @property
     def device_dir(self) -> Path:
         return self.root / self.device
