@@ -75,3 +75,11 @@ def test_reports_are_strict_json_with_null_for_non_finite_values(tmp_path, proje
     assert _strict(path.read_text()) == {"a": None, "b": [None, 1.5]}
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     _strict((project.path / "reports" / "cpu.json").read_text())
+
+
+def test_a_report_dir_that_is_a_file_is_refused_up_front(project):
+    (project.path / "taken").write_text("a file")
+    result = run(project, "--llmperf-report-dir=taken")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--llmperf-report-dir={project.path / 'taken'} is a file; give a directory*"])
+    assert (project.path / "taken").read_text() == "a file"
