@@ -13,6 +13,7 @@ from .test_plugin import ENGINE_TEST, baseline_file, run
 def recorded(pytester, monkeypatch):
     for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT", "LLMPERF_DEVICE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (read once worker processes exist): one process per entry
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE_TEST)
     run(pytester, "--llmperf-update").assert_outcomes(passed=1)
