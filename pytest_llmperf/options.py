@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from .judge.baseline_layout import check_name
 from .measure.allocator import MODES
 from .measure.worker import worker_settings
 
@@ -73,6 +74,11 @@ def _url(text: str) -> str:
 
 def _string(text: str) -> str:
     return str(text)
+
+
+def _plain_name(text: str) -> str:
+    """A device or machine name: it becomes a directory name, so never a path or '..'."""
+    return check_name(str(text).strip())
 
 
 def _malloc_mode(text: str) -> str:
@@ -168,12 +174,15 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("device", "Hardware target the results belong to, e.g. cpu, a100, h100 (default: detected)",
-           _string, metavar="NAME"),
+           _plain_name, metavar="NAME"),
     Option("report_dir", "Directory for reports/<device>.md and .json (default: reports)",
            _string, default="reports", metavar="DIR"),
     Option("json", "Also write the JSON report to this path", _string, metavar="PATH"),
     Option("baseline_dir", "Directory holding baselines/<device>/ (default: baselines beside the config file)",
            _string, metavar="DIR"),
+    Option("machine", "Name of this machine's baseline set, baselines/<device>/<machine>/ (default: on the cpu "
+           "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
+           "baselines/<device>/). Give runners that share hardware one name", _plain_name, metavar="NAME"),
     Option("runs", "Measured runs per batch size (default: 10)", _positive_int, default=10, ini_type="int", metavar="N"),
     Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
            _non_negative_int, default=1, ini_type="int", metavar="N"),

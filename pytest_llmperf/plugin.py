@@ -24,6 +24,7 @@ from .session import LLMPerfSession, marker_devices
 from .controller import ProcessController, check_settings
 from .measure.worker import WorkerRecorder, worker_out
 from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
+from .baseline_hooks import BaselineHygiene
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
 
@@ -43,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
           and (llm.settings["compare"] or llm.processes > 1)):  # under xdist, llmperf tests are refused instead
         check_settings(llm)
         config.pluginmanager.register(ProcessController(config, llm, _is_planned), "llmperf-controller")
+    if out is None:
+        config.pluginmanager.register(BaselineHygiene(config, llm), "llmperf-baselines")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -60,7 +63,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}, "
         f"malloc={s['malloc']}",
         f"llmperf: {_measured_how(session)}",
-        f"llmperf: baselines={session.store.device_dir}, reports={s['report_dir']}",
+        f"llmperf: baselines={session.store.directory}, reports={s['report_dir']}",
     ]
 
 
@@ -127,6 +130,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(line)
     for path in getattr(session, "written", []):
         terminalreporter.write_line(f"report: {path}")
+    for line in getattr(session, "report_errors", []):
+        terminalreporter.write_line(line, red=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -143,23 +148,40 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results, llm.outcomes,
                                llm.counts())
     written = [report_dir / f"{llm.device}.md", report_dir / f"{llm.device}.json"]
+    # A report that cannot be written is one clear line after the verdicts (never a traceback hiding them),
+    # and fails a session that would otherwise pass.
+    llm.written, llm.report_errors = [], []
     try:
         report.write_atomic(written[0], md)
         report.write_json(written[1], doc)
-        if llm.settings["json"]:
-            written.append(Path(llm.settings["json"]))
-            report.write_json(written[-1], doc)
+        llm.written += written
     except OSError as exc:
-        raise pytest.UsageError(f"llmperf: cannot write the report under {report_dir}: {exc}. "
-                                "Make it writable or set --llmperf-report-dir") from None
-    llm.written = written
-    llm.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
+        llm.report_errors.append(f"llmperf: cannot write the report under {report_dir}: {exc}. "
+                                 "Make it writable or set --llmperf-report-dir")
+    if llm.settings["json"]:
+        try:
+            report.write_json(Path(llm.settings["json"]), doc)
+            llm.written.append(Path(llm.settings["json"]))
+        except OSError as exc:
+            llm.report_errors.append(f"llmperf: cannot write --llmperf-json={llm.settings['json']}: {exc}. "
+                                     "Give a writable file path")
+    if not llm.report_errors:
+        try:
+            llm.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
+        except OSError as exc:
+            llm.report_errors.append(f"llmperf: cannot write {report_dir / 'index.html'}: {exc}")
+    if llm.report_errors and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
     _write_benchmark_json_alone(session.config)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
-        with open(summary_path, "a", encoding="utf-8") as handle:
-            handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
-            handle.write(mermaid.throughput_charts(doc))
+        try:
+            with open(summary_path, "a", encoding="utf-8") as handle:
+                handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+                handle.write(mermaid.throughput_charts(doc))
+        except OSError as exc:
+            llm.report_errors.append(f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
+                                     f"{summary_path}: {exc}; the reports above are complete")
 
 
 def _write_benchmark_json_alone(config: pytest.Config) -> None:

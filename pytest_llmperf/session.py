@@ -22,7 +22,8 @@ from .measure import runner
 from .report import progress, throughput_log
 from .backends.base import Backend
 from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
-from .judge.environment import detect_device, fingerprint, hardware_mismatch, software_drift
+from .judge.baseline_layout import machine_slug
+from .judge.environment import cpu_identity, detect_device, fingerprint, hardware_mismatch, software_drift
 from .measure.metrics import values_by_process
 from .backends.models import resolve_model
 from .judge.sequential import smallest_processes
@@ -58,7 +59,8 @@ class LLMPerfSession:
         self.settings = settings
         self.device_given = settings["device"] is not None
         self.device: str = settings["device"] or detect_device()
-        self.store = BaselineStore(Path(settings["baseline_dir"]), self.device)
+        self.store = baseline_store(settings, self.device)
+        check_output_paths(settings)
         self.written: list[Path] = []
         self.outcomes: list[Outcome] = []
         self.selected = 0  # llmperf tests selected in this session
@@ -234,16 +236,17 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
     except BaselineError as exc:
         return Outcome(result, "refused", messages=[str(exc), *errors])
     if baseline is None:
-        hint = (f"no baseline for {result.key} in {path} (device {session.device}). Create it with:\n"
-                f"  pytest '{result.nodeid}' --llmperf-device={session.device} --llmperf-update")
+        note = session.store.missing_note(module)
+        hint = (f"no baseline for {result.key} in {path} (device {session.device}). {note + ' ' if note else ''}"
+                f"Create it with:\n  pytest '{result.nodeid}' {session.store.rerun} --llmperf-update")
         return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
     mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
     drift = software_drift(baseline.fingerprint, session.fingerprint)
     if mismatch is not None:
         kind, was, now = mismatch
         text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
-                f"{now!r}; not compared. Re-create it here with --llmperf-update, or use a device name "
-                f"of its own for this hardware (--llmperf-device)")
+                f"{now!r}; not compared. Re-create it here with --llmperf-update, or give this hardware a "
+                f"set of its own (--llmperf-machine NAME; --llmperf-device NAME for another GPU)")
         if kind == "gpu":
             return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path)
         warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
@@ -279,6 +282,23 @@ def baseline_entry(session: LLMPerfSession, result: BenchmarkResult) -> Baseline
 def unit_of_result(result: BenchmarkResult) -> str:
     """"process" when the runs came from several worker processes, else "run"."""
     return "process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run"
+
+
+def baseline_store(settings: Settings, device: str) -> BaselineStore:
+    """This machine's baselines: on the cpu target (or with --llmperf-machine) a set of its own."""
+    machine = settings["machine"] or (machine_slug(cpu_identity()) if device == "cpu" else None)
+    rerun = f"--llmperf-device={device}" + (f" --llmperf-machine={machine}" if settings["machine"] else "")
+    return BaselineStore(Path(settings["baseline_dir"]), device, machine, rerun=rerun,
+                         updating=bool(settings["update"] or settings["update_missing"]))
+
+
+def check_output_paths(settings: Settings) -> None:
+    """Refuse up front (not after an hour of benchmarks) a report path that is a directory."""
+    for name, option in (("json", "--llmperf-json"), ("report_dir", "--llmperf-report-dir")):
+        path = settings[name]
+        if path and (Path(path).is_dir() if name == "json" else Path(path).exists() and not Path(path).is_dir()):
+            what = "a directory; give a file path" if name == "json" else "a file; give a directory"
+            raise pytest.UsageError(f"llmperf: {option}={path} is {what}")
 
 
 def marker_devices(item: pytest.Item) -> list[str] | None:

@@ -8,7 +8,7 @@ holds every process the campaign would measure at any rtol. For each candidate r
 shipped look-by-look gate: judge the first N processes at alpha / looks, and where a metric is still
 inconclusive, all processes of the next look; it counts the jobs in which any test would have failed,
 and the failing test-runs.
-Usage: python scripts/aa_rtol.py [--baselines baselines/cpu] job_*.json
+Usage: python scripts/aa_rtol.py [--baselines baselines/cpu/<machine>] job_*.json
 """
 
 import argparse
@@ -87,15 +87,14 @@ def failures(reports: list[dict], store: BaselineStore | None, rtol: float, firs
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="+")
-    parser.add_argument("--baselines", help="the stored baselines' directory, e.g. baselines/cpu (omit for A/B)")
+    parser.add_argument("--baselines", help="the stored baselines' directory, e.g. baselines/cpu/<machine> (omit for A/B)")
     parser.add_argument("--processes", type=int, default=8, help="processes of the first look (default 8)")
     parser.add_argument("--unpaired", action="store_true", help="A/B: Mann-Whitney on the two sides, not pairs")
     args = parser.parse_args()
     reports = [json.loads(Path(p).read_text()) for p in args.reports]
     store = None
     if args.baselines:
-        root = Path(args.baselines)
-        store = BaselineStore(root.parent, root.name)
+        store = BaselineStore.at(args.baselines)
     mode = "against stored baselines" if store else "A/B"
     test = "Mann-Whitney" if store or args.unpaired else "paired signed-rank"
     print(f"{len(reports)} jobs ({mode}, {test}), replayed through the look-by-look gate")

@@ -13,6 +13,7 @@ from .test_plugin import ENGINE_TEST, baseline_file, run
 def recorded(pytester, monkeypatch):
     for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT", "LLMPERF_DEVICE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (read once worker processes exist): one process per entry
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE_TEST)
     run(pytester, "--llmperf-update").assert_outcomes(passed=1)
@@ -42,14 +43,21 @@ def test_unknown_schema_version(recorded):
     edit_baseline(recorded, lambda d: d.update(schema_version=99))
     result = run(recorded)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*has schema_version 99; this pytest-llmperf reads 1. Upgrade pytest-llmperf*"])
+    result.stdout.fnmatch_lines(["*has schema_version 99; this pytest-llmperf reads 2. Upgrade pytest-llmperf*"])
 
 
 def test_file_for_another_device(recorded):
     edit_baseline(recorded, lambda d: d.update(device="a100"))
     result = run(recorded)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*is for device 'a100', but it lies under the directory of device 'cpu'. Move it*"])
+    result.stdout.fnmatch_lines(["*is for device 'a100', but it lies under the directory of device 'cpu'. Move it*"
+                                 "or move it away and record this device's own*never overwrites a file it cannot use*"])
+    # Following the hint does not loop: --llmperf-update refuses too, and the file is kept.
+    before = baseline_file(recorded).read_bytes()
+    result = run(recorded, "--llmperf-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*is for device 'a100'*"])
+    assert baseline_file(recorded).read_bytes() == before
 
 
 def test_unwritable_baseline_directory(recorded):
@@ -57,7 +65,7 @@ def test_unwritable_baseline_directory(recorded):
     blocker.write_text("a file where a directory should be")
     result = run(recorded, "--llmperf-update", f"--llmperf-baseline-dir={blocker}")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*cannot write baselines under*not-a-dir*point --llmperf-baseline-dir elsewhere*"])
+    result.stdout.fnmatch_lines(["*cannot write baseline file*not-a-dir*point --llmperf-baseline-dir elsewhere*"])
     assert blocker.read_text() == "a file where a directory should be"
 
 
@@ -99,7 +107,7 @@ def test_baseline_without_a_cpu_signature_is_not_compared(recorded):
 def test_write_is_atomic_and_sorted(tmp_path):
     store = BaselineStore(tmp_path, "cpu")
     for key in ("b", "a"):
-        store.write("tests/test_x.py", BaselineEntry(key, {1: {"prefill_ms": [1.0, 2.0]}}))
+        store.write("tests/test_x.py", BaselineEntry(key, {1: {"prefill_ms": [[1.0, 2.0]]}}))
     path = tmp_path / "cpu" / "tests" / "test_x.json"
     text = path.read_text()
     assert list(json.loads(text)["benchmarks"]) == ["a", "b"]
@@ -108,3 +116,135 @@ def test_write_is_atomic_and_sorted(tmp_path):
     with pytest.raises(BaselineError):
         BaselineStore(tmp_path, "cpu").write("tests/test_x.py", BaselineEntry("c", {}))
     assert path.read_text() == "garbage"
+
+
+# Schema 2 (per-process values), and schema-1 files.
+
+def test_schema_2_entry_round_trip_and_layout(tmp_path):
+    entry = BaselineEntry("k", {2: {"prefill_ms": [[1.0, 3.0, 2.0], [4.0, 5.0]], "hit_rate": [[0.0], [0.5]]}},
+                          errors={8: "oom: out of memory"}, foreign_load={2: 0.0312345})
+    assert entry.process_values(2) == {"prefill_ms": [2.0, 4.5], "hit_rate": [0.0, 0.5]}
+    assert entry.batches == {2: {"prefill_ms": [1.0, 3.0, 2.0, 4.0, 5.0], "hit_rate": [0.0, 0.5]}}
+    store = BaselineStore(tmp_path, "cpu", "m1")
+    path = store.write("t.py", entry)
+    assert path == tmp_path / "cpu" / "m1" / "t.json"
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 2 and data["device"] == "cpu" and data["machine"] == "m1"
+    batch = data["benchmarks"]["k"]["batches"]["2"]
+    assert batch == {"runs": {"hit_rate": [[0.0], [0.5]], "prefill_ms": [[1.0, 3.0, 2.0], [4.0, 5.0]]},
+                     "processes": {"hit_rate": [0.0, 0.5], "prefill_ms": [2.0, 4.5]}, "foreign_load": 0.031}
+    assert data["benchmarks"]["k"]["unit"] == "process" and data["benchmarks"]["k"]["errors"] == {"8": "oom: out of memory"}
+    back = BaselineStore(tmp_path, "cpu", "m1").get("t.py", "k")
+    assert back.runs == entry.runs and back.errors == entry.errors and back.foreign_load == {2: 0.031}
+
+
+def test_values_are_stored_with_10_significant_digits(tmp_path):
+    store = BaselineStore(tmp_path, "cpu")
+    store.write("t.py", BaselineEntry("k", {1: {"prefill_ms": [[1 / 3]]}}, unit="run"))
+    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").runs[1]["prefill_ms"] == [[0.3333333333]]
+
+
+SCHEMA_1 = {"schema_version": 1, "device": "cpu", "module": "test_engine.py", "benchmarks": {
+    key: {"batches": {"1": {"prefill_ms": [1.0, 2.0]}}, "errors": {}, "foreign_load": {}, "fingerprint": {}}
+    for key in ("test_engine", "test_gone", "test_other")}}
+
+
+def test_a_schema_1_file_is_named_with_the_update_command_and_left_alone(recorded):
+    path = baseline_file(recorded)
+    path.write_text(json.dumps(SCHEMA_1))
+    before = path.read_bytes()
+    result = run(recorded)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*baseline file {path} holds per-run values of one process (schema 1)*"
+                                 "Re-record it on this machine: pytest test_engine.py --llmperf-device=cpu "
+                                 "--llmperf-update*"])
+    assert path.read_bytes() == before
+
+
+def test_update_rewrites_a_schema_1_file_and_names_the_entries_it_dropped(recorded):
+    path = baseline_file(recorded)
+    path.write_text(json.dumps(SCHEMA_1))
+    result = run(recorded, "--llmperf-update")
+    result.assert_outcomes(passed=1)
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 2 and list(data["benchmarks"]) == ["test_engine"]
+    result.stdout.fnmatch_lines([f"*baseline file {path} was rewritten as schema 2*cannot be converted and were "
+                                 "dropped: test_gone, test_other. Re-record them with: pytest test_engine.py*"])
+    assert "test_engine," not in result.stdout.str()  # re-recorded: not dropped
+    run(recorded).assert_outcomes(passed=1)
+
+
+# Bad values: read (the file named, with entry, batch size and metric; nothing overwritten) ...
+
+def _set_prefill(value):
+    def change(data):
+        data["benchmarks"]["test_engine"]["batches"]["1"]["runs"]["prefill_ms"] = value
+    return change
+
+
+def _rename_batch(data):
+    batches = data["benchmarks"]["test_engine"]["batches"]
+    batches["-1"] = batches.pop("1")
+
+
+BAD_VALUES = {
+    "nan": (_set_prefill([[float("nan")] * 10]), "batch size 1, metric prefill_ms: value nan is not a finite number"),
+    "infinity": (_set_prefill([[float("inf")] * 10]), "metric prefill_ms: value inf is not a finite number"),
+    "zero": (_set_prefill([[0.0] * 10]), "metric prefill_ms: value 0.0 is not > 0 (a time must be positive)"),
+    "negative": (_set_prefill([[-5.0] * 10]), "metric prefill_ms: value -5.0 is not > 0"),
+    "boolean": (_set_prefill([[True] * 10]), "metric prefill_ms: value True is not a number"),
+    "string": (_set_prefill([["5"] * 10]), "metric prefill_ms: value '5' is not a number"),
+    "empty": (_set_prefill([]), "metric prefill_ms: expected a non-empty list of per-process lists"),
+    "empty process": (_set_prefill([[]]), "metric prefill_ms: a process holds no runs"),
+    "flat list (schema 1 shape)": (_set_prefill([1.0, 2.0]), "metric prefill_ms: a process holds no runs (1.0)"),
+    "batch -1": (_rename_batch, "entry 'test_engine': batch size '-1' is not an integer >= 1"),
+    "negative throughput": (lambda d: d["benchmarks"]["test_engine"]["batches"]["2"]["runs"].update(
+        throughput_tokens_per_s=[[-1.0]]), "batch size 2, metric throughput_tokens_per_s: value -1.0 is not > 0 "
+                                           "(a throughput must be positive)"),
+    "negative counter": (lambda d: d["benchmarks"]["test_engine"]["batches"]["2"]["runs"].update(
+        hit_rate=[[-0.5]]), "metric hit_rate: value -0.5 is negative (a counter is >= 0)"),
+    "bad foreign_load": (lambda d: d["benchmarks"]["test_engine"]["batches"]["1"].update(foreign_load=float("nan")),
+                         "batch size 1: foreign_load nan is not a finite number"),
+    "unit": (lambda d: d["benchmarks"]["test_engine"].update(unit="thread"), "unit 'thread' is not one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+@pytest.mark.parametrize("update", [False, True], ids=["gate", "update"])
+def test_a_bad_baseline_value_is_named_and_nothing_is_overwritten(recorded, case, update):
+    change, message = BAD_VALUES[case]
+    edit_baseline(recorded, change)
+    path = baseline_file(recorded)
+    before = path.read_bytes()
+    result = run(recorded, *(["--llmperf-update"] if update else []))
+    result.assert_outcomes(failed=1)
+    text = " ".join(result.stdout.str().split())
+    assert f"baseline file {path}: entry 'test_engine'" in text and message in text, text
+    assert "Traceback" not in text and "INTERNALERROR" not in text
+    assert path.read_bytes() == before
+
+
+def test_a_zero_counter_is_a_valid_value(tmp_path):
+    store = BaselineStore(tmp_path, "cpu")
+    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [[0.0, 0.0]], "prefill_ms": [[1.0, 1.5]]}}))
+    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").runs[1]["hit_rate"] == [[0.0, 0.0]]
+
+
+# ... and before a write: an impossible measurement is never stored.
+
+@pytest.mark.parametrize("runs, message", [
+    ({1: {"prefill_ms": [[-2.0, 1.0]]}}, "batch size 1, metric prefill_ms: value -2.0 is not > 0"),
+    ({1: {"decode_token_ms": [[float("nan")]]}}, "metric decode_token_ms: value nan is not a finite number"),
+    ({1: {"throughput_tokens_per_s": [[float("inf")]]}}, "value inf is not a finite number"),
+    ({1: {"e2e_ms": [[0.0]]}}, "metric e2e_ms: value 0.0 is not > 0"),
+    ({1: {"e2e_ms": []}}, "metric e2e_ms: expected a non-empty list"),
+    ({0: {"e2e_ms": [[1.0]]}}, "batch size 0 is not an integer >= 1"),
+], ids=["negative", "nan", "inf", "zero", "empty", "batch 0"])
+def test_an_impossible_measurement_is_not_written(tmp_path, runs, message):
+    store = BaselineStore(tmp_path, "cpu")
+    path = store.write("t.py", BaselineEntry("good", {1: {"e2e_ms": [[1.0]]}}))
+    before = path.read_bytes()
+    with pytest.raises(BaselineError, match="not written to .*t.json: entry 'bad'") as info:
+        store.write("t.py", BaselineEntry("bad", runs))
+    assert message in str(info.value) and "The file is unchanged" in str(info.value)
+    assert path.read_bytes() == before

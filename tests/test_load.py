@@ -9,7 +9,7 @@ from pytest_llmperf.measure import runner
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.judge.baselines import BaselineEntry
 from pytest_llmperf.measure.load import LoadMeter
-from pytest_llmperf.measure.metrics import values_by_process
+from pytest_llmperf.measure.metrics import values_by_metric
 from pytest_llmperf.measure.scenario import Scenario
 
 
@@ -35,7 +35,8 @@ def _rows(current_load, baseline_load, max_load=0.5):
     base = runner.measure(SimulatedBackend(seed=1), scenario, key="k", nodeid="t::k", module="t")
     now = runner.measure(SimulatedBackend(seed=2, decode_slowdown=2.0), scenario, key="k", nodeid="t::k", module="t")
     now.batches[0].foreign_load = current_load
-    entry = BaselineEntry("k", {1: values_by_process(base.batches[0].samples)}, foreign_load={1: baseline_load}, unit="run")
+    runs = {m: [v] for m, v in values_by_metric(base.batches[0].samples).items()}  # one process
+    entry = BaselineEntry("k", {1: runs}, foreign_load={1: baseline_load}, unit="run")
     return judge.compare(now, entry, scenario, splits_prefill=True, alpha=0.01, max_load=max_load)
 
 

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from pytest_llmperf.judge.baseline_layout import machine_slug
+from pytest_llmperf.judge.environment import cpu_identity
 from pytest_llmperf.options import OPTIONS
 
 ENGINE_TEST = """
@@ -42,14 +44,19 @@ def run(pytester, *args):
                               "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
 
 
+def machine_dir(pytester):
+    """This machine's cpu baselines (judge/baseline_layout.py: one set per machine on the cpu target)."""
+    return pytester.path / "baselines" / "cpu" / machine_slug(cpu_identity())
+
+
 def baseline_file(pytester):
-    return pytester.path / "baselines" / "cpu" / "test_engine.json"
+    return machine_dir(pytester) / "test_engine.json"
 
 
 def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeypatch):
     result = run(project)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*no baseline for test_engine in *baselines/cpu/test_engine.json (device cpu)*",
+    result.stdout.fnmatch_lines([f"*no baseline for test_engine in *baselines/cpu/{machine_slug(cpu_identity())}/test_engine.json (device cpu)*",
                                  "*--llmperf-device=cpu --llmperf-update*"])
     assert not baseline_file(project).exists()
 
@@ -89,7 +96,7 @@ def test_update_missing_writes_only_what_is_missing(project):
     before = baseline_file(project).read_bytes()
     run(project, "--llmperf-update-missing").assert_outcomes(passed=2)
     assert baseline_file(project).read_bytes() == before
-    assert (project.path / "baselines" / "cpu" / "test_other.json").exists()
+    assert (machine_dir(project) / "test_other.json").exists()
 
 
 def test_update_keeps_entries_of_tests_not_selected(project):
@@ -206,7 +213,8 @@ def test_xdist_says_nothing_without_llmperf_tests(pytester):
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
     result = pytester.runpytest("-n", "1", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    assert "llmperf: " not in result.stdout.str().replace("llmperf: device", "").replace("llmperf: baselines", "")
+    header = ("llmperf: device", "llmperf: baselines", "llmperf: processes")
+    assert not [line for line in result.stdout.lines if "llmperf: " in line and not line.startswith(header)]
 
 
 def test_results_join_pytest_benchmark_json(project):

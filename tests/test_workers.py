@@ -46,7 +46,7 @@ def test_engine(llmperf, engine):
     llmperf.measure(engine)
 """
 SPEED = "SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\n\ndef before_measuring():\n    {hook}\n"
-ARGS = ("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=5",
+ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=5",
         "--llmperf-max-processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
@@ -131,7 +131,7 @@ def test_too_few_processes_for_alpha_are_refused_with_the_number_needed(repo):
 
 def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
     run(repo, "--llmperf-update").assert_outcomes(passed=1)
-    stored = json.loads((repo.path / "baselines" / "cpu" / "test_engine.json").read_text())
+    stored = json.loads((repo.path / "baselines" / "cpu" / "runner" / "test_engine.json").read_text())
     entry = stored["benchmarks"]["test_engine"]
     assert entry["unit"] == "process"
     assert len(entry["batches"]["1"]["runs"]["prefill_ms"]) == 5  # one list per process
@@ -295,15 +295,12 @@ def steady_load():
         proc.wait()
 
 
-def test_a_steady_load_does_not_refuse_an_ab_comparison_but_refuses_stored_baselines(repo, steady_load):
-    # Both sides run beside the same neighbour, so A/B still judges; against stored baselines (recorded
-    # here with a tolerant limit) the same load refuses the comparison, as it always did.
+def test_a_steady_load_does_not_refuse_an_ab_comparison(repo, steady_load):
+    # Both sides run beside the same neighbour, so A/B still judges (a stored-baseline gate refuses a
+    # comparison whose runs stayed busy: tests/test_load.py, with the load injected).
     result = run(repo, "--llmperf-compare", "HEAD", "--llmperf-max-load=0.25")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*1 passed, 0 regressed*0 refused*"])
-    run(repo, "--llmperf-update", "--llmperf-max-load=1000").assert_outcomes(passed=1)
-    result = run(repo, "--llmperf-max-load=0.25")
-    result.stdout.fnmatch_lines(["*1 refused*"])
 
 
 def test_a_worktree_left_by_a_killed_run_is_removed_by_the_next_comparison(repo):

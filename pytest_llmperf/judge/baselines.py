@@ -1,17 +1,17 @@
-"""Baselines on disk: `<baseline_dir>/<device>/<test module path>.json`, one file per module per device.
+"""Baselines on disk (schema 2): per benchmark key and batch size, the per-run values of every metric,
+one list per worker process, the per-process medians the gate tests, plus the environment fingerprint,
+git commit and date. Where the files lie: judge/baseline_layout.py (one set per device, and per machine
+on the cpu target).
 
-A file holds, per benchmark key and batch size, the raw per-run values of every metric, plus the
-environment fingerprint, git commit and date. Keys are sorted so diffs review well. Writes go to a
-temporary file in the same directory, then `os.replace` (atomic); an update keeps the entries of
-tests that were not selected. A file that cannot be read is never overwritten: the error names it
-and the fix, and the file stays as it was.
+Keys are sorted so diffs review well. Writes are atomic (pytest_llmperf/files.py) and hold a lock
+around re-read and replace, so two updates of one module at once both land; an update keeps the
+entries of tests that were not selected. A file that cannot be read, or holds values the gate cannot
+compare, is never overwritten: the error names it, the entry, batch size and metric, and the fix.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..files import locked, write_text_atomic
+from .baseline_layout import module_file, other_sets
+from .baseline_values import check_entry, check_raw_entry
 
 SCHEMA_VERSION = 2
 
@@ -97,33 +101,79 @@ def now_iso() -> str:
 
 
 class BaselineStore:
-    """Reads and writes the baseline files of one device. Files are read once and cached."""
+    """Reads and writes the baseline files of one device (and machine). Files are read once and cached."""
 
-    def __init__(self, root: Path, device: str) -> None:
+    def __init__(self, root: Path, device: str, machine: str | None = None, *, rerun: str = "",
+                 updating: bool = False) -> None:
         self.root = Path(root)
         self.device = device
+        self.machine = machine
+        self.updating = updating  # an update run: a schema-1 file reads as empty, and is rewritten as schema 2
+        self.rerun = rerun or f"--llmperf-device={device}"  # the options a hint repeats
         self._cache: dict[str, dict[str, BaselineEntry]] = {}
+        self.dropped: dict[str, tuple[str, set[str]]] = {}  # schema-1 file -> (module, keys not re-recorded yet)
+        self.pruned: dict[str, list[str]] = {}  # file -> stale keys removed by this run
+
+    @classmethod
+    def at(cls, directory: Path | str) -> BaselineStore:
+        """The store of one set given as its directory (`baselines/a100`, `baselines/cpu/<machine>`), for scripts:
+        a set whose files name a machine lies one level below its device's directory."""
+        directory = Path(directory)
+        for path in sorted(directory.rglob("*.json")):
+            try:
+                machine = json.loads(path.read_text(encoding="utf-8")).get("machine")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if machine:
+                return cls(directory.parent.parent, directory.parent.name, directory.name)
+            break
+        return cls(directory.parent, directory.name)
 
     @property
     def device_dir(self) -> Path:
         return self.root / self.device
 
+    @property
+    def directory(self) -> Path:
+        """This machine's set: `<root>/<device>/<machine>`, or `<root>/<device>` without a machine."""
+        return self.device_dir / self.machine if self.machine else self.device_dir
+
     def path_for(self, module: str) -> Path:
-        """`benchmarks/test_x.py` -> `<root>/<device>/benchmarks/test_x.json`."""
-        relative = Path(module)
-        return self.device_dir / relative.with_suffix(".json")
+        """`benchmarks/test_x.py` -> `<root>/<device>[/<machine>]/benchmarks/test_x.json`."""
+        return self.directory / module_file(module)
+
+    def update_command(self, module: str) -> str:
+        return f"pytest {module} {self.rerun} --llmperf-update"
 
     def entries(self, module: str) -> dict[str, BaselineEntry]:
         if module not in self._cache:
-            self._cache[module] = self._read(self.path_for(module))
+            self._cache[module] = self._read(self.path_for(module), module)
         return self._cache[module]
 
     def get(self, module: str, key: str) -> BaselineEntry | None:
         return self.entries(module).get(key)
 
-    def _read(self, path: Path) -> dict[str, BaselineEntry]:
+    def missing_note(self, module: str) -> str:
+        """Why this machine has no file for `module` yet, when other machines (or the old layout) do."""
+        if not self.machine:
+            return ""
+        notes = []
+        others = other_sets(self.device_dir, self.machine, module)
+        if others:
+            notes.append(f"this machine ({self.machine}) has no baselines for it yet; the sets of "
+                         f"{', '.join(others)} under {self.device_dir} are compared only on their own machines")
+        legacy = self.device_dir / module_file(module)
+        if legacy.is_file():
+            notes.append(f"{legacy} is in the layout from before per-machine baselines and is not read")
+        if not notes:
+            return ""
+        return ("; ".join(notes) + f". Recording this machine's set writes {self.path_for(module)} and leaves the "
+                "other files alone.")
+
+    def _load(self, path: Path) -> dict[str, Any] | None:
+        """The file's JSON document (None when it does not exist), checked up to its schema version."""
         if not path.exists():
-            return {}
+            return None
         fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -134,47 +184,100 @@ class BaselineStore:
                                 "the file was left as it is") from None
         if not isinstance(data, dict) or "schema_version" not in data:
             raise BaselineError(f"baseline file {path} has no schema_version: not a pytest-llmperf baseline. {fix}")
-        if data["schema_version"] != SCHEMA_VERSION:
+        if data["schema_version"] not in (1, SCHEMA_VERSION):
             raise BaselineError(
                 f"baseline file {path} has schema_version {data['schema_version']!r}; this pytest-llmperf reads "
-                f"{SCHEMA_VERSION}. Upgrade pytest-llmperf, or regenerate with --llmperf-update after moving the "
-                "file away")
+                f"{SCHEMA_VERSION}. Upgrade pytest-llmperf, or move the file away and re-record it with "
+                "--llmperf-update")
         if data.get("device") != self.device:
             raise BaselineError(
                 f"baseline file {path} is for device {data.get('device')!r}, but it lies under the directory of "
-                f"device {self.device!r}. Move it to {self.root / str(data.get('device'))}/ or regenerate it with "
-                f"--llmperf-device={self.device} --llmperf-update")
+                f"device {self.device!r}. Move it to {self.root / str(data.get('device'))}/ (git mv), or move it "
+                f"away and record this device's own with {self.rerun} --llmperf-update (an update never "
+                "overwrites a file it cannot use)")
+        return data
+
+    def _entries_of(self, path: Path, data: Mapping[str, Any]) -> dict[str, BaselineEntry]:
+        fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
+        benchmarks = data.get("benchmarks", {})
+        if not isinstance(benchmarks, Mapping):
+            raise BaselineError(f"baseline file {path} is malformed ('benchmarks' is not an object). {fix}")
         try:
-            return {key: BaselineEntry.from_json(key, entry) for key, entry in data.get("benchmarks", {}).items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            for key, entry in benchmarks.items():
+                check_raw_entry(key, entry)
+            return {key: BaselineEntry.from_json(key, entry) for key, entry in benchmarks.items()}
+        except ValueError as exc:
+            raise BaselineError(f"baseline file {path}: {exc}. {fix}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
             raise BaselineError(f"baseline file {path} is malformed ({type(exc).__name__}: {exc}). {fix}") from None
+
+    def _read(self, path: Path, module: str) -> dict[str, BaselineEntry]:
+        data = self._load(path)
+        if data is None:
+            return {}
+        if data["schema_version"] == 1 and self.updating:
+            return {}
+        if data["schema_version"] == 1:
+            raise BaselineError(
+                f"baseline file {path} holds per-run values of one process (schema 1); this pytest-llmperf gates "
+                f"per-process values (schema 2) and cannot convert them. Re-record it on this machine: "
+                f"{self.update_command(module)}")
+        return self._entries_of(path, data)
+
+    def _read_for_update(self, path: Path, module: str) -> dict[str, BaselineEntry]:
+        """The entries to keep: a schema-1 file's cannot be kept; they are dropped, and named at the end."""
+        data = self._load(path)
+        if data is None:
+            return {}
+        if data["schema_version"] == 1:
+            old = data.get("benchmarks")
+            self.dropped.setdefault(str(path), (module, set(old) if isinstance(old, Mapping) else set()))
+            return {}
+        return self._entries_of(path, data)
 
     def write(self, module: str, entry: BaselineEntry) -> Path:
         """Add or replace one entry and write the module's file atomically, keeping the other entries."""
         path = self.path_for(module)
-        entries = dict(self._read(path))  # re-read: never drop what another run wrote meanwhile
-        entries[entry.key] = entry
-        document = {
-            "schema_version": SCHEMA_VERSION,
-            "device": self.device,
-            "module": module,
-            "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())},
-        }
-        text = json.dumps(document, indent=1, sort_keys=True) + "\n"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        except OSError as exc:
-            raise BaselineError(f"cannot write baselines under {path.parent}: {exc}. Make the directory writable "
-                                "or point --llmperf-baseline-dir elsewhere") from None
+            check_entry(entry)
+        except ValueError as exc:
+            raise BaselineError(f"not written to {path}: {exc}; a measurement the gate cannot compare is never "
+                                "stored (the backend returned an impossible value). The file is unchanged") from None
+
+        def change(entries: dict[str, BaselineEntry]) -> None:
+            entries[entry.key] = entry
+            if str(path) in self.dropped:
+                self.dropped[str(path)][1].discard(entry.key)
+        return self._rewrite(module, change)
+
+    def prune(self, module: str, keys: list[str]) -> list[str]:
+        """Remove the entries `keys` (of tests that no longer exist) from the module's file; the keys removed."""
+        path = self.path_for(module)
+        removed: list[str] = []
+
+        def change(entries: dict[str, BaselineEntry]) -> None:
+            removed.extend(k for k in keys if entries.pop(k, None) is not None)
+        if path.exists():
+            self._rewrite(module, change)
+        if removed:
+            self.pruned[str(path)] = sorted(removed)
+        return removed
+
+    def _rewrite(self, module: str, change: Any) -> Path:
+        path = self.path_for(module)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            with locked(path):
+                entries = dict(self._read_for_update(path, module))  # re-read under the lock: keep what others wrote
+                change(entries)
+                document = {"schema_version": SCHEMA_VERSION, "device": self.device, "machine": self.machine,
+                            "module": module, "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
+                write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True, allow_nan=False) + "\n")
         except OSError as exc:
-            os.unlink(tmp)
-            raise BaselineError(f"cannot write baseline file {path}: {exc}; the previous file is unchanged") from None
+            raise BaselineError(f"cannot write baseline file {path}: {exc}; the previous file is unchanged. Make "
+                                "the directory writable or point --llmperf-baseline-dir elsewhere") from None
         self._cache[module] = entries
         return path
+
+    def dropped_entries(self) -> list[tuple[str, str, list[str]]]:
+        """(file, module, keys): schema-1 entries an update dropped because their tests were not re-recorded."""
+        return [(path, module, sorted(keys)) for path, (module, keys) in sorted(self.dropped.items()) if keys]

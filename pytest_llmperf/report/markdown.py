@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..judge.verdicts import Row
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
@@ -267,17 +266,10 @@ def json_document(device: str, created: str, fp: Mapping[str, Any], settings: Ma
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)
 
 
 def write_json(path: Path, document: Mapping[str, Any]) -> None:
-    write_atomic(path, json.dumps(document, indent=1, sort_keys=True, default=str) + "\n")
+    """Strict JSON: a NaN or infinite value (a failed batch's cell) is written as null."""
+    write_atomic(path, json.dumps(finite_or_null(document), indent=1, sort_keys=True, default=str,
+                                  allow_nan=False) + "\n")

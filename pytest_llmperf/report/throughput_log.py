@@ -9,21 +9,20 @@
     ---- | ------ | ----- | ---------- | ------------ | ---------------- | ----------------- | --------------------
     2024-04-24 | TPU v5e-8 | bfloat16 | 128 | 2048 | 1024 | 1024 | 8249
 
-Pure functions plus one writer (`append_row`), which rewrites both files atomically (temporary
-file in the same directory, then `os.replace`), so a crash never leaves half a log.
+Pure functions plus one writer (`append_row`), which rewrites both files atomically under a lock
+(pytest_llmperf/files.py), so a crash never leaves half a log and two updates at once both land.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import locked, write_text_atomic
 from ..measure.metrics import values_by_metric
 from ..measure.records import BenchmarkResult
 
@@ -111,27 +110,16 @@ def read_log(json_path: Path) -> dict[str, list[ThroughputRow]]:
     return {t: [ThroughputRow.from_json(r) for r in rows] for t, rows in data.get("targets", {}).items()}
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def append_rows(report_dir: Path, device: str, target: str, rows: Iterable[ThroughputRow]) -> tuple[Path, Path]:
     """Add rows to `target`'s table in the device's log; rewrite the JSON and markdown atomically."""
     md_path, json_path = log_paths(report_dir, device)
-    targets = read_log(json_path)
-    targets.setdefault(target, []).extend(rows)
-    doc = {"schema_version": SCHEMA_VERSION, "device": device,
-           "targets": {t: [asdict(r) for r in rs] for t, rs in targets.items()}}
-    _write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
-    _write_atomic(md_path, render_log(targets, title=f"Benchmark results: {device}"))
+    with locked(json_path):  # two updates at once: both rows land
+        targets = read_log(json_path)
+        targets.setdefault(target, []).extend(rows)
+        doc = {"schema_version": SCHEMA_VERSION, "device": device,
+               "targets": {t: [asdict(r) for r in rs] for t, rs in targets.items()}}
+        write_text_atomic(json_path, json.dumps(doc, indent=1) + "\n")
+        write_text_atomic(md_path, render_log(targets, title=f"Benchmark results: {device}"))
     return md_path, json_path
 
 

@@ -194,9 +194,10 @@ class ServerProcess:
         """True when the server has exited and its log says its address was in use (EADDRINUSE)."""
         return not self.alive() and ADDRESS_IN_USE.search(self.log_tail()) is not None
 
-    def describe_failure(self, what: str) -> str:
-        """An error text naming the server, its URL, the command, the log, and the log's tail."""
-        code = self.popen.poll() if self.popen else None
+    def describe_failure(self, what: str, *, stopped_by_us: bool = False) -> str:
+        """An error text naming the server, its URL, the command, the log, and the log's tail. A server we
+        stopped has the exit code of our signal, which says nothing about it: then none is shown."""
+        code = self.popen.poll() if self.popen and not stopped_by_us else None
         status = f" (exit code {code})" if code is not None else ""
         last = self.log_tail()
         return (f"{self.name} server at {self.url} {what}{status}.\n"
@@ -225,8 +226,9 @@ class ServerProcess:
             if time.monotonic() >= deadline:
                 self.stop()
                 raise BackendError(self.describe_failure(
-                    f"was not healthy after {timeout_s:g} s; stopped it. If it needs longer to load, "
-                    f"raise --llmperf-server-timeout (ini llmperf_server_timeout)"))
+                    f"was not healthy after {timeout_s:g} s (the health deadline), so it was stopped. If it needs "
+                    f"longer to load, raise --llmperf-server-timeout (ini llmperf_server_timeout)",
+                    stopped_by_us=True))
             time.sleep(poll_s)
 
     def stop(self) -> None:

@@ -1,0 +1,108 @@
+"""What a baseline may hold: checked when a file is read and before an entry is written.
+
+A value the gate cannot compare meaningfully must never reach it: NaN or an empty list crash the rank
+test, and Infinity, zero or a negative time give a ratio of nan/inf that passes. Times and throughputs
+(the metrics of `measure/metrics.py` METRICS) must be finite and > 0; counters (a hit rate, anything
+a backend adds) finite and >= 0. Batch sizes are integers >= 1. Each problem is a ValueError whose
+text names the entry, batch size and metric; the store adds the file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..measure.metrics import METRICS
+
+UNITS = ("process", "run")
+
+
+def _where(key: str, batch: object = None, metric: str | None = None) -> str:
+    parts = [f"entry {key!r}"]
+    if batch is not None:
+        parts.append(f"batch size {batch}")
+    if metric is not None:
+        parts.append(f"metric {metric}")
+    return ", ".join(parts)
+
+
+def check_value(value: Any, metric: str) -> str | None:
+    """Why `value` cannot be a value of `metric`, or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number"
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if metric in METRICS and value <= 0:
+        return f"{value!r} is not > 0 (a {'time' if METRICS[metric].unit == 'ms' else 'throughput'} must be positive)"
+    if value < 0:
+        return f"{value!r} is negative (a counter is >= 0)"
+    return None
+
+
+def check_batch_size(text: Any) -> int:
+    """The batch size a JSON key stands for: the decimal digits of an integer >= 1."""
+    if not isinstance(text, str) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"batch size {text!r} is not an integer >= 1")
+    return int(text)
+
+
+def check_runs(key: str, batch: object, metric: str, per_process: Any) -> None:
+    """Per-process lists of per-run values: at least one process, each with at least one valid value."""
+    if not isinstance(per_process, list) or not per_process:
+        raise ValueError(f"{_where(key, batch, metric)}: expected a non-empty list of per-process lists of runs, "
+                         f"got {per_process!r}")
+    for values in per_process:
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{_where(key, batch, metric)}: a process holds no runs ({values!r})")
+        for value in values:
+            problem = check_value(value, metric)
+            if problem:
+                raise ValueError(f"{_where(key, batch, metric)}: value {problem}")
+
+
+def check_raw_entry(key: str, data: Any) -> None:
+    """A schema-2 entry as read from JSON, before it becomes a BaselineEntry."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{_where(key)}: expected an object, got {type(data).__name__}")
+    batches = data.get("batches")
+    if not isinstance(batches, Mapping):
+        raise ValueError(f"{_where(key)}: 'batches' is missing or not an object")
+    for text, batch in batches.items():
+        try:
+            check_batch_size(text)
+        except ValueError as exc:
+            raise ValueError(f"{_where(key)}: {exc}") from None
+        if not isinstance(batch, Mapping) or not isinstance(batch.get("runs"), Mapping) or not batch["runs"]:
+            raise ValueError(f"{_where(key, text)}: expected {{'runs': {{metric: [[values]]}}}}")
+        for metric, per_process in batch["runs"].items():
+            check_runs(key, text, metric, per_process)
+        load = batch.get("foreign_load")
+        if load is not None and (check_value(load, "foreign_load") is not None):
+            raise ValueError(f"{_where(key, text)}: foreign_load {check_value(load, 'foreign_load')}")
+    errors = data.get("errors", {})
+    if not isinstance(errors, Mapping):
+        raise ValueError(f"{_where(key)}: 'errors' is not an object")
+    for text in errors:
+        try:
+            check_batch_size(text)
+        except ValueError as exc:
+            raise ValueError(f"{_where(key)}: errors: {exc}") from None
+    if data.get("unit", "process") not in UNITS:
+        raise ValueError(f"{_where(key)}: unit {data.get('unit')!r} is not one of {', '.join(UNITS)}")
+
+
+def check_entry(entry: Any) -> None:
+    """An entry about to be written (a BaselineEntry): the same rules, on the measured values."""
+    for batch_size, metrics in entry.runs.items():
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"{_where(entry.key)}: batch size {batch_size!r} is not an integer >= 1")
+        for metric, per_process in metrics.items():
+            check_runs(entry.key, batch_size, metric, [list(v) for v in per_process]
+                       if isinstance(per_process, (list, tuple)) else per_process)
+    for batch_size, load in entry.foreign_load.items():
+        problem = check_value(load, "foreign_load")
+        if problem:
+            raise ValueError(f"{_where(entry.key, batch_size)}: foreign_load {problem}")
+    if entry.unit not in UNITS:
+        raise ValueError(f"{_where(entry.key)}: unit {entry.unit!r} is not one of {', '.join(UNITS)}")
