@@ -239,6 +239,9 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
         note = session.store.missing_note(module)
         hint = (f"no baseline for {result.key} in {path} (device {session.device}). {note + ' ' if note else ''}"
                 f"Create it with:\n  pytest '{result.nodeid}' {session.store.rerun} --llmperf-update")
+        if session.store.recorded_elsewhere(module):  # measured, but on other hardware: as a CPU mismatch
+            warnings.warn(PytestLLMPerfWarning(hint), stacklevel=2)
+            return Outcome(result, "refused", messages=errors, baseline_path=path)
         return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
     mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
     drift = software_drift(baseline.fingerprint, session.fingerprint)
