@@ -33,6 +33,7 @@ def summary_lines(session: Any) -> list[str]:
         lines.append("software drift since the baselines: " +
                      "; ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(drift.items())))
     if counts.get("regressed") or counts.get("missing"):
-        lines.append(f"re-run: pytest --llmperf-device={session.device} (add --llmperf-update if the change is "
+        rerun = session.rerun() if hasattr(session, "rerun") else f"pytest --llmperf-device={session.device}"
+        lines.append(f"re-run: {rerun} (add --llmperf-update if the change is "
                      "intended, then commit the changed baselines/ files)")
     return lines
