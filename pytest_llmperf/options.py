@@ -250,9 +250,9 @@ OPTIONS: tuple[Option, ...] = (
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
-           ini_type="bool", flag=True),
+           flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
-           default=False, ini_type="bool", flag=True),
+           default=False, flag=True),
     Option("cache_dir", "Where the embedded default models are built and cached "
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
