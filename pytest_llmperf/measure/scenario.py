@@ -202,7 +202,8 @@ def check_attainable(units: int, alpha: float, *, extra_units: int = 0, label: s
         raise ScenarioError(
             f"{label} cannot reach alpha {alpha:g}: with {units} {unit} per side the smallest one-sided "
             f"Mann-Whitney p is {p:.3g}, not below {per_look:g} ({why}), so no slowdown could ever fail "
-            f"(it would pass as inconclusive). Use at least {need} {unit}, or a larger alpha")
+            f"(it would pass as inconclusive). Use at least {need} {unit}"
+            + (f" ({label.split('=')[0]}={need})" if label.startswith("--") else "") + ", or a larger alpha")
     second = min(units, extra_units)
     if second > 0 and min_attainable_p(units, second) >= per_look:
         need = next(e for e in range(1, units + 1) if min_attainable_p(units, e) < per_look)
