@@ -203,7 +203,7 @@ class Benchmark:
                         f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
                         if b.foreign_load is not None and b.foreign_load > max_load]
                 if busy:
-                    errors = [busy_update_message(session, self.item.nodeid, busy, result, max_load), *errors]
+                    errors = [busy_update_message(session, self.item.nodeid, busy, result), *errors]
                 if not errors:  # never store a broken or disturbed measurement as the new normal
                     session.store.write(module, self._entry(result))
                     if result.backend.get("backend") == "jetstream":  # seed 002's dated log gains its rows
@@ -295,8 +295,7 @@ def _slug(text: Any) -> str:
     return "-".join(re.findall(r"[a-z0-9]+", words))[:40] or "this-machine"
 
 
-def busy_update_message(session: LLMPerfSession, nodeid: str, busy: list[str], result: BenchmarkResult,
-                        max_load: float) -> str:
+def busy_update_message(session: LLMPerfSession, nodeid: str, busy: list[str], result: BenchmarkResult) -> str:
     """Why an update was refused on a busy machine, and what to run instead."""
     worst = max(b.foreign_load or 0.0 for b in result.batches)
     allow = session.rerun(nodeid, update=True, replace={"max_load": float(f"{worst + 0.25:.2g}")})

@@ -1,8 +1,6 @@
 """A user's mistake with a device or a model directory: one line naming the option or path and the fix,
 never torch's or transformers' traceback."""
 
-import json
-
 import pytest
 
 pytest.importorskip("transformers")

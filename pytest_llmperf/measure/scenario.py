@@ -195,7 +195,7 @@ def check_attainable(units: int, alpha: float, *, extra_units: int = 0, label: s
     label = label or f"{unit}={units}"
     looks = 2 if extra_units > 0 else 1
     per_look = alpha / looks
-    why = (f"alpha/2 per look: a confirmation look runs while max_runs > runs" if looks == 2 else "one look")
+    why = ("alpha/2 per look: a confirmation look runs while max_runs > runs" if looks == 2 else "one look")
     p = min_attainable_p(units, units)
     if p >= per_look:
         need = smallest_units_for(alpha, looks)
