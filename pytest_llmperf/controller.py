@@ -31,7 +31,7 @@ from .judge.sequential import Merged, check_attainable, looks_for, merge_process
 from .measure import worktree
 from .measure.scenario import Scenario, ScenarioError
 from .measure.workers import Side, WorkerError, WorkerRun, run_worker
-from .session import LLMPerfSession, Outcome, judge_outcome
+from .session import LLMPerfSession, Outcome, fail_on_messages, judge_outcome
 
 INF = float("inf")
 
@@ -182,8 +182,8 @@ class ProcessController:
                     outcome = judge_outcome(self.llm, merged.result, scenario, _gate_rows(merged, scenario,
                                                                                            alpha_look))
                 decision.outcomes.append(outcome)
+            messages = [m for o in decision.outcomes for m in fail_on_messages(self.llm, o, o.result)]
         decision.warnings = list(caught)
-        messages = [m for o in decision.outcomes for m in o.messages]
         if messages:
             decision.failure = "\n".join(messages)
         unknown = any(r.verdict == gate.INCONCLUSIVE for o in decision.outcomes for r in o.rows)

@@ -20,6 +20,20 @@ if TYPE_CHECKING:
 SESSION_KEY = pytest.StashKey[LLMPerfSession]()
 
 
+def fail_unless_cuda(session: LLMPerfSession, device: str, what: str) -> None:
+    """A GPU target on a machine without CUDA: one line naming the option and the fix, not torch's traceback."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        origin = (f"--llmperf-device={session.device} is a GPU target" if session.device != "cpu"
+                  else f"{what} asks for {device}")
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        pytest.fail(f"{origin}, but torch {torch.__version__} ({build}) sees no CUDA device on this machine. "
+                    f"Run it on the GPU machine, or measure the cpu target: --llmperf-device=cpu", pytrace=False)
+
+
 @pytest.fixture
 def llmperf(request: pytest.FixtureRequest) -> Benchmark:
     """Measure a backend with this test's scenario and gate it against the baseline: `llmperf.measure(backend)`."""
@@ -40,7 +54,9 @@ def llmperf_hf(request: pytest.FixtureRequest) -> Iterator[Callable[..., HFBacke
     def start(model: str = "tiny-llama", *, dtype: str = "fp32", device: str | None = None,
               **model_kwargs: Any) -> HFBackend:
         require("llmperf_hf", HF)
+        from .backends.base import BackendError
         from .backends.hf import HFBackend
+        from .backends.models import ModelError
 
         device = device or ("cpu" if session.device == "cpu" else "cuda")
         key = (model, dtype, device, tuple(sorted(model_kwargs.items())))
@@ -48,8 +64,12 @@ def llmperf_hf(request: pytest.FixtureRequest) -> Iterator[Callable[..., HFBacke
             if device.startswith("cuda"):
                 for other in [k for k in loaded if k[2].startswith("cuda")]:
                     loaded.pop(other).close()
-            path = session.resolve_model(model, build_device=device)
-            loaded[key] = HFBackend(path, name=model, dtype=dtype, device=device, model_kwargs=model_kwargs)
+            fail_unless_cuda(session, device, f"llmperf_hf({model!r})")
+            try:
+                path = session.resolve_model(model, build_device=device)
+                loaded[key] = HFBackend(path, name=model, dtype=dtype, device=device, model_kwargs=model_kwargs)
+            except (BackendError, ModelError) as exc:  # a user's mistake: one line, no traceback
+                pytest.fail(f"llmperf_hf({model!r}): {exc}", pytrace=False)
         return loaded[key]
 
     try:

@@ -6,6 +6,7 @@ resolves one option for the session; per-test settings add the marker on top in 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,12 @@ import pytest
 from .judge.baseline_layout import check_name
 from .measure.allocator import MODES
 from .measure.worker import worker_settings
+from .measure.scenario import ScenarioError, check_attainable
+
+#: Outcomes `--llmperf-fail-on` may list. regressed and missing fail the test; refused and inconclusive
+#: (nothing was judged) fail it only when listed.
+FAIL_ON_CHOICES = ("regressed", "missing", "refused", "inconclusive")
+DEFAULT_FAIL_ON = ("regressed", "missing")
 
 
 def _bool(text: str | bool) -> bool:
@@ -30,39 +37,88 @@ def _bool(text: str | bool) -> bool:
     raise ValueError(f"expected true/false, got {text!r}")
 
 
-def _positive_int(text: str | int) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"expected an integer >= 1, got {text!r}")
+def _int(text: str | int, minimum: int) -> int:
+    if isinstance(text, bool) or isinstance(text, float):
+        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
     return value
 
 
+def _positive_int(text: str | int) -> int:
+    return _int(text, 1)
+
+
 def _non_negative_int(text: str | int) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"expected an integer >= 0, got {text!r}")
+    return _int(text, 0)
+
+
+def _float(text: str | float, expected: str, *, allow_inf: bool = False) -> float:
+    """A finite number (NaN never: every comparison with it is false, so a NaN tolerance passes anything)."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected {expected}, got {text!r}")
+    try:
+        value = float(str(text).strip()) if isinstance(text, str) else float(text)
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {text!r}") from None
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"expected {expected}, got {text!r}")
     return value
 
 
 def _probability(text: str | float) -> float:
-    value = float(text)
+    value = _float(text, "a number in (0, 1)")
     if not 0 < value < 1:
         raise ValueError(f"expected a number in (0, 1), got {text!r}")
     return value
 
 
 def _non_negative_float(text: str | float) -> float:
-    value = float(text)
+    value = _float(text, "a number >= 0")
     if value < 0:
         raise ValueError(f"expected a number >= 0, got {text!r}")
     return value
 
 
+def _load_limit(text: str | float) -> float:
+    """Cores other processes may use; `inf` switches the check off (a backend test on a shared machine)."""
+    value = _float(text, "a number of cores >= 0, or inf", allow_inf=True)
+    if value < 0:
+        raise ValueError(f"expected a number of cores >= 0, or inf, got {text!r}")
+    return value
+
+
 def _positive_float(text: str | float) -> float:
-    value = float(text)
+    value = _float(text, "a number > 0")
     if not value > 0:
         raise ValueError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def _threads(text: str | int) -> str | int:
+    """`auto` (1 on the cpu target, torch's own default on a GPU target) or a thread count >= 1."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int(text, 1)
+    except ValueError:
+        raise ValueError(f"expected auto or an integer >= 1, got {text!r}") from None
+
+
+def _fail_on(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """A comma list out of FAIL_ON_CHOICES, or `none`."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [str(i).strip().lower() for i in items if str(i).strip()]
+    if names == ["none"]:
+        return ()
+    unknown = [n for n in names if n not in FAIL_ON_CHOICES]
+    if unknown or not names:
+        raise ValueError(f"expected a comma list out of {', '.join(FAIL_ON_CHOICES)} (or none), got {text!r}")
+    return tuple(n for n in FAIL_ON_CHOICES if n in names)
 
 
 def _url(text: str) -> str:
@@ -166,7 +222,11 @@ class Option:
         env = os.environ.get(self.env)
         if env is not None and env != "":
             found.append(("env", f"environment variable {self.env}", env))
-        ini = config.getini(self.ini)
+        try:
+            ini = config.getini(self.ini)
+        except ValueError as exc:  # pytest's own conversion (bool ini type): name the option
+            raise pytest.UsageError(f"llmperf: bad value for ini option {self.ini} in "
+                                    f"{config.inipath or 'the config file'}: {exc}") from None
         if ini is not None and ini != [] and ini != "":
             found.append(("ini", f"ini option {self.ini} in {config.inipath or 'the config file'}", ini))
         return found
@@ -183,18 +243,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("machine", "Name of this machine's baseline set, baselines/<device>/<machine>/ (default: on the cpu "
            "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
            "baselines/<device>/). Give runners that share hardware one name", _plain_name, metavar="NAME"),
-    Option("runs", "Measured runs per batch size (default: 10)", _positive_int, default=10, ini_type="int", metavar="N"),
+    Option("runs", "Measured runs per batch size (default: 10)", _positive_int, default=10, metavar="N"),
     Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
-           _non_negative_int, default=1, ini_type="int", metavar="N"),
+           _non_negative_int, default=1, metavar="N"),
     Option("max_runs", "Most runs per batch size when a verdict is inconclusive (default: 30)",
-           _positive_int, default=30, ini_type="int", metavar="N"),
+           _positive_int, default=30, metavar="N"),
     Option("alpha", "Significance level of the regression test (default: 0.01)", _probability,
-           default=0.01, ini_type="float", metavar="P"),
+           default=0.01, metavar="P"),
     Option("rtol", "Relative tolerance: a slowdown smaller than this never fails (default: 0.05)",
-           _non_negative_float, default=0.05, ini_type="float", metavar="R"),
+           _non_negative_float, default=0.05, metavar="R"),
     Option("max_load", "Retake a run during which other processes kept more than this many cores busy; "
-           "refuse to judge or record a batch that stayed busy (default: 0.25)", _non_negative_float,
-           default=0.25, ini_type="float", metavar="CORES"),
+           "refuse to judge or record a batch that stayed busy; inf: never (default: 0.25)", _load_limit,
+           default=0.25, metavar="CORES"),
+    Option("threads", "torch threads while measuring in-process backends; auto = 1 on the cpu target (timings "
+           "at 2 threads on a shared 2-core machine spread 2-3x wider, docs/noise.md), torch's default on a GPU "
+           "target; a marker's knobs={'threads': n} wins (default: auto)", _threads, default="auto",
+           metavar="auto|N"),
+    Option("fail_on", "Outcomes that fail the run, a comma list out of regressed, missing, refused, inconclusive, "
+           "or none; refused and inconclusive mean nothing was judged (default: regressed,missing)", _fail_on,
+           default=DEFAULT_FAIL_ON, metavar="OUTCOMES"),
     Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
@@ -202,16 +269,15 @@ OPTIONS: tuple[Option, ...] = (
            "per-process values. 1 measures in the pytest process itself (default: auto, 8 on the cpu target, 5 on "
            "GPU targets)", _processes, default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a verdict stays inconclusive; more are added in "
-           "doublings from --llmperf-processes (default: twice --llmperf-processes)", _positive_int, ini_type="int",
-           metavar="N"),
+           "doublings from --llmperf-processes (default: twice --llmperf-processes)", _positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", _string, metavar="REF"),
     Option("worker_timeout", "Seconds one worker process may run before it is stopped as hung (default: 3600)",
-           _positive_float, default=3600.0, ini_type="string", metavar="S"),
+           _positive_float, default=3600.0, metavar="S"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
-           ini_type="bool", flag=True),
+           flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
-           default=False, ini_type="bool", flag=True),
+           default=False, flag=True),
     Option("cache_dir", "Where the embedded default models are built and cached "
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
@@ -257,6 +323,7 @@ class Settings:
 
     values: Mapping[str, Any]
     rootdir: Path
+    given: tuple[str, ...] = ()  # options given on the command line, repeated by re-run hints
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -276,7 +343,15 @@ class Settings:
             values["baseline_dir"] = str(config_dir / "baselines")
         if values["report_dir"] == "reports" and OPTIONS_BY_NAME["report_dir"].source(config) is None:
             values["report_dir"] = str(config_dir / "reports")
-        return cls(values, Path(config.rootpath))
+        in_process = values["processes"] == 1 and not values["compare"]  # else processes are the unit: controller
+        try:  # a session whose runs can never reach alpha would pass every slowdown as "inconclusive"
+            if in_process:
+                check_attainable(values["runs"], values["alpha"], extra_units=values["max_runs"] - values["runs"],
+                                 label=f"{OPTIONS_BY_NAME['runs'].cli}={values['runs']}")
+        except ScenarioError as exc:
+            raise pytest.UsageError(f"llmperf: {exc}") from None
+        given = tuple(o.name for o in OPTIONS if o.source(config) == "cli")
+        return cls(values, Path(config.rootpath), given)
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]

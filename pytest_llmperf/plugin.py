@@ -19,7 +19,8 @@ from .offload.fixture import llmperf_offload  # noqa: F401
 from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
                                llmperf_vllm)
 from .options import Settings, add_options
-from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
+from .judged import failing, failing_line, judged_line
+from .measure.scenario import MARKER_HELP, ScenarioError, build_scenario, check_marker_kwargs
 from .session import LLMPerfSession, marker_devices
 from .controller import ProcessController, check_settings
 from .measure.worker import WorkerRecorder, worker_out
@@ -61,7 +62,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
         f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']}, "
-        f"malloc={s['malloc']}",
+        f"malloc={s['malloc']}, threads={session.threads_text()}, fail_on={','.join(s['fail_on']) or 'none'}",
         f"llmperf: {_measured_how(session)}",
         f"llmperf: baselines={session.store.directory}, reports={s['report_dir']}",
     ]
@@ -74,7 +75,7 @@ def _measured_how(session: LLMPerfSession) -> str:
     where = (f"the working tree against {session.settings['compare']} (A/B, alternating)"
              if session.settings["compare"] else "against the stored baselines")
     if session.processes == 1 and not session.settings["compare"]:
-        return f"processes=1{auto}: measured in this pytest process, the gate tests runs " + where
+        return f"processes=1{auto}: in this pytest process, the gate tests runs " + where
     return (f"processes={session.processes}{auto} per side (worker processes; the gate tests their medians), "
             f"max_processes={session.settings['max_processes'] or 2 * session.processes}, {where}")
 
@@ -98,8 +99,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         marker = item.get_closest_marker("llmperf")
         if marker is not None:
-            try:
-                check_marker_kwargs(marker.args, marker.kwargs)
+            try:  # also the marker's runs against alpha, with the session's options underneath
+                kwargs = check_marker_kwargs(marker.args, marker.kwargs)
+                build_scenario({k: v for k, v in session.settings.for_test(kwargs).items() if k != "devices"},
+                               check_runs=session.runs_are_the_unit and not kwargs.get("processes", 1) > 1)
             except ScenarioError as exc:
                 item.stash[INVALID_MARKER_KEY] = str(exc)
                 continue
@@ -126,6 +129,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if session is None or not session.outcomes:
         return
     terminalreporter.write_sep("=", f"llmperf: {session.device}")
+    line, colour = judged_line(session.outcomes)  # first: a run that judged nothing must say so
+    terminalreporter.write_line(line, **{colour: True, "bold": colour != "green"})
+    failed = failing(session.outcomes, session.settings["fail_on"])
+    if failed:
+        terminalreporter.write_line(failing_line(failed, session.settings["fail_on"]), red=True, bold=True)
     for line in terminal.summary_lines(session):
         terminalreporter.write_line(line)
     for path in getattr(session, "written", []):
@@ -137,6 +145,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     llm = session.config.stash.get(SESSION_KEY, None)
+    # An outcome listed in --llmperf-fail-on fails its test; should a test have swallowed that failure, the
+    # session still exits non-zero (the pytest-cov way: set the status here, never raise from the summary).
+    if llm is not None and session.exitstatus == pytest.ExitCode.OK and failing(llm.outcomes, llm.settings["fail_on"]):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if llm is None or not llm.outcomes or hasattr(session.config, "workerinput") or llm.recorder is not None:
         return
     created = now_iso()

@@ -26,11 +26,14 @@ from .judge.baseline_layout import machine_slug
 from .judge.environment import cpu_identity, detect_device, fingerprint, hardware_mismatch, software_drift
 from .measure.metrics import values_by_process
 from .backends.models import resolve_model
+from .hints import rerun_command
 from .judge.sequential import smallest_processes
+from .judged import INCONCLUSIVE, MISSING, REFUSED, REGRESSED, kind_of, reason_of
+from .measure.metrics import METRICS
 from .measure.worker import WorkerRecorder
 from .options import Settings
 from .measure.records import BatchResult, BenchmarkResult
-from .measure.scenario import Scenario, ScenarioError, build_scenario, check_marker_kwargs
+from .measure.scenario import Scenario, ScenarioError, build_scenario, check_marker_kwargs, check_metrics
 
 
 #: Worker processes per benchmark when --llmperf-processes is auto, per target class (docs/noise.md).
@@ -52,6 +55,7 @@ class Outcome:
     drift: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     baseline_path: str = ""
     reference: BenchmarkResult | None = None  # the A side of an A/B comparison, every run of it
+    reason: str = ""  # why nothing was judged (refused), for the summary's judged line
 
 
 class LLMPerfSession:
@@ -80,11 +84,33 @@ class LLMPerfSession:
             n = max(n, smallest_processes(self.settings["alpha"] / 2, paired=True))
         return n
 
+    @property
+    def runs_are_the_unit(self) -> bool:
+        """The gate tests runs (measured in this process), not worker processes' medians."""
+        return self.recorder is None and not self.settings["compare"] and self.processes == 1
+
     def processes_for(self, item: pytest.Item) -> int:
         marker = item.get_closest_marker("llmperf")
         if marker is not None and marker.kwargs.get("processes") is not None:
             return int(marker.kwargs["processes"])
         return self.processes
+
+    @property
+    def threads(self) -> int | None:
+        """torch threads while measuring: the option, or auto = 1 on the cpu target (its timings at 2 threads
+        on a shared 2-core machine spread 2-3x wider, docs/noise.md) and torch's default on a GPU target."""
+        value = self.settings["threads"]
+        if value == "auto":
+            return 1 if self.device == "cpu" else None
+        return int(value)
+
+    def threads_text(self) -> str:
+        given = self.settings["threads"]
+        return f"{self.threads if self.threads is not None else 'torch default'}" + (
+            f" (auto: {self.device} target)" if given == "auto" else "")
+
+    def rerun(self, nodeid: str | None = None, **kwargs: Any) -> str:
+        return rerun_command(self.settings, self.device, nodeid, **kwargs)
 
     @property
     def mode(self) -> str:
@@ -97,7 +123,8 @@ class LLMPerfSession:
     @property
     def fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:
-            self._fingerprint = {**fingerprint(self.settings.rootdir), "malloc": self.malloc}
+            self._fingerprint = {**fingerprint(self.settings.rootdir), "malloc": self.malloc,
+                                 "threads": self.threads_text()}
         return self._fingerprint
 
     def counts(self) -> Counter[str]:
@@ -152,7 +179,14 @@ class Benchmark:
             raise ScenarioError(f"llmperf.measure() got unknown setting(s) {', '.join(sorted(unknown))}")
         settings = self.session.settings.for_test({**self.marker_kwargs, **overrides})
         settings.pop("devices", None)
-        scenario = build_scenario(settings)
+        threads = self.session.threads  # --llmperf-threads, unless the marker's knobs set threads
+        if threads is not None and "threads" in backend.knob_names and "threads" not in settings.get("knobs", {}):
+            settings["knobs"] = {**settings.get("knobs", {}), "threads": threads}
+        try:
+            scenario = build_scenario(settings, check_runs=self.session.runs_are_the_unit)
+            check_metrics(scenario.metrics, [*METRICS, *getattr(backend, "counters_better", {})], backend.kind)
+        except ScenarioError as exc:
+            pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
         module = self.item.nodeid.split("::", 1)[0]
         key = self.item.nodeid.split("::", 1)[1] if "::" in self.item.nodeid else self.item.name
         if name:
@@ -168,9 +202,13 @@ class Benchmark:
             return result
         outcome = self._judge(result, scenario, backend, module)
         self.session.outcomes.append(outcome)
-        if outcome.messages:
-            pytest.fail("\n".join(outcome.messages), pytrace=False)
+        messages = self._apply_fail_on(outcome, result)
+        if messages:
+            pytest.fail("\n".join(messages), pytrace=False)
         return result
+
+    def _apply_fail_on(self, outcome: Outcome, result: BenchmarkResult) -> list[str]:
+        return fail_on_messages(self.session, outcome, result)
 
     def _judge(self, result: BenchmarkResult, scenario: Any, backend: Backend, module: str) -> Outcome:
         return judge_outcome(self.session, result, scenario,
@@ -224,36 +262,43 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
                     f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
                     if b.foreign_load is not None and b.foreign_load > max_load]
             if busy:
-                errors = [f"not written: a baseline measured on a busy machine would gate against noise. "
-                          f"Re-run the update when the machine is quiet. {'; '.join(busy)}", *errors]
+                errors = [busy_update_message(session, result.nodeid, busy, result), *errors]
             if not errors:  # never store a broken or disturbed measurement as the new normal
                 session.store.write(module, baseline_entry(session, result))
                 if result.backend.get("backend") == "jetstream":  # seed 002's dated log gains its rows
                     throughput_log.append_rows(Path(session.settings["report_dir"]), session.device,
                                                str(result.backend.get("model")),
                                                throughput_log.rows_from_result(result, now_iso()[:10]))
-            return Outcome(result, status if not errors else "refused", messages=errors, baseline_path=path)
+            return Outcome(result, status if not errors else "refused", messages=errors, baseline_path=path,
+                           reason="machine busy, baseline not written" if busy else "")
     except BaselineError as exc:
-        return Outcome(result, "refused", messages=[str(exc), *errors])
+        return Outcome(result, "refused", messages=[str(exc), *errors], reason="baseline file unusable")
     if baseline is None:
         note = session.store.missing_note(module)
         hint = (f"no baseline for {result.key} in {path} (device {session.device}). {note + ' ' if note else ''}"
-                f"Create it with:\n  pytest '{result.nodeid}' {session.store.rerun} --llmperf-update")
+                f"Create it with:\n  {session.rerun(result.nodeid, update=True)}")
         if session.store.recorded_elsewhere(module):  # measured, but on other hardware: as a CPU mismatch
             warnings.warn(PytestLLMPerfWarning(hint), stacklevel=2)
-            return Outcome(result, "refused", messages=errors, baseline_path=path)
+            return Outcome(result, "refused", messages=errors, baseline_path=path,
+                           reason="recorded on other machines only")
         return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
     mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
     drift = software_drift(baseline.fingerprint, session.fingerprint)
     if mismatch is not None:
         kind, was, now = mismatch
+        # The hint names a set of this hardware's own: an update under the same name would replace the other
+        # machine's baselines, and gating under it again gives this same refusal.
+        own = {"device": f"{session.device}-{_slug(now)}"} if kind == "gpu" else {"machine": _slug(now)}
         text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
-                f"{now!r}; not compared. Re-create it here with --llmperf-update, or give this hardware a "
-                f"set of its own (--llmperf-machine NAME; --llmperf-device NAME for another GPU)")
+                f"{now!r}; not compared. Record baselines of this hardware as a set of its own:\n"
+                f"  {session.rerun(result.nodeid, update=True, replace=own)}\n"
+                f"then gate with {' '.join(f'--llmperf-{k}={v}' for k, v in own.items())}")
+        reason = f"baseline from another {kind.upper()}"
         if kind == "gpu":
-            return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path)
+            return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path,
+                           reason=reason)
         warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
-        return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path)
+        return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path, reason=reason)
     rows = gate_rows(result, baseline)
     refused = [r for r in rows if r.verdict == judge.REFUSED]
     if refused:
@@ -261,9 +306,30 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
             f"batch size {r.batch_size}: {r.note}" for r in refused)), stacklevel=2)
     messages = [judge.regression_message(r, scenario.alpha) for r in rows if r.verdict == gate.REGRESSED]
     if messages:
-        messages.append(f"If the slowdown is intended, update the baseline: pytest '{result.nodeid}' "
-                        f"--llmperf-device={session.device} --llmperf-update")
+        messages.append(f"If the slowdown is intended, update the baseline: "
+                        f"{session.rerun(result.nodeid, update=True)}")
     return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path)
+
+
+def fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: BenchmarkResult) -> list[str]:
+    """The messages that fail this test: a regression or missing baseline not listed in --llmperf-fail-on
+    only warns; a refused or inconclusive outcome listed there fails with its reason."""
+    fail_on = session.settings["fail_on"]
+    kind = kind_of(outcome)
+    errors = [f"batch size {b.batch_size} failed: {b.error}" for b in result.batches
+              if b.error is not None and not b.oom]
+    if kind in (REGRESSED, MISSING) and kind not in fail_on:
+        verdict = [m for m in outcome.messages if m not in errors]
+        if verdict:
+            warnings.warn(PytestLLMPerfWarning(f"{result.key}: {kind}, not failing ({kind} is not in "
+                                               f"--llmperf-fail-on): " + "\n".join(verdict)), stacklevel=2)
+        return errors
+    if kind in (REFUSED, INCONCLUSIVE) and kind in fail_on and not outcome.messages:
+        rows = [f"batch size {r.batch_size} {r.metric}: {r.note}" for r in outcome.rows if r.verdict == kind]
+        detail = "; ".join(rows) or reason_of(outcome)
+        return [f"{result.key}: {kind} ({reason_of(outcome)}), and --llmperf-fail-on lists {kind}: nothing was "
+                f"judged. {detail}", *errors]
+    return outcome.messages
 
 
 def baseline_entry(session: LLMPerfSession, result: BenchmarkResult) -> BaselineEntry:
@@ -302,6 +368,26 @@ def check_output_paths(settings: Settings) -> None:
         if path and (Path(path).is_dir() if name == "json" else Path(path).exists() and not Path(path).is_dir()):
             what = "a directory; give a file path" if name == "json" else "a file; give a directory"
             raise pytest.UsageError(f"llmperf: {option}={path} is {what}")
+
+
+def _slug(text: Any) -> str:
+    """A short device-name suffix from a CPU or GPU name: 'Intel(R) Xeon(R) Gold 6338' -> 'intel-xeon-gold-6338'."""
+    import re
+
+    words = re.sub(r"\((r|tm)\)|cpu|@.*", " ", str(text).lower())
+    return "-".join(re.findall(r"[a-z0-9]+", words))[:40] or "this-machine"
+
+
+def busy_update_message(session: LLMPerfSession, nodeid: str, busy: list[str], result: BenchmarkResult) -> str:
+    """Why an update was refused on a busy machine, and what to run instead."""
+    worst = max(b.foreign_load or 0.0 for b in result.batches)
+    allow = session.rerun(nodeid, update=True, replace={"max_load": float(f"{worst + 0.25:.2g}")})
+    fewer = ("" if session.threads == 1 else "; or leave more of the machine to others with fewer torch threads: "
+             + session.rerun(nodeid, update=True, replace={"threads": 1}))
+    return (f"not written: a baseline measured on a busy machine would gate against noise ({'; '.join(busy)}). "
+            f"Instead: re-run when the other work has stopped; or accept this much load (the baseline then "
+            f"carries its noise): {allow}{fewer}; or judge a change without stored baselines, base and change "
+            f"measured in one session (--llmperf-compare REF)")
 
 
 def marker_devices(item: pytest.Item) -> list[str] | None:

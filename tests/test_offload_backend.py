@@ -85,7 +85,9 @@ def test_describe_reports_budget_costs_and_placement(backend):
 
 
 def test_fixture_measures_with_knobs_and_closes_its_engines_also_when_a_test_fails(pytester, model_cache):
-    pytester.makeini("[pytest]\nllmperf_runs = 2\nllmperf_warmups = 0\n")
+    # Two runs, one look: such a gate can only reach alpha 0.2 (smallest Mann-Whitney p of 2 vs 2 is 1/6),
+    # enough for a test of the fixture; a smaller alpha is refused up front.
+    pytester.makeini("[pytest]\nllmperf_runs = 2\nllmperf_max_runs = 2\nllmperf_alpha = 0.2\nllmperf_warmups = 0\n")
     pytester.makeconftest("pytest_plugins = ['pytest_llmperf.offload.fixture']\n")
     pytester.makepyfile(test_seed=f"""
         import pytest

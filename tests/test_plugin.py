@@ -57,7 +57,7 @@ def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeyp
     result = run(project)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*no baseline for test_engine in *baselines/cpu/{machine_slug(cpu_identity())}/test_engine.json (device cpu)*",
-                                 "*--llmperf-device=cpu --llmperf-update*"])
+                                 "*--llmperf-device=cpu --llmperf-max-load=1000 --llmperf-update*"])
     assert not baseline_file(project).exists()
 
     run(project, "--llmperf-update").assert_outcomes(passed=1)
@@ -168,16 +168,16 @@ def test_help_lists_every_option(pytester):
 @pytest.mark.parametrize("style", ["pytest.ini", "tox.ini", "pyproject.toml"])
 def test_ini_twins_from_each_config_format(pytester, style, monkeypatch):
     monkeypatch.delenv("LLMPERF_RUNS", raising=False)
-    lines = "llmperf_runs = 3\nllmperf_alpha = 0.05\nllmperf_device = h100\n"
+    lines = "llmperf_runs = 5\nllmperf_alpha = 0.05\nllmperf_device = h100\n"
     if style == "pyproject.toml":
-        pytester.makepyprojecttoml("[tool.pytest.ini_options]\n" + lines.replace("= 3", '= "3"')
+        pytester.makepyprojecttoml("[tool.pytest.ini_options]\n" + lines.replace("= 5", '= "5"')
                                    .replace("= 0.05", '= "0.05"').replace("= h100", '= "h100"'))
     elif style == "tox.ini":
         pytester.makefile(".ini", tox="[pytest]\n" + lines)
     else:
         pytester.makeini("[pytest]\n" + lines)
     result = pytester.runpytest("--co")
-    result.stdout.fnmatch_lines(["llmperf: device=h100 (given), mode=gate, runs=3, warmups=1, max_runs=30, "
+    result.stdout.fnmatch_lines(["llmperf: device=h100 (given), mode=gate, runs=5, warmups=1, max_runs=30, "
                                  "alpha=0.05*"])
 
 

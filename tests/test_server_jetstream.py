@@ -121,7 +121,7 @@ def test_updating_a_jetstream_baseline_adds_a_row_to_the_dated_log(pytester, mon
         pytester.makeini("[pytest]\n")
         pytester.makepyfile(test_js_log="""
 import pytest
-@pytest.mark.llmperf(batch_sizes=[1, 2], sequence_length=4, decode_length=3, runs=3, warmups=0)
+@pytest.mark.llmperf(batch_sizes=[1, 2], sequence_length=4, decode_length=3, runs=5, warmups=0)
 def test_js(llmperf, llmperf_jetstream):
     llmperf.measure(llmperf_jetstream(model="llama-tiny"))
 """)

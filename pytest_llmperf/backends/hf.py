@@ -29,6 +29,17 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "not enough memory" in text or "can't allocate memory" in text
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def cuda_missing(device: str, torch: Any) -> str:
+    """One line for a CUDA device on a machine where torch sees none."""
+    build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    return (f"device {device!r} needs CUDA, but torch {torch.__version__} ({build}) sees no CUDA device on this "
+            f"machine: run on the GPU machine, or measure the cpu target (--llmperf-device=cpu)")
+
+
 class HFBackend(Backend):
     kind = "hf"
     splits_prefill: ClassVar[bool] = True
@@ -57,11 +68,21 @@ class HFBackend(Backend):
             kwargs["device_map"] = device
         else:
             kwargs["dtype"] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        try:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendError(cuda_missing(device, torch))
+        try:  # transformers says ValueError for a directory without a tokenizer: one line with the fix instead
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise BackendError(
+                f"cannot load a tokenizer from {self.model_path} ({_first_line(exc)}): the model directory needs "
+                f"its tokenizer files (tokenizer.json or tokenizer_config.json with its vocabulary); save them "
+                f"there with tokenizer.save_pretrained('{self.model_path}')") from None
+        try:
             model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
-        except OSError as exc:
-            raise BackendError(f"cannot load model from {self.model_path}: {exc}") from exc
+        except (OSError, ValueError) as exc:
+            raise BackendError(
+                f"cannot load the model from {self.model_path} ({_first_line(exc)}): the directory needs "
+                f"config.json and the weights (model.save_pretrained('{self.model_path}'))") from None
         self.model = (model if dtype == "int8" else model.to(device)).eval()
         # generate() computes only the last position's logits at prefill; so do we, where supported.
         params = inspect.signature(self.model.forward).parameters

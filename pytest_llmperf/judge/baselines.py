@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import locked, write_text_atomic
+from ..files import finite_or_null, locked, write_text_atomic
 from .baseline_layout import module_file, other_sets
 from .baseline_values import check_entry, check_raw_entry
 
@@ -275,7 +275,9 @@ class BaselineStore:
                 change(entries)
                 document = {"schema_version": SCHEMA_VERSION, "device": self.device, "machine": self.machine,
                             "module": module, "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
-                write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True, allow_nan=False) + "\n")
+                # metadata such as the scenario's max_load=inf is null in strict JSON; values were checked above
+                text = json.dumps(finite_or_null(document), indent=1, sort_keys=True, allow_nan=False)
+                write_text_atomic(path, text + "\n")
         except OSError as exc:
             raise BaselineError(f"cannot write baseline file {path}: {exc}; the previous file is unchanged. Make "
                                 "the directory writable or point --llmperf-baseline-dir elsewhere") from None

@@ -64,10 +64,13 @@ def busy_note(current_load: float | None, baseline_load: float | None, max_load:
     """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
     if current_load is not None and current_load > max_load:
         return (f"machine busy: other processes used {current_load:.2f} cores during the runs "
-                f"(limit {max_load:g}, --llmperf-max-load); not compared")
+                f"(limit {max_load:g}, --llmperf-max-load); not compared. Re-run when the other work has stopped, "
+                f"allow it with --llmperf-max-load={current_load + 0.25:.2g} (noisier verdicts), use fewer torch "
+                f"threads (--llmperf-threads=1), or measure base and change in one session (--llmperf-compare REF)")
     if baseline_load is not None and baseline_load > max_load:
         return (f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
-                f"limit {max_load:g}); not compared: re-record it with --llmperf-update on a quiet machine")
+                f"limit {max_load:g}, --llmperf-max-load); not compared: re-record it with --llmperf-update on a "
+                f"quiet machine, or gate with --llmperf-max-load={baseline_load + 0.25:.2g} to accept it")
     return None
 
 

@@ -7,6 +7,7 @@ collection with the list of known ones, so a typo never silently falls back to a
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -65,7 +66,7 @@ class Scenario:
     max_load: float = float("inf")  # cores other processes may use during a run before it is retaken
 
     def __post_init__(self) -> None:
-        if not self.batch_sizes or any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
+        if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in self.batch_sizes):
             raise ScenarioError(f"batch_sizes must be positive integers, got {list(self.batch_sizes)}")
         if self.sequence_length < 1:
             raise ScenarioError(f"sequence_length must be >= 1, got {self.sequence_length}")
@@ -75,8 +76,11 @@ class Scenario:
             raise ScenarioError(f"runs must be >= 1 and warmups >= 0, got runs={self.runs} warmups={self.warmups}")
         if not 0 < self.alpha < 1:
             raise ScenarioError(f"alpha must lie in (0, 1), got {self.alpha}")
-        if self.rtol < 0 or any(v < 0 for v in self.rtol_per_metric.values()):
-            raise ScenarioError("rtol must be >= 0")
+        if not (self.rtol >= 0 and math.isfinite(self.rtol)) or any(
+                not (v >= 0 and math.isfinite(v)) for v in self.rtol_per_metric.values()):
+            raise ScenarioError("rtol must be a finite number >= 0 (a NaN tolerance would pass any slowdown)")
+        if not self.max_load >= 0:
+            raise ScenarioError(f"max_load must be >= 0 cores (inf: no limit), got {self.max_load}")
 
     def rtol_for(self, metric: str) -> float:
         return self.rtol_per_metric.get(metric, self.rtol)
@@ -108,35 +112,149 @@ def check_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dic
             f"@pytest.mark.llmperf got unknown keyword(s) {', '.join(unknown)}; "
             f"known: {', '.join(MARKER_KEYWORDS)}"
         )
-    return llmperf_marker(**kwargs)
+    checked = llmperf_marker(**kwargs)
+    for name, value in checked.items():
+        check_setting(name, value, where="@pytest.mark.llmperf")
+    return checked
 
 
-def build_scenario(settings: Mapping[str, Any]) -> Scenario:
-    """Make a Scenario from resolved settings (marker > overrides > CLI > env > ini > default)."""
+# -- one check per keyword: by type and range, never coerced (int("12") or int(16.9) would run something else)
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _expect(ok: bool, name: str, value: Any, expected: str, where: str) -> None:
+    if not ok:
+        raise ScenarioError(f"{where}: {name}={value!r} is not valid: expected {expected}")
+
+
+def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> None:
+    """Raise ScenarioError naming `name` unless `value` has the keyword's type and range."""
+    if name == "batch_sizes":
+        _expect(isinstance(value, (list, tuple)) and len(value) > 0
+                and all(_is_int(b) and b >= 1 for b in value) and len(set(value)) == len(value),
+                name, value, "a list of distinct integers >= 1, e.g. [1, 2, 4]", where)
+    elif name in ("sequence_length", "decode_length", "runs", "max_runs"):
+        _expect(_is_int(value) and value >= 1, name, value, "an integer >= 1", where)
+    elif name == "warmups":
+        _expect(_is_int(value) and value >= 0, name, value, "an integer >= 0", where)
+    elif name in ("alpha", "default_alpha"):
+        _expect(_is_number(value) and 0 < value < 1, name, value, "a number in (0, 1)", where)
+    elif name in ("rtol", "default_rtol"):
+        finite = lambda v: _is_number(v) and math.isfinite(v) and v >= 0  # noqa: E731
+        if isinstance(value, Mapping):
+            _expect(all(isinstance(k, str) and finite(v) for k, v in value.items()), name, value,
+                    "a number >= 0 per metric name, e.g. {'prefill_ms': 0.1, 'default': 0.05}", where)
+        else:
+            _expect(finite(value), name, value, "a finite number >= 0 (or a {metric: number} mapping)", where)
+    elif name == "metrics":
+        _expect(isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, str) for m in value),
+                name, value, "a non-empty list of metric names, e.g. ['prefill_ms', 'decode_token_ms']", where)
+    elif name == "knobs":
+        _expect(isinstance(value, Mapping) and all(isinstance(k, str) for k in value), name, value,
+                "a mapping of knob names to values, e.g. {'threads': 1}", where)
+        if isinstance(value, Mapping) and "threads" in value:
+            _expect(_is_int(value["threads"]) and value["threads"] >= 1, "knobs['threads']", value["threads"],
+                    "an integer >= 1", where)
+    elif name == "group":
+        _expect(value is None or isinstance(value, str), name, value, "a string", where)
+    elif name == "stop_after_oom":
+        _expect(isinstance(value, bool), name, value, "True or False", where)
+    elif name == "max_load":
+        _expect(_is_number(value) and value >= 0, name, value, "a number of cores >= 0 (float('inf'): no limit)",
+                where)
+    elif name == "devices":
+        _expect(isinstance(value, str) and value != "" or isinstance(value, (list, tuple)) and len(value) > 0
+                and all(isinstance(d, str) and d for d in value), name, value,
+                "a device name or a list of them, e.g. ['cpu', 'a100']", where)
+
+
+def check_metrics(metrics: Sequence[str] | None, known: Sequence[str], backend_kind: str) -> None:
+    """A metric name that no backend measures gates nothing: reject it with the names that exist."""
+    unknown = [m for m in metrics or () if m not in known]
+    if unknown:
+        raise ScenarioError(f"metrics: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend "
+                            f"(a typo would gate nothing); known: {', '.join(known)}")
+
+
+# -- a setting that can never fail is refused: Mann-Whitney needs enough units per side to reach alpha
+
+def min_attainable_p(n_baseline: int, n_current: int) -> float:
+    """The smallest one-sided Mann-Whitney p of complete separation without ties: 1 / C(n+m, n)
+    (equals judge.gate.min_attainable_p, computed exactly by scipy there)."""
+    return 1 / math.comb(n_baseline + n_current, n_current)
+
+
+def smallest_units_for(alpha: float, looks: int = 1) -> int:
+    """The fewest units per side (runs, or worker processes) whose smallest p is below alpha / looks."""
+    n = 1
+    while min_attainable_p(n, n) >= alpha / looks:
+        n += 1
+    return n
+
+
+def check_attainable(units: int, alpha: float, *, extra_units: int = 0, label: str = "",
+                     unit: str = "runs") -> None:
+    """Raise ScenarioError when `units` per side (and the `extra_units` of a confirmation look, each look
+    at alpha/2) can never give a p below alpha: every slowdown would then pass as inconclusive."""
+    label = label or f"{unit}={units}"
+    looks = 2 if extra_units > 0 else 1
+    per_look = alpha / looks
+    why = ("alpha/2 per look: a confirmation look runs while max_runs > runs" if looks == 2 else "one look")
+    p = min_attainable_p(units, units)
+    if p >= per_look:
+        need = smallest_units_for(alpha, looks)
+        raise ScenarioError(
+            f"{label} cannot reach alpha {alpha:g}: with {units} {unit} per side the smallest one-sided "
+            f"Mann-Whitney p is {p:.3g}, not below {per_look:g} ({why}), so no slowdown could ever fail "
+            f"(it would pass as inconclusive). Use at least {need} {unit}"
+            + (f" ({label.split('=')[0]}={need})" if label.startswith("--") else "") + ", or a larger alpha")
+    second = min(units, extra_units)
+    if second > 0 and min_attainable_p(units, second) >= per_look:
+        need = next(e for e in range(1, units + 1) if min_attainable_p(units, e) < per_look)
+        raise ScenarioError(
+            f"max_runs={units + extra_units} leaves the confirmation look {second} run(s) against {units}, whose "
+            f"smallest Mann-Whitney p is {min_attainable_p(units, second):.3g}, not below {per_look:g}: a slowdown "
+            f"could never be confirmed. Set max_runs to at least {units + need}, or to {units} (one look)")
+
+
+def build_scenario(settings: Mapping[str, Any], *, check_runs: bool = True) -> Scenario:
+    """Make a Scenario from resolved settings (marker > overrides > CLI > env > ini > default).
+
+    Every value is checked by type and range (never coerced) and, when the runs are what the gate tests
+    (`check_runs`: measured in one process), they must be able to reach alpha; with worker processes the
+    processes are the unit, and the controller checks those."""
+    for name, value in settings.items():
+        check_setting(name, value)
     rtol = settings.get("rtol", 0.05)
     per_metric: dict[str, float] = {}
     if isinstance(rtol, Mapping):
         per_metric = {str(k): float(v) for k, v in rtol.items() if k != "default"}
         rtol = rtol.get("default", settings.get("default_rtol", 0.05))
     metrics = settings.get("metrics")
-    try:
-        return Scenario(
-            batch_sizes=tuple(int(b) for b in settings.get("batch_sizes", (1,))),
-            sequence_length=int(settings.get("sequence_length", 128)),
-            decode_length=int(settings.get("decode_length", 8)),
-            runs=int(settings.get("runs", 10)),
-            warmups=int(settings.get("warmups", 1)),
-            max_runs=max(int(settings.get("max_runs", 30)), int(settings.get("runs", 10))),
-            alpha=float(settings.get("alpha", 0.01)),
-            rtol=float(rtol),
-            rtol_per_metric=per_metric,
-            metrics=tuple(metrics) if metrics is not None else None,
-            knobs=dict(settings.get("knobs", {})),
-            group=settings.get("group"),
-            stop_after_oom=bool(settings.get("stop_after_oom", True)),
-            max_load=float(settings.get("max_load", float("inf"))),
-        )
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ScenarioError):
-            raise
-        raise ScenarioError(f"invalid llmperf scenario setting: {exc}") from exc
+    runs = settings.get("runs", 10)
+    max_runs = max(settings.get("max_runs", 30), runs)
+    alpha = float(settings.get("alpha", 0.01))
+    if check_runs:
+        check_attainable(runs, alpha, extra_units=max_runs - runs)
+    return Scenario(
+        batch_sizes=tuple(settings.get("batch_sizes", (1,))),
+        sequence_length=settings.get("sequence_length", 128),
+        decode_length=settings.get("decode_length", 8),
+        runs=runs,
+        warmups=settings.get("warmups", 1),
+        max_runs=max_runs,
+        alpha=alpha,
+        rtol=float(rtol),
+        rtol_per_metric=per_metric,
+        metrics=tuple(metrics) if metrics is not None else None,
+        knobs=dict(settings.get("knobs", {})),
+        group=settings.get("group"),
+        stop_after_oom=settings.get("stop_after_oom", True),
+        max_load=float(settings.get("max_load", float("inf"))),
+    )

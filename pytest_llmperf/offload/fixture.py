@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..extras import HF, require
-from ..fixtures import SESSION_KEY
+from ..fixtures import SESSION_KEY, fail_unless_cuda
 from ..options import OPTIONS_BY_NAME
 
 if TYPE_CHECKING:
@@ -44,6 +44,16 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
 
     def start(model: str = "tiny-mixtral", **options: Any) -> OffloadBackend:
         require("llmperf_offload", HF)
+        from ..backends.base import BackendError
+        from ..backends.models import ModelError
+        from .experts import OffloadError
+
+        try:
+            return _start(model, options)
+        except (BackendError, ModelError, OffloadError) as exc:  # a user's mistake: one line, no traceback
+            pytest.fail(f"llmperf_offload({model!r}): {exc}", pytrace=False)
+
+    def _start(model: str, options: dict[str, Any]) -> OffloadBackend:
         from ..backends.models import CPU_SIZED, EMBEDDED, tokenizer_for
         from .backend import OffloadBackend
         from .engine import OffloadEngine
@@ -57,6 +67,7 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
         merged = {**defaults, **options}
         merged.setdefault("fast_device", "cpu" if session.device == "cpu" else "cuda")
         merged.setdefault("dtype", "fp32" if merged["fast_device"] == "cpu" else "bf16")
+        fail_unless_cuda(session, str(merged["fast_device"]), f"llmperf_offload({model!r})")
         opts = OffloadOptions(**merged)
         key = (model, tuple(sorted(dataclasses.asdict(opts).items())))
         if key in started:

@@ -37,6 +37,7 @@ def summary_lines(session: Any) -> list[str]:
         lines.append(f"compared with {compared_to}: re-run the same command to measure again; a slowdown the "
                      "change intends is accepted by merging it (the next comparison starts from it)")
     elif counts.get("regressed") or counts.get("missing"):
-        lines.append(f"re-run: pytest --llmperf-device={session.device} (add --llmperf-update if the change is "
+        rerun = session.rerun() if hasattr(session, "rerun") else f"pytest --llmperf-device={session.device}"
+        lines.append(f"re-run: {rerun} (add --llmperf-update if the change is "
                      "intended, then commit the changed baselines/ files)")
     return lines

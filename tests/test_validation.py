@@ -1,0 +1,225 @@
+"""Inputs that would silently switch the gate off are refused, each with a message naming the option,
+ini key or marker keyword and the fix; never an INTERNALERROR or a raw traceback."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf.hints import rerun_command
+from pytest_llmperf.judge import gate
+from pytest_llmperf.judge.verdicts import busy_note
+from pytest_llmperf.measure.scenario import (ScenarioError, build_scenario, check_attainable, min_attainable_p,
+                                             smallest_units_for)
+from pytest_llmperf.options import OPTIONS, Settings
+
+MARKED_TEST = """
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf({marker})
+def test_engine(llmperf):
+    llmperf.measure(SimulatedBackend(){overrides})
+"""
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
+
+
+def assert_clean(result):
+    text = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in text and "Traceback" not in text
+
+
+# -- options: CLI, environment and ini, by type and range ------------------------------------------------
+
+@pytest.mark.parametrize(("arg", "expected"), [
+    ("--llmperf-runs=0", "--llmperf-runs: expected an integer >= 1, got '0'"),
+    ("--llmperf-runs=abc", "--llmperf-runs: expected an integer >= 1, got 'abc'"),
+    ("--llmperf-runs=2.5", "--llmperf-runs: expected an integer >= 1, got '2.5'"),
+    ("--llmperf-warmups=-1", "--llmperf-warmups: expected an integer >= 0"),
+    ("--llmperf-rtol=nan", "--llmperf-rtol: expected a number >= 0, got 'nan'"),
+    ("--llmperf-rtol=inf", "--llmperf-rtol: expected a number >= 0, got 'inf'"),
+    ("--llmperf-rtol=-0.1", "--llmperf-rtol: expected a number >= 0"),
+    ("--llmperf-alpha=1", "--llmperf-alpha: expected a number in (0, 1)"),
+    ("--llmperf-alpha=nan", "--llmperf-alpha: expected a number in (0, 1)"),
+    ("--llmperf-max-load=-1", "--llmperf-max-load: expected a number of cores >= 0, or inf"),
+    ("--llmperf-max-load=nan", "--llmperf-max-load: expected a number of cores >= 0, or inf"),
+    ("--llmperf-threads=0", "--llmperf-threads: expected auto or an integer >= 1"),
+    ("--llmperf-threads=many", "--llmperf-threads: expected auto or an integer >= 1"),
+    ("--llmperf-server-timeout=nan", "--llmperf-server-timeout: expected a number > 0"),
+    ("--llmperf-fail-on=nothing", "--llmperf-fail-on: expected a comma list out of"),
+])
+def test_bad_option_is_a_usage_error_naming_it(project, arg, expected):
+    result = run(project, arg)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*llmperf: bad value for {expected}*"])
+    assert_clean(result)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("llmperf_runs = abc", "ini option llmperf_runs in * expected an integer >= 1, got 'abc'"),
+    ("llmperf_rtol = nan", "ini option llmperf_rtol in * expected a number >= 0, got 'nan'"),
+    ("llmperf_alpha = 2", "ini option llmperf_alpha in * expected a number in (0, 1), got '2'"),
+    ("llmperf_update = maybe", "ini option llmperf_update in *"),
+])
+def test_bad_ini_value_names_the_ini_option(project, line, expected):
+    project.makeini(f"[pytest]\n{line}\n")
+    result = run(project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}*"])
+    assert "invalid literal" not in result.stderr.str()
+    assert_clean(result)
+
+
+def test_bad_environment_value_names_the_variable(project, monkeypatch):
+    monkeypatch.setenv("LLMPERF_RTOL", "NaN")
+    result = run(project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RTOL: expected a number >= 0*"])
+
+
+def test_max_load_inf_switches_the_check_off(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=5", overrides=""))
+    result = run(project, "--llmperf-update", "--co")
+    assert result.ret == 0
+
+
+# -- settings that can never fail ------------------------------------------------------------------------
+
+def test_runs_3_with_default_alpha_is_refused_with_the_runs_needed(project):
+    result = run(project, "--llmperf-runs=3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-runs=3 cannot reach alpha 0.01: with 3 runs per side the smallest "
+                                 "one-sided Mann-Whitney p is 0.05, not below 0.005*Use at least 5 runs*"])
+    assert_clean(result)
+
+
+def test_a_marker_whose_runs_cannot_reach_alpha_fails_at_setup(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=4", overrides=""))
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(errors=1)  # refused at setup, before any run
+    result.stdout.fnmatch_lines(["*runs=4 cannot reach alpha 0.01*Use at least 5 runs*"])
+    assert "measured" not in result.stdout.str()  # refused before a single run
+    assert_clean(result)
+
+
+def test_a_measure_override_whose_runs_cannot_reach_alpha_fails(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=", runs=3"))
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*runs=3 cannot reach alpha 0.01*Use at least 5 runs*"])
+    assert_clean(result)
+
+
+def test_a_confirmation_look_too_small_to_confirm_is_refused():
+    with pytest.raises(ScenarioError, match=r"max_runs=11 leaves the confirmation look 1 run\(s\).*at least 13, or to 10 \(one look\)"):
+        check_attainable(10, 0.01, extra_units=1)
+    check_attainable(10, 0.01, extra_units=0)  # one look, full alpha
+    check_attainable(10, 0.01, extra_units=20)
+
+
+@pytest.mark.parametrize(("alpha", "looks", "units"), [(0.01, 2, 5), (0.01, 1, 5), (0.05, 1, 4), (0.05, 2, 4),
+                                                        (0.001, 2, 7), (0.2, 1, 2)])
+def test_smallest_units_reach_alpha_and_one_fewer_does_not(alpha, looks, units):
+    assert smallest_units_for(alpha, looks) == units
+    assert gate.min_attainable_p(units, units) < alpha / looks <= gate.min_attainable_p(units - 1, units - 1)
+    assert math.isclose(min_attainable_p(units, units), gate.min_attainable_p(units, units))
+
+
+# -- marker keywords: by type and range, never coerced ----------------------------------------------------
+
+@pytest.mark.parametrize(("marker", "expected"), [
+    ('batch_sizes="12"', "batch_sizes='12' is not valid: expected a list of distinct integers >= 1"),
+    ("batch_sizes=[1.7]", "batch_sizes=[1.7] is not valid"),
+    ("batch_sizes=[True]", "batch_sizes=[True] is not valid"),
+    ("batch_sizes=[]", "batch_sizes=[] is not valid"),
+    ("batch_sizes=[2, 2]", "batch_sizes=[2, 2] is not valid"),
+    ("sequence_length=16.9", "sequence_length=16.9 is not valid: expected an integer >= 1"),
+    ("decode_length=0", "decode_length=0 is not valid: expected an integer >= 1"),
+    ('runs="10"', "runs='10' is not valid: expected an integer >= 1"),
+    ("warmups=-1", "warmups=-1 is not valid: expected an integer >= 0"),
+    ('rtol=float("nan")', "rtol=nan is not valid: expected a finite number >= 0"),
+    ('rtol={"prefill_ms": float("nan")}', "rtol={'prefill_ms': nan} is not valid"),
+    ("rtol=-0.5", "rtol=-0.5 is not valid"),
+    ("alpha=0", "alpha=0 is not valid: expected a number in (0, 1)"),
+    ("max_load=-1", "max_load=-1 is not valid: expected a number of cores >= 0"),
+    ('max_load=float("nan")', "max_load=nan is not valid"),
+    ('metrics="prefill_ms"', "metrics='prefill_ms' is not valid: expected a non-empty list of metric names"),
+    ('stop_after_oom="yes"', "stop_after_oom='yes' is not valid: expected True or False"),
+    ('knobs={"threads": 0}', "knobs['threads']=0 is not valid: expected an integer >= 1"),
+    ("devices=[]", "devices=[] is not valid"),
+])
+def test_bad_marker_value_fails_the_test_naming_the_keyword(project, marker, expected):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker=marker, overrides=""))
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(errors=1)  # refused at setup, before any run
+    assert f"@pytest.mark.llmperf: {expected}" in result.stdout.str()
+    assert not list((project.path / "baselines").rglob("*.json"))  # nothing measured, nothing written
+    assert_clean(result)
+
+
+def test_bad_override_in_measure_names_the_setting(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=", batch_sizes=[1.5]"))
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(failed=1)
+    assert "batch_sizes=[1.5] is not valid: expected a list of distinct integers" in result.stdout.str()
+    assert_clean(result)
+
+
+def test_a_typo_in_metrics_is_refused_with_the_known_names(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker='metrics=["prefil_ms"]', overrides=""))
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*metrics: unknown metric(s) prefil_ms for the simulated backend (a typo would "
+                                 "gate nothing); known: prefill_ms, decode_token_ms*"])
+    assert_clean(result)
+
+
+def test_the_scenario_never_coerces():
+    with pytest.raises(ScenarioError, match="sequence_length=16.9"):
+        build_scenario({"sequence_length": 16.9})
+    with pytest.raises(ScenarioError, match="rtol=nan"):
+        build_scenario({"rtol": float("nan")})
+    assert build_scenario({"max_load": float("inf"), "batch_sizes": [1, 2]}).batch_sizes == (1, 2)
+
+
+# -- hints: what to run instead, repeating the options given --------------------------------------------
+
+def test_rerun_command_repeats_only_the_options_given(tmp_path):
+    values = {o.name: o.default for o in OPTIONS}
+    values.update(baseline_dir=str(tmp_path / "my baselines"), max_load=2.0, rtol=0.3, update=True,
+                  model={"tiny": "/m/tiny"}, fail_on=("refused",))
+    settings = Settings(values, Path(tmp_path), given=("baseline_dir", "max_load", "rtol", "update", "model"))
+    command = rerun_command(settings, "cpu", "t.py::test_x", update=True, replace={"max_load": 3.5})
+    assert command == (f"pytest t.py::test_x --llmperf-device=cpu --llmperf-baseline-dir='{tmp_path}/my baselines' "
+                       "--llmperf-rtol=0.3 --llmperf-model=tiny=/m/tiny --llmperf-max-load=3.5 --llmperf-update")
+
+
+def test_busy_notes_say_what_to_run_instead():
+    now = busy_note(1.2, 0.0, 0.25)
+    assert "--llmperf-max-load=1.4" in now and "--llmperf-threads=1" in now and "--llmperf-compare REF" in now
+    base = busy_note(0.0, 0.9, 0.25)
+    assert "--llmperf-update on a quiet machine" in base and "--llmperf-max-load=1.1" in base
+
+
+def test_hints_repeat_the_baseline_dir_and_max_load(project, tmp_path):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
+    elsewhere = tmp_path / "elsewhere"
+    result = run(project, f"--llmperf-baseline-dir={elsewhere}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"  pytest test_engine.py::test_engine --llmperf-device=cpu "
+                                 f"--llmperf-baseline-dir={elsewhere} --llmperf-max-load=inf --llmperf-update"])
+    # Following the hint records where the gate then looks: no second refusal.
+    run(project, f"--llmperf-baseline-dir={elsewhere}", "--llmperf-update").assert_outcomes(passed=1)
+    run(project, f"--llmperf-baseline-dir={elsewhere}").assert_outcomes(passed=1)
