@@ -21,6 +21,8 @@ from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
 from .session import LLMPerfSession, marker_devices
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
+# Hooks of the exports (pytest-benchmark's records, JUnit properties) live in their own module.
+pytest_plugins = ("pytest_llmperf.report.export_hooks",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -117,49 +119,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         raise pytest.UsageError(f"llmperf: cannot write the report under {report_dir}: {exc}. "
                                 "Make it writable or set --llmperf-report-dir") from None
     llm.written = written
-    _write_benchmark_json_alone(session.config)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         with open(summary_path, "a", encoding="utf-8") as handle:
             handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
-
-
-def _write_benchmark_json_alone(config: pytest.Config) -> None:
-    """pytest-benchmark writes --benchmark-json only when its own benchmarks ran; when only ours did,
-    write it through its own hooks so the file still appears, in its schema, with our results."""
-    bench = getattr(config, "_benchmarksession", None)
-    if bench is None or not getattr(bench, "json", None) or bench.benchmarks:
-        return
-    import json
-
-    machine_info = config.hook.pytest_benchmark_generate_machine_info(config=config)
-    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
-    document = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=[], include_data=True,
-                                                          machine_info=machine_info, commit_info=commit_info)
-    config.hook.pytest_benchmark_update_json(config=config, benchmarks=[], output_json=document)
-    report.write_atomic(Path(bench.json), json.dumps(document, indent=4, default=str))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
-    """Add our results to pytest-benchmark's --benchmark-json, in its schema, for tools that read it."""
-    llm = config.stash.get(SESSION_KEY, None)
-    if llm is None:
-        return
-    from .measure.metrics import summarize, values_by_metric
-
-    for outcome in llm.outcomes:
-        result = outcome.result
-        for batch in result.batches:
-            for metric, values in values_by_metric(batch.samples).items():
-                if not metric.endswith("_ms"):
-                    continue
-                s = summarize([v / 1000 for v in values])  # pytest-benchmark's unit is seconds
-                output_json.setdefault("benchmarks", []).append({
-                    "group": f"llmperf:{llm.device}", "name": f"{result.key}[bs={batch.batch_size}]:{metric}",
-                    "fullname": f"{result.nodeid}[bs={batch.batch_size}]:{metric}", "params": {"batch_size": batch.batch_size},
-                    "param": str(batch.batch_size), "extra_info": {"device": llm.device, "metric": metric},
-                    "options": {"runs": len(values)},
-                    "stats": {"min": s.lowest, "max": s.highest, "mean": s.average, "median": s.percentiles[50],
-                              "rounds": s.n, "data": [v / 1000 for v in values]},
-                })
