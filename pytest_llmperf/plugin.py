@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .report import markdown as report
-from .report import terminal
+from .report import accumulate, terminal, verdict_table
 from .measure.allocator import steady_malloc
 from .judge.baselines import now_iso
 from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
@@ -18,7 +19,7 @@ from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_server
                                llmperf_vllm)
 from .options import Settings, add_options
 from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
-from .session import LLMPerfSession, marker_devices
+from .session import LLMPerfSession, PytestLLMPerfWarning, marker_devices
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
 # Hooks of the exports (pytest-benchmark's records, JUnit properties) live in their own module.
@@ -102,15 +103,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     created = now_iso()
     results = [o.result for o in llm.outcomes]
-    rows = [r for o in llm.outcomes for r in o.rows]
     counts_line = terminal.counts_line(llm.counts())
     report_dir = Path(llm.settings["report_dir"])
-    md = report.markdown(llm.device, created, llm.fingerprint, results, rows, counts_line)
-    doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results, llm.outcomes,
-                               llm.counts())
+    session_doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results,
+                                       llm.outcomes, llm.counts())
     written = [report_dir / f"{llm.device}.md", report_dir / f"{llm.device}.json"]
+    doc, warning = accumulate.update_report(written[1], session_doc)  # every benchmark measured on the device
+    if warning:
+        warnings.warn(PytestLLMPerfWarning(f"llmperf report: {warning}"), stacklevel=1)
     try:
-        report.write_atomic(written[0], md)
+        report.write_atomic(written[0], report.markdown(doc, counts_line))
         report.write_json(written[1], doc)
         if llm.settings["json"]:
             written.append(Path(llm.settings["json"]))
@@ -122,4 +124,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         with open(summary_path, "a", encoding="utf-8") as handle:
-            handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+            table = verdict_table.markdown_table(session_doc, with_measured=False)
+            handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{table}\n\n")
