@@ -17,8 +17,10 @@ JUnit: each benchmark's medians, ratio and verdict become the test's `user_prope
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,6 +86,9 @@ def add_to_pytest_benchmark(config: Any, device: str, results: Sequence[Benchmar
         return 0  # nothing of pytest-benchmark's asked for: keep its table out of a plain run's output
     records = benchmark_records(device, results)
     bench.benchmarks.extend(records)
+    if bench.json and isinstance(bench.json, (str, os.PathLike)):
+        # pytest-benchmark opens the file without making its folder; a fresh clone has no reports/ yet
+        Path(bench.json).parent.mkdir(parents=True, exist_ok=True)
     return len(records)
 
 
