@@ -51,7 +51,7 @@ def test_a_corrupt_previous_report_is_kept_aside_and_warned_about(project):  # n
     assert report_json(project)["benchmarks"][0]["key"] == "test_engine"
 
 
-def test_verdict_rows_ratio_is_now_over_baseline_improved_shows_its_p_and_order_is_stable(project, monkeypatch):  # noqa: F811,E501
+def test_ratio_is_now_over_baseline_improved_shows_its_p_and_order_is_stable(project, monkeypatch):  # noqa: F811
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     monkeypatch.setenv("SIM_SEED", "3")
     monkeypatch.setenv("SIM_PREFILL", "0.5")  # twice as fast: prefill latency halves, throughput rises

@@ -82,7 +82,8 @@ def side_by_side(documents: Sequence[Mapping[str, Any]], labels: Sequence[str]) 
     merged = []
     for ident in sorted(order):
         per_target = found[ident]
-        batch_sizes = sorted({int(b["batch_size"]) for bench in per_target.values() for b in bench.get("batches") or []})
+        batch_sizes = sorted({int(b["batch_size"]) for bench in per_target.values()
+                              for b in bench.get("batches") or []})
         tables = []
         for phase, candidates in PHASES:
             for metric in candidates:
@@ -93,24 +94,27 @@ def side_by_side(documents: Sequence[Mapping[str, Any]], labels: Sequence[str]) 
                 for bs in batch_sizes:
                     rows[bs] = {}
                     for label in labels:
-                        batches = {int(b["batch_size"]): b for b in (per_target.get(label) or {}).get("batches") or []}
+                        target = per_target.get(label) or {}
+                        batches = {int(b["batch_size"]): b for b in target.get("batches") or []}
                         text, value = _median_cell(batches.get(bs), metric)
                         rows[bs][label] = {"cell": text, "median": value}
-                tables.append({"phase": phase, "metric": metric, "unit": (definitions.get(metric) or {}).get("unit", ""),
-                               "better": (definitions.get(metric) or {}).get("better", ""), "rows": rows})
+                definition = definitions.get(metric) or {}
+                tables.append({"phase": phase, "metric": metric, "unit": definition.get("unit", ""),
+                               "better": definition.get("better", ""), "rows": rows})
                 break  # one metric per phase: the first this benchmark measures (prefill_ms before ttft_ms)
-        merged.append({"nodeid": ident[0], "key": ident[1], "targets": [label for label in labels if label in per_target],
-                       "tables": tables})
+        merged.append({"nodeid": ident[0], "key": ident[1],
+                       "targets": [label for label in labels if label in per_target], "tables": tables})
     return merged
 
 
 def markdown(document: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]) -> str:
     labels = document["targets"]
+    sources = ", ".join(f"`{t['source']}` ({t['label']}, written {t['created']}, commit {str(t['commit'] or '?')[:10]})"
+                        for t in labels)
     parts = [f"# llmperf results across targets: {', '.join(t['label'] for t in labels)}",
-             f"Merged {document['created']} from " + ", ".join(f"`{t['source']}` ({t['label']}, written {t['created']}, "
-                                                               f"commit {str(t['commit'] or '?')[:10]})" for t in labels) + ".",
-             "Cells are medians per batch size; `oom` and `error` mark batch sizes that failed on that target; an empty "
-             "cell: not measured there."]
+             f"Merged {document['created']} from {sources}.",
+             "Cells are medians per batch size; `oom` and `error` mark batch sizes that failed on that target; "
+             "an empty cell: not measured there."]
     names = [t["label"] for t in labels]
     for benchmark in document["benchmarks"]:
         parts.append(f"## {benchmark['nodeid']}" + (f" ({benchmark['key'].split('::')[-1]})"
@@ -125,7 +129,8 @@ def markdown(document: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]
         header, rows = table_rows(doc, with_measured=True)
         counts = doc.get("counts") or {}
         summary = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no counts recorded"
-        parts.append(f"### {label}\n\nLast session there: {summary}\n\n" + (table(header, rows) if rows else "no verdicts"))
+        parts.append(f"### {label}\n\nLast session there: {summary}\n\n"
+                     + (table(header, rows) if rows else "no verdicts"))
     return "\n\n".join(parts) + "\n"
 
 

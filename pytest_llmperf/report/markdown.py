@@ -118,7 +118,8 @@ def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
     split = _is_split(result)
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
     parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
-             *([f"Measured {measured} (UTC @ commit)."] if measured else []), parameters_table(result), latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT)]
+             *([f"Measured {measured} (UTC @ commit)."] if measured else []),
+             parameters_table(result), latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT)]
     failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
     failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
                f"kept runs saw {b.foreign_load:.2f} foreign cores on average" for b in result.batches if b.retaken]
