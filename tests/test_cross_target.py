@@ -71,6 +71,7 @@ def test_merge_returns_the_documents_and_the_out_dir(two_targets, tmp_path):
     (None, "missing.json: no such file"),
     ("{ broken", "missing.json: not valid JSON (line 1"),
     ('{"benchmarks": []}', "missing.json: not a pytest-llmperf report"),
+    ('{"schema_version": 1, "device": "x", "benchmarks": [{"key": "t"}]}', "missing.json: benchmarks[0] is damaged"),
 ])
 def test_bad_input_is_a_clear_error_naming_the_file(two_targets, tmp_path, content, message):
     paths, _ = two_targets

@@ -47,6 +47,12 @@ def read_report(path: Path) -> dict[str, Any]:
             or "device" not in document or "schema_version" not in document):
         raise ReportError(f"{path}: not a pytest-llmperf report (expected the JSON that pytest-llmperf writes to "
                           "reports/<device>.json, with schema_version, device and benchmarks)")
+    for i, benchmark in enumerate(document["benchmarks"]):
+        batches = benchmark.get("batches") if isinstance(benchmark, dict) else None
+        if (not isinstance(batches, list) or not {"key", "nodeid"} <= set(benchmark)
+                or not all(isinstance(b, dict) and isinstance(b.get("batch_size"), int) for b in batches)):
+            raise ReportError(f"{path}: benchmarks[{i}] is damaged (each needs key, nodeid and batches with a "
+                              "batch_size); restore the file from the job's artifacts or re-run the benchmarks")
     return document
 
 
