@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .report import markdown as report
+from .report import accumulate, mermaid, terminal, verdict_table
 from .report import html as html_report
-from .report import mermaid
-from .report import terminal
 from .measure.allocator import steady_malloc
 from .judge.baselines import now_iso
 from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
@@ -21,13 +21,15 @@ from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_server
 from .options import Settings, add_options
 from .judged import failing, failing_line, judged_line
 from .measure.scenario import MARKER_HELP, ScenarioError, build_scenario, check_marker_kwargs
-from .session import LLMPerfSession, marker_devices
+from .session import LLMPerfSession, PytestLLMPerfWarning, marker_devices
 from .controller import ProcessController, check_settings
 from .measure.worker import WorkerRecorder, worker_out
 from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
 from .baseline_hooks import BaselineHygiene
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
+# Hooks of the exports (pytest-benchmark's records, JUnit properties) live in their own module.
+pytest_plugins = ("pytest_llmperf.report.export_hooks",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -153,18 +155,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     created = now_iso()
     results = [o.result for o in llm.outcomes]
-    rows = [r for o in llm.outcomes for r in o.rows]
     counts_line = terminal.counts_line(llm.counts())
     report_dir = Path(llm.settings["report_dir"])
-    md = report.markdown(llm.device, created, llm.fingerprint, results, rows, counts_line)
-    doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results, llm.outcomes,
-                               llm.counts())
+    session_doc = report.json_document(llm.device, created, llm.fingerprint, llm.settings.values, results,
+                                       llm.outcomes, llm.counts())
     written = [report_dir / f"{llm.device}.md", report_dir / f"{llm.device}.json"]
     # A report that cannot be written is one clear line after the verdicts (never a traceback hiding them),
     # and fails a session that would otherwise pass.
     llm.written, llm.report_errors = [], []
+    doc, warning = accumulate.update_report(written[1], session_doc)  # every benchmark measured on the device
+    if warning:
+        warnings.warn(PytestLLMPerfWarning(f"llmperf report: {warning}"), stacklevel=1)
     try:
-        report.write_atomic(written[0], md)
+        report.write_atomic(written[0], report.markdown(doc, counts_line))
         report.write_json(written[1], doc)
         llm.written += written
     except OSError as exc:
@@ -184,54 +187,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             llm.report_errors.append(f"llmperf: cannot write {report_dir / 'index.html'}: {exc}")
     if llm.report_errors and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
-    _write_benchmark_json_alone(session.config)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         try:
             with open(summary_path, "a", encoding="utf-8") as handle:
-                handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{report.verdict_table(rows)}\n\n")
+                table = verdict_table.markdown_table(session_doc, with_measured=False)
+                handle.write(f"## llmperf: {llm.device}\n\n{counts_line}\n\n{table}\n\n")
                 handle.write(mermaid.throughput_charts(doc))
         except OSError as exc:
             llm.report_errors.append(f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
                                      f"{summary_path}: {exc}; the reports above are complete")
-
-
-def _write_benchmark_json_alone(config: pytest.Config) -> None:
-    """pytest-benchmark writes --benchmark-json only when its own benchmarks ran; when only ours did,
-    write it through its own hooks so the file still appears, in its schema, with our results."""
-    bench = getattr(config, "_benchmarksession", None)
-    if bench is None or not getattr(bench, "json", None) or bench.benchmarks:
-        return
-    import json
-
-    machine_info = config.hook.pytest_benchmark_generate_machine_info(config=config)
-    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
-    document = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=[], include_data=True,
-                                                          machine_info=machine_info, commit_info=commit_info)
-    config.hook.pytest_benchmark_update_json(config=config, benchmarks=[], output_json=document)
-    report.write_atomic(Path(bench.json), json.dumps(document, indent=4, default=str))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
-    """Add our results to pytest-benchmark's --benchmark-json, in its schema, for tools that read it."""
-    llm = config.stash.get(SESSION_KEY, None)
-    if llm is None:
-        return
-    from .measure.metrics import summarize, values_by_metric
-
-    for outcome in llm.outcomes:
-        result = outcome.result
-        for batch in result.batches:
-            for metric, values in values_by_metric(batch.samples).items():
-                if not metric.endswith("_ms"):
-                    continue
-                s = summarize([v / 1000 for v in values])  # pytest-benchmark's unit is seconds
-                output_json.setdefault("benchmarks", []).append({
-                    "group": f"llmperf:{llm.device}", "name": f"{result.key}[bs={batch.batch_size}]:{metric}",
-                    "fullname": f"{result.nodeid}[bs={batch.batch_size}]:{metric}", "params": {"batch_size": batch.batch_size},
-                    "param": str(batch.batch_size), "extra_info": {"device": llm.device, "metric": metric},
-                    "options": {"runs": len(values)},
-                    "stats": {"min": s.lowest, "max": s.highest, "mean": s.average, "median": s.percentiles[50],
-                              "rounds": s.n, "data": [v / 1000 for v in values]},
-                })

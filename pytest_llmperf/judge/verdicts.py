@@ -48,6 +48,7 @@ class Row:
     p_adjusted: float | None
     verdict: str
     note: str = ""
+    p_better: float | None = None  # one-sided p of the improving direction (reports show it for "improved")
 
 
 def gated_metrics(scenario: Scenario, splits_prefill: bool) -> tuple[str, ...]:
@@ -127,7 +128,8 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
     for c in gate.decide(comparisons, alpha):
         rows.append(Row(result.key, result.nodeid, c.metric, c.batch_size, c.baseline_median, c.current_median,
                         c.ratio, c.ci_low, c.ci_high, c.p_worse, c.p_adjusted, c.verdict,
-                        f"n={c.n_baseline}/{c.n_current} {units[c.batch_size]}" + (", paired" if paired and c.n_baseline == c.n_current else "")))
+                        f"n={c.n_baseline}/{c.n_current} {units[c.batch_size]}"
+                        + (", paired" if paired and c.n_baseline == c.n_current else ""), p_better=c.p_better))
     return rows
 
 

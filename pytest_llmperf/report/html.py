@@ -193,10 +193,8 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
         metrics = _metrics_of(members[0][1])
         points: list[history.Point] = []
         for doc, b in members:
-            root = (doc.get("settings") or {}).get("baseline_dir")
-            module = str(b.get("module") or "")
-            if root and module:
-                baseline_file = Path(root) / str(doc.get("device")) / Path(module).with_suffix(".json")
+            baseline_file = _baseline_file(doc, b)
+            if baseline_file is not None:
                 points += [p for p in history.baseline_points(baseline_file, str(b.get("key")), metrics, cache)
                            if p.label not in {q.label for q in points}]
             points.append(history.report_point(doc, b, metrics))
@@ -230,6 +228,18 @@ def page(documents: Sequence[Mapping[str, Any]]) -> str:
             f"{html.escape(', '.join(str(d.get('device')) for d in documents))}</title><style>{STYLE}</style></head>"
             f"<body><h1>llmperf results</h1><ul>{targets}</ul><p><a href='#sweeps'>against batch size</a> · "
             f"<a href='#verdicts'>baseline vs now</a> · <a href='#history'>history</a></p>\n{body}\n</body></html>\n")
+
+
+def _baseline_file(doc: Mapping[str, Any], bench: Mapping[str, Any]) -> Path | None:
+    """The baseline file a benchmark was judged against: as its outcome recorded it (per-machine sets live
+    one level deeper on the cpu target), else where a set without a machine keeps it."""
+    for outcome in doc.get("outcomes") or []:
+        if outcome.get("key") == bench.get("key") and str(outcome.get("baseline") or "").endswith(".json"):
+            return Path(outcome["baseline"])
+    root, module = (doc.get("settings") or {}).get("baseline_dir"), str(bench.get("module") or "")
+    if not (root and module):
+        return None
+    return Path(root) / str(doc.get("device")) / Path(module).with_suffix(".json")
 
 
 def write_index(documents: list[dict], path: Path) -> None:

@@ -16,10 +16,11 @@ from typing import Any
 
 from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
-from ..judge.verdicts import Row
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
 from ..measure.metrics import values_by_metric
 from ..measure.records import BatchResult, BenchmarkResult
+from .accumulate import results_from_document
+from .verdict_table import markdown_table, measured_cell
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
@@ -112,10 +113,11 @@ def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) 
                  _step_rows(result, steps, "tokens/secs", cells, 3))
 
 
-def benchmark_section(result: BenchmarkResult) -> str:
+def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
     split = _is_split(result)
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
     parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
+             *([f"Measured {measured} (UTC @ commit)."] if measured else []),
              parameters_table(result), latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT)]
     failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
     failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
@@ -192,19 +194,6 @@ def runs_section(results: Sequence[BenchmarkResult]) -> str | None:
                                           "hit_rate", "tokens/s"), rows)
 
 
-def verdict_table(rows: Sequence[Row]) -> str:
-    def num(v: float | None, fmt: str) -> str:
-        return "" if v is None else format(v, fmt)
-
-    body = []
-    for r in rows:
-        ratio = "" if r.ratio is None else f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-        p = "" if r.p_value is None else f"{r.p_value:.2g} ({r.p_adjusted:.2g})"
-        body.append([r.key, r.metric, str(r.batch_size), num(r.baseline, ".4g"), num(r.now, ".4g"), ratio, p,
-                     r.verdict + (f": {r.note}" if r.note and not r.note.startswith("n=") else "")])
-    return table(("Test", "Metric", "Batch Size", "Baseline", "Now", "Ratio [95% CI]", "p (BH)", "Verdict"), body)
-
-
 def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
     gpus = ", ".join(f"{g['name']} ({g['memory_gb']} GiB, driver {g['driver']})" for g in fp.get("gpus", [])) or "none"
     return [f"- Device: {device}",
@@ -217,17 +206,22 @@ def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
             f"- git commit: {fp.get('git', {}).get('commit')}" + (" (dirty)" if fp.get("git", {}).get("dirty") else "")]
 
 
-def markdown(device: str, created: str, fp: Mapping[str, Any], results: Sequence[BenchmarkResult],
-             rows: Sequence[Row], counts_line: str) -> str:
-    parts = [f"# llmperf results: {device}", f"Written {created}.",
+def markdown(document: Mapping[str, Any], counts_line: str) -> str:
+    """The device's report from its (accumulated) JSON document: every benchmark measured on the device."""
+    device, fp = str(document.get("device")), document.get("fingerprint") or {}
+    results = results_from_document(document)
+    measured = {(b["nodeid"], b["key"]): measured_cell(b) for b in document.get("benchmarks") or []}
+    parts = [f"# llmperf results: {device}", f"Written {document.get('created')}. Holds every benchmark measured on "
+             "this device, the newest result of each; each says when and at which commit it was measured.",
              "\n".join(environment_lines(fp, device)),
              f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: see the README."]
-    parts += [benchmark_section(r) for r in results]
+    parts += [benchmark_section(r, measured.get((r.nodeid, r.key), "")) for r in results]
     parts += grid_sections(results)
     runs = runs_section(results)
     if runs:
         parts.append(runs)
-    parts.append("## Verdicts\n\n" + counts_line + ("\n\n" + verdict_table(rows) if rows else ""))
+    verdicts = markdown_table(document)
+    parts.append("## Verdicts\n\nThis session: " + counts_line + ("\n\n" + verdicts if verdicts else ""))
     return "\n\n".join(parts) + "\n"
 
 

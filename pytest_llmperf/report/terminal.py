@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .markdown import table
+from .markdown import json_document, table
+from .verdict_table import table_rows
 
 COUNT_ORDER = ("passed", "regressed", "improved", "created", "updated", "new", "refused", "missing", "inconclusive")
 
@@ -15,17 +16,11 @@ def counts_line(counts: Mapping[str, int]) -> str:
 
 
 def summary_lines(session: Any) -> list[str]:
-    rows = []
-    for outcome in session.outcomes:
-        if not outcome.rows:
-            rows.append([outcome.result.key, "", "", "", "", "", "", outcome.status])
-        for r in outcome.rows:
-            ratio = "" if r.ratio is None else f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
-            p = "" if r.p_adjusted is None else f"{r.p_adjusted:.2g}"
-            rows.append([r.key, r.metric, str(r.batch_size), "" if r.baseline is None else f"{r.baseline:.4g}",
-                         "" if r.now is None else f"{r.now:.4g}", ratio, p, r.verdict])
-    lines = table(("test", "metric", "batch", "baseline", "now", "ratio [95% CI]", "p (BH)", "verdict"),
-                  rows).splitlines() if rows else []
+    # the same rows, units, ratio direction and order as the markdown report's verdict table
+    document = json_document(session.device, "", {}, {}, [o.result for o in session.outcomes], session.outcomes,
+                             session.counts())
+    header, rows = table_rows(document, with_measured=False)
+    lines = table(header, rows).splitlines() if rows else []
     counts = session.counts()
     lines.append(counts_line(counts))
     drift = {k: v for o in session.outcomes for k, v in o.drift.items()}

@@ -1,0 +1,54 @@
+"""`pytest-llmperf` / `python -m pytest_llmperf`: commands that work on reports after the tests ran.
+
+    pytest-llmperf report FILE... [--out DIR]   merge several targets' reports/<device>.json into one
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_OUT = Path("reports") / "merged"
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pytest-llmperf", description="Work on pytest-llmperf's reports.")
+    commands = top.add_subparsers(dest="command", required=True)
+    report = commands.add_parser(
+        "report", help="merge several hardware targets' JSON reports into one side-by-side report",
+        description="Merge the reports/<device>.json files of several targets (e.g. a CI matrix's artifacts) "
+                    "into one report: per benchmark the targets side by side, then each target's verdicts.")
+    report.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a target's reports/<device>.json")
+    report.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"directory for merged.md and merged.json (default: {DEFAULT_OUT})")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .report.accumulate import ReportError
+    from .report.cross_target import merge_reports
+
+    args = parser().parse_args(argv)
+    try:
+        merged = merge_reports(args.files, args.out)
+    except ReportError as exc:
+        print(f"pytest-llmperf report: error: {exc}", file=sys.stderr)
+        return 2
+    labels = ", ".join(t["label"] for t in merged.document["targets"])
+    print(f"merged {len(merged.documents)} report(s) ({labels}), {len(merged.document['benchmarks'])} benchmark(s)")
+    for path in merged.written:
+        print(f"wrote {path}")
+    from .report.html import MissingExtra, write_index
+
+    index = Path(merged.out_dir) / "index.html"
+    try:
+        write_index(merged.documents, index)  # the targets' plots on one page
+        print(f"wrote {index}")
+    except MissingExtra as exc:
+        print(f"pytest-llmperf report: {exc}")
+    except OSError as exc:
+        print(f"pytest-llmperf report: error: cannot write {index}: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,130 @@
+"""Exports read by other tools: pytest-benchmark's results (its JSON, storage, compare) and JUnit XML properties.
+
+pytest-benchmark: every measured metric at every batch size becomes one of pytest-benchmark's own
+`stats.Metadata` records, added to its session's benchmarks before it finishes. pytest-benchmark then
+computes the statistics itself (min, max, mean, stddev, median, iqr, q1, q3, outliers, ops, ...) and
+writes `--benchmark-json`, `--benchmark-save/--benchmark-autosave`, compares with `--benchmark-compare`
+and shows its table, exactly as for its own benchmarks. Its values are seconds, lower is better:
+latency metrics (ms) are exported in seconds; a throughput metric (tokens/s, higher is better) is
+exported as its reciprocal, seconds per token, so that lower stays better for `pytest-benchmark
+compare` and `--benchmark-compare-fail`, and `stats.ops` (1 / mean) reads as tokens per second,
+bigger is better, which is what github-action-benchmark's `pytest` reader charts (`value = stats.ops`,
+unit iter/sec). `extra_info` says what each entry holds (metric, unit, exported_as, better).
+
+JUnit: each benchmark's medians, ratio and verdict become the test's `user_properties`, which
+`--junitxml` writes as <property> elements.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ..judge.verdicts import Row, unit_of
+from ..measure.metrics import METRICS, metric_better, values_by_metric
+from ..measure.records import BenchmarkResult
+
+
+def exported_values(metric: str, values: Sequence[float]) -> tuple[list[float], dict[str, str]] | None:
+    """Values in pytest-benchmark's unit (seconds, lower is better) and how they were made; None when the
+    metric is neither a time nor a throughput (e.g. an offload hit rate)."""
+    definition = METRICS.get(metric)
+    if definition is None:
+        return None
+    if definition.unit == "ms":
+        return [v / 1000 for v in values], {"unit": "s", "exported_as": f"{metric} / 1000", "better": "lower"}
+    if definition.better == "higher" and "tokens" in definition.unit:
+        if any(v <= 0 for v in values):
+            return None
+        return ([1 / v for v in values],
+                {"unit": "s/token", "exported_as": f"1 / {metric} (stats.ops is tokens/s)", "better": "lower"})
+    return None
+
+
+def benchmark_records(device: str, results: Iterable[BenchmarkResult]) -> list[Any]:
+    """pytest-benchmark `Metadata` records for our results (pytest-benchmark computes their statistics)."""
+    from pytest_benchmark.stats import Metadata  # only called when pytest-benchmark is active
+
+    records = []
+    for result in results:
+        for batch in result.batches:
+            if not batch.ok:
+                continue
+            for metric, values in values_by_metric(batch.samples).items():
+                exported = exported_values(metric, values)
+                if exported is None or not values:
+                    continue
+                data, how = exported
+                suffix = f"[bs={batch.batch_size}]:{metric}"
+                fixture = SimpleNamespace(
+                    name=f"{result.key}{suffix}", fullname=f"{result.module}::{result.key}{suffix}",
+                    group=f"llmperf:{device}", param=str(batch.batch_size), params={"batch_size": batch.batch_size},
+                    extra_info={"device": device, "metric": metric, "batch_size": batch.batch_size,
+                                "metric_unit": METRICS[metric].unit, "metric_better": METRICS[metric].better, **how},
+                    cprofile_stats=None, has_error=False)
+                record = Metadata(fixture, iterations=1, options={
+                    "runs": len(values), "warmups": result.scenario.get("warmups"), "timer": "llmperf",
+                    "sequence_length": result.scenario.get("sequence_length"),
+                    "decode_length": result.scenario.get("decode_length")})
+                for value in data:
+                    record.update(value)
+                records.append(record)
+    return records
+
+
+def add_to_pytest_benchmark(config: Any, device: str, results: Sequence[BenchmarkResult]) -> int:
+    """Hand our results to pytest-benchmark's session when it is active and asked to write or compare
+    (--benchmark-json, --benchmark-save/-autosave, --benchmark-compare); returns how many."""
+    bench = getattr(config, "_benchmarksession", None)
+    if bench is None or not results:
+        return 0
+    if not (bench.json or bench.save or bench.autosave or bench.compare):
+        return 0  # nothing of pytest-benchmark's asked for: keep its table out of a plain run's output
+    records = benchmark_records(device, results)
+    bench.benchmarks.extend(records)
+    if bench.json and isinstance(bench.json, (str, os.PathLike)):
+        # pytest-benchmark opens the file without making its folder; a fresh clone has no reports/ yet
+        Path(bench.json).parent.mkdir(parents=True, exist_ok=True)
+    return len(records)
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
+    """(name, value) pairs for JUnit <property> elements: status, medians (with units), ratio, verdict."""
+    props: list[tuple[str, str]] = []
+    for outcome in outcomes:
+        result = outcome.result
+        prefix = f"llmperf {result.key}"
+        props.append((f"{prefix} status", outcome.status))
+        if not outcome.rows:  # created, updated, refused, missing: the medians measured now
+            for batch in result.batches:
+                if not batch.ok:
+                    props.append((f"{prefix} bs={batch.batch_size}", batch.status))
+                    continue
+                for metric, values in sorted(values_by_metric(batch.samples).items()):
+                    if metric in METRICS and values:
+                        props.append((f"{prefix} bs={batch.batch_size} {metric} median ({unit_of(metric)})",
+                                      _num(statistics.median(values))))
+        for row in outcome.rows:
+            props.extend(row_properties(prefix, row))
+    return props
+
+
+def row_properties(prefix: str, row: Row) -> list[tuple[str, str]]:
+    name = f"{prefix} bs={row.batch_size} {row.metric}"
+    if row.metric == "*":
+        return [(f"{name} verdict", row.verdict + (f": {row.note}" if row.note else ""))]
+    unit = unit_of(row.metric)
+    props = [(f"{name} baseline median ({unit})", _num(row.baseline)), (f"{name} now median ({unit})", _num(row.now))]
+    if row.ratio is not None:
+        worse = "higher" if metric_better(row.metric) == "lower" else "lower"
+        props.append((f"{name} ratio now/baseline ({worse} is worse)", _num(row.ratio)))
+    props.append((f"{name} verdict", row.verdict))
+    return props

@@ -1,0 +1,127 @@
+"""The verdict table (terminal, markdown report, step summary), made from a JSON report document.
+
+One row per test, metric and batch size, in a stable order (test, metric, batch size), so a second
+look or a later session does not reshuffle it. Medians carry their units. The ratio is now/baseline
+of the medians as printed, with the bad direction said ("higher is worse" for a latency, "lower is
+worse" for a throughput); the gate's Hodges-Lehmann estimate of the same ratio sits beside it with
+its 95% CI. An "improved" row shows the p-value of the improving direction. Benchmarks that were
+created, updated, refused or missing (no comparison) show the medians measured now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..measure.metrics import DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS
+
+HEADER = ("Test", "Metric", "Batch Size", "Baseline (median)", "Now (median)", "Ratio now/baseline",
+          "HL ratio [95% CI]", "p (BH)", "Verdict")
+METRIC_ORDER = {name: i for i, name in enumerate(METRICS)}
+
+
+def worse_direction(metric: str, definitions: Mapping[str, Any] | None = None) -> str | None:
+    """'higher is worse' / 'lower is worse' for the metric as printed, None when unknown."""
+    better = ((definitions or {}).get(metric) or {}).get("better") or (METRICS[metric].better if metric in METRICS
+                                                                       else None)
+    return {"lower": "higher is worse", "higher": "lower is worse"}.get(better or "")
+
+
+def _unit(metric: str, definitions: Mapping[str, Any] | None) -> str:
+    unit = ((definitions or {}).get(metric) or {}).get("unit")
+    return unit if unit is not None else (METRICS[metric].unit if metric in METRICS else "")
+
+
+def _value(value: float | None, unit: str) -> str:
+    return "" if value is None else f"{value:.4g} {unit}".strip()
+
+
+def sort_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    metric = str(row.get("metric", ""))
+    return (str(row.get("nodeid", "")), str(row.get("key", "")), metric != "*",
+            METRIC_ORDER.get(metric, len(METRIC_ORDER)), metric, int(row.get("batch_size") or 0))
+
+
+def _gated(benchmark: Mapping[str, Any], summary: Mapping[str, Any]) -> Sequence[str]:
+    chosen = (benchmark.get("scenario") or {}).get("metrics")
+    if chosen:
+        return chosen
+    return DEFAULT_GATED_SPLIT if "prefill_ms" in summary else DEFAULT_GATED_SERVER
+
+
+def unjudged_rows(outcome: Mapping[str, Any], benchmark: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Rows for a benchmark that was not compared (created, updated, refused, missing): its medians now."""
+    base = {"key": outcome.get("key"), "nodeid": outcome.get("nodeid"), "baseline": None, "ratio": None,
+            "ci_low": None, "ci_high": None, "p_value": None, "p_adjusted": None, "verdict": outcome.get("status"),
+            "note": ""}
+    rows = []
+    for batch in (benchmark or {}).get("batches") or []:
+        if batch.get("status") != "ok":
+            rows.append({**base, "metric": "*", "batch_size": batch.get("batch_size"), "now": None,
+                         "note": f"{batch.get('status')}: {batch.get('error')}"})
+            continue
+        summary = batch.get("summary") or {}
+        for metric in _gated(benchmark or {}, summary):
+            if metric in summary:
+                rows.append({**base, "metric": metric, "batch_size": batch.get("batch_size"),
+                             "now": summary[metric].get("p50")})
+    return rows or [{**base, "metric": "", "batch_size": 0, "now": None}]
+
+
+def document_rows(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every row of a report document, judged or not, in the stable order."""
+    benchmarks = {(b.get("nodeid"), b.get("key")): b for b in document.get("benchmarks") or []}
+    rows = [dict(v) for v in document.get("verdicts") or []]
+    judged = {(r.get("nodeid"), r.get("key")) for r in rows}
+    for outcome in document.get("outcomes") or []:
+        ident = (outcome.get("nodeid"), outcome.get("key"))
+        if ident not in judged:
+            rows.extend(unjudged_rows(outcome, benchmarks.get(ident)))
+    for row in rows:
+        measured = (benchmarks.get((row.get("nodeid"), row.get("key"))) or {}).get("measured") or {}
+        row.setdefault("measured", measured)
+    return sorted(rows, key=sort_key)
+
+
+def cells(row: Mapping[str, Any], definitions: Mapping[str, Any] | None = None) -> list[str]:
+    metric = str(row.get("metric", ""))
+    unit = _unit(metric, definitions)
+    base, now = row.get("baseline"), row.get("now")
+    ratio = ""
+    if base and now is not None:
+        worse = worse_direction(metric, definitions)
+        ratio = f"{now / base:.3f}" + (f" ({worse})" if worse else "")
+    hl = "" if row.get("ratio") is None else f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+    if row.get("verdict") == "improved" and row.get("p_better") is not None:
+        p = f"{row['p_better']:.2g} (improving)"
+    else:
+        p = "" if row.get("p_value") is None else f"{row['p_value']:.2g} ({row['p_adjusted']:.2g})"
+    note = str(row.get("note") or "")
+    verdict = str(row.get("verdict") or "") + (f": {note}" if note and not note.startswith("n=") else "")
+    return [str(row.get("key") or ""), metric, str(row.get("batch_size") or ""), _value(base, unit),
+            _value(now, unit), ratio, hl, p, verdict]
+
+
+def measured_cell(row: Mapping[str, Any]) -> str:
+    measured = row.get("measured") or {}
+    when = str(measured.get("created") or "")[:16].replace("T", " ")
+    commit = str(measured.get("commit") or "")[:10] + ("+dirty" if measured.get("dirty") else "")
+    return f"{when} @ {commit}".strip(" @") if when or commit else ""
+
+
+def table_rows(document: Mapping[str, Any], *, with_measured: bool) -> tuple[tuple[str, ...], list[list[str]]]:
+    definitions = document.get("definitions")
+    rows = [cells(r, definitions) + ([measured_cell(r)] if with_measured else []) for r in document_rows(document)]
+    return HEADER + (("Measured (UTC @ commit)",) if with_measured else ()), rows
+
+
+def markdown_table(document: Mapping[str, Any], *, with_measured: bool = True) -> str:
+    from .markdown import table
+
+    header, rows = table_rows(document, with_measured=with_measured)
+    return table(header, rows) if rows else ""
+
+
+def rows_as_dicts(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """verdicts.Row objects as the JSON document holds them."""
+    return [dict(r.__dict__) for r in rows]
