@@ -67,12 +67,10 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
             return fill(command, chosen), f"grpc://{addr}", healthy
 
         process = pool.start("JetStream", build, port=port, timeout_s=server_timeout(config, timeout_s), env=env)
-        try:
-            backend = JetStreamBackend(process.url, process=process, **backend_kwargs)
-        except BaseException:
-            llmperf_servers.stop(process)
-            raise
-        return pool.keep(key, backend, process)  # type: ignore[return-value]
+        def make() -> JetStreamBackend:  # the backend for the server just started
+            return JetStreamBackend(process.url, process=process, **backend_kwargs)
+
+        return pool.adopt(key, process, make)  # type: ignore[return-value]
 
     try:
         yield start

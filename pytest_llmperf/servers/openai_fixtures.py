@@ -73,13 +73,11 @@ def llmperf_openai(request: pytest.FixtureRequest,
             return reused
         process = pool.start(name, http_command(command, health_path), port=port,
                              timeout_s=server_timeout(config, timeout_s), env=env)
-        try:
-            backend = OpenAICompatBackend(process.url, model=model, server_name=name, process=process,
-                                          **backend_kwargs)
-        except BaseException:
-            llmperf_servers.stop(process)
-            raise
-        return pool.keep(key, backend, process)  # type: ignore[return-value]
+        def make() -> OpenAICompatBackend:  # the backend for the server just started
+            return OpenAICompatBackend(process.url, model=model, server_name=name, process=process,
+                                       **backend_kwargs)
+
+        return pool.adopt(key, process, make)  # type: ignore[return-value]
 
     try:
         yield start
@@ -154,14 +152,13 @@ def llmperf_vllm(request: pytest.FixtureRequest,
         check_has_vllm(python)
         process = pool.start("vLLM", http_command(command, "/health"), port=port,
                              timeout_s=server_timeout(config, timeout_s), env=full_env)
-        try:
-            backend = OpenAICompatBackend(process.url, model=model, server_name="vLLM", process=process, api=api,
-                                          describe_extra={"model_path": str(model_dir), "dtype": dtype,
-                                                          "max_model_len": max_model_len}, **backend_kwargs)
-        except BaseException:
-            llmperf_servers.stop(process)
-            raise
-        return pool.keep(key, backend, process)  # type: ignore[return-value]
+        def make() -> OpenAICompatBackend:  # the backend for the server just started
+            return OpenAICompatBackend(process.url, model=model, server_name="vLLM", process=process, api=api,
+                                       describe_extra={"model_path": str(model_dir), "dtype": dtype,
+                                                       "max_model_len": max_model_len},
+                                       **backend_kwargs)
+
+        return pool.adopt(key, process, make)  # type: ignore[return-value]
 
     try:
         yield start

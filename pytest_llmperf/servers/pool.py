@@ -74,6 +74,15 @@ class ServerPool:
         self.release()
         return None
 
+    def adopt(self, key: Any, process: ServerProcess, make: Callable[[], Backend]) -> Backend:
+        """Keep the backend made for a server just started; if making it fails, stop that server first."""
+        try:
+            backend = make()
+        except BaseException:
+            self.registry.stop(process)
+            raise
+        return self.keep(key, backend, process)
+
     def keep(self, key: Any, backend: Backend, process: ServerProcess | None) -> Backend:
         self.key, self.backend, self.process = key, backend, process
         return backend

@@ -72,13 +72,11 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
             return argv, base, http_ok(f"{base}/health")
 
         process = pool.start("TGI", build, port=port, timeout_s=server_timeout(config, timeout_s), env=env)
-        try:
-            backend = TGIBackend(process.url, launcher_args=args, process=process,
-                                 require_full_length=require_full_length)
-        except BaseException:
-            llmperf_servers.stop(process)
-            raise
-        return pool.keep(key, backend, process)  # type: ignore[return-value]
+        def make() -> TGIBackend:  # the backend for the server just started
+            return TGIBackend(process.url, launcher_args=args, process=process,
+                              require_full_length=require_full_length)
+
+        return pool.adopt(key, process, make)  # type: ignore[return-value]
 
     try:
         yield start
