@@ -32,7 +32,7 @@ from .judged import INCONCLUSIVE, MISSING, REFUSED, REGRESSED, kind_of, reason_o
 from .measure.metrics import METRICS
 from .measure.worker import WorkerRecorder
 from .options import Settings
-from .measure.records import BatchResult, BenchmarkResult
+from .measure.records import BenchmarkResult
 from .measure.scenario import Scenario, ScenarioError, build_scenario, check_marker_kwargs, check_metrics
 
 
