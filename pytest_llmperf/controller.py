@@ -30,7 +30,7 @@ from .judge import verdicts as judge
 from .judge.sequential import Merged, check_attainable, looks_for, merge_processes, reference_entry
 from .measure import worktree
 from .measure.scenario import Scenario, ScenarioError
-from .measure.workers import Side, WorkerError, WorkerRun, run_worker
+from .measure.workers import PYTEST, Side, WorkerError, WorkerRun, run_worker
 from .session import LLMPerfSession, Outcome, fail_on_messages, judge_outcome
 
 INF = float("inf")
@@ -211,9 +211,9 @@ class ProcessController:
         present = [f for f in files if (side.root / f).exists()]
         if not present:
             return set()
-        done = subprocess.run([*_python_pytest(), *present, "--collect-only", "-q", "-p", "no:cacheprovider",
+        done = subprocess.run([*PYTEST, *present, "--collect-only", "-q", "-p", "no:cacheprovider",
                                *self._passthrough_args()], cwd=side.root, capture_output=True, text=True,
-                              env=_env_with_pythonpath(side), timeout=self.llm.settings["worker_timeout"])
+                              env=side.environ(), timeout=self.llm.settings["worker_timeout"])
         return {line.strip() for line in done.stdout.splitlines() if "::" in line}
 
     def _passthrough_args(self) -> list[str]:
@@ -288,21 +288,6 @@ def _by_key(nodeid: str, runs: list[WorkerRun]) -> dict[str, Merged]:
             if m.nodeid == nodeid:
                 parts[m.result.key].append((m.result, m.splits_prefill, m.counters_better))
     return {key: merge_processes(found) for key, found in parts.items()}
-
-
-def _python_pytest() -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "pytest"]
-
-
-def _env_with_pythonpath(side: Side) -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    if side.pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([*side.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
-    return env
 
 
 def check_settings(llm: LLMPerfSession) -> None:

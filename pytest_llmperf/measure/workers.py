@@ -40,6 +40,13 @@ class Side:
     label: str  # for messages: "the working tree", "origin/main (abc1234)"
     pythonpath: tuple[str, ...] = ()  # put first on PYTHONPATH: the user's project imports from this side
 
+    def environ(self) -> dict[str, str]:
+        """This process's environment with the side's checkout first on PYTHONPATH."""
+        env = dict(os.environ)
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
 
 @dataclass
 class Measured:
@@ -66,9 +73,13 @@ class WorkerRun:
         return next((r["text"] for r in self.reports if r["nodeid"] == nodeid and r["outcome"] == "skipped"), None)
 
 
+#: A pytest of this interpreter and environment, as the workers (and the ref's collection) run it.
+PYTEST = (sys.executable, "-m", "pytest")
+
+
 def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
     # -s: a test's output goes straight to the worker's log, so a crash leaves its last words in the tail
-    return [sys.executable, "-m", "pytest", *nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider",
+    return [*PYTEST, *nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider",
             *extra_args]
 
 
@@ -79,13 +90,11 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
     out.unlink(missing_ok=True)
-    env = dict(os.environ)
+    env = side.environ()
     env.update({ENV_OUT: str(out), ENV_SETTINGS: json.dumps(dict(settings)), ENV_PROCESS: str(index),
                 "PYTHONUNBUFFERED": "1"})
     if settings.get("malloc") == "steady":
         env.update(steady_malloc_env())
-    if side.pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([*side.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
     with open(log, "wb") as log_handle:
         proc = subprocess.Popen(worker_command(nodeids, extra_args), cwd=side.root, stdout=log_handle,
