@@ -1,10 +1,14 @@
-"""The gate on a real model: a 20% slowdown injected into the model's forward from a conftest (no
-change to the project) fails the test and names the phase it was put in.
+"""The gate on a real model: a slowdown injected into the model's forward from a conftest (no change
+to the project) fails the test and names the phase it was put in, and only that phase.
 
 Baseline and gated runs are taken seconds apart in this process (pytester's in-process runs): on this
 shared machine a process can settle in a faster or slower mode for a shape, up to 1.3x apart for the
-same code (docs/noise.md), which no 20% test could see through across processes. In one process the
-run-to-run noise is a few percent, well within rtol 0.1, and 20% is beyond it.
+same code (docs/noise.md). Even seconds apart in one process the whole machine drifts: in a CI run
+both phases moved by 0.90-0.91x between the two runs, which turned a 20% slowdown at rtol 0.1 into a
+ratio of 1.096 (passed). So the margins here are wide on both sides, in log scale: a 50% slowdown at
+rtol 0.2 is caught while the machine drifts by less than 1.2/1.5 = 0.80x, and the other phase stays
+unnamed while it drifts by less than 1.2x. How small a slowdown a runner catches is measured, not
+asserted: scripts/gate_power.py and docs/noise.md.
 """
 
 import pytest
@@ -54,11 +58,15 @@ def slow_forward(monkeypatch):
 """
 
 
+SLOWDOWN = 0.5  # the forward of the slowed phase takes 1.5x its own time
+RTOL = 0.2  # halfway between 1 and 1.5 in log scale (sqrt(1.5) = 1.22): equal margins for both assertions
+
+
 @pytest.fixture
 def project(pytester, monkeypatch, model_cache):
     monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
     monkeypatch.delenv("LLMPERF_SLOW_PHASE", raising=False)
-    monkeypatch.setenv("LLMPERF_SLOWDOWN", "0.2")
+    monkeypatch.setenv("LLMPERF_SLOWDOWN", str(SLOWDOWN))
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_bench=BENCHMARK)
     pytester.makeconftest(SLOWDOWN_CONFTEST)
@@ -66,12 +74,12 @@ def project(pytester, monkeypatch, model_cache):
 
 
 def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "--llmperf-rtol=0.1", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest("--llmperf-device=cpu", f"--llmperf-rtol={RTOL}", "-p", "no:cacheprovider", *args)
 
 
 @pytest.mark.parametrize(("phase", "metric", "other"), [("prefill", "prefill_ms (prefill)", "decode_token_ms"),
                                                         ("decode", "decode_token_ms (decode)", "prefill_ms")])
-def test_a_twenty_percent_slowdown_fails_and_names_its_phase(project, monkeypatch, phase, metric, other):
+def test_an_injected_slowdown_fails_and_names_its_phase(project, monkeypatch, phase, metric, other):
     update = run(project, "--llmperf-update")
     if "not written: a baseline measured on a busy machine" in update.stdout.str():
         pytest.skip("the machine was busy while the baseline was taken; re-run on a quiet machine")
