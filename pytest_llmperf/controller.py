@@ -31,7 +31,8 @@ from .judge.sequential import Merged, check_attainable, looks_for, merge_process
 from .measure import worktree
 from .measure.scenario import Scenario, ScenarioError
 from .measure.workers import PYTEST, Side, WorkerError, WorkerRun, run_worker
-from .session import LLMPerfSession, Outcome, fail_on_messages, judge_outcome
+from .judge.outputs import unchecked
+from .session import LLMPerfSession, Outcome, changed_outputs, fail_on_messages, judge_outcome
 
 INF = float("inf")
 
@@ -198,12 +199,16 @@ class ProcessController:
         entry = reference_entry(reference.result, side_a.label)
         # A and B processes of one round ran back to back: paired, the machine's state of the moment cancels
         rows = judge.compare(result, entry, scenario, splits_prefill=merged.splits_prefill, alpha=alpha,
-                             max_load=INF, counters_better=merged.counters_better, paired=True)
+                             max_load=INF, counters_better=merged.counters_better, paired=True,
+                             reference_label=side_a.label)
         messages = [judge.regression_message(r, alpha) for r in rows if r.verdict == gate.REGRESSED]
+        how = f"compared with {side_a.label} in alternating worker processes (--llmperf-compare)"
         if messages:
-            messages.append(f"compared with {side_a.label} in alternating worker processes (--llmperf-compare)")
+            messages.append(how)
+        changed = changed_outputs(result.key, rows, scenario.outputs, how)
         return Outcome(result, "compared", rows=rows, messages=messages, baseline_path=side_a.label,
-                       reference=reference.result)
+                       reference=reference.result, changed=changed,
+                       outputs_unchecked=unchecked(entry.outputs, result.batches))
 
     def _collect(self, side: Side, items: list[pytest.Item], work_dir: Path) -> set[str]:
         """The planned tests that exist on a side (a test added in the working tree is 'new')."""

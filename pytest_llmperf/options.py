@@ -18,7 +18,7 @@ import pytest
 from .judge.baseline_layout import check_name
 from .measure.allocator import MODES
 from .measure.worker import worker_settings
-from .measure.scenario import ScenarioError, check_attainable
+from .measure.scenario import OUTPUT_MODES, ScenarioError, check_attainable
 
 #: Outcomes `--llmperf-fail-on` may list. regressed and missing fail the test; refused and inconclusive
 #: (nothing was judged) fail it only when listed.
@@ -144,6 +144,13 @@ def _malloc_mode(text: str) -> str:
     return value
 
 
+def _outputs_mode(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in OUTPUT_MODES:
+        raise ValueError(f"expected one of {', '.join(OUTPUT_MODES)}, got {text!r}")
+    return value
+
+
 def _processes(text: str | int) -> int | str:
     if str(text).strip().lower() == "auto":
         return "auto"
@@ -262,6 +269,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("fail_on", "Outcomes that fail the run, a comma list out of regressed, missing, refused, inconclusive, "
            "or none; refused and inconclusive mean nothing was judged (default: regressed,missing)", _fail_on,
            default=DEFAULT_FAIL_ON, metavar="OUTCOMES"),
+    Option("outputs", "What generated tokens that differ from the baseline's (or the compared ref's) do, where the "
+           "backend reports them (in-process backends: greedy, fixed length): fail the test, warn, or off "
+           "(default: fail; a marker's outputs= wins)", _outputs_mode, default="fail", metavar="fail|warn|off"),
+    Option("memory_rtol", "Relative tolerance of peak memory (RSS, CUDA, GPU): a batch size whose median peak grew "
+           "more than this and more than 16 MiB regressed; memory is nearly deterministic on a fixed shape, so it "
+           "is held to a tolerance, not a rank test (default: 0.1)", _non_negative_float, default=0.1, metavar="R"),
     Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
@@ -308,7 +321,7 @@ OPTIONS: tuple[Option, ...] = (
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 
 #: Settings a test's marker may override (the rest are session-wide).
-PER_TEST = ("runs", "warmups", "max_runs", "alpha", "rtol", "max_load")
+PER_TEST = ("runs", "warmups", "max_runs", "alpha", "rtol", "max_load", "outputs", "memory_rtol")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -358,7 +371,7 @@ class Settings:
 
     def for_test(self, marker_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Per-test settings: the marker's keywords over the session's values."""
-        merged = {name: self.values[name] for name in PER_TEST}
+        merged = {name: self.values[name] for name in PER_TEST if name in self.values}
         # A per-metric rtol in the marker ({"prefill_ms": 0.1}) falls back to the session's rtol for the rest.
         merged["default_rtol"] = self.values["rtol"]
         merged.update(marker_kwargs)

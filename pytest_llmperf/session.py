@@ -23,6 +23,7 @@ from .report import progress, throughput_log
 from .backends.base import Backend
 from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
 from .judge.baseline_layout import machine_slug
+from .judge.outputs import CHANGED, outputs_by_batch, unchecked
 from .judge.environment import cpu_identity, detect_device, fingerprint, hardware_mismatch, software_drift
 from .measure.metrics import values_by_process
 from .backends.models import resolve_model
@@ -56,6 +57,8 @@ class Outcome:
     baseline_path: str = ""
     reference: BenchmarkResult | None = None  # the A side of an A/B comparison, every run of it
     reason: str = ""  # why nothing was judged (refused), for the summary's judged line
+    changed: list[str] = field(default_factory=list)  # generated tokens that changed, failing (--llmperf-outputs)
+    outputs_unchecked: bool = False  # outputs measured, but the baseline (or the ref) holds none to compare with
 
 
 class LLMPerfSession:
@@ -136,11 +139,14 @@ class LLMPerfSession:
                     counts["refused"] += 1
                 elif gate.REGRESSED in verdicts:
                     counts["regressed"] += 1
+                elif outcome.changed:  # its timings passed, but it fails: the tokens it generates changed
+                    pass
                 elif gate.IMPROVED in verdicts:
                     counts["improved"] += 1
                 else:
                     counts["passed"] += 1
                 counts["inconclusive"] += gate.INCONCLUSIVE in verdicts
+                counts["outputs changed"] += CHANGED in verdicts
             else:
                 counts[outcome.status] += 1
         return counts
@@ -174,7 +180,7 @@ class Benchmark:
         __tracebackhide__ = True
         unknown = set(overrides) - {"batch_sizes", "sequence_length", "decode_length", "runs", "warmups",
                                     "max_runs", "alpha", "rtol", "metrics", "knobs", "group", "stop_after_oom",
-                                    "max_load"}
+                                    "max_load", "outputs", "memory_rtol"}
         if unknown:
             raise ScenarioError(f"llmperf.measure() got unknown setting(s) {', '.join(sorted(unknown))}")
         settings = self.session.settings.for_test({**self.marker_kwargs, **overrides})
@@ -308,12 +314,33 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
     if messages:
         messages.append(f"If the slowdown is intended, update the baseline: "
                         f"{session.rerun(result.nodeid, update=True)}")
-    return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path)
+    changed = changed_outputs(result.key, rows, scenario.outputs,
+                              f"If the new outputs are intended, update the baseline: "
+                              f"{session.rerun(result.nodeid, update=True)}")
+    return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path,
+                   changed=changed, outputs_unchecked=unchecked(baseline.outputs, result.batches))
+
+
+def changed_outputs(key: str, rows: list[judge.Row], mode: str, hint: str) -> list[str]:
+    """Generated tokens that changed: the messages that fail the test (outputs=fail), or a warning (warn)."""
+    found = judge.outputs_messages(rows, mode)
+    if not found:
+        return []
+    text = f"{key}: " + "\n".join(found)
+    if mode == "warn":
+        warnings.warn(PytestLLMPerfWarning(f"{text} (not failing: outputs=warn)"), stacklevel=2)
+        return []
+    return [text, f"{hint}; or let it pass with --llmperf-outputs=warn (a marker's outputs=)"]
 
 
 def fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: BenchmarkResult) -> list[str]:
     """The messages that fail this test: a regression or missing baseline not listed in --llmperf-fail-on
-    only warns; a refused or inconclusive outcome listed there fails with its reason."""
+    only warns; a refused or inconclusive outcome listed there fails with its reason. Changed outputs fail
+    by --llmperf-outputs, whatever the timings did."""
+    return [*_fail_on_messages(session, outcome, result), *outcome.changed]
+
+
+def _fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: BenchmarkResult) -> list[str]:
     fail_on = session.settings["fail_on"]
     kind = kind_of(outcome)
     errors = [f"batch size {b.batch_size} failed: {b.error}" for b in result.batches
@@ -338,6 +365,7 @@ def baseline_entry(session: LLMPerfSession, result: BenchmarkResult) -> Baseline
         key=result.key,
         runs={b.batch_size: values_by_process(b.samples) for b in result.batches if b.ok},
         unit=unit_of_result(result),
+        outputs=outputs_by_batch(result.batches),
         errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
         foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
         fingerprint=fp,

@@ -39,19 +39,20 @@ def engine():
     # each process settles into a speed of its own, as real processes do (2% between processes)
     factor = float(np.exp(np.random.default_rng([index, speed.SEED]).normal(0, 0.02)))
     return SimulatedBackend(seed=index, noise=0.005, prefill_slowdown=factor * speed.PREFILL,
-                            decode_slowdown=factor * speed.DECODE)
+                            decode_slowdown=factor * speed.DECODE, changed_from=speed.CHANGED_FROM)
 
 @pytest.mark.llmperf(batch_sizes=[1, 2], runs=3, warmups=0)
 def test_engine(llmperf, engine):
     llmperf.measure(engine)
 """
-SPEED = "SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\n\ndef before_measuring():\n    {hook}\n"
+SPEED = ("SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\nCHANGED_FROM = {changed}\n\n"
+         "def before_measuring():\n    {hook}\n")
 ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=5",
         "--llmperf-max-processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
-def write_speed(pytester, *, prefill=1.0, decode=1.0, seed=0, hook="pass"):
-    pytester.makepyfile(speed=SPEED.format(seed=seed, prefill=prefill, decode=decode, hook=hook))
+def write_speed(pytester, *, prefill=1.0, decode=1.0, seed=0, hook="pass", changed=None):
+    pytester.makepyfile(speed=SPEED.format(seed=seed, prefill=prefill, decode=decode, hook=hook, changed=changed))
 
 
 def git(pytester, *args):
@@ -103,6 +104,16 @@ def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo):
     assert worktrees(repo) == [f"worktree {repo.path}"]
 
 
+def test_changed_outputs_in_the_working_tree_fail_against_the_refs_own_tokens(repo):
+    write_speed(repo, changed=2)  # same speed, other tokens from the third on
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_engine: batch size 1: outputs changed from HEAD (*): sequence 0 differs first "
+                                 "at generated token 2 (id 102 -> 103)*",
+                                 "*compared with HEAD (*) in alternating worker processes (--llmperf-compare)*"])
+    result.stdout.no_fnmatch_line("*regressed:*")
+
+
 def test_a_test_only_in_the_working_tree_is_new_not_failed(repo):
     repo.makepyfile(test_added=ENGINE.replace("def test_engine(", "def test_added("))
     result = run(repo, "--llmperf-compare", "HEAD")
@@ -130,15 +141,17 @@ def test_too_few_processes_for_alpha_are_refused_with_the_number_needed(repo):
 
 
 def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
-    run(repo, "--llmperf-update").assert_outcomes(passed=1)
+    # the simulated engine's timings do not depend on the machine: a busy one must not refuse them here
+    quiet = "--llmperf-max-load=inf"
+    run(repo, "--llmperf-update", quiet).assert_outcomes(passed=1)
     stored = json.loads((repo.path / "baselines" / "cpu" / "runner" / "test_engine.json").read_text())
     entry = stored["benchmarks"]["test_engine"]
     assert entry["unit"] == "process"
     assert len(entry["batches"]["1"]["runs"]["prefill_ms"]) == 5  # one list per process
     assert len(entry["batches"]["1"]["processes"]["prefill_ms"]) == 5  # and its median
-    run(repo).assert_outcomes(passed=1)
+    run(repo, quiet).assert_outcomes(passed=1)
     write_speed(repo, prefill=1.2)
-    result = run(repo)
+    result = run(repo, quiet)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=5/5 processes*"])
 

@@ -62,6 +62,13 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         """What is measured, for the report and the baseline: model, dtype, device, server args..."""
 
+    def server_pids(self) -> list[int]:
+        """Processes this backend started and whose memory belongs to the measurement (a server); the
+        process tree below each is counted too."""
+        process = getattr(self, "process", None)
+        pid = getattr(process, "pid", None)
+        return [pid] if pid is not None else []
+
     def close(self) -> None:
         """Release what the backend holds (processes, memory). Must be safe to call twice."""
 

@@ -145,6 +145,8 @@ class HFBackend(Backend):
             decode_steps_ns=[b - a for a, b in zip(times, times[1:])],
             detokenize_ns=end - decode_start,
             generated_tokens=int(generated.numel()),
+            output_ids=generated.tolist(),
+            output_texts=list(self.last_texts),
         )
 
     def reference_generate(self, request: GenerationRequest) -> Any:

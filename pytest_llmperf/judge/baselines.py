@@ -23,6 +23,7 @@ import numpy as np
 from ..files import finite_or_null, locked, write_text_atomic
 from .baseline_layout import module_file, other_sets
 from .baseline_values import check_entry, check_raw_entry
+from .outputs import Outputs
 
 SCHEMA_VERSION = 2
 
@@ -50,6 +51,7 @@ class BaselineEntry:
     errors: dict[int, str] = field(default_factory=dict)  # batch size -> why it did not run ("oom: ...")
     foreign_load: dict[int, float] = field(default_factory=dict)  # batch size -> cores used by other processes
     unit: str = "process"  # "run": measured in one process, the gate tests its runs
+    outputs: dict[int, Outputs] = field(default_factory=dict)  # batch size -> generated ids (judge/outputs.py)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     scenario: dict[str, Any] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +76,8 @@ class BaselineEntry:
             }
             if bs in self.foreign_load:
                 batches[str(bs)]["foreign_load"] = round(self.foreign_load[bs], 3)
+            if bs in self.outputs:
+                batches[str(bs)]["outputs"] = self.outputs[bs].to_json()
         return {"batches": batches, "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
                 "unit": self.unit, "fingerprint": self.fingerprint, "scenario": self.scenario,
                 "backend": self.backend, "git_commit": self.git_commit, "created": self.created}
@@ -88,12 +92,23 @@ class BaselineEntry:
             foreign_load={int(bs): float(batch["foreign_load"]) for bs, batch in data["batches"].items()
                           if batch.get("foreign_load") is not None},
             unit=str(data.get("unit", "process")),
+            outputs={int(bs): _outputs(key, bs, batch["outputs"]) for bs, batch in data["batches"].items()
+                     if batch.get("outputs") is not None},
             fingerprint=dict(data.get("fingerprint", {})),
             scenario=dict(data.get("scenario", {})),
             backend=dict(data.get("backend", {})),
             git_commit=data.get("git_commit"),
             created=str(data.get("created", "")),
         )
+
+
+def _outputs(key: str, batch_size: str, data: Any) -> Outputs:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"entry {key!r}, batch size {batch_size}: 'outputs' is not an object")
+    try:
+        return Outputs.from_json(data)
+    except ValueError as exc:
+        raise ValueError(f"entry {key!r}, batch size {batch_size}: {exc}") from None
 
 
 def now_iso() -> str:

@@ -17,6 +17,7 @@ from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import ScenarioError
 from . import gate
 from .baselines import BaselineEntry
+from .outputs import outputs_by_batch
 
 
 def looks_for(processes: int, max_processes: int) -> list[int]:
@@ -87,6 +88,7 @@ def reference_entry(reference: BenchmarkResult, label: str) -> BaselineEntry:
         runs={b.batch_size: values_by_process(b.samples) for b in reference.batches if b.ok},
         errors={b.batch_size: f"{b.status}: {b.error}" for b in reference.batches if not b.ok},
         unit="process",
+        outputs=outputs_by_batch(reference.batches),
         scenario=reference.scenario,
         backend=reference.backend,
         created=label,

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from . import gate
+import numpy as np
+
+from . import gate, outputs
 from .baselines import BaselineEntry, stored_value
-from ..measure.metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS, TAIL_MIN_GAPS, gaps_per_run,
-                      metric_better, unit_values)
+from ..measure.metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, MEMORY_METRICS, METRICS, TAIL_MIN_GAPS,
+                               gaps_per_run, metric_better, unit_values)
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 
@@ -77,13 +79,20 @@ def busy_note(current_load: float | None, baseline_load: float | None, max_load:
 
 def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario, *, splits_prefill: bool,
             alpha: float, max_load: float, counters_better: Mapping[str, str] | None = None,
-            paired: bool = False) -> list[Row]:
-    """Compare every gated metric at every batch size; adjust p-values together; give verdicts."""
+            paired: bool = False, reference_label: str = "the baseline") -> list[Row]:
+    """Compare every gated metric at every batch size; adjust p-values together; give verdicts. The
+    generated tokens are compared beside the timings (unless the scenario's outputs is off)."""
     metrics = gated_metrics(scenario, splits_prefill)
     comparisons: list[gate.Comparison] = []
     rows: list[Row] = []
     units: dict[int, str] = {}
     for batch in result.batches:
+        if scenario.outputs != "off" and batch.ok:
+            found = outputs.check(baseline.outputs.get(batch.batch_size), outputs.observed(batch.samples),
+                                  reference_label)
+            if found is not None:
+                rows.append(Row(result.key, result.nodeid, outputs.OUTPUTS_METRIC, batch.batch_size, None, None,
+                                None, None, None, None, None, *found))
         base = baseline.batches.get(batch.batch_size)
         busy = busy_note(batch.foreign_load, baseline.foreign_load.get(batch.batch_size), max_load)
         if busy and base is not None and batch.ok:
@@ -108,9 +117,12 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
                             f"{UNIT_WORDS[unit]}: not comparable. Measure as the baseline was "
                             f"(--llmperf-processes) or re-record it with --llmperf-update"))
             continue
+        memory = [memory_row(result, batch.batch_size, metric, base_values[metric], current[metric], scenario)
+                  for metric in MEMORY_METRICS if metric in current and metric in base_values]
+        rows += [r for r in memory if r.verdict != gate.PASS]  # the report's memory table shows every value
         for metric in metrics:
-            if metric not in current or metric not in base:
-                continue  # this backend does not measure it (e.g. prefill on a server)
+            if metric not in current or metric not in base or metric in MEMORY_METRICS:
+                continue  # this backend does not measure it (e.g. prefill on a server); memory: above
             if metric in TAIL_MIN_GAPS and min(gaps_per_run(s) for s in batch.samples) < TAIL_MIN_GAPS[metric]:
                 rows.append(Row(result.key, result.nodeid, metric, batch.batch_size, None, None, None, None, None,
                                 None, None, "ungated",
@@ -133,6 +145,29 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
     return rows
 
 
+#: Peak memory must grow by more than this as well as by memory_rtol: allocator granularity on a small model.
+MEMORY_FLOOR_MIB = 16.0
+
+
+def memory_row(result: BenchmarkResult, batch_size: int, metric: str, baseline: Sequence[float],
+               current: Sequence[float], scenario: Scenario) -> Row:
+    """Peak memory against its baseline: medians and a tolerance. On a fixed shape the peak hardly moves
+    between runs, so a rank test would flag an allocator's page as significant; what matters is whether
+    the growth is large enough to push the next batch size out of memory."""
+    was, now = float(np.median(baseline)), float(np.median(current))
+    ratio = now / was
+    limit = max(was * scenario.memory_rtol, MEMORY_FLOOR_MIB)
+    if now - was > limit:
+        verdict = gate.REGRESSED
+    elif was - now > limit:
+        verdict = gate.IMPROVED
+    else:
+        verdict = gate.PASS
+    note = (f"n={len(baseline)}/{len(current)}, memory: medians within {scenario.memory_rtol:.0%} and "
+            f"{MEMORY_FLOOR_MIB:g} MiB (--llmperf-memory-rtol)")
+    return Row(result.key, result.nodeid, metric, batch_size, was, now, ratio, None, None, None, None, verdict, note)
+
+
 def flagged_batches(rows: Sequence[Row]) -> list[int]:
     """Batch sizes whose measured metrics look worse (regressed or inconclusive) and deserve a second look."""
     return sorted({r.batch_size for r in rows if r.metric != "*" and r.verdict in (gate.REGRESSED, gate.INCONCLUSIVE)})
@@ -152,10 +187,22 @@ def confirm(first: Sequence[Row], second: Sequence[Row], flagged: Sequence[int])
     return rows
 
 
+def outputs_messages(rows: Sequence[Row], mode: str) -> list[str]:
+    """The changed-outputs rows worded for the test's failure (mode fail) or a warning (mode warn)."""
+    changed = [r for r in rows if r.verdict == outputs.CHANGED]
+    if not changed or mode == "off":
+        return []
+    return [f"batch size {r.batch_size}: {r.note}" for r in changed]
+
+
 def regression_message(row: Row, alpha: float) -> str:
     if row.metric == "*":
         return f"batch size {row.batch_size}: {row.note}"
     unit = unit_of(row.metric)
+    if row.metric in MEMORY_METRICS:
+        return (f"{row.metric} (peak memory) at batch size {row.batch_size} regressed: baseline median "
+                f"{row.baseline:.1f} {unit}, now {row.now:.1f} {unit} (+{row.now - row.baseline:.1f} {unit}, ratio "
+                f"{row.ratio:.3f}), {row.note}")
     return (f"{row.metric} ({phase_of(row.metric)}) at batch size {row.batch_size} regressed: baseline median "
             f"{row.baseline:.4g} {unit}, now {row.now:.4g} {unit}, ratio {row.ratio:.3f} "
             f"[{row.ci_low:.3f}, {row.ci_high:.3f}] (95% CI), p={row.p_value:.2g} "

@@ -57,7 +57,22 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in (
                                                          "seconds (first tokens per second)."),
     Metric("itl_tokens_per_s", "tokens/secs", "higher", "Decode throughput of a server: batch size / inter-token "
                                                         "latency in seconds."),
+    # Peak memory during the run (measure/memory.py), held to a tolerance rather than a rank test.
+    Metric("peak_rss_mib", "MiB", "lower", "Peak resident set of the measuring process during the run (Linux)."),
+    Metric("server_peak_rss_mib", "MiB", "lower", "Peak resident set of a started server's process tree during "
+                                                  "the run, summed over its processes (Linux)."),
+    Metric("cuda_peak_allocated_mib", "MiB", "lower", "torch.cuda.max_memory_allocated over the run."),
+    Metric("gpu_used_mib", "MiB", "lower", "NVML's used memory of the GPUs after the run (every process on them)."),
+    Metric("tpot_ms", "ms", "lower", "Time per output token as vLLM's bench serve defines it: (last token - first "
+                                     "token) / (output tokens - 1) of each request, mean over the batch's requests."),
+    # NVML around the run (measure/gpu.py); absent on a CPU target.
+    Metric("energy_j_per_token", "J/token", "lower", "GPU energy over the run (NVML's total energy counter, all "
+                                                     "GPUs) / generated tokens of the batch."),
+    Metric("sm_clock_mhz", "MHz", "higher", "Lowest SM clock of the GPUs at the end of the run (NVML)."),
 )}
+
+#: Memory metrics: gated by a tolerance (judge/verdicts.py), always, where both sides measured them.
+MEMORY_METRICS = ("peak_rss_mib", "server_peak_rss_mib", "cuda_peak_allocated_mib", "gpu_used_mib")
 
 #: Gated by default, by whether the backend splits prefill from decode.
 DEFAULT_GATED_SPLIT = ("prefill_ms", "decode_token_ms", "throughput_tokens_per_s")
@@ -110,6 +125,15 @@ def run_values(sample: RunSample) -> dict[str, float]:
     if sample.detokenize_ns is not None:
         values["detokenize_ms"] = sample.detokenize_ns * ms
     values.update({k: float(v) for k, v in sample.counters.items()})
+    values.update({k: float(v) for k, v in sample.memory.items()})
+    if "energy_j" in sample.gpu and tokens:
+        values["energy_j_per_token"] = sample.gpu["energy_j"] / tokens
+    if "sm_clock_mhz" in sample.gpu:
+        values["sm_clock_mhz"] = sample.gpu["sm_clock_mhz"]
+    per_request = tokens / sample.batch_size if tokens else 0  # fixed output length: every request the same
+    spans = [times[-1] - times[0] for times in sample.token_times_ns if len(times) > 1]
+    if spans and per_request > 1:
+        values["tpot_ms"] = float(np.mean(spans)) * ms / (per_request - 1)
     return values
 
 

@@ -29,6 +29,11 @@ class RunSample:
     detokenize_ns: int | None = None
     generated_tokens: int | None = None  # as counted by the backend (server `details`/`usage`)
     counters: dict[str, float] = field(default_factory=dict)  # backend metrics, e.g. offload hit rate
+    # The generated token ids per sequence and their decoded text, where the backend knows them (judge/outputs.py)
+    output_ids: list[list[int]] | None = None
+    output_texts: list[str] | None = None
+    memory: dict[str, float] = field(default_factory=dict)  # the run's peak memory in MiB (measure/memory.py)
+    gpu: dict[str, float] = field(default_factory=dict)  # energy, clock, throttle reasons via NVML (measure/gpu.py)
     process: int = 0  # which worker process took the run (0: measured in the pytest process itself)
 
     def to_json(self) -> dict[str, Any]:
@@ -42,6 +47,10 @@ class RunSample:
             "detokenize_ns": self.detokenize_ns,
             "generated_tokens": self.generated_tokens,
             "counters": self.counters,
+            "output_ids": self.output_ids,
+            "output_texts": self.output_texts,
+            "memory": self.memory,
+            "gpu": self.gpu,
             "process": self.process,
         }
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .load import LoadMeter
+from .gpu import GpuMeter, open_nvml
+from .memory import MemoryMeter
 from ..backends.base import Backend, GenerationRequest, OutOfMemory
 from ..backends.models import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
@@ -46,19 +48,27 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
     samples: list[RunSample] = []
     loads: list[float] = []
     retaken = 0
-    while len(samples) < runs:
-        meter = LoadMeter()
-        sample = backend.generate(request)
-        load = meter.stop()
-        if load > max_load and retaken < runs:
-            retaken += 1
+    with open_nvml() as nvml:
+        # a backend that does not derive from Backend starts no server of ours
+        memory = MemoryMeter(getattr(backend, "server_pids", lambda: []), nvml=nvml)
+        gpu = GpuMeter(nvml)
+        while len(samples) < runs:
+            meter = LoadMeter()
+            memory.start()
+            gpu.start()
+            sample = backend.generate(request)
+            sample.gpu = gpu.stop()
+            sample.memory = memory.stop()
+            load = meter.stop()
+            if load > max_load and retaken < runs:
+                retaken += 1
+                if on_run is not None:
+                    on_run(request.batch_size, len(samples), runs, retaken, None)
+                continue
+            samples.append(sample)
+            loads.append(load)
             if on_run is not None:
-                on_run(request.batch_size, len(samples), runs, retaken, None)
-            continue
-        samples.append(sample)
-        loads.append(load)
-        if on_run is not None:
-            on_run(request.batch_size, len(samples), runs, retaken, sample)
+                on_run(request.batch_size, len(samples), runs, retaken, sample)
     return Runs(samples, sum(loads) / len(loads), retaken)
 
 

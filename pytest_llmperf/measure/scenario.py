@@ -30,6 +30,8 @@ def llmperf_marker(
     max_load: float | None = None,
     devices: Sequence[str] | None = None,
     processes: int | None = None,
+    outputs: str | None = None,
+    memory_rtol: float | None = None,
 ) -> dict[str, Any]:
     """The signature of `@pytest.mark.llmperf(...)`; calling it validates the keywords."""
     return {k: v for k, v in locals().items() if v is not None}
@@ -39,9 +41,15 @@ MARKER_KEYWORDS = tuple(inspect.signature(llmperf_marker).parameters)
 MARKER_HELP = (
     "llmperf(batch_sizes=[1], sequence_length=, decode_length=, runs=, warmups=, max_runs=, alpha=, "
     "rtol=float|{metric: float}, metrics=[...], knobs={...}, group=, stop_after_oom=, max_load=, devices=[...], "
-    "processes=): an LLM inference benchmark; `devices` lists the hardware targets it runs on, `processes` the "
-    "worker processes that measure it"
+    "processes=, outputs=fail|warn|off, memory_rtol=): an LLM inference benchmark; `devices` lists the hardware "
+    "targets it runs on, `processes` the worker processes that measure it, `outputs` what a change of the "
+    "generated tokens does, `memory_rtol` how much peak memory may grow"
 )
+
+
+#: What generated tokens that differ from the baseline's do (judge/outputs.py); named here, where scenarios
+#: are checked, so that the measuring side needs nothing from the judging side.
+OUTPUT_MODES = ("fail", "warn", "off")
 
 
 class ScenarioError(ValueError):
@@ -64,6 +72,8 @@ class Scenario:
     group: str | None = None
     stop_after_oom: bool = True
     max_load: float = float("inf")  # cores other processes may use during a run before it is retaken
+    outputs: str = "fail"  # generated tokens that differ from the baseline's: fail | warn | off (judge/outputs.py)
+    memory_rtol: float = 0.1  # peak memory may grow this much (and MEMORY_FLOOR_MIB) before it regressed
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in self.batch_sizes):
@@ -81,6 +91,10 @@ class Scenario:
             raise ScenarioError("rtol must be a finite number >= 0 (a NaN tolerance would pass any slowdown)")
         if not self.max_load >= 0:
             raise ScenarioError(f"max_load must be >= 0 cores (inf: no limit), got {self.max_load}")
+        if not (self.memory_rtol >= 0 and math.isfinite(self.memory_rtol)):
+            raise ScenarioError(f"memory_rtol must be a finite number >= 0, got {self.memory_rtol}")
+        if self.outputs not in OUTPUT_MODES:
+            raise ScenarioError(f"outputs must be one of {', '.join(OUTPUT_MODES)}, got {self.outputs!r}")
 
     def rtol_for(self, metric: str) -> float:
         return self.rtol_per_metric.get(metric, self.rtol)
@@ -168,6 +182,10 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
     elif name == "max_load":
         _expect(_is_number(value) and value >= 0, name, value, "a number of cores >= 0 (float('inf'): no limit)",
                 where)
+    elif name == "memory_rtol":
+        _expect(_is_number(value) and math.isfinite(value) and value >= 0, name, value, "a finite number >= 0", where)
+    elif name == "outputs":
+        _expect(value in OUTPUT_MODES, name, value, f"one of {', '.join(map(repr, OUTPUT_MODES))}", where)
     elif name == "devices":
         _expect(isinstance(value, str) and value != "" or isinstance(value, (list, tuple)) and len(value) > 0
                 and all(isinstance(d, str) and d for d in value), name, value,
@@ -257,4 +275,6 @@ def build_scenario(settings: Mapping[str, Any], *, check_runs: bool = True) -> S
         group=settings.get("group"),
         stop_after_oom=settings.get("stop_after_oom", True),
         max_load=float(settings.get("max_load", float("inf"))),
+        outputs=settings.get("outputs", "fail"),
+        memory_rtol=float(settings.get("memory_rtol", 0.1)),
     )

@@ -114,6 +114,8 @@ class OffloadBackend(Backend):
             decode_steps_ns=out.decode_steps_ns,
             detokenize_ns=end - decode_start,
             generated_tokens=int(out.tokens.numel()),
+            output_ids=out.tokens.tolist(),
+            output_texts=list(self.last_texts),
             counters=dict(out.counters),
         )
 

@@ -18,6 +18,8 @@ from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
 from ..measure.metrics import values_by_metric
+from ..judge.outputs import observed
+from ..judge.quality import quality_notes
 from ..measure.records import BatchResult, BenchmarkResult
 from .accumulate import results_from_document
 from .verdict_table import markdown_table, measured_cell
@@ -29,6 +31,9 @@ SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "i
                   ("Decode (total)", "first_to_last_token_ms"), ("End to end", "e2e_ms"))
 SERVER_THROUGHPUT = (("Prefill (batch / TTFT)", "ttft_tokens_per_s"), ("Decode (batch / ITL)", "itl_tokens_per_s"),
                      ("End to end (tokens / E2E)", "throughput_tokens_per_s"))
+# Peak memory per run (measure/memory.py), as bigcode-inference-benchmark and optimum-benchmark report it.
+MEMORY = (("Host RSS (measuring process)", "peak_rss_mib"), ("Host RSS (server processes)", "server_peak_rss_mib"),
+          ("CUDA allocated (torch)", "cuda_peak_allocated_mib"), ("GPU used (NVML)", "gpu_used_mib"))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -113,12 +118,46 @@ def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) 
                  _step_rows(result, steps, "tokens/secs", cells, 3))
 
 
+def memory_table(result: BenchmarkResult) -> str | None:
+    """Peak memory per batch size (median, lowest, highest over runs), for the memory metrics measured."""
+    measured = {m for b in result.batches if b.ok for m in values_by_metric(b.samples)}
+    steps = [(label, metric) for label, metric in MEMORY if metric in measured]
+    if not steps:
+        return None
+
+    def cells(values: list[float]) -> list[str]:
+        return [_fmt(v, "MiB") for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
+
+    return table(("Peak memory", "Batch Size", "Median", "Lowest", "Highest"),
+                 _step_rows(result, steps, "MiB", cells, 3))
+
+
+def outputs_lines(result: BenchmarkResult) -> list[str]:
+    """What each batch size generated (digest, first sequence's text); or that its runs disagreed."""
+    lines = []
+    for batch in result.batches:
+        seen = observed(batch.samples) if batch.ok else None
+        if seen is None:
+            continue
+        if seen.outputs is None:
+            lines.append(f"outputs at batch size {batch.batch_size}: {seen.distinct} distinct over the runs "
+                         "(nondeterministic)")
+            continue
+        text = seen.outputs.texts[0] if seen.outputs.texts else " ".join(map(str, seen.outputs.tokens[0]))
+        lines.append(f"outputs at batch size {batch.batch_size}: `{seen.outputs.digest[:19]}`, sequence 0: "
+                     f"{text[:80]!r}")
+    return lines
+
+
 def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
     split = _is_split(result)
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
+    memory = memory_table(result)
     parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
              *([f"Measured {measured} (UTC @ commit)."] if measured else []),
-             parameters_table(result), latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT)]
+             parameters_table(result), latency,
+             throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *([memory] if memory else [])]
+    notes += [f"run quality: {n}" for n in quality_notes(result)] + outputs_lines(result)
     failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
     failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
                f"kept runs saw {b.foreign_load:.2f} foreign cores on average" for b in result.batches if b.retaken]

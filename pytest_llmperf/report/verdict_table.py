@@ -91,7 +91,9 @@ def cells(row: Mapping[str, Any], definitions: Mapping[str, Any] | None = None) 
     if base and now is not None:
         worse = worse_direction(metric, definitions)
         ratio = f"{now / base:.3f}" + (f" ({worse})" if worse else "")
-    hl = "" if row.get("ratio") is None else f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+    # memory rows are held to a tolerance: their ratio is the medians' (previous column), with no interval
+    hl = ("" if row.get("ratio") is None or row.get("ci_low") is None
+          else f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
     if row.get("verdict") == "improved" and row.get("p_better") is not None:
         p = f"{row['p_better']:.2g} (improving)"
     else:

@@ -1,0 +1,77 @@
+"""Run quality: what makes a measurement weaker than its verdict looks, said beside it.
+
+- runs inside one process that scatter (coefficient of variation above NOISY_CV): the machine or the
+  backend was unsteady while that process measured;
+- a GPU that throttled (NVML clock-event reasons: power cap, thermal...) during some runs: those
+  timings say more about the cooling than about the code;
+- runs whose backend generated fewer tokens than the scenario asked (a server that stopped early):
+  every rate computed from them is off.
+
+Too few runs for a percentile and software drift since the baseline are said where those are shown
+(the latency tables; the summary's drift line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..measure.gpu import throttle_names
+from ..measure.metrics import values_by_process
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
+from .verdicts import gated_metrics
+
+#: Within-process CV above which a metric's runs are called noisy (runs here scatter 1-4%, docs/noise.md).
+NOISY_CV = 0.10
+
+
+def _noisy(result: BenchmarkResult, metrics: Sequence[str]) -> list[str]:
+    found = []
+    for batch in result.batches:
+        if not batch.ok:
+            continue
+        for metric, per_process in values_by_process(batch.samples).items():
+            if metric not in metrics:
+                continue
+            cvs = [float(np.std(v) / np.mean(v)) for v in per_process if len(v) > 1 and np.mean(v) > 0]
+            if cvs and max(cvs) > NOISY_CV:
+                found.append(f"{metric} at batch size {batch.batch_size}: runs within a process scatter by CV "
+                             f"{max(cvs):.0%} (> {NOISY_CV:.0%}); the machine or backend was unsteady")
+    return found
+
+
+def _throttled(result: BenchmarkResult) -> list[str]:
+    found = []
+    for batch in result.batches:
+        masks = [int(s.gpu.get("throttle_reasons", 0)) for s in batch.samples]
+        hit = [m for m in masks if m]
+        if hit:
+            reasons = sorted({name for m in hit for name in throttle_names(m)})
+            found.append(f"batch size {batch.batch_size}: the GPU throttled during {len(hit)} of {len(masks)} "
+                         f"runs ({', '.join(reasons)})")
+    return found
+
+
+def _short(result: BenchmarkResult) -> list[str]:
+    asked = result.scenario.get("decode_length")
+    found = []
+    for batch in result.batches:
+        if not asked or not batch.ok:
+            continue
+        short = [s for s in batch.samples if s.generated_tokens is not None
+                 and s.generated_tokens < asked * batch.batch_size]
+        if short:
+            least = min(s.generated_tokens or 0 for s in short)
+            found.append(f"batch size {batch.batch_size}: {len(short)} of {len(batch.samples)} runs generated "
+                         f"fewer tokens than asked (as few as {least} of {asked * batch.batch_size})")
+    return found
+
+
+def quality_notes(result: BenchmarkResult) -> list[str]:
+    """What weakens this benchmark's measurement, one line each (empty when nothing does). Noise is judged
+    on the metrics the gate tests."""
+    split = any(b.ok and b.samples[0].prefill_ns is not None for b in result.batches)
+    metrics = gated_metrics(Scenario.from_json(result.scenario), split)
+    return [*_throttled(result), *_short(result), *_noisy(result, metrics)]

@@ -1,0 +1,97 @@
+"""Outputs and memory on a real model, changed from a conftest (the project untouched): perturbed logits
+of the embedded tiny Llama fail the benchmark with "outputs changed" at the first differing position, and
+200 MB more held during each forward fails it as a peak-memory regression; unchanged code passes.
+Timings are not what this is about: their tolerance is wide and a busy machine is accepted.
+"""
+
+import pytest
+
+pytest.importorskip("torch", reason="the hf extra is not installed: pip install pytest-llmperf[hf]")
+# Imported before pytester's in-process runs (see test_hf_gate.py: a lazy first import inside one is dropped).
+from transformers import LlamaForCausalLM  # noqa: E402, F401
+
+SEQUENCE = 16
+BENCHMARK = f"""
+import pytest
+
+@pytest.mark.llmperf(batch_sizes=[1, 2], sequence_length={SEQUENCE}, decode_length=6, runs=5, warmups=1, max_runs=5)
+def test_llama(llmperf, llmperf_hf):
+    llmperf.measure(llmperf_hf("tiny-llama"))
+"""
+
+# The changes a working tree might bring, each switched on by an environment variable:
+# - LLMPERF_PERTURB: once the KV cache holds the prompt and two generated tokens (counted after the forward,
+#   which appends its input), the logits are negated, so the greedy pick becomes the least likely token, never
+#   the one picked before. Token 0 comes from prefill and token k from the k-th decode forward, whose cache
+#   then holds the prompt and k tokens: generated token 2 is the first to change.
+# - LLMPERF_HOLD_MB: that many MB (float32, every page written) held while each forward runs.
+CHANGED_CONFTEST = f"""
+import functools
+import os
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+
+@pytest.fixture(autouse=True)
+def changed_forward(monkeypatch):
+    perturb, hold_mb = os.environ.get("LLMPERF_PERTURB"), int(os.environ.get("LLMPERF_HOLD_MB", "0"))
+    forward = LlamaForCausalLM.forward
+
+    @functools.wraps(forward)
+    def changed(self, *args, **kwargs):
+        held = torch.ones(hold_mb * 2 ** 20 // 4) if hold_mb else None
+        out = forward(self, *args, **kwargs)
+        del held
+        past = kwargs.get("past_key_values")
+        decoding = kwargs["input_ids"].shape[1] == 1 and past is not None
+        if perturb and decoding and past.get_seq_length() >= {SEQUENCE} + 2:
+            out.logits = -out.logits
+        return out
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", changed)
+"""
+
+
+@pytest.fixture
+def project(pytester, monkeypatch, model_cache):
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
+    monkeypatch.delenv("LLMPERF_PERTURB", raising=False)
+    monkeypatch.delenv("LLMPERF_HOLD_MB", raising=False)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_bench=BENCHMARK)
+    pytester.makeconftest(CHANGED_CONFTEST)
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest("--llmperf-device=cpu", "--llmperf-rtol=10", "--llmperf-max-load=inf",
+                              "-p", "no:cacheprovider", *args)
+
+
+def test_perturbed_logits_fail_with_outputs_changed_and_unchanged_code_passes(project, monkeypatch):
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run(project).assert_outcomes(passed=1)
+    monkeypatch.setenv("LLMPERF_PERTURB", "1")
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_llama: batch size 1: outputs changed from the baseline: sequence 0 differs "
+                                 "first at generated token 2 (id * -> *); baseline '*', now '*'",
+                                 "batch size 2: outputs changed from the baseline: sequence 0 differs first at "
+                                 "generated token 2*"])
+
+
+def test_holding_200_mb_more_during_forward_is_a_peak_memory_regression(project, monkeypatch):
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    unchanged = run(project)
+    unchanged.assert_outcomes(passed=1)
+    unchanged.stdout.no_fnmatch_line("*peak_rss_mib*")  # within the tolerance: no verdict row, nothing to say
+    assert "| Host RSS (measuring process) | 1 " in (project.path / "reports" / "cpu.md").read_text()
+    monkeypatch.setenv("LLMPERF_HOLD_MB", "200")
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peak_rss_mib (peak memory) at batch size 1 regressed: baseline median * MiB, "
+                                 "now * MiB (+2* MiB, ratio *), *memory: medians within 10% and 16 MiB*"])
+    result.stdout.no_fnmatch_line("*outputs changed*")
