@@ -12,7 +12,6 @@ last 32 (BOS included); each generated id is ~1.5x the one before, so a text pro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
@@ -27,10 +26,10 @@ from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.servers.process import ProcessRegistry, free_port
 
-from .server_helpers import JETSTREAM_DOUBLE, PYTHON, clean_env
+from .server_helpers import JETSTREAM_DOUBLE, PYTHON, SCRIPTS, clean_env, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = ROOT / "scripts" / "jetstream_mock_server.py"
+LAUNCHER = SCRIPTS / "jetstream_mock_server.py"
 SEQ, DECODE = 8, 8
 # seed 002's columns for the mock: config_lib's test engine has 8 slots and a 32-token cache/prefill
 MOCK = dict(model="jetstream-mock", device="cpu", dtype="float32", server_batch_size=8, cache_length=32,
@@ -58,9 +57,7 @@ def test_the_server_listens_on_loopback_only(mock):
 
 
 def test_the_launcher_shrinks_the_fake_work_and_refuses_code_without_the_literal():
-    spec = importlib.util.spec_from_file_location("jetstream_mock_server", LAUNCHER)
-    launcher = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launcher)
+    launcher = load_script("jetstream_mock_server")
     launcher.stand_in_seqio()
     from jetstream.engine import mock_engine
 

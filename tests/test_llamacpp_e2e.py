@@ -7,7 +7,6 @@ random weights: nothing is downloaded.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -19,9 +18,8 @@ from pytest_llmperf.backends.base import BackendError, GenerationRequest
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.measure.metrics import run_values
 
-from .server_helpers import PYTHON
+from .server_helpers import PYTHON, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 SEQ, DECODE = 16, 8
 # llama-cpp-python streams no `usage`, so tokens are the content chunks, checked against decode_length;
 # it has min_tokens but no ignore_eos: logit_bias -100 keeps the specials (unknown, BOS, EOS) out.
@@ -29,16 +27,9 @@ LLAMA = dict(name="llama.cpp", health_path="/v1/models", model="tiny-llama", fix
              eos_token_ids=[0, 1, 2], count_chunks=True)
 
 
-def load_writer():
-    spec = importlib.util.spec_from_file_location("tiny_gguf", ROOT / "scripts" / "tiny_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory) -> Path:
-    return load_writer().write(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
+    return load_script("tiny_gguf").write(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
 
 
 def command(gguf: Path, *extra: str) -> list[str]:
@@ -64,7 +55,7 @@ def test_the_server_listens_on_loopback_only(llama):
 
 
 def test_the_vocabulary_makes_a_prompt_word_one_token():
-    pieces, scores = load_writer().vocabulary(["seattle"])
+    pieces, scores = load_script("tiny_gguf").vocabulary(["seattle"])
     assert "\u2581seattle" in pieces and "\u2581s" in pieces and pieces[:3] == ["<unk>", "<s>", "</s>"]
     assert scores[pieces.index("\u2581seattle")] > scores[pieces.index("\u2581seattl")]  # longer merges first
 
