@@ -1,11 +1,14 @@
 """Seed 002 on JetStream: throughput at the server's batch size, logged per target and date.
 
-Attach to a running JetStream server with --llmperf-jetstream-url=HOST:PORT and describe it with
-the environment (seed 002's columns): LLMPERF_JETSTREAM_MODEL, _DEVICE, _DTYPE, _BATCH_SIZE,
-_CACHE_LENGTH, _MAX_INPUT, _MAX_OUTPUT. Skipped without a URL.
+Attach to a running JetStream server with --llmperf-jetstream-url=HOST:PORT, or have the fixture
+start one with LLMPERF_JETSTREAM_COMMAND (a command line with {port}; e.g. JetStream's own mock server,
+"python scripts/jetstream_mock_server.py --port {port}", as tox -e jetstream does), and describe it
+with the environment (seed 002's columns): LLMPERF_JETSTREAM_MODEL, _DEVICE, _DTYPE, _BATCH_SIZE,
+_CACHE_LENGTH, _MAX_INPUT, _MAX_OUTPUT. Skipped without either.
 """
 
 import os
+import shlex
 
 import pytest
 
@@ -26,8 +29,10 @@ BATCH = env_int("LLMPERF_JETSTREAM_BATCH_SIZE", 128)
                      decode_length=env_int("LLMPERF_JETSTREAM_MAX_OUTPUT", 1024), runs=5, max_runs=5, warmups=1,
                      metrics=["throughput_tokens_per_s"])
 def test_jetstream_seed002(llmperf, llmperf_jetstream, request):
-    require_jetstream(request.config)
+    command = os.environ.get("LLMPERF_JETSTREAM_COMMAND", "")
+    require_jetstream(request.config, command)
     server = llmperf_jetstream(
+        shlex.split(command) or None,
         model=os.environ.get("LLMPERF_JETSTREAM_MODEL", "llama-3-8b"),
         device=os.environ.get("LLMPERF_JETSTREAM_DEVICE", "unknown"),
         dtype=os.environ.get("LLMPERF_JETSTREAM_DTYPE", "bfloat16"),

@@ -33,7 +33,9 @@ def require_tgi(config: pytest.Config) -> bool:
     return False
 
 
-def require_jetstream(config: pytest.Config) -> None:
-    if not OPTIONS_BY_NAME["jetstream_url"].value(config):
+def require_jetstream(config: pytest.Config, command: str = "") -> None:
+    """Skip unless attaching by URL or a command (LLMPERF_JETSTREAM_COMMAND) starts the server."""
+    if not OPTIONS_BY_NAME["jetstream_url"].value(config) and not command:
         pytest.skip("no JetStream server: start one (python run_server.py ...) and pass "
-                    "--llmperf-jetstream-url=HOST:PORT (ini llmperf_jetstream_url, env LLMPERF_JETSTREAM_URL)")
+                    "--llmperf-jetstream-url=HOST:PORT (ini llmperf_jetstream_url, env LLMPERF_JETSTREAM_URL), "
+                    "or set LLMPERF_JETSTREAM_COMMAND to a command line with {port} that starts one")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +17,16 @@ LAUNCHER = DOUBLES / "bin" / "text-generation-launcher"
 TGI_DOUBLE = DOUBLES / "tgi_double.py"
 JETSTREAM_DOUBLE = DOUBLES / "jetstream_double.py"
 PYTHON = sys.executable
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (scripts/ is not a package), for the real-server tests' launchers."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:

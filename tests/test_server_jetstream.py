@@ -71,6 +71,20 @@ def test_dies(llmperf_jetstream):
     with pytest.raises(BackendError, match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_requests"):
         server.generate(GenerationRequest(1, 8, 2, "a b c"))
 
+def test_long_prompt_is_cut_not_refused(llmperf_jetstream):
+    # JetStream's own server keeps the last max_prefill_length tokens (a warning in its log), no gRPC error
+    cmd = CMD[:-1] + [json.dumps({{"max_prefill_length": 4}})]
+    server = llmperf_jetstream(cmd, **SEED)
+    assert server.generate(GenerationRequest(2, 8, 6, "a b c d e f g h")).generated_tokens == 12
+    assert "Provided sequence longer than available" in server.process.log_path.read_text()
+
+def test_dies_mid_stream(llmperf_jetstream):
+    # JetStream's server SIGKILLs itself when one of its threads raises, after some tokens were streamed
+    cmd = CMD[:-1] + [json.dumps({{"exit_after_tokens": 3, "token_delay_ms": 20}})]
+    server = llmperf_jetstream(cmd, **SEED)
+    with pytest.raises(BackendError, match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_tokens=3"):
+        server.generate(GenerationRequest(1, 8, 6, "a b c"))
+
 def test_wont_start(llmperf_jetstream):
     with pytest.raises(BackendError, match=r"(?s)exited before it became healthy \\(exit code 1\\).*failed to load checkpoint"):
         llmperf_jetstream([sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--port", "{{port}}", "--fail"])
@@ -81,7 +95,7 @@ def test_fixture_lifecycle(pytester, monkeypatch):
     clean_env(monkeypatch)
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_js=TEST)
-    run_inner(pytester, "-v").assert_outcomes(passed=5)
+    run_inner(pytester, "-v").assert_outcomes(passed=7)
 
 
 def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):

@@ -151,6 +151,10 @@ class OpenAICompatBackend(Backend):
                        "logit_bias": "the server ignored logit_bias on the end-of-sequence tokens",
                        "none": "the sequence stopped early (no way to forbid the end token was asked for): use "
                                "fixed_length='ignore_eos' or 'logit_bias'"}[self.fixed_length]
+                if s.finish_reason is None:  # no end token: the stream was cut (seen on llama-cpp-python's server)
+                    how = ("the stream ended without a finish_reason, so the server cut it short; llama-cpp-python's "
+                           "server does that to a streaming request when another arrives unless started with "
+                           "--interrupt_requests False")
                 raise BackendError(f"{self._where()}: request {i} of batch size {request.batch_size} generated "
                                    f"{s.server_tokens} tokens (finish_reason={s.finish_reason}), not "
                                    f"decode_length={request.decode_length}; {how}")
