@@ -11,6 +11,10 @@ the makespan `max(cpu_total, fast_total)` greedily, which is O(E log E) and scal
 
 With Fiddler's costs (7 per token, 70 per fetch) a lone non-resident expert therefore runs on CPU
 exactly when it has fewer than 10 tokens.
+
+With a live cost model (online.py) the `makespan` and `fiddler` schedules also probe: when a tier that
+learns has gone unused for a while, the plan sends it the non-resident expert with the fewest tokens once,
+so a start-up figure that is too high for that tier gets observed and corrected.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .costs import CostModel
+from .online import OnlineCosts
 
 SCHEDULES = ("makespan", "fiddler", "cpu", "fetch")
 
@@ -49,7 +54,7 @@ class Scheduler:
     - `fetch`: every non-resident expert fetched (mixtral-offloading's policy, without its cache).
     """
 
-    costs: CostModel
+    costs: CostModel | OnlineCosts
     schedule: str = "makespan"
 
     def __post_init__(self) -> None:
@@ -72,9 +77,29 @@ class Scheduler:
         fiddler = self._finish(res, per_expert_cpu, per_expert_fetch, counts, fast0,
                                sequential=self.schedule == "fiddler")
         if self.schedule == "fiddler":
-            return fiddler
+            return self._probe(fiddler, counts, fast0)
         greedy = self._greedy(res, todo, counts, fast0)
-        return greedy if greedy.makespan_ms <= fiddler.makespan_ms else fiddler
+        return self._probe(greedy if greedy.makespan_ms <= fiddler.makespan_ms else fiddler, counts, fast0)
+
+    def _probe(self, plan: LayerPlan, counts: Sequence[int], fast0: float) -> LayerPlan:
+        """With a live model: move the smallest expert to a learning tier this plan leaves unused and
+        that has gone unobserved for `probe_every` plans (see the module docstring)."""
+        c = self.costs
+        if not isinstance(c, OnlineCosts):
+            return plan
+        c.planned()
+        smallest = lambda experts: min(experts, key=lambda e: (counts[e], e))  # noqa: E731
+        if not plan.cpu and plan.fetch and c.wants_probe("cpu"):
+            e = smallest(plan.fetch)
+            c.probed("cpu")
+            return self._finish(plan.resident, [e], [f for f in plan.fetch if f != e], counts, fast0,
+                                plan.sequential)
+        if not plan.fetch and plan.cpu and (c.wants_probe("copy") or c.wants_probe("gpu")):
+            e = smallest(plan.cpu)
+            c.probed("copy")
+            return self._finish(plan.resident, [f for f in plan.cpu if f != e], [e], counts, fast0,
+                                plan.sequential)
+        return plan
 
     def _greedy(self, res: tuple[int, ...], todo: list[int], counts: Sequence[int], fast0: float) -> LayerPlan:
         c = self.costs
