@@ -17,7 +17,8 @@ COUNTERS = {"hit_rate", "decode_hit_rate", "cpu_expert_calls", "fetches", "h2d_b
             "gpu_expert_ms", "fetch_ms",
             # the live cost model at the end of the run, and what it observed and probed during it
             "costs.cpu_1tok_ms", "costs.fetch_1tok_ms", "costs.cpu_scale", "costs.copy_scale", "costs.gpu_scale",
-            "costs.observations", "costs.probes"}
+            "costs.overlap_scale", "costs.sequential_scale", "costs.observations", "costs.probes",
+            "costs.sequential_plans"}
 EXPERT_GB = 3 * 256 * 512 * 4 / 2**30
 
 

@@ -47,7 +47,7 @@ def test_the_estimate_converges_from_a_start_up_figure_100x_off_and_ignores_an_o
     live.observe("cpu", 1, 50 * true_cpu_ms(1))  # a descheduled run
     assert live.cpu_ms(1) == pytest.approx(true_cpu_ms(1))
     assert live.fetch_ms(3) == pytest.approx(COPY_MS + GPU_MS)  # untouched tiers keep their start-up figure
-    assert live.observations == {"cpu": 9, "copy": 0, "gpu": 0}
+    assert live.observations == {"cpu": 9, "copy": 0, "gpu": 0, "overlap": 0, "sequential": 0}
 
 
 def test_a_changed_machine_moves_the_estimate_within_one_window():
@@ -69,7 +69,7 @@ def test_overrides_are_never_changed_by_observations_and_never_probed():
         for _ in range(20):
             live.observe(tier, 1, 1000.0)
     assert (live.cpu_ms(3), live.fetch_ms(3), live.resident_ms(3)) == (21, 70, 0)
-    assert live.observations == {"cpu": 0, "copy": 0, "gpu": 0} and not live.wants_probe("cpu")
+    assert sum(live.observations.values()) == 0 and not live.wants_probe("cpu")
     half = OnlineCosts(startup(1.0).with_overrides(latency_cpu=7))
     half.observe("cpu", 1, 1000.0)
     half.observe("copy", 0, 4 * COPY_MS)
@@ -92,8 +92,13 @@ def test_an_unused_tier_is_probed_once_per_interval_with_the_smallest_expert():
     counts, resident = [0, 5, 1, 3], [True, False, False, False]
     plan = scheduler.plan(counts, resident)  # CPU looks 100x dear: all fetched, but never observed: probe
     assert plan.cpu == (2,) and plan.fetch == (1, 3) and live.probes == 1
-    plans = [scheduler.plan(counts, resident) for _ in range(4)]  # no observation came back
-    assert [p.cpu for p in plans] == [(), (), (), (2,)] and live.probes == 2
+    probes_at = lambda n: [i + 1 for i in range(n) if scheduler.plan(counts, resident).cpu]  # noqa: E731
+    assert probes_at(8) == [8] and live.probes == 2  # no answer came back: the interval doubled, 4 -> 8
+    live.observe("cpu", 1, 100 * true_cpu_ms(1))  # the probe's answer: the CPU tier really is that dear
+    assert probes_at(16) == [16]  # so it stays unused, and the next probe waits twice as long again
+    live.observe("cpu", 1, 100 * true_cpu_ms(1))  # the answer to the probe at 16 ...
+    live.observe("cpu", 1, 100 * true_cpu_ms(1))  # ... and one that is no probe's: the plans use the tier
+    assert probes_at(4) == [4]  # back to the short interval
 
 
 class Timed(FusedExpertsAdapter):
@@ -220,3 +225,61 @@ def test_bad_online_options_name_the_option():
                            (OffloadOptions(online_probe_every=1.5), "online_probe_every=1.5")]:
         with pytest.raises(OffloadError, match=match):
             options.validated()
+
+
+def test_the_makespan_schedule_runs_a_layer_sequentially_once_overlapped_layers_are_seen_to_cost_more():
+    live = OnlineCosts(startup(1.0), modes=True, probe_every=1000)
+    for tier, n, ms in (("cpu", 2, true_cpu_ms(2)), ("copy", 0, COPY_MS), ("gpu", 2, GPU_MS)):
+        live.observe(tier, n, ms)  # the tiers are known: no tier probes below
+    scheduler = Scheduler(live, "makespan")
+    counts, resident = [2, 2, 2, 0], [True, False, False, False]  # one resident expert, two CPU candidates
+    first, second = scheduler.plan(counts, resident), scheduler.plan(counts, resident)
+    assert not first.sequential and second.sequential and live.probes == 2  # each mode probed once
+    assert first.cpu == second.cpu == (1, 2) and first.resident == (0,)
+    overlapped = replace_plan(first, sequential=False)
+    # Overlapped layers observed at 3x their plan (hand-off, GIL), sequential ones at their plan.
+    for _ in range(4):
+        live.observe_layer("overlap", 6, overlapped.makespan_ms, 3 * overlapped.makespan_ms)
+        live.observe_layer("sequential", 6, second.makespan_ms, second.makespan_ms)
+    plan = scheduler.plan(counts, resident)
+    assert plan.sequential and plan.makespan_ms * live.scale("sequential", 6) < \
+        overlapped.makespan_ms * live.scale("overlap", 6)
+    for _ in range(8):  # the hand-off got cheap: overlapped layers now take what they plan
+        live.observe_layer("overlap", 6, overlapped.makespan_ms, overlapped.makespan_ms)
+    assert not scheduler.plan(counts, resident).sequential
+    # CPU experts with nothing beside them run inline: there is nothing to overlap them with.
+    alone = scheduler.plan([0, 2, 2, 0], resident)
+    assert alone.cpu and not alone.fetch and not alone.resident and alone.sequential
+    # Modes learn nothing from plans priced in an override's units.
+    fixed = OnlineCosts(startup(1.0).with_overrides(latency_cpu=7, latency_gpu=70), modes=True)
+    fixed.observe_layer("overlap", 6, 1.0, 3.0)
+    assert fixed.scale("overlap", 6) == 1.0 and not Scheduler(fixed).plan(counts, resident).sequential
+
+
+def replace_plan(plan, **changes):
+    from dataclasses import replace
+
+    return replace(plan, **changes)
+
+
+def test_an_engine_whose_worker_hand_off_is_dear_learns_to_run_layers_sequentially():
+    """Injected clock: every hand-off to the CPU worker costs 3 ms. The makespan plans assume overlap for
+    free; the layers' wall times say otherwise, and after the probes the layers with work on both sides
+    run one side after the other, with the same tokens as before."""
+    engine, _, _ = timed_engine(startup(1.0), schedule="makespan", online_probe_every=1000)
+    with engine:
+        clock, submit = engine.layers[0].runtime.clock, engine.runtime.worker.submit
+
+        def dear_submit(fn):
+            clock.advance(3_000_000)
+            return submit(fn)
+
+        engine.runtime.worker.submit = dear_submit
+        ids = torch.randint(4, 300, (16, 12), generator=torch.Generator().manual_seed(1))
+        first = engine.generate(ids, 6)
+        later = engine.generate(ids, 6)
+        assert engine.costs.observations["overlap"] >= 1 and engine.costs.observations["sequential"] >= 1
+        assert engine.costs.scale("overlap", 48) > engine.costs.scale("sequential", 48)
+        assert later.counters["costs.sequential_plans"] > 0 and later.counters["cpu_expert_calls"] > 0
+        assert torch.equal(first.tokens, later.tokens)
+        assert sum(later.decode_steps_ns) < sum(first.decode_steps_ns)

@@ -233,7 +233,9 @@ class OffloadEngine:
 
     def _live(self, costs: CostModel) -> OnlineCosts:
         o = self.options
-        return OnlineCosts(costs, window=o.online_window, probe_every=o.online_probe_every, enabled=o.online_costs)
+        # Modes only where both tiers compute on the host: the layer's wall time is then the work itself.
+        return OnlineCosts(costs, window=o.online_window, probe_every=o.online_probe_every, enabled=o.online_costs,
+                           modes=o.overlap and self.fast.type == "cpu")
 
     def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
                   schedule: str | None = None) -> None:
@@ -263,7 +265,7 @@ class OffloadEngine:
         model = self.model
         self.stats.reset()
         live = self.costs
-        seen, probes = sum(live.observations.values()), live.probes
+        seen, probes, sequential = sum(live.observations.values()), live.probes, live.sequential_plans
         input_ids = input_ids.to(self.fast)
         times: list[int] = []
         with self.threads_applied(), torch.inference_mode():
@@ -288,7 +290,8 @@ class OffloadEngine:
         rel = [t - start for t in times]
         counters = self.stats.counters()  # settles CUDA timings first: they feed the live model
         counters.update(live.counters(), **{"costs.observations": float(sum(live.observations.values()) - seen),
-                                            "costs.probes": float(live.probes - probes)})
+                                            "costs.probes": float(live.probes - probes),
+                                            "costs.sequential_plans": float(live.sequential_plans - sequential)})
         return Generation(tokens=torch.cat(tokens, dim=1), step_times_ns=rel, prefill_ns=rel[0],
                           decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])], counters=counters)
 

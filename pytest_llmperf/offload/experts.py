@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .runtime import Runtime, Timer, host_empty, torch_threads
-from .scheduler import LayerPlan
+from .scheduler import LayerPlan, both_sides
 # Re-exported: these names lived here before the seam, the stats and the runtime got modules of their own.
 from .seam import (ADAPTERS, IMPLEMENTATION, ExpertsSite, FusedExpertsAdapter, OffloadError,  # noqa: F401
                    find_experts, register_implementation)
@@ -64,6 +64,7 @@ class OffloadedLayer:
         weights = top_k_weights.reshape(-1)[order]
         plan = rt.scheduler.plan(counts.tolist(), self.resident)
         self._record(counts, plan)
+        t0 = rt.clock()
         out = torch.zeros_like(hidden)
 
         cpu_job: Callable[[], torch.Tensor] | None = None
@@ -91,6 +92,8 @@ class OffloadedLayer:
                 # (After a timeout `broken` is set and the timeout is not waited out a second time.)
                 with contextlib.suppress(Exception):
                     rt.wait_cpu(future, self.index)
+        if both_sides(plan):  # how long such a layer really takes, overlapped or not (online.py, modes)
+            rt.observe_layer("overlap" if future is not None else "sequential", int(counts.sum()), plan, t0)
         return out
 
     def _record(self, counts: np.ndarray, plan: LayerPlan) -> None:

@@ -13,23 +13,32 @@ tier ignores observations, with `latency_gpu` the copy and gpu tiers do.
 
 A tier the plans never use is never observed, so a figure that is too high would stay wrong forever. So
 when a tier has gone `probe_every` plans without an observation, the scheduler sends one expert (the one
-with the fewest tokens) there once: a probe. Its cost is bounded (one expert per `probe_every` plans).
+with the fewest tokens) there once: a probe. Each probe that does not bring the tier back into use doubles
+the interval (at most 64x), so a tier that stays worse costs ever fewer probes.
+
+Modes (`modes=True`, the engine sets it when both tiers compute on the host): per-expert costs do not say
+what running the CPU experts on the worker thread beside the fast tier costs (the hand-off, two threads
+of Python contending for the GIL on small experts). So a layer that has work on both sides is also timed
+as a whole, and `overlap` / `sequential` keep, per bucket of the layer's token-expert assignments, the
+ratio observed / planned (max of the two sides overlapped, their sum sequential). The scheduler plans
+both ways and runs the one whose plan times its ratio is lower; a mode unused for `probe_every` plans is
+probed like a tier.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from .costs import CostModel
 
 TIERS = ("cpu", "copy", "gpu")
+MODES = ("overlap", "sequential")
 _FLOOR_MS = 1e-6  # a start-up prediction of 0 ms still gets a finite ratio
 
 
@@ -51,11 +60,18 @@ class OnlineCosts:
     window: int = 8
     probe_every: int = 32
     enabled: bool = True
-    observations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    modes: bool = False  # also learn overlapped vs sequential layers (see the module docstring)
+    observations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS + MODES, 0))
     probes: int = 0
+    sequential_plans: int = 0  # plans with work on both sides that the modes ran one side after the other
     _ratios: dict[tuple[str, int], deque[float]] = field(default_factory=dict, repr=False)
     _tier: dict[str, deque[float]] = field(default_factory=dict, repr=False)
+    # Medians cached until the next observation of their window: plans read them many times per layer.
+    _scales: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
+    _tier_scale: dict[str, float] = field(default_factory=dict, repr=False)
     _since: dict[str, int] = field(default_factory=dict, repr=False)
+    _interval: dict[str, int] = field(default_factory=dict, repr=False)  # plans between probes, per tier
+    _probing: set[str] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,8 +79,10 @@ class OnlineCosts:
             raise ValueError(f"online_window must be an integer >= 1, got {self.window!r}")
         if not isinstance(self.probe_every, int) or self.probe_every < 1:
             raise ValueError(f"online_probe_every must be an integer >= 1, got {self.probe_every!r}")
-        self._tier = {t: deque(maxlen=4 * self.window) for t in TIERS}
-        self._since = dict.fromkeys(TIERS, self.probe_every)  # probe an unused tier at the first plan
+        self._tier = {t: deque(maxlen=4 * self.window) for t in TIERS + MODES}
+        self._since = dict.fromkeys(TIERS + MODES, self.probe_every)  # probe an unused tier at the first plan
+        self._interval = dict.fromkeys(TIERS + MODES, self.probe_every)
+        self._learns = {t: self._learns_now(t) for t in TIERS + MODES}  # base and flags are fixed from here on
 
     # -- what is fixed -------------------------------------------------------------------------------
 
@@ -78,8 +96,13 @@ class OnlineCosts:
 
     def learns(self, tier: str) -> bool:
         """Observations change this tier (online on, and no override fixes it)."""
+        return self._learns[tier]
+
+    def _learns_now(self, tier: str) -> bool:
         if not self.enabled:
             return False
+        if tier in MODES:  # plans priced in an override's units say nothing about real layer times
+            return self.modes and self.base.latency_cpu is None and self.base.latency_gpu is None
         return self.base.latency_cpu is None if tier == "cpu" else self.base.latency_gpu is None
 
     # -- the model -------------------------------------------------------------------------------------
@@ -93,22 +116,36 @@ class OnlineCosts:
 
     def scale(self, tier: str, tokens: int = 1) -> float:
         """Live / start-up cost of one expert with `tokens` tokens on `tier` (1.0 until observed)."""
-        if not self.learns(tier):
+        if not self._learns[tier]:
             return 1.0
-        key = (tier, bucket(tokens) if tier != "copy" else 0)
-        with self._lock:
-            ratios = self._ratios.get(key) or self._tier[tier]
-            return float(math.exp(np.median(ratios))) if ratios else 1.0
+        key = (tier, (int(tokens) - 1).bit_length() if tokens > 1 and tier != "copy" else 0)  # bucket(), inlined
+        scale = self._scales.get(key)
+        if scale is None:
+            with self._lock:
+                window = self._ratios.get(key)
+                if window:
+                    scale = self._scales[key] = math.exp(statistics.median(window))
+                else:  # a bucket not seen yet: the tier's median over all buckets
+                    scale = self._tier_scale.get(tier)
+                    if scale is None:
+                        ratios = self._tier[tier]
+                        scale = self._tier_scale[tier] = math.exp(statistics.median(ratios)) if ratios else 1.0
+        return scale
 
     def live_ms(self, tier: str, tokens: int) -> float:
         base = self._base_ms(tier, tokens)
         return base * self.scale(tier, tokens) if math.isfinite(base) else base
 
+    # The scheduler prices every expert of every layer with these: kept to a few lookups.
     def cpu_ms(self, tokens: int) -> float:
-        return self.base.cpu_ms(tokens) if self.base.latency_cpu is not None else self.live_ms("cpu", tokens)
+        if self.base.latency_cpu is not None:
+            return self.base.latency_cpu * tokens
+        return self.base.cpu(tokens) * self.scale("cpu", tokens)
 
     def resident_ms(self, tokens: int) -> float:
-        return self.base.resident_ms(tokens) if self.base.latency_gpu is not None else self.live_ms("gpu", tokens)
+        if self.base.latency_gpu is not None:
+            return 0.0
+        return self.base.gpu(tokens) * self.scale("gpu", tokens)
 
     def fetch_copy_ms(self) -> float:
         return self.live_ms("copy", 0)
@@ -127,15 +164,29 @@ class OnlineCosts:
         if not self.learns(tier) or not (ms > 0 and math.isfinite(ms)):
             return
         base = self._base_ms(tier, tokens)
-        if not math.isfinite(base):
-            return
-        ratio = math.log(ms / max(base, _FLOOR_MS))
+        if math.isfinite(base):
+            self._record(tier, tokens, ms / max(base, _FLOOR_MS))
+
+    def observe_layer(self, mode: str, tokens: int, planned_ms: float, ms: float) -> None:
+        """A layer with work on both sides, run in `mode`, took `ms`; its plan said `planned_ms`."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        if self.learns(mode) and ms > 0 and math.isfinite(ms) and planned_ms > 0 and math.isfinite(planned_ms):
+            self._record(mode, tokens, ms / planned_ms)
+
+    def _record(self, tier: str, tokens: int, ratio: float) -> None:
         key = (tier, bucket(tokens) if tier != "copy" else 0)
         with self._lock:
-            self._ratios.setdefault(key, deque(maxlen=self.window)).append(ratio)
-            self._tier[tier].append(ratio)
+            self._ratios.setdefault(key, deque(maxlen=self.window)).append(math.log(ratio))
+            self._tier[tier].append(math.log(ratio))
+            self._scales.pop(key, None)
+            self._tier_scale.pop(tier, None)
             self.observations[tier] += 1
             self._since[tier] = 0
+            if tier in self._probing:  # a probe's answer: the next probe waits twice as long
+                self._probing.discard(tier)
+            else:  # the plans use this tier: probing starts again from the short interval
+                self._interval[tier] = self.probe_every
 
     def observer(self, tier: str, tokens: int) -> Callable[[float], None] | None:
         """A callback for one timing, or None when this tier does not learn (saves the clock reads' work)."""
@@ -146,21 +197,25 @@ class OnlineCosts:
     def planned(self) -> None:
         """The scheduler made one plan: tiers it did not use age towards a probe."""
         with self._lock:
-            for tier in TIERS:
+            for tier in TIERS + MODES:
                 self._since[tier] += 1
 
     def wants_probe(self, tier: str) -> bool:
-        """`tier` has gone `probe_every` plans without an observation (and learns)."""
+        """`tier` learns and has gone its probe interval without an observation: `probe_every` plans, doubled
+        after each probe that did not bring it back into use (at most 64x), so a tier that stays worse
+        costs ever fewer probes."""
         if not self.learns(tier):
             return False
         with self._lock:
-            return self._since[tier] >= self.probe_every
+            return self._since[tier] >= self._interval[tier]
 
     def probed(self, tier: str) -> None:
-        """A plan probes `tier` ("cpu", or "copy" for a fetch, which also times the gpu tier)."""
+        """A plan probes `tier` (a mode, "cpu", or "copy" for a fetch, which also times the gpu tier)."""
         with self._lock:
             self.probes += 1
-            for t in ((tier,) if tier == "cpu" else ("copy", "gpu")):
+            self._probing.add(tier)
+            self._interval[tier] = min(2 * self._interval[tier], 64 * self.probe_every)
+            for t in ((tier,) if tier != "copy" else ("copy", "gpu")):
                 self._since[t] = 0  # one probe, then wait for its observation or another interval
 
     # -- reports ---------------------------------------------------------------------------------------
@@ -174,18 +229,20 @@ class OnlineCosts:
             tokens = 2**b if tier != "copy" else 0
             label = "copy" if tier == "copy" else f"{tier}[{bucket_label(b)} tokens]"
             buckets[label] = {"scale": round(self.scale(tier, max(tokens, 1)), 4),
-                              "observed": len(self._ratios[(tier, b)]),
-                              "live_ms": round(self.live_ms(tier, tokens), 5)}
+                              "observed": len(self._ratios[(tier, b)])}
+            if tier in TIERS:
+                buckets[label]["live_ms"] = round(self.live_ms(tier, tokens), 5)
         return {"online": self.enabled, "window": self.window, "probe_every": self.probe_every,
-                "fixed": [t for t in TIERS if not self.learns(t)] if self.enabled else list(TIERS),
+                "modes": self.modes, "fixed": [t for t in TIERS if not self.learns(t)],
                 "observations": dict(self.observations), "probes": self.probes,
-                "scale": {t: round(self.scale(t), 4) for t in TIERS},
+                "sequential_plans": self.sequential_plans,
+                "scale": {t: round(self.scale(t), 4) for t in TIERS + MODES},
                 "buckets": buckets}
 
     def counters(self) -> dict[str, float]:
         """Flat figures for a run's counters: the live model at the end of the run."""
         return {"costs.cpu_1tok_ms": self.cpu_ms(1), "costs.fetch_1tok_ms": self.fetch_ms(1),
-                **{f"costs.{t}_scale": self.scale(t) for t in TIERS},
+                **{f"costs.{t}_scale": self.scale(t) for t in TIERS + MODES},
                 "costs.observations": float(sum(self.observations.values())), "costs.probes": float(self.probes)}
 
     def summary(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 
 from ..measure.clock import Clock, perf_counter_clock
 from .online import OnlineCosts
-from .scheduler import Scheduler
+from .scheduler import LayerPlan, Scheduler
 from .seam import OffloadError
 from .stats import OffloadStats
 
@@ -181,6 +181,14 @@ class Runtime:
     @property
     def cuda(self) -> bool:
         return self.fast.type == "cuda"
+
+    def observe_layer(self, mode: str, tokens: int, plan: LayerPlan, t0: int) -> None:
+        """A layer with work on both sides finished: its wall time since `t0` against the plan (host clock,
+        so only where both tiers are the host; the engine turns modes on only there)."""
+        costs = self.scheduler.costs
+        if isinstance(costs, OnlineCosts) and costs.modes:
+            planned = plan.cpu_ms + plan.fast_ms if mode == "sequential" else max(plan.cpu_ms, plan.fast_ms)
+            costs.observe_layer(mode, tokens, planned, (self.clock() - t0) / 1e6)
 
     def observer(self, tier: str, tokens: int) -> Callable[[float], None] | None:
         """Where one expert's timing goes: the live cost model, when the scheduler has one that learns."""
