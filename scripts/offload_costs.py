@@ -4,6 +4,7 @@ tiny Mixtral, fast = slow = cpu, 7 of 32 experts resident, threads=1, batch 1, 1
     python scripts/offload_costs.py recovery  [--rounds 30 --new 16]  # start-up CPU cost 100x off, per decode step
     python scripts/offload_costs.py neighbour [--reps 5]              # start-up costs with a CPU-burning thread
     python scripts/offload_costs.py processes [--procs 8 --rounds 15] # CV of per-process medians, fresh processes
+    python scripts/offload_costs.py processes --source /tmp/base      # also on another checkout, alternately
     python scripts/offload_costs.py pairs     [--pairs 30 --new 8]    # ours vs Fiddler's policy, interleaved pairs
 
 - recovery: engines started with the measured costs, and with the CPU tier's start-up cost x100 and x0.01,
@@ -14,8 +15,9 @@ tiny Mixtral, fast = slow = cpu, 7 of 32 experts resident, threads=1, batch 1, 1
   running torch matmuls, and beside a pure-Python spinning thread (it holds the GIL), interleaved `--reps`
   times. Prints the fitted figures and the largest ratio to the quiet median.
 - processes: `--procs` fresh processes one after the other, each starting the engine (measuring its costs)
-  and running the seed-004 configurations in rotating order; prints each configuration's per-process
-  medians and their coefficient of variation.
+  and running the seed-004 configurations in rotating order; prints the coefficient of variation of each
+  configuration's per-process medians, raw and "beside the others" (divided by the geometric mean of the
+  other configurations in the same process, so the machine's state at the time cancels).
 - pairs: ours (`makespan`, measured costs, live model) and Fiddler's policy (`fiddler`, 7/70) one after
   the other, the order alternating; decode tokens/s of each, the share of pairs ours wins, and the paired
   Hodges-Lehmann ratio ours/Fiddler with its 95% bootstrap interval (pytest_llmperf.judge.gate).
@@ -38,12 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# `processes --source DIR` runs its children on another checkout (e.g. the commit before issue 15).
+sys.path.insert(0, os.environ.get("OFFLOAD_COSTS_SOURCE") or str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.backends.models import make_prompt, resolve_model  # noqa: E402
 from pytest_llmperf.judge.gate import compare_paired  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadOptions  # noqa: E402
-from pytest_llmperf.offload.costs import CostWarning, LinearFit, measure_costs  # noqa: E402
+from pytest_llmperf.offload.costs import LinearFit, measure_costs  # noqa: E402
 
 EXPERT_GB = 3 * 256 * 512 * 4 / 2**30  # one tiny-Mixtral expert in fp32
 SEED004 = {"ours-measured-costs": {"schedule": "makespan"},
@@ -126,6 +129,8 @@ def recovery(args: argparse.Namespace) -> None:
 
 
 def neighbour(args: argparse.Namespace) -> None:
+    from pytest_llmperf.offload.costs import CostWarning
+
     eng = engine()
     layer = next(lay for lay in eng.layers if lay.slow_gate_up is not None)
     stop = threading.Event()
@@ -185,7 +190,7 @@ def neighbour(args: argparse.Namespace) -> None:
 
 def child(args: argparse.Namespace) -> None:
     """One fresh process: start the engine (its costs measured now) and run the seed-004 configurations."""
-    warnings.simplefilter("ignore", CostWarning)
+    warnings.simplefilter("ignore")  # the start-up CostWarning (not in older checkouts)
     eng = engine()
     ids = prompt(eng)
     schedulers = {}
@@ -207,26 +212,45 @@ def child(args: argparse.Namespace) -> None:
     eng.close()
 
 
+def cv(values: np.ndarray) -> float:
+    return float(np.std(values, ddof=1) / np.mean(values))
+
+
+def beside(runs: list[dict], metric: str, name: str) -> np.ndarray:
+    """Each process's median of `name` over the geometric mean of the other configurations' in that process:
+    what the machine did to all of them at the time cancels, the configuration's own spread remains."""
+    return np.array([r[metric][name] / np.exp(np.mean([np.log(v) for k, v in r[metric].items() if k != name]))
+                     for r in runs])
+
+
 def processes(args: argparse.Namespace) -> None:
+    """Fresh processes one after the other; with --source, alternately on this checkout and on that one."""
     print(load_line())
-    results = []
-    for _ in range(args.procs):
-        out = subprocess.run([sys.executable, __file__, "child", "--rounds", str(args.rounds)], check=True,
-                             capture_output=True, text=True)
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\n{args.procs} fresh processes x {args.rounds} rounds each (8 new tokens); start-up CPU expert "
-          "cost per process (ms): " + ", ".join(f"{r['cpu_1tok_ms']:.3f}" for r in results))
-    print("| configuration | decode tokens/s, median of process medians | CV | prefill ms | CV |")
-    print("|---|---|---|---|---|")
-    for name in SEED004:
-        d = np.array([r["decode_tps"][name] for r in results])
-        p = np.array([r["prefill_ms"][name] for r in results])
-        print(f"| {name} | {np.median(d):.1f} | {np.std(d, ddof=1) / np.mean(d):.1%} | {np.median(p):.2f} | "
-              f"{np.std(p, ddof=1) / np.mean(p):.1%} |")
+    sources = ["this checkout", *([args.source] if args.source else [])]
+    results: dict[str, list[dict]] = {src: [] for src in sources}
+    for i in range(args.procs):
+        for src in rotated(sources, i):
+            env = {**os.environ, "OFFLOAD_COSTS_SOURCE": src} if src != "this checkout" else None
+            out = subprocess.run([sys.executable, __file__, "child", "--rounds", str(args.rounds)], check=True,
+                                 capture_output=True, text=True, env=env)
+            results[src].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for src, runs in results.items():
+        print(f"\n{args.procs} fresh processes x {args.rounds} rounds each (8 new tokens), package from {src}; "
+              "start-up CPU expert cost per process (ms): " + ", ".join(f"{r['cpu_1tok_ms']:.3f}" for r in runs))
+        print("| configuration | decode tokens/s, median of process medians | CV | CV beside the others | "
+              "prefill ms | CV | CV beside the others |")
+        print("|---|---|---|---|---|---|---|")
+        for name in SEED004:
+            d = np.array([r["decode_tps"][name] for r in runs])
+            p = np.array([r["prefill_ms"][name] for r in runs])
+            print(f"| {name} | {np.median(d):.1f} | {cv(d):.1%} | {cv(beside(runs, 'decode_tps', name)):.1%} | "
+                  f"{np.median(p):.2f} | {cv(p):.1%} | {cv(beside(runs, 'prefill_ms', name)):.1%} |")
     print(load_line())
 
 
 def pairs(args: argparse.Namespace) -> None:
+    from pytest_llmperf.offload.costs import CostWarning
+
     warnings.simplefilter("ignore", CostWarning)
     eng = engine()
     ids = prompt(eng)
@@ -235,12 +259,15 @@ def pairs(args: argparse.Namespace) -> None:
         eng.set_costs(**SEED004[name])
         schedulers[name] = eng.runtime.scheduler
     ours, fiddler = [], []
+    what: dict[str, list[list[float]]] = {name: [] for name in schedulers}  # prefill ms, CPU experts, fetches
     print(load_line())
     for i in range(-2, args.pairs):  # two warm-up pairs
         tps = {}
         for name in rotated(list(schedulers), i):
             eng.runtime.scheduler = schedulers[name]
-            tps[name] = decode_tps(eng.generate(ids, args.new))
+            out = eng.generate(ids, args.new)
+            tps[name] = decode_tps(out)
+            what[name].append([out.prefill_ns / 1e6, out.counters["cpu_expert_calls"], out.counters["fetches"]])
         if i >= 0:
             ours.append(tps["ours-measured-costs"])
             fiddler.append(tps["fiddler-default"])
@@ -250,6 +277,10 @@ def pairs(args: argparse.Namespace) -> None:
           f"/{args.pairs} (first 10: {int(np.sum(ours_a[:10] >= fid_a[:10]))}/10); medians ours "
           f"{np.median(ours_a):.1f}, Fiddler {np.median(fid_a):.1f} tokens/s; ratio ours/Fiddler "
           f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}], Wilcoxon p(ours worse) {c.p_worse:.3f}")
+    for name, rows in what.items():
+        prefill, cpu_calls, fetches = np.median(np.asarray(rows[2:]), axis=0)
+        print(f"{name}: prefill {prefill:.2f} ms; per generation (prefill + decode) {cpu_calls:.0f} CPU experts, "
+              f"{fetches:.0f} fetches (medians)")
     live = schedulers["ours-measured-costs"].costs.snapshot()
     print(f"our live model at the end: scale {live['scale']}, sequential plans {live['sequential_plans']}, "
           f"probes {live['probes']}; {load_line()}")
@@ -267,6 +298,7 @@ def main() -> None:
     p = sub.add_parser("processes")
     p.add_argument("--procs", type=int, default=8)
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--source", default=None, help="also run children on another checkout's package, alternately")
     p = sub.add_parser("child")
     p.add_argument("--rounds", type=int, default=15)
     p = sub.add_parser("pairs")

@@ -283,3 +283,16 @@ def test_an_engine_whose_worker_hand_off_is_dear_learns_to_run_layers_sequential
         assert later.counters["costs.sequential_plans"] > 0 and later.counters["cpu_expert_calls"] > 0
         assert torch.equal(first.tokens, later.tokens)
         assert sum(later.decode_steps_ns) < sum(first.decode_steps_ns)
+
+
+def test_a_probe_answer_replaces_what_an_unused_tier_knew():
+    """A busy spell inflated the CPU tier 50x and the plans stopped using it: the first probe's answer
+    (the CPU is fine again) brings it back at once, instead of one window entry per probe."""
+    live = OnlineCosts(startup(1.0), window=8, probe_every=2)
+    for _ in range(8):
+        live.observe("cpu", 1, 50 * true_cpu_ms(1))
+    scheduler = Scheduler(live, "makespan")
+    counts, resident = [0, 1, 1, 0], [True, False, False, False]
+    assert [scheduler.plan(counts, resident).cpu for _ in range(2)] == [(), (1,)]  # the probe, at the interval
+    live.observe("cpu", 1, true_cpu_ms(1))  # its answer
+    assert live.cpu_ms(1) == pytest.approx(true_cpu_ms(1)) and scheduler.plan(counts, resident).cpu

@@ -9,6 +9,7 @@
 Start-up: non-expert weights go to the fast device; the expert budget is computed (user budget and
 free memory minus a computed reserve); experts are ranked (popularity profile or round robin) and
 split into tiers; the cost model is measured; the model's experts implementation is switched to ours.
+While it runs, the live cost model (online.py) corrects the measured costs from the engine's own timings.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ class OffloadEngine:
         return write_profile(Path(path), total, model=self.name, tokens=tokens)
 
     def report(self) -> dict[str, Any]:
-        """Start-up decisions, for logs and `describe()`: budget, placement, costs, devices."""
+        """Start-up decisions, for logs and `describe()`: budget, placement, costs (start-up and live), devices."""
         return {
             "model": self.name,
             "fast_device": str(self.fast), "slow_device": str(self.slow), "dtype": self.options.dtype,

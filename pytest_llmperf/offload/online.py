@@ -13,8 +13,9 @@ tier ignores observations, with `latency_gpu` the copy and gpu tiers do.
 
 A tier the plans never use is never observed, so a figure that is too high would stay wrong forever. So
 when a tier has gone `probe_every` plans without an observation, the scheduler sends one expert (the one
-with the fewest tokens) there once: a probe. Each probe that does not bring the tier back into use doubles
-the interval (at most 64x), so a tier that stays worse costs ever fewer probes.
+with the fewest tokens) there once: a probe. Its answer replaces what the tier knew (stale by then: a busy
+spell must not keep a tier unused for several probes). Each probe that does not bring the tier back into
+use doubles the interval (at most 64x), so a tier that stays worse costs ever fewer probes.
 
 Modes (`modes=True`, the engine sets it when both tiers compute on the host): per-expert costs do not say
 what running the CPU experts on the worker thread beside the fast tier costs (the hand-off, two threads
@@ -177,16 +178,23 @@ class OnlineCosts:
     def _record(self, tier: str, tokens: int, ratio: float) -> None:
         key = (tier, bucket(tokens) if tier != "copy" else 0)
         with self._lock:
+            if tier in self._probing:
+                # A probe's answer: the tier went unused for a probe interval, so what it knew is stale (e.g.
+                # inflated by a busy spell, which would otherwise keep it unused for several probes). The
+                # answer replaces it; the next probe waits twice as long.
+                self._probing.discard(tier)
+                for stale in [k for k in self._ratios if k[0] == tier]:
+                    del self._ratios[stale]
+                    self._scales.pop(stale, None)
+                self._tier[tier].clear()
+            else:  # the plans use this tier: probing starts again from the short interval
+                self._interval[tier] = self.probe_every
             self._ratios.setdefault(key, deque(maxlen=self.window)).append(math.log(ratio))
             self._tier[tier].append(math.log(ratio))
             self._scales.pop(key, None)
             self._tier_scale.pop(tier, None)
             self.observations[tier] += 1
             self._since[tier] = 0
-            if tier in self._probing:  # a probe's answer: the next probe waits twice as long
-                self._probing.discard(tier)
-            else:  # the plans use this tier: probing starts again from the short interval
-                self._interval[tier] = self.probe_every
 
     def observer(self, tier: str, tokens: int) -> Callable[[float], None] | None:
         """A callback for one timing, or None when this tier does not learn (saves the clock reads' work)."""
