@@ -4,9 +4,12 @@ The seed tuned Fiddler's own knobs, so its runs here run Fiddler's policy, `sche
 non-resident expert where it alone is cheaper under latency_cpu / latency_gpu, the CPU and GPU experts one
 after the other. Each `fiddler-*` case is one of the seed's runs: TOKENIZERS_PARALLELISM, the cost
 constants latency_cpu / latency_gpu, and torch threads. Next to them, `ours-measured-costs` runs our own
-policy: `makespan` with the cost model measured at start-up, the tiers overlapped. The reporter writes
+policy: `makespan` with the cost model measured at start-up and corrected from the engine's own timings
+while it runs (online_costs), overlapping the tiers where that is measured to pay. The reporter writes
 all of them (knobs, prefill time, decode time, hit rate, tokens/s) into reports/<device>.md under
-"Offload runs", so ours and Fiddler's sit in one table.
+"Offload runs", so ours and Fiddler's sit in one table. Benchmarks measured apart are compared across
+minutes of a shared machine, so `test_ours_vs_fiddler_interleaved` measures ours and Fiddler's default in
+the same runs, side by side, and the report's "Policy pairs" gives their paired ratio with its interval.
 
 - cpu target: the embedded tiny Mixtral (fast = slow = cpu), with 7 of its 32 experts on the fast tier,
   the seed's 56/256 share; a short generation (16 prompt tokens, 8 new). Threads: 1 for every run, and
@@ -71,3 +74,23 @@ def test_fiddler_knob_sweep(llmperf, llmperf_offload, knobs):
     else:
         engine = llmperf_offload("tiny-mixtral", threads=threads, **CPU_ENGINE)
         llmperf.measure(engine, knobs=knobs)
+
+
+@pytest.mark.llmperf(batch_sizes=[1], sequence_length=16, decode_length=8, group="seed004",
+                     metrics=["decode_token_ms", "pair.ratio"])
+def test_ours_vs_fiddler_interleaved(llmperf, llmperf_offload):
+    """Ours (`makespan`, costs measured at start-up and corrected while running) and Fiddler's policy at the
+    seed's default 7/70, measured in the same process, one right after the other in every run, the order
+    alternating. The report's "Policy pairs" gives their paired ratio with its 95% interval; `pair.ratio`
+    (ours / Fiddler's decode tokens/s) is gated like any metric."""
+    from pytest_llmperf.offload.paired import PairedPolicies
+
+    threads = thread_counts(llmperf.on_gpu, physical_cores())[0]
+    if llmperf.on_gpu:
+        backend, shape = llmperf_offload("mixtral-8x7b", threads=threads, **GPU_ENGINE), {"sequence_length": 5,
+                                                                                           "decode_length": 5}
+    else:
+        backend, shape = llmperf_offload("tiny-mixtral", threads=threads, **CPU_ENGINE), {}
+    pair = PairedPolicies(backend, ("ours-measured-costs", {"schedule": "makespan"}),
+                          ("fiddler-default", {"schedule": "fiddler", "latency_cpu": 7, "latency_gpu": 70}))
+    llmperf.measure(pair, **shape)

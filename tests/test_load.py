@@ -82,3 +82,23 @@ def test_retakes_are_bounded_and_the_load_is_reported(monkeypatch):
     monkeypatch.setattr(runner, "LoadMeter", BurstyMeter([2.0] * 10))
     taken = runner.take_runs(SimulatedBackend(), runner.request_for(Scenario(), 1), runs=2, warmups=0, max_load=0.25)
     assert taken.retaken == 2 and len(taken.samples) == 2 and taken.foreign_load == 2.0
+
+
+def test_a_busy_thread_of_our_own_is_a_sibling_not_a_foreign_process():
+    import threading
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    meter = LoadMeter()
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    time.sleep(1.0)  # this thread sleeps: what runs is the neighbour
+    reading = meter.reading()
+    stop.set()
+    thread.join()
+    assert reading.sibling_cores > 0.5 and reading.busy_cores >= reading.sibling_cores
+    assert reading.wall_s >= 1.0

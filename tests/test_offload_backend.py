@@ -14,7 +14,11 @@ from pytest_llmperf.offload import OffloadOptions, fixed_costs  # noqa: E402
 from pytest_llmperf.offload.backend import OffloadBackend  # noqa: E402
 
 COUNTERS = {"hit_rate", "decode_hit_rate", "cpu_expert_calls", "fetches", "h2d_bytes", "cpu_expert_ms",
-            "gpu_expert_ms", "fetch_ms"}
+            "gpu_expert_ms", "fetch_ms",
+            # the live cost model at the end of the run, and what it observed and probed during it
+            "costs.cpu_1tok_ms", "costs.fetch_1tok_ms", "costs.cpu_scale", "costs.copy_scale", "costs.gpu_scale",
+            "costs.overlap_scale", "costs.sequential_scale", "costs.observations", "costs.probes",
+            "costs.sequential_plans"}
 EXPERT_GB = 3 * 256 * 512 * 4 / 2**30
 
 
@@ -126,3 +130,53 @@ def test_fixture_measures_with_knobs_and_closes_its_engines_also_when_a_test_fai
     assert keep.config.offload_engines and all(e._closed for e in keep.config.offload_engines)
     report = (pytester.path / "reports" / "cpu.md").read_text()
     assert "## Offload runs" in report and "latency_cpu=7" in report
+
+
+def test_paired_policies_alternate_in_each_run_and_keep_their_own_live_models(backend):
+    from pytest_llmperf.offload.paired import PairedPolicies
+
+    order = []
+    pair = PairedPolicies(backend, ("ours", {"schedule": "makespan"}),
+                          ("fiddler", {"schedule": "fiddler", "latency_cpu": 7, "latency_gpu": 70}))
+    ours, fiddler = pair.schedulers
+    engine = backend.engine
+    before = engine.runtime.scheduler
+    hook = engine.model.model.layers[0].register_forward_pre_hook(
+        lambda *a: order.append("ours" if engine.runtime.scheduler is ours else "fiddler"))
+    request = GenerationRequest(batch_size=1, sequence_length=16, decode_length=3, prompt=make_prompt(16))
+    try:
+        samples = [pair.generate(request) for _ in range(2)]
+    finally:
+        hook.remove()
+    per_run = 3  # prefill + 2 decode steps reach layer 0 three times per generation
+    assert order == ["ours"] * per_run + ["fiddler"] * per_run + ["fiddler"] * per_run + ["ours"] * per_run
+    assert engine.runtime.scheduler is before  # restored after every run
+    c = samples[0].counters
+    assert c["pair.ratio"] == pytest.approx(c["pair.a_decode_tokens_per_s"] / c["pair.b_decode_tokens_per_s"])
+    assert c["costs.observations"] > 0  # the sample is ours: the live model learned; Fiddler's never does
+    assert sum(fiddler.costs.observations.values()) == 0 and sum(ours.costs.observations.values()) > 0
+    assert pair.describe()["pair"] == {"a": "ours", "b": "fiddler"}
+    assert pair.counters_better["pair.ratio"] == "higher"
+    with pytest.raises(BackendError, match="policy 'x' of a pair sets threads"):
+        PairedPolicies(backend, ("x", {"threads": 2}), ("y", {}))
+
+
+def test_the_report_gives_paired_policies_their_hodges_lehmann_ratio_and_wins():
+    from pytest_llmperf.judge.gate import compare_paired
+    from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
+    from pytest_llmperf.report.markdown import pairs_section
+
+    a = [100.0, 104.0, 98.0, 110.0, 101.0, 99.0]
+    b = [90.0, 100.0, 99.0, 100.0, 95.0, 90.0]
+    samples = [RunSample(batch_size=1, token_times_ns=[[1, 2]], end_to_end_ns=2,
+                         counters={"pair.a_decode_tokens_per_s": x, "pair.b_decode_tokens_per_s": y,
+                                   "pair.ratio": x / y}) for x, y in zip(a, b)]
+    result = BenchmarkResult(key="test_pair", nodeid="t.py::test_pair", module="t.py", scenario={},
+                             backend={"pair": {"a": "ours", "b": "fiddler"}},
+                             batches=[BatchResult(batch_size=1, samples=samples)])
+    text = pairs_section([result])
+    c = compare_paired("decode_tokens_per_s", 1, b, a, better="higher", rtol=0.0)
+    assert text.startswith("## Policy pairs") and "ours / fiddler" in text
+    assert f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]" in text and c.ci_low < c.ratio < c.ci_high
+    assert "| 5/6 " in text  # ours >= fiddler in 5 of the 6 pairs
+    assert pairs_section([BenchmarkResult("k", "n", "m", {}, {}, [BatchResult(1, samples)])]) is None

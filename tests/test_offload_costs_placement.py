@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_overrides_replace_the_measured_costs_like_fiddler():
 def test_measure_costs_on_this_machine_gives_a_usable_model():
     gu, dn = torch.randn(2 * 64, 32) * 0.02, torch.randn(32, 64) * 0.02
     costs = measure_costs(slow_weights=(gu, dn), fast_device="cpu", act=torch.nn.functional.silu,
-                          token_counts=(1, 4, 16), repeats=2)
+                          token_counts=(1, 4, 16), rounds=3)
     assert costs.expert_bytes == (gu.numel() + dn.numel()) * 4
     assert costs.cpu.a_ms >= 0 and costs.cpu.b_ms >= 0 and costs.gpu.a_ms >= 0 and costs.gpu.b_ms >= 0
     assert len(costs.cpu.measured_ms) == 3 and all(v > 0 for v in costs.cpu.measured_ms)
@@ -116,3 +117,39 @@ def test_bad_profiles_name_the_file_and_the_fix(tmp_path):
     with pytest.raises(PlacementError, match=r"shape \(3, 4\).*\(2, 4\)"):
         read_profile(good, num_layers=2, num_experts=4)
     assert GiB == 2**30
+
+
+def test_start_up_rounds_are_interleaved_in_rotating_order_and_the_estimate_ignores_a_busy_minority():
+    from pytest_llmperf.offload.costs import _interleaved_ms, robust_ms
+
+    order = []
+    points = [(lambda i=i: order.append(i), lambda: None) for i in range(3)]
+    ticks = iter(range(1000))
+    samples = _interleaved_ms(points, 3, timer=lambda: next(ticks) / 1000.0)
+    assert samples.shape == (3, 3)
+    assert order == [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1]  # warm-up, then each round starts one later
+    quiet = np.full((20, 2), 1.0)
+    quiet[::3] = 100.0  # a third of the rounds disturbed (a neighbour thread, another process)
+    assert list(robust_ms(quiet)) == [1.0, 1.0]
+
+
+def test_a_busy_or_noisy_start_up_measurement_warns_with_its_figures():
+    from pytest_llmperf.offload.costs import Calibration, calibration_warning
+
+    cpu = LinearFit(0.05, 0.01)
+    quiet = Calibration(rounds=20, estimator="p25", spread=0.1, fit_error=0.1, foreign_cores=0.1,
+                        sibling_cores=0.0, seconds=0.3)
+    assert calibration_warning(quiet, cpu, 0.07) is None
+    busy = calibration_warning(replace(quiet, sibling_cores=0.9), cpu, 0.07)
+    assert "busy (0.10 cores of other processes, 0.90 of other threads" in busy and "0.0600 ms at 1 token" in busy
+    assert "spread widely (interquartile range 80%" in calibration_warning(replace(quiet, spread=0.8), cpu, 0.07)
+    assert "misses a measured point by 70%" in calibration_warning(replace(quiet, fit_error=0.7), cpu, 0.07)
+
+
+def test_the_linear_fit_weighs_relative_error_so_the_one_token_point_is_not_sacrificed():
+    tokens = [1, 2, 4, 8, 16, 32]
+    ms = [0.06, 0.065, 0.08, 0.1, 0.2, 0.37]  # the shape measured for a tiny-Mixtral expert: flat, then linear
+    fit = LinearFit.fit(tokens, ms)
+    assert abs(fit(1) - 0.06) / 0.06 < 0.25
+    unweighted_b, unweighted_a = np.polyfit(tokens, ms, 1)
+    assert abs(fit(1) - 0.06) < abs(unweighted_a + unweighted_b - 0.06)

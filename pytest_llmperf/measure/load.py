@@ -5,6 +5,10 @@ separates that from a regression. So the runner records, per batch size, the ave
 cores other processes kept busy (system busy time from /proc/stat via psutil, minus the CPU time of
 this process and its children, such as a server a fixture started), and the gate refuses to judge a
 comparison where either side was measured on a busy machine.
+
+`LoadMeter.reading()` also counts the other threads of this process (a neighbour thread is invisible to
+`stop()`, which is about other processes): the offload engine's start-up microbenchmark runs on one thread
+and is disturbed by a busy thread beside it as much as by another process.
 """
 
 from __future__ import annotations
@@ -30,6 +34,19 @@ def _system_busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
+@dataclass(frozen=True)
+class LoadReading:
+    """Average busy cores during a measurement: other processes, and other threads of this process."""
+
+    foreign_cores: float
+    sibling_cores: float  # this process and its children, minus the thread that took the reading
+    wall_s: float
+
+    @property
+    def busy_cores(self) -> float:
+        return self.foreign_cores + self.sibling_cores
+
+
 @dataclass
 class LoadMeter:
     """Start before a measurement, `stop()` after: returns the foreign load in cores."""
@@ -43,10 +60,17 @@ class LoadMeter:
         self._wall = time.monotonic()
         self._system = _system_busy_seconds()
         self._own = _own_cpu_seconds(self._process)
+        self._thread = time.thread_time()
 
     def stop(self) -> float:
+        return self.reading().foreign_cores
+
+    def reading(self) -> LoadReading:
+        """Foreign load and the load of this process's other threads, in cores (call on the starting thread)."""
         wall = time.monotonic() - self._wall
         if wall <= 0:
-            return 0.0
-        foreign = (_system_busy_seconds() - self._system) - (_own_cpu_seconds(self._process) - self._own)
-        return max(foreign, 0.0) / wall
+            return LoadReading(0.0, 0.0, 0.0)
+        own = _own_cpu_seconds(self._process) - self._own
+        foreign = (_system_busy_seconds() - self._system) - own
+        siblings = own - (time.thread_time() - self._thread)
+        return LoadReading(max(foreign, 0.0) / wall, max(siblings, 0.0) / wall, wall)

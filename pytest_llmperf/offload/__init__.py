@@ -1,7 +1,7 @@
 """Our MoE offload engine (Fiddler-style): experts split between a fast and a slow device.
 
 Public API: `OffloadEngine`, `OffloadOptions`, `OffloadBackend` (the pytest-llmperf backend), the cost
-model (`CostModel`, `fixed_costs`) and the scheduler (`Scheduler`). See docs/offload.md.
+model (`CostModel`, `fixed_costs`, the live `OnlineCosts`) and the scheduler (`Scheduler`). See docs/offload.md.
 
 The names below are imported on first use (PEP 562): the plugin imports this package's `fixture`
 module, and that must not import torch, so that pytest runs where the [hf] extra is not installed.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 #: Each public name and the module of this package that defines it.
 _HOMES = {
     "CostModel": "costs", "LinearFit": "costs", "fixed_costs": "costs", "measure_costs": "costs",
+    "Calibration": "costs", "CostWarning": "costs", "OnlineCosts": "online",
     "Generation": "engine", "OffloadEngine": "engine",
     "OffloadOptions": "options",
     "OffloadBackend": "backend",
@@ -43,8 +44,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .backend import OffloadBackend
-    from .costs import CostModel, LinearFit, fixed_costs, measure_costs
+    from .costs import Calibration, CostModel, CostWarning, LinearFit, fixed_costs, measure_costs
     from .engine import Generation, OffloadEngine
+    from .online import OnlineCosts
     from .options import OffloadOptions
     from .placement import PlacementError
     from .scheduler import SCHEDULES, LayerPlan, Scheduler

@@ -9,6 +9,7 @@
 Start-up: non-expert weights go to the fast device; the expert budget is computed (user budget and
 free memory minus a computed reserve); experts are ranked (popularity profile or round robin) and
 split into tiers; the cost model is measured; the model's experts implementation is switched to ours.
+While it runs, the live cost model (online.py) corrects the measured costs from the engine's own timings.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, measure_costs
 from .experts import OffloadedLayer
+from .online import OnlineCosts
 from .options import DTYPES, OffloadOptions, physical_cores
 from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
                         read_profile, round_robin_ranking, write_profile)
@@ -164,6 +166,8 @@ class OffloadEngine:
         # 5. The cost model, measured here on one expert of the real shape (unless injected).
         if base_costs is None:
             base_costs = self._measure_costs(pin)
+        elif base_costs.source == "measured" and base_costs.calibration is None:
+            base_costs = replace(base_costs, source="injected")  # the report says how the costs were obtained
         self.measured_costs = base_costs
         # What set_costs(None) goes back to: the measured (or injected) model with the options' overrides.
         try:
@@ -172,7 +176,7 @@ class OffloadEngine:
                 base_costs.latency_gpu if options.latency_gpu is None else options.latency_gpu)
         except ValueError as exc:
             raise OffloadError(str(exc)) from None
-        self.runtime.scheduler = Scheduler(self.startup_costs, options.schedule)
+        self.runtime.scheduler = Scheduler(self._live(self.startup_costs), options.schedule)
 
         # 6. Switch the experts implementation (the registry is global; the state lives on the modules).
         register_implementation()
@@ -228,21 +232,28 @@ class OffloadEngine:
         with torch_threads(self.runtime.threads):
             yield
 
+    def _live(self, costs: CostModel) -> OnlineCosts:
+        o = self.options
+        # Modes only where both tiers compute on the host: the layer's wall time is then the work itself.
+        return OnlineCosts(costs, window=o.online_window, probe_every=o.online_probe_every, enabled=o.online_costs,
+                           modes=o.overlap and self.fast.type == "cpu")
+
     def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
                   schedule: str | None = None) -> None:
         """Change the cost overrides and the schedule between runs. For the costs, None means the start-up
         value (OffloadOptions.latency_cpu / latency_gpu if set, else the measured or injected cost); for
-        the schedule, None keeps the current one."""
+        the schedule, None keeps the current one. The live model starts again from the start-up costs."""
         base = self.startup_costs
         try:
             costs = base.with_overrides(base.latency_cpu if latency_cpu is None else latency_cpu,
                                         base.latency_gpu if latency_gpu is None else latency_gpu)
-            self.runtime.scheduler = Scheduler(costs, schedule or self.runtime.scheduler.schedule)
+            self.runtime.scheduler = Scheduler(self._live(costs), schedule or self.runtime.scheduler.schedule)
         except ValueError as exc:
             raise OffloadError(str(exc)) from None
 
     @property
-    def costs(self) -> CostModel:
+    def costs(self) -> OnlineCosts:
+        """The live cost model in use (its `base` is the start-up model with the overrides)."""
         return self.runtime.scheduler.costs
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, clock: Clock | None = None) -> Generation:
@@ -254,6 +265,8 @@ class OffloadEngine:
         clock = clock or self.clock
         model = self.model
         self.stats.reset()
+        live = self.costs
+        seen, probes, sequential = sum(live.observations.values()), live.probes, live.sequential_plans
         input_ids = input_ids.to(self.fast)
         times: list[int] = []
         with self.threads_applied(), torch.inference_mode():
@@ -276,8 +289,12 @@ class OffloadEngine:
                 # A direct `engine.model(...)` call after a failed run must not count as decode.
                 self.runtime.phase = "prefill"
         rel = [t - start for t in times]
+        counters = self.stats.counters()  # settles CUDA timings first: they feed the live model
+        counters.update(live.counters(), **{"costs.observations": float(sum(live.observations.values()) - seen),
+                                            "costs.probes": float(live.probes - probes),
+                                            "costs.sequential_plans": float(live.sequential_plans - sequential)})
         return Generation(tokens=torch.cat(tokens, dim=1), step_times_ns=rel, prefill_ns=rel[0],
-                          decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])], counters=self.stats.counters())
+                          decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])], counters=counters)
 
     def calibrate(self, inputs: Sequence[torch.Tensor], max_new_tokens: int, path: str | Path) -> Path:
         """Run `inputs` and write the popularity profile (token-expert assignments per layer and expert)."""
@@ -290,7 +307,7 @@ class OffloadEngine:
         return write_profile(Path(path), total, model=self.name, tokens=tokens)
 
     def report(self) -> dict[str, Any]:
-        """Start-up decisions, for logs and `describe()`: budget, placement, costs, devices."""
+        """Start-up decisions, for logs and `describe()`: budget, placement, costs (start-up and live), devices."""
         return {
             "model": self.name,
             "fast_device": str(self.fast), "slow_device": str(self.slow), "dtype": self.options.dtype,
@@ -298,7 +315,7 @@ class OffloadEngine:
             "fast_experts_per_layer": [sum(r) for r in self.resident],
             "ranking": self.ranking_source,
             "budget": self.budget.summary(),
-            "costs": self.costs.summary(),
+            "costs": self.costs.summary(),  # start-up model, how it was obtained, and the live model
             "schedule": self.runtime.scheduler.schedule,
             "overlap": self.options.overlap,
             "slow_tier_pinned": self.pinned,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .runtime import Runtime, Timer, host_empty, torch_threads
-from .scheduler import LayerPlan
+from .scheduler import LayerPlan, both_sides
 # Re-exported: these names lived here before the seam, the stats and the runtime got modules of their own.
 from .seam import (ADAPTERS, IMPLEMENTATION, ExpertsSite, FusedExpertsAdapter, OffloadError,  # noqa: F401
                    find_experts, register_implementation)
@@ -64,6 +64,7 @@ class OffloadedLayer:
         weights = top_k_weights.reshape(-1)[order]
         plan = rt.scheduler.plan(counts.tolist(), self.resident)
         self._record(counts, plan)
+        t0 = rt.clock()
         out = torch.zeros_like(hidden)
 
         cpu_job: Callable[[], torch.Tensor] | None = None
@@ -91,6 +92,8 @@ class OffloadedLayer:
                 # (After a timeout `broken` is set and the timeout is not waited out a second time.)
                 with contextlib.suppress(Exception):
                     rt.wait_cpu(future, self.index)
+        if both_sides(plan):  # how long such a layer really takes, overlapped or not (online.py, modes)
+            rt.observe_layer("overlap" if future is not None else "sequential", int(counts.sum()), plan, t0)
         return out
 
     def _record(self, counts: np.ndarray, plan: LayerPlan) -> None:
@@ -109,25 +112,33 @@ class OffloadedLayer:
         fetch = list(plan.fetch)
         # Start the first copies before the resident experts run, so they overlap with compute.
         for i, e in enumerate(fetch[: staging.slots]):
-            staging.load(i, self.slow_gate_up[self.slot[e]], self.slow_down[self.slot[e]], rt.stats, rt.clock)
+            self._load(i, e)
         stream = torch.cuda.current_stream(rt.fast) if rt.cuda else None
-        if plan.resident:
-            with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock):
-                for e in plan.resident:
-                    s = self.slot[e]
-                    self._apply(e, offsets, tokens, weights, hidden, out, self.fast_gate_up[s], self.fast_down[s])
+        # Each expert timed on its own: the live cost model learns per token count (online.py).
+        for e in plan.resident:
+            s = self.slot[e]
+            with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock, rt.observer("gpu", self._tokens(offsets, e))):
+                self._apply(e, offsets, tokens, weights, hidden, out, self.fast_gate_up[s], self.fast_down[s])
         for i, e in enumerate(fetch):
             slot = i % staging.slots
             gate_up, down = staging.acquire(slot)
             # Timed after the wait for its copy and apart from the next load: gpu_expert_ms and fetch_ms
             # are disjoint (the loads are fetch_ms only).
-            with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock):
+            with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock, rt.observer("gpu", self._tokens(offsets, e))):
                 self._apply(e, offsets, tokens, weights, hidden, out, gate_up, down)
             staging.release(slot)
             nxt = i + staging.slots
             if nxt < len(fetch):
-                f = fetch[nxt]
-                staging.load(slot, self.slow_gate_up[self.slot[f]], self.slow_down[self.slot[f]], rt.stats, rt.clock)
+                self._load(slot, fetch[nxt])
+
+    @staticmethod
+    def _tokens(offsets: np.ndarray, expert: int) -> int:
+        return int(offsets[expert + 1] - offsets[expert])
+
+    def _load(self, slot: int, expert: int) -> None:
+        rt = self.runtime
+        rt.staging.load(slot, self.slow_gate_up[self.slot[expert]], self.slow_down[self.slot[expert]], rt.stats,
+                        rt.clock, rt.observer("copy", 0))
 
     def _apply(self, expert: int, offsets: np.ndarray, tokens: torch.Tensor, weights: torch.Tensor,
                hidden: torch.Tensor, out: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
@@ -139,20 +150,25 @@ class OffloadedLayer:
     def _cpu_job(self, experts: Sequence[int], sizes: Sequence[int], x: torch.Tensor, w: torch.Tensor,
                  out_dtype: torch.dtype) -> Callable[[], torch.Tensor]:
         rt = self.runtime
+        observers = [rt.observer("cpu", n) for n in sizes]  # taken now: the scheduler may change between runs
 
         def job() -> torch.Tensor:
             # Thread-local settings: a new thread starts with grad enabled and may hold another thread count.
             if torch.get_num_threads() != rt.worker_threads:
                 torch.set_num_threads(rt.worker_threads)
-            t0 = rt.clock()
+            t0 = t = rt.clock()
             with torch.no_grad():
                 y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
                 start = 0
-                for e, n in zip(experts, sizes):
+                for e, n, observe in zip(experts, sizes, observers):
                     s = self.slot[e]
                     part = self.adapter.run(self.module, x[start:start + n], self.slow_gate_up[s], self.slow_down[s])
                     y[start:start + n] = (part * w[start:start + n, None]).to(out_dtype)
                     start += n
+                    if observe is not None:  # each expert on its own: the live model learns per token count
+                        now = rt.clock()
+                        observe((now - t) / 1e6)
+                        t = now
             job.elapsed_ms = (rt.clock() - t0) / 1e6  # type: ignore[attr-defined]
             return y
 

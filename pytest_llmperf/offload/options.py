@@ -36,6 +36,9 @@ class OffloadOptions:
     schedule: str = "makespan"  # makespan | fiddler | cpu | fetch
     latency_cpu: float | None = None  # override: slow-tier ms per token (Fiddler's 7)
     latency_gpu: float | None = None  # override: ms per fetched expert (Fiddler's 70)
+    online_costs: bool = True  # correct the (non-overridden) costs from the engine's own timings while it runs
+    online_window: int = 8  # observations per tier and token-count bucket the live estimate is the median of
+    online_probe_every: int = 32  # plans a learning tier may go unobserved before one expert is sent there
     threads: int | None = None  # torch threads during generate; None: physical cores (split with the worker on cpu)
     overlap: bool = True  # run CPU experts on the worker thread while the fast tier works
     pin_memory: bool | None = None  # pin the slow tier; None: when the fast device is CUDA
@@ -54,7 +57,9 @@ class OffloadOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value < 0 or math.isnan(value)):
                 raise bad(name, value, "use a number >= 0, or leave it unset")
-        for name in ("max_batch_size", "max_seq_len"):
+        if not isinstance(self.online_costs, bool):
+            raise bad("online_costs", self.online_costs, "use True or False")
+        for name in ("max_batch_size", "max_seq_len", "online_window", "online_probe_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, getattr(self, name), "use an integer >= 1")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):

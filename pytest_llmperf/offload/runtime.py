@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from ..measure.clock import Clock, perf_counter_clock
-from .scheduler import Scheduler
+from .online import OnlineCosts
+from .scheduler import LayerPlan, Scheduler
 from .seam import OffloadError
 from .stats import OffloadStats
 
@@ -45,11 +46,12 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 
 class Timer:
-    """Phase timing: CUDA events on a CUDA stream (resolved at the end of the run), else `clock` (ns)."""
+    """Phase timing: CUDA events on a CUDA stream (resolved at the end of the run), else `clock` (ns).
+    `observe(ms)`, when given, also gets the time: the live cost model learns from it."""
 
     def __init__(self, stats: OffloadStats, kind: str, cuda_stream: Any = None,
-                 clock: Clock = perf_counter_clock) -> None:
-        self.stats, self.kind, self.stream, self.clock = stats, kind, cuda_stream, clock
+                 clock: Clock = perf_counter_clock, observe: Callable[[float], None] | None = None) -> None:
+        self.stats, self.kind, self.stream, self.clock, self.observe = stats, kind, cuda_stream, clock, observe
 
     def __enter__(self) -> Timer:
         if self.stream is not None:
@@ -63,9 +65,12 @@ class Timer:
         if self.stream is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record(self.stream)
-            self.stats.add_time(self.kind, self.start, end)
+            self.stats.add_time(self.kind, self.start, end, self.observe)
         else:
-            setattr(self.stats, self.kind, getattr(self.stats, self.kind) + (self.clock() - self.t0) / 1e6)
+            ms = (self.clock() - self.t0) / 1e6
+            setattr(self.stats, self.kind, getattr(self.stats, self.kind) + ms)
+            if self.observe is not None:
+                self.observe(ms)
 
 
 class Staging:
@@ -89,15 +94,15 @@ class Staging:
         return sum(t.numel() * t.element_size() for t in (*self.gate_up, *self.down))
 
     def load(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor, stats: OffloadStats,
-             clock: Clock = perf_counter_clock) -> None:
+             clock: Clock = perf_counter_clock, observe: Callable[[float], None] | None = None) -> None:
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 self.stream.wait_event(self.free[slot])
-                with Timer(stats, "fetch_ms", self.stream):
+                with Timer(stats, "fetch_ms", self.stream, observe=observe):
                     self.copy(slot, gate_up, down)
                 self.ready[slot].record(self.stream)
         else:
-            with Timer(stats, "fetch_ms", clock=clock):
+            with Timer(stats, "fetch_ms", clock=clock, observe=observe):
                 self.copy(slot, gate_up, down)
 
     def copy(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
@@ -176,6 +181,19 @@ class Runtime:
     @property
     def cuda(self) -> bool:
         return self.fast.type == "cuda"
+
+    def observe_layer(self, mode: str, tokens: int, plan: LayerPlan, t0: int) -> None:
+        """A layer with work on both sides finished: its wall time since `t0` against the plan (host clock,
+        so only where both tiers are the host; the engine turns modes on only there)."""
+        costs = self.scheduler.costs
+        if isinstance(costs, OnlineCosts) and costs.modes:
+            planned = plan.cpu_ms + plan.fast_ms if mode == "sequential" else max(plan.cpu_ms, plan.fast_ms)
+            costs.observe_layer(mode, tokens, planned, (self.clock() - t0) / 1e6)
+
+    def observer(self, tier: str, tokens: int) -> Callable[[float], None] | None:
+        """Where one expert's timing goes: the live cost model, when the scheduler has one that learns."""
+        costs = self.scheduler.costs
+        return costs.observer(tier, tokens) if isinstance(costs, OnlineCosts) else None
 
     @property
     def worker_threads(self) -> int:

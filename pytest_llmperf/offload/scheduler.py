@@ -11,6 +11,10 @@ the makespan `max(cpu_total, fast_total)` greedily, which is O(E log E) and scal
 
 With Fiddler's costs (7 per token, 70 per fetch) a lone non-resident expert therefore runs on CPU
 exactly when it has fewer than 10 tokens.
+
+With a live cost model (online.py) the `makespan` and `fiddler` schedules also probe: when a tier that
+learns has gone unused for a while, the plan sends it the non-resident expert with the fewest tokens once,
+so a start-up figure that is too high for that tier gets observed and corrected.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .costs import CostModel
+from .online import OnlineCosts
 
 SCHEDULES = ("makespan", "fiddler", "cpu", "fetch")
 
@@ -39,6 +44,11 @@ class LayerPlan:
         return self.cpu_ms + self.fast_ms if self.sequential else max(self.cpu_ms, self.fast_ms)
 
 
+def both_sides(plan: LayerPlan) -> bool:
+    """CPU experts and fast-tier work in one layer: the only plans where overlapping them matters."""
+    return bool(plan.cpu) and bool(plan.resident or plan.fetch)
+
+
 @dataclass
 class Scheduler:
     """Plans one layer from its per-expert token counts. `schedule` is one of SCHEDULES:
@@ -49,7 +59,7 @@ class Scheduler:
     - `fetch`: every non-resident expert fetched (mixtral-offloading's policy, without its cache).
     """
 
-    costs: CostModel
+    costs: CostModel | OnlineCosts
     schedule: str = "makespan"
 
     def __post_init__(self) -> None:
@@ -63,38 +73,88 @@ class Scheduler:
         res = tuple(e for e, n in enumerate(counts) if n > 0 and resident[e])
         todo = [e for e, n in enumerate(counts) if n > 0 and not resident[e]]
         fast0 = sum(c.resident_ms(int(counts[e])) for e in res)
+        # Each expert priced once per plan: a live model's prices are not free to look up.
+        p = Prices(res, fast0, {e: c.cpu_ms(int(counts[e])) for e in todo},
+                   {e: c.fetch_ms(int(counts[e])) for e in todo}, tuple(int(n) for n in counts))
         if self.schedule == "cpu":
-            return self._finish(res, todo, [], counts, fast0)
+            return p.plan(todo, [])
         if self.schedule == "fetch":
-            return self._finish(res, [], todo, counts, fast0)
-        per_expert_cpu = [e for e in todo if c.cpu_ms(int(counts[e])) < c.fetch_ms(int(counts[e]))]
+            return p.plan([], todo)
+        per_expert_cpu = [e for e in todo if p.cpu[e] < p.fetch[e]]
         per_expert_fetch = [e for e in todo if e not in per_expert_cpu]
-        fiddler = self._finish(res, per_expert_cpu, per_expert_fetch, counts, fast0,
-                               sequential=self.schedule == "fiddler")
+        fiddler = p.plan(per_expert_cpu, per_expert_fetch, sequential=self.schedule == "fiddler")
         if self.schedule == "fiddler":
-            return fiddler
-        greedy = self._greedy(res, todo, counts, fast0)
-        return greedy if greedy.makespan_ms <= fiddler.makespan_ms else fiddler
+            return self._probe(fiddler, p)
+        greedy = self._greedy(todo, p)
+        best = self._probe(greedy if greedy.makespan_ms <= fiddler.makespan_ms else fiddler, p)
+        return self._mode(best, fiddler, p)
 
-    def _greedy(self, res: tuple[int, ...], todo: list[int], counts: Sequence[int], fast0: float) -> LayerPlan:
+    def _mode(self, overlapped: LayerPlan, rule: LayerPlan, p: Prices) -> LayerPlan:
+        """With a live model that learns modes: the overlapped plan or the per-expert rule run one side after
+        the other, whichever is cheaper once each is scaled by what such layers really took (online.py)."""
         c = self.costs
-        order = sorted(todo, key=lambda e: (-min(c.cpu_ms(int(counts[e])), c.fetch_ms(int(counts[e]))), e))
-        cpu_t, fast_t = 0.0, fast0
+        if not isinstance(c, OnlineCosts) or not c.learns("overlap"):
+            return overlapped
+        if not both_sides(overlapped):  # CPU experts alone: nothing to overlap them with, so no hand-off
+            return p.plan(overlapped.cpu, overlapped.fetch, sequential=bool(overlapped.cpu))
+        sequential = p.plan(rule.cpu, rule.fetch, sequential=True)
+        tokens = sum(p.counts)
+        if c.wants_probe("overlap"):
+            c.probed("overlap")
+            return overlapped
+        if both_sides(sequential) and c.wants_probe("sequential"):
+            c.probed("sequential")
+            c.sequential_plans += 1
+            return sequential
+        if sequential.makespan_ms * c.scale("sequential", tokens) < overlapped.makespan_ms * c.scale("overlap", tokens):
+            c.sequential_plans += both_sides(sequential)
+            return sequential
+        return overlapped
+
+    def _probe(self, plan: LayerPlan, p: Prices) -> LayerPlan:
+        """With a live model: move the smallest expert to a learning tier this plan leaves unused and
+        that has gone unobserved for `probe_every` plans (see the module docstring)."""
+        c = self.costs
+        if not isinstance(c, OnlineCosts):
+            return plan
+        c.planned()
+        smallest = lambda experts: min(experts, key=lambda e: (p.counts[e], e))  # noqa: E731
+        if not plan.cpu and plan.fetch and c.wants_probe("cpu"):
+            e = smallest(plan.fetch)
+            c.probed("cpu")
+            return p.plan([e], [f for f in plan.fetch if f != e], plan.sequential)
+        if not plan.fetch and plan.cpu and (c.wants_probe("copy") or c.wants_probe("gpu")):
+            e = smallest(plan.cpu)
+            c.probed("copy")
+            return p.plan([f for f in plan.cpu if f != e], [e], plan.sequential)
+        return plan
+
+    @staticmethod
+    def _greedy(todo: list[int], p: Prices) -> LayerPlan:
+        order = sorted(todo, key=lambda e: (-min(p.cpu[e], p.fetch[e]), e))
+        cpu_t, fast_t = 0.0, p.fast0
         cpu, fetch = [], []
         for e in order:
-            n = int(counts[e])
-            if cpu_t + c.cpu_ms(n) < fast_t + c.fetch_ms(n):
+            if cpu_t + p.cpu[e] < fast_t + p.fetch[e]:
                 cpu.append(e)
-                cpu_t += c.cpu_ms(n)
+                cpu_t += p.cpu[e]
             else:
                 fetch.append(e)
-                fast_t += c.fetch_ms(n)
-        return self._finish(res, sorted(cpu), sorted(fetch), counts, fast0)
+                fast_t += p.fetch[e]
+        return p.plan(sorted(cpu), sorted(fetch))
 
-    def _finish(self, res: tuple[int, ...], cpu: list[int], fetch: list[int], counts: Sequence[int],
-                fast0: float, sequential: bool = False) -> LayerPlan:
-        c = self.costs
-        return LayerPlan(resident=res, cpu=tuple(cpu), fetch=tuple(fetch),
-                         cpu_ms=sum(c.cpu_ms(int(counts[e])) for e in cpu),
-                         fast_ms=fast0 + sum(c.fetch_ms(int(counts[e])) for e in fetch),
-                         sequential=sequential)
+
+@dataclass(frozen=True)
+class Prices:
+    """One layer's experts priced once: resident cost, and each non-resident expert on either tier."""
+
+    resident: tuple[int, ...]
+    fast0: float
+    cpu: dict[int, float]
+    fetch: dict[int, float]
+    counts: tuple[int, ...]
+
+    def plan(self, cpu: Sequence[int], fetch: Sequence[int], sequential: bool = False) -> LayerPlan:
+        return LayerPlan(resident=self.resident, cpu=tuple(cpu), fetch=tuple(fetch),
+                         cpu_ms=sum(self.cpu[e] for e in cpu),
+                         fast_ms=self.fast0 + sum(self.fetch[e] for e in fetch), sequential=sequential)

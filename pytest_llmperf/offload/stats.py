@@ -24,7 +24,7 @@ class OffloadStats:
     cpu_expert_ms: float = 0.0
     gpu_expert_ms: float = 0.0
     fetch_ms: float = 0.0
-    _pending_events: list[tuple[str, Any, Any]] = field(default_factory=list, repr=False)
+    _pending_events: list[tuple[str, Any, Any, Any]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.reset()
@@ -36,14 +36,18 @@ class OffloadStats:
         self.cpu_expert_ms = self.gpu_expert_ms = self.fetch_ms = 0.0
         self._pending_events = []
 
-    def add_time(self, kind: str, start: Any, end: Any) -> None:
-        """CUDA event pairs are resolved later (reading them now would synchronise every layer)."""
-        self._pending_events.append((kind, start, end))
+    def add_time(self, kind: str, start: Any, end: Any, observe: Any = None) -> None:
+        """CUDA event pairs are resolved later (reading them now would synchronise every layer); `observe(ms)`
+        then gets the time too, so on CUDA the live cost model learns the fast tier at the end of each run."""
+        self._pending_events.append((kind, start, end, observe))
 
     def settle(self) -> None:
-        for kind, start, end in self._pending_events:
+        for kind, start, end, observe in self._pending_events:
             end.synchronize()
-            setattr(self, kind, getattr(self, kind) + start.elapsed_time(end))
+            ms = start.elapsed_time(end)
+            setattr(self, kind, getattr(self, kind) + ms)
+            if observe is not None:
+                observe(ms)
         self._pending_events = []
 
     def counters(self) -> dict[str, float]:

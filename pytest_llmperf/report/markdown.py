@@ -2,7 +2,8 @@
 
 Markdown, per benchmark: the experiment parameters, the latency table and the throughput table of
 TGI's benchmark tool (seed 000); per sweep group, bigcode-inference-benchmark's grid (seed 003);
-for backends with offload counters, a Fiddler-style runs table (seed 004); then the verdicts.
+for backends with offload counters, a Fiddler-style runs table (seed 004) and, for two policies measured
+side by side, their paired ratio; then the verdicts.
 The JSON holds every raw per-run value, the summaries, the definitions and the fingerprint.
 """
 
@@ -233,6 +234,32 @@ def runs_section(results: Sequence[BenchmarkResult]) -> str | None:
                                           "hit_rate", "tokens/s"), rows)
 
 
+def pairs_section(results: Sequence[BenchmarkResult]) -> str | None:
+    """Two policies measured side by side in each run (offload/paired.py): their decode tokens/s, how often
+    the first won, and the paired Hodges-Lehmann ratio first / second with its 95% bootstrap interval."""
+    from ..judge.gate import compare_paired
+
+    rows = []
+    for r in results:
+        pair = r.backend.get("pair")
+        for batch in r.batches if pair else ():
+            values = values_by_metric(batch.samples) if batch.ok else {}
+            a, b = values.get("pair.a_decode_tokens_per_s"), values.get("pair.b_decode_tokens_per_s")
+            if not a or not b or len(a) != len(b):
+                continue
+            c = compare_paired("decode_tokens_per_s", batch.batch_size, b, a, better="higher", rtol=0.0)
+            wins = sum(x >= y for x, y in zip(a, b))
+            rows.append([r.key, f"{pair['a']} / {pair['b']}", str(batch.batch_size), str(len(a)),
+                         f"{c.current_median:.2f}", f"{c.baseline_median:.2f}",
+                         f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]", f"{wins}/{len(a)}"])
+    if not rows:
+        return None
+    return ("## Policy pairs\n\nEach run measured both policies in the same process, one right after the other, "
+            "the order alternating. Ratio: paired Hodges-Lehmann estimate of first / second decode tokens/s, "
+            "95% bootstrap interval.\n\n" + table(("Test", "Policies", "Batch Size", "Pairs", "first tokens/s",
+                                                    "second tokens/s", "ratio [95% CI]", "first >= second"), rows))
+
+
 def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
     gpus = ", ".join(f"{g['name']} ({g['memory_gb']} GiB, driver {g['driver']})" for g in fp.get("gpus", [])) or "none"
     return [f"- Device: {device}",
@@ -259,6 +286,9 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     runs = runs_section(results)
     if runs:
         parts.append(runs)
+    pairs = pairs_section(results)
+    if pairs:
+        parts.append(pairs)
     verdicts = markdown_table(document)
     parts.append("## Verdicts\n\nThis session: " + counts_line + ("\n\n" + verdicts if verdicts else ""))
     return "\n\n".join(parts) + "\n"
