@@ -152,7 +152,7 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                 by_module.setdefault(str(row.get("nodeid", "")).split("::")[0], []).append(row)
         if not by_module:
             parts.append(f"<p>{html.escape(str(doc.get('device')))}: nothing compared with a baseline in this "
-                         f"report (baselines created, updated or missing).</p>")
+                         f"report (baselines created, updated, missing or refused).</p>")
         for module, rows in by_module.items():
             intervals, table = [], []
             for row in rows:
