@@ -112,7 +112,14 @@ def test_steady_runs_have_nothing_to_say():
 
 def test_scattered_runs_within_a_process_are_called_noisy():
     notes = quality_notes(result_of([run(10.0), run(14.0), run(7.0)]))
-    assert len(notes) == 1 and notes[0].startswith("prefill_ms at batch size 1: runs within a process scatter by CV")
+    assert len(notes) == 1 and notes[0].startswith("prefill_ms at batch size 1: runs within a process scatter by a "
+                                                   "robust CV of")
+
+
+def test_one_disturbed_run_or_process_is_not_noise():
+    steady = [run(10.0 + 0.1 * i, process=p) for p in (1, 2, 3) for i in range(4)]
+    assert quality_notes(result_of(steady + [run(30.0, process=1)])) == []  # one slow run
+    assert quality_notes(result_of(steady + [run(v, process=4) for v in (5.0, 15.0, 9.0, 20.0)])) == []
 
 
 def test_throttled_runs_and_short_runs_are_named():
@@ -139,5 +146,5 @@ def test_a_noisy_benchmark_says_so_in_the_summary_and_the_report(pytester, monke
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=1", "--llmperf-max-load=inf",
                                 "--llmperf-update", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["run quality: test_engine: * at batch size 1: runs within a process scatter by CV *"])
+    result.stdout.fnmatch_lines(["run quality: test_engine: * at batch size 1: runs within a process scatter by a robust CV of *"])
     assert "- run quality: " in (pytester.path / "reports" / "cpu.md").read_text()
