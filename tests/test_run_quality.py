@@ -1,8 +1,6 @@
 """Energy, clocks and throttling through a fake NVML (measure/gpu.py), TPOT, and the run-quality notes
 (judge/quality.py) that the report and the terminal summary show beside the verdicts."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from pytest_llmperf.judge.quality import quality_notes

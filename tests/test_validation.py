@@ -59,6 +59,8 @@ def assert_clean(result):
     ("--llmperf-threads=many", "--llmperf-threads: expected auto or an integer >= 1"),
     ("--llmperf-server-timeout=nan", "--llmperf-server-timeout: expected a number > 0"),
     ("--llmperf-fail-on=nothing", "--llmperf-fail-on: expected a comma list out of"),
+    ("--llmperf-memory-rtol=nan", "--llmperf-memory-rtol: expected a number >= 0, got 'nan'"),
+    ("--llmperf-memory-rtol=-0.1", "--llmperf-memory-rtol: expected a number >= 0"),
 ])
 def test_bad_option_is_a_usage_error_naming_it(project, arg, expected):
     result = run(project, arg)
@@ -159,6 +161,8 @@ def test_smallest_units_reach_alpha_and_one_fewer_does_not(alpha, looks, units):
     ('stop_after_oom="yes"', "stop_after_oom='yes' is not valid: expected True or False"),
     ('knobs={"threads": 0}', "knobs['threads']=0 is not valid: expected an integer >= 1"),
     ("devices=[]", "devices=[] is not valid"),
+    ('memory_rtol=float("nan")', "memory_rtol=nan is not valid: expected a finite number >= 0"),
+    ('memory_rtol=float("inf")', "memory_rtol=inf is not valid"),
 ])
 def test_bad_marker_value_fails_the_test_naming_the_keyword(project, marker, expected):
     project.makepyfile(test_engine=MARKED_TEST.format(marker=marker, overrides=""))

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..measure.records import BatchResult, RunSample
-from ..measure.scenario import OUTPUT_MODES as MODES  # noqa: F401  (fail | warn | off)
 
 OUTPUTS_METRIC = "outputs"  # the verdict table's metric column for these rows
 CHANGED, VARIES = "changed", "varies"

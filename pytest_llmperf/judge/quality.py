@@ -77,6 +77,5 @@ def _short(result: BenchmarkResult) -> list[str]:
 def quality_notes(result: BenchmarkResult) -> list[str]:
     """What weakens this benchmark's measurement, one line each (empty when nothing does). Noise is judged
     on the metrics the gate tests."""
-    split = any(b.ok and b.samples[0].prefill_ns is not None for b in result.batches)
-    metrics = gated_metrics(Scenario.from_json(result.scenario), split)
+    metrics = gated_metrics(Scenario.from_json(result.scenario), result.splits_prefill)
     return [*_throttled(result), *_short(result), *_noisy(result, metrics)]

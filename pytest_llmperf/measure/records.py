@@ -113,6 +113,11 @@ class BenchmarkResult:
     batches: list[BatchResult]
     group: str | None = None
 
+    @property
+    def splits_prefill(self) -> bool:
+        """The backend timed prefill apart from decode (an in-process engine), as its runs show."""
+        return any(b.ok and b.samples[0].prefill_ns is not None for b in self.batches)
+
     def batch(self, batch_size: int) -> BatchResult | None:
         return next((b for b in self.batches if b.batch_size == batch_size), None)
 

@@ -57,10 +57,6 @@ def _failed_cell(batch: BatchResult) -> str:
     return "oom" if batch.oom else "NaN"
 
 
-def _is_split(result: BenchmarkResult) -> bool:
-    return any(b.ok and b.samples[0].prefill_ns is not None for b in result.batches)
-
-
 def parameters_table(result: BenchmarkResult) -> str:
     s, b = result.scenario, result.backend
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(s.get("knobs", {}).items())) or "none"
@@ -151,7 +147,7 @@ def outputs_lines(result: BenchmarkResult) -> list[str]:
 
 
 def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
-    split = _is_split(result)
+    split = result.splits_prefill
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
     memory = memory_table(result)
     parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
