@@ -33,7 +33,13 @@ def fake_nvml(used_per_gpu):
                            nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=used_per_gpu[h], total=80 * 2 ** 30))
 
 
-def test_the_peak_is_read_from_vmhwm_after_resetting_it(tmp_path):
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """As on a machine where this process never used CUDA (on a GPU machine an earlier test may have)."""
+    monkeypatch.setattr(memory, "_cuda", lambda: None)
+
+
+def test_the_peak_is_read_from_vmhwm_after_resetting_it(tmp_path, no_cuda):
     proc = fake_proc(tmp_path, 42, 2048)
     meter = memory.MemoryMeter(pid=42, proc=proc)
     meter.start()
@@ -41,7 +47,7 @@ def test_the_peak_is_read_from_vmhwm_after_resetting_it(tmp_path):
     assert meter.stop() == {"peak_rss_mib": 2.0}
 
 
-def test_where_the_peak_cannot_be_reset_no_memory_metric_is_made_up(tmp_path):
+def test_where_the_peak_cannot_be_reset_no_memory_metric_is_made_up(tmp_path, no_cuda):
     proc = fake_proc(tmp_path, 42, 2048)
     (proc / "42" / "clear_refs").unlink()
     (proc / "42" / "clear_refs").mkdir()  # writing fails, as on a kernel without it
@@ -50,7 +56,7 @@ def test_where_the_peak_cannot_be_reset_no_memory_metric_is_made_up(tmp_path):
     assert meter.stop() == {}
 
 
-def test_a_server_tree_is_summed_and_nvml_used_memory_is_added(tmp_path, monkeypatch):
+def test_a_server_tree_is_summed_and_nvml_used_memory_is_added(tmp_path, monkeypatch, no_cuda):
     proc = fake_proc(tmp_path, 42, 1024)
     fake_proc(proc, 7, 3072)
     fake_proc(proc, 8, 1024)

@@ -2,12 +2,16 @@
 
 - `energy_j`: the difference of `nvmlDeviceGetTotalEnergyConsumption` (millijoules since the driver
   loaded; Volta and newer) over the run, summed over the GPUs; metrics.py divides it by the generated
-  tokens (`energy_j_per_token`).
-- `sm_clock_mhz`: the lowest SM clock of the GPUs at the end of the run.
+  tokens (`energy_j_per_token`). The counter advances in steps, every 100 ms on an H100 (docs/gpu.md,
+  scripts/nvml_energy_steps.py): a run of 60 ms saw 0 or 1 step. So a run gets its own figure only when it
+  lasted ENERGY_MIN_RUN_S (ten steps, within 10%), and the report gives each batch size's energy over all
+  its runs, whose steps add up.
+- `sm_clock_mhz`, `sm_clock_max_mhz`: the lowest SM clock of the GPUs at the end of the run, and that
+  GPU's maximum SM clock.
 - `throttle_reasons`: NVML's clock-event reasons seen at the start or the end of the run, OR-ed, with
   the idle and application-setting bits left out (they are not slowdowns). A run whose GPU throttled
-  (power cap, thermal, ...) is flagged in the report and warned about: its timings say more about the
-  cooling than about the code.
+  (thermal, hardware slowdown, or a power cap that cost clock speed) is flagged in the report and
+  warned about: its timings say more about the cooling than about the code.
 
 Absent on a CPU target and wherever NVML cannot answer: never estimated.
 """
@@ -26,6 +30,13 @@ THROTTLE_REASONS = {
 }
 #: Bits that are not a slowdown of a busy GPU: idle (0x1), clocks the user set (0x2, 0x100).
 NOT_SLOWDOWNS = 0x1 | 0x2 | 0x100
+#: Bits that a busy GPU sets while it runs at its power limit, at hardly lower clocks: an H100 decoding a 7B
+#: model reported the software power cap in most runs at 1965 of its 1980 MHz (docs/gpu.md). They count as
+#: throttling only when the SM clock fell below CLOCK_FLOOR of its maximum.
+POWER_MANAGEMENT = 0x4 | 0x10
+CLOCK_FLOOR = 0.95
+#: Shortest run whose own energy figure is kept: ten of the counter's 100 ms steps (measured on an H100).
+ENERGY_MIN_RUN_S = 1.0
 
 
 @contextlib.contextmanager
@@ -82,6 +93,16 @@ def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit] or ([f"0x{mask:x}"] if mask else [])
 
 
+def slowed_by(gpu: dict[str, float]) -> int:
+    """The reasons that slowed a run (its `RunSample.gpu` readings): thermal and hardware slowdowns always; a
+    power cap or sync boost only with the SM clock below CLOCK_FLOOR of its maximum (or no maximum known)."""
+    mask = int(gpu.get("throttle_reasons", 0))
+    clock, top = gpu.get("sm_clock_mhz"), gpu.get("sm_clock_max_mhz")
+    if clock is not None and top and clock >= CLOCK_FLOOR * top:
+        mask &= ~POWER_MANAGEMENT
+    return mask
+
+
 class GpuMeter:
     """Around one run: `start()` reads the energy counter and clock reasons, `stop()` returns the run's values."""
 
@@ -107,8 +128,10 @@ class GpuMeter:
         if mask is not None and self._mask is not None:
             found["throttle_reasons"] = float(mask | self._mask)
         try:
-            found["sm_clock_mhz"] = float(min(self.nvml.nvmlDeviceGetClockInfo(h, self.nvml.NVML_CLOCK_SM)
-                                              for h in _handles(self.nvml)))
-        except Exception:
+            clocks = [(self.nvml.nvmlDeviceGetClockInfo(h, self.nvml.NVML_CLOCK_SM), h) for h in _handles(self.nvml)]
+            clock, handle = min(clocks, key=lambda c: c[0])
+            found["sm_clock_mhz"] = float(clock)
+            found["sm_clock_max_mhz"] = float(self.nvml.nvmlDeviceGetMaxClockInfo(handle, self.nvml.NVML_CLOCK_SM))
+        except Exception:  # no clock or no maximum: what was read stays
             pass
         return found
