@@ -205,7 +205,7 @@ class ProcessController:
         how = f"compared with {side_a.label} in alternating worker processes (--llmperf-compare)"
         if messages:
             messages.append(how)
-        changed = changed_outputs(result.key, rows, scenario.outputs, how)
+        changed = changed_outputs(result, rows, scenario.outputs, how)
         return Outcome(result, "compared", rows=rows, messages=messages, baseline_path=side_a.label,
                        reference=reference.result, changed=changed,
                        outputs_unchecked=unchecked(entry.outputs, result.batches))

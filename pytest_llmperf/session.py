@@ -24,6 +24,7 @@ from .backends.base import Backend
 from .judge.baselines import BaselineEntry, BaselineError, BaselineStore, now_iso
 from .judge.baseline_layout import machine_slug
 from .judge.outputs import CHANGED, outputs_by_batch, unchecked
+from .judge.quality import request_failures
 from .judge.environment import cpu_identity, detect_device, fingerprint, hardware_mismatch, software_drift
 from .measure.metrics import values_by_process
 from .backends.models import resolve_model
@@ -255,8 +256,7 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
     """Record (update modes) or judge one measured benchmark against the stored baseline. `gate_rows`
     compares it with its baseline: in-process with a second look of fresh runs, or on the per-process
     values that worker processes reported."""
-    failed_batches = [b for b in result.batches if b.error is not None and not b.oom]
-    errors = [f"batch size {b.batch_size} failed: {b.error}" for b in failed_batches]
+    errors = batch_errors(result)
     module = result.module
     try:
         baseline = session.store.get(module, result.key)
@@ -314,21 +314,24 @@ def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Sc
     if messages:
         messages.append(f"If the slowdown is intended, update the baseline: "
                         f"{session.rerun(result.nodeid, update=True)}")
-    changed = changed_outputs(result.key, rows, scenario.outputs,
+    changed = changed_outputs(result, rows, scenario.outputs,
                               f"If the new outputs are intended, update the baseline: "
                               f"{session.rerun(result.nodeid, update=True)}")
     return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path,
                    changed=changed, outputs_unchecked=unchecked(baseline.outputs, result.batches))
 
 
-def changed_outputs(key: str, rows: list[judge.Row], mode: str, hint: str) -> list[str]:
-    """Generated tokens that changed: the messages that fail the test (outputs=fail), or a warning (warn)."""
+def changed_outputs(result: BenchmarkResult, rows: list[judge.Row], mode: str, hint: str) -> list[str]:
+    """Generated tokens that changed: the messages that fail the test (outputs=fail), or a warning (warn, or a
+    server not declared deterministic: its batching can change its numerics, base/backends/base.py)."""
     found = judge.outputs_messages(rows, mode)
     if not found:
         return []
-    text = f"{key}: " + "\n".join(found)
-    if mode == "warn":
-        warnings.warn(PytestLLMPerfWarning(f"{text} (not failing: outputs=warn)"), stacklevel=2)
+    text = f"{result.key}: " + "\n".join(found)
+    if mode == "warn" or not result.backend.get("deterministic_outputs", True):
+        why = ("outputs=warn" if mode == "warn" else "the server is not declared deterministic; pass "
+               "deterministic=True to its fixture to fail on changed outputs")
+        warnings.warn(PytestLLMPerfWarning(f"{text} (not failing: {why})"), stacklevel=2)
         return []
     return [text, f"{hint}; or let it pass with --llmperf-outputs=warn (a marker's outputs=)"]
 
@@ -337,14 +340,21 @@ def fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: Benchmar
     """The messages that fail this test: a regression or missing baseline not listed in --llmperf-fail-on
     only warns; a refused or inconclusive outcome listed there fails with its reason. Changed outputs fail
     by --llmperf-outputs, whatever the timings did."""
-    return [*_fail_on_messages(session, outcome, result), *outcome.changed]
+    messages = _fail_on_messages(session, outcome, result)
+    return [*messages, *(e for e in batch_errors(result) if e not in messages), *outcome.changed]
+
+
+def batch_errors(result: BenchmarkResult) -> list[str]:
+    """What fails a test whatever its verdicts: a batch size that failed (not out of memory), and server requests
+    that failed while the others of their run completed (never stored as a baseline either)."""
+    return [*(f"batch size {b.batch_size} failed: {b.error}" for b in result.batches
+              if b.error is not None and not b.oom), *request_failures(result)]
 
 
 def _fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: BenchmarkResult) -> list[str]:
     fail_on = session.settings["fail_on"]
     kind = kind_of(outcome)
-    errors = [f"batch size {b.batch_size} failed: {b.error}" for b in result.batches
-              if b.error is not None and not b.oom]
+    errors = batch_errors(result)
     if kind in (REGRESSED, MISSING) and kind not in fail_on:
         verdict = [m for m in outcome.messages if m not in errors]
         if verdict:

@@ -84,10 +84,12 @@ def test_energy_per_token_and_tpot_as_vllm_defines_it():
     ms = 1_000_000
     sample = RunSample(batch_size=2, token_times_ns=[[10 * ms, 20 * ms, 30 * ms, 40 * ms, 50 * ms],
                                                      [10 * ms, 15 * ms, 20 * ms, 25 * ms, 30 * ms]],
-                       end_to_end_ns=50 * ms, generated_tokens=10, gpu={"energy_j": 2.5, "sm_clock_mhz": 1400.0})
+                       end_to_end_ns=1000 * ms, generated_tokens=10, gpu={"energy_j": 2.5, "sm_clock_mhz": 1400.0})
     values = run_values(sample)
     assert values["tpot_ms"] == pytest.approx(7.5)
     assert values["energy_j_per_token"] == pytest.approx(0.25)
+    sample.end_to_end_ns = 999 * ms  # shorter than ten of the counter's 100 ms steps: no figure of its own
+    assert "energy_j_per_token" not in run_values(sample)
     assert values["sm_clock_mhz"] == 1400.0
     assert "energy_j_per_token" not in run_values(RunSample(batch_size=1, token_times_ns=[[1, 2]], end_to_end_ns=2))
 
@@ -124,6 +126,43 @@ def test_throttled_runs_and_short_runs_are_named():
     notes = quality_notes(result_of([run(10.0, throttle=0x4), run(10.0), run(10.0, tokens=2)]))
     assert notes[:2] == ["batch size 1: the GPU throttled during 1 of 3 runs (software power cap)",
                      "batch size 1: 1 of 3 runs generated fewer tokens than asked (as few as 2 of 4)"]
+
+
+def clocked(sample, reasons, clock, top=1980.0):
+    sample.gpu = {"throttle_reasons": float(reasons), "sm_clock_mhz": clock, "sm_clock_max_mhz": top}
+    return sample
+
+
+def test_a_power_cap_at_full_clock_is_not_throttling_but_one_that_cost_clock_speed_is():
+    # what an H100 reported while decoding a 7B model: software power cap at 1965 of 1980 MHz (docs/gpu.md)
+    assert quality_notes(result_of([clocked(run(10.0), 0x4, 1965.0) for _ in range(3)])) == []
+    notes = quality_notes(result_of([clocked(run(10.0), 0x4, 1965.0), clocked(run(10.0), 0x4, 1500.0),
+                                     clocked(run(10.0), 0x0, 1980.0)]))
+    assert notes == ["batch size 1: the GPU throttled during 1 of 3 runs (software power cap; SM clock as low as "
+                     "1500 of 1980 MHz)"]
+    thermal = quality_notes(result_of([clocked(run(10.0), 0x40, 1975.0)]))  # a thermal slowdown counts always
+    assert thermal == ["batch size 1: the GPU throttled during 1 of 1 runs (hardware thermal slowdown; SM clock as "
+                       "low as 1975 of 1980 MHz)"]
+
+
+def test_the_maximum_clock_is_read_beside_the_clock():
+    nvml = FakeNvml()
+    nvml.nvmlDeviceGetMaxClockInfo = lambda h, kind: [1980, 1755][h]
+    meter = gpu.GpuMeter(nvml)
+    meter.start()
+    assert meter.stop()["sm_clock_max_mhz"] == 1755.0  # of the GPU whose clock is lowest (1410 MHz)
+
+
+def test_short_runs_have_no_energy_of_their_own_and_the_report_sums_the_runs():
+    from pytest_llmperf.report.markdown import energy_table
+
+    samples = [run(10.0) for _ in range(3)]
+    for sample, joules in zip(samples, (0.0, 3.0, 1.0)):  # the counter steps coarsely: 0 J in one short run
+        sample.gpu = {"energy_j": joules, "sm_clock_mhz": 1965.0, "sm_clock_max_mhz": 1980.0, "throttle_reasons": 4.0}
+    assert all("energy_j_per_token" not in run_values(s) for s in samples)  # 4 ms runs: too short for their own
+    table = energy_table(result_of(samples))
+    assert "| 1          | 0.3333 J/token | 4.0 J / 12 tokens / 3 runs | 1965 MHz        | none      |" in table
+    assert energy_table(result_of([run(10.0)])) is None  # no NVML, no table: never estimated
 
 
 ENGINE = """

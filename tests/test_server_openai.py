@@ -44,23 +44,62 @@ def req(bs, decode=6):
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_tokens_times_and_usage_counts(server, api):
-    backend = OpenAICompatBackend(server.url, api=api, fixed_length="none")
+    backend = OpenAICompatBackend(server.url, api=api, fixed_length="none", truncate_prompt=True, token_ids=True)
     try:
         assert backend.model == "double/chat"  # from /v1/models
         backend.generate(req(1))
         sample = backend.generate(req(2))
-        assert len(backend.last_prompt_tokens) == 2  # this run's two requests, not every run's
-        assert sample.generated_tokens == 12  # usage.completion_tokens, summed
+        assert backend.last_prompt_tokens == [16, 16]  # this run's two requests, cut to sequence_length
+        assert sample.generated_tokens == 12 and sample.sequence_tokens == [6, 6]  # usage.completion_tokens
         assert [len(t) for t in sample.token_times_ns] == [6, 6]  # role-only and usage chunks are not tokens
-        assert all(t[-1] >= 5 * 4_000_000 for t in sample.token_times_ns)
+        assert all(t[-1] - sent >= 5 * 4_000_000 for t, sent in zip(sample.token_times_ns, sample.sent_ns))
+        assert all(0 <= sent < t[0] for t, sent in zip(sample.token_times_ns, sample.sent_ns))
+        assert [len(ids) for ids in sample.output_ids] == [6, 6] and all(t >= 100 for t in sample.output_ids[0])
+        assert sample.output_texts[0].startswith(" ") and sample.failed_requests == []
         assert backend.describe()["token_count"] == "server usage.completion_tokens"
     finally:
         backend.close()
 
 
+def test_the_prompt_the_server_received_is_checked_against_the_scenario(server):
+    backend = OpenAICompatBackend(server.url, fixed_length="none")  # the prompt as is: 32 words for 16
+    try:
+        with pytest.raises(BackendError, match=r"the server received 32 prompt tokens \(usage.prompt_tokens\), the "
+                                               r"scenario asks for sequence_length=16; pass truncate_prompt=True"):
+            backend.generate(req(1))
+    finally:
+        backend.close()
+    unchecked = OpenAICompatBackend(server.url, fixed_length="none", check_prompt_length=False)
+    try:
+        assert unchecked.generate(req(1)).generated_tokens == 6
+        assert unchecked.describe()["input_length"] == "prompt sent as is, unchecked"
+    finally:
+        unchecked.close()
+
+
+def test_a_stream_the_server_drops_is_a_failed_request_and_the_others_are_measured(server):
+    # every second request's connection is closed after 2 tokens: one of the two requests of each run
+    httpx.post(f"{server.url}/_double/config", json={"drop_after": 2, "drop_every": 2}).raise_for_status()
+    backend = OpenAICompatBackend(server.url, fixed_length="none", truncate_prompt=True)
+    try:
+        sample = backend.generate(req(2))
+        assert len(sample.token_times_ns) == 1 and sample.generated_tokens == 6  # the completed request, timed
+        assert len(sample.failed_requests) == 1
+        assert sample.failed_requests[0].startswith(("request 0: ", "request 1: "))
+        assert "the stream broke after 2 of 6 tokens" in sample.failed_requests[0]
+        sample = backend.generate(req(1))  # the third request (odd): completes
+        assert not sample.failed_requests
+        with pytest.raises(BackendError, match=r"every request failed at batch size 1: the stream broke after 2 of 6 "
+                                               r"tokens"):  # the fourth, alone: nothing completed, the run fails
+            backend.generate(req(1))
+    finally:
+        httpx.post(f"{server.url}/_double/config", json={"drop_after": None})
+        backend.close()
+
+
 def test_fixed_length_modes(server):
     httpx.post(f"{server.url}/_double/config", json={"eos_after": 2}).raise_for_status()
-    backends = {mode: OpenAICompatBackend(server.url, fixed_length=mode, eos_token_ids=[2])
+    backends = {mode: OpenAICompatBackend(server.url, fixed_length=mode, eos_token_ids=[2], truncate_prompt=True)
                 for mode in ("ignore_eos", "logit_bias", "none")}
     try:
         assert backends["ignore_eos"].generate(req(2)).generated_tokens == 12
@@ -78,7 +117,8 @@ def test_fixed_length_modes(server):
 def test_server_that_ignores_ignore_eos_is_caught(server):
     # TGI's Messages API has no ignore_eos: asking for it does not make the run pass silently
     httpx.post(f"{server.url}/_double/config", json={"eos_after": 2}).raise_for_status()
-    backend = OpenAICompatBackend(server.url, fixed_length="ignore_eos", extra_body={"ignore_eos": False})
+    backend = OpenAICompatBackend(server.url, fixed_length="ignore_eos", extra_body={"ignore_eos": False},
+                                  truncate_prompt=True)
     try:
         with pytest.raises(BackendError, match="the server ignored ignore_eos/min_tokens"):
             backend.generate(req(1))

@@ -51,8 +51,9 @@ def step_rows(section: str, index: int) -> list[list[str]]:
 def test_server_section_has_seed_000s_shape_with_honest_labels():
     section = report.benchmark_section(result("test_tgi", {"backend": "tgi", "model": "m", "dtype": "auto"}))
     latency = step_rows(section, 0)
-    assert [r[0] for r in latency] == ["Time to first token", "Inter-token latency", "Decode (total)", "End to end"]
-    assert latency[2][2] == "3.00 ms"  # Decode (total) average
+    assert [r[0] for r in latency] == ["Time to first token", "Inter-token latency", "Time per output token",
+                                       "Decode (total)", "End to end"]
+    assert latency[3][2] == "3.00 ms"  # Decode (total) average
     throughput = step_rows(section, 1)
     assert [r[0] for r in throughput] == ["Prefill (batch / TTFT)", "Decode (batch / ITL)",
                                           "End to end (tokens / E2E)"]

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
+from .base import BackendError
 
 T = TypeVar("T")
 
@@ -47,38 +48,75 @@ class LoopThread:
 
 @dataclass
 class Stream:
-    """What one request of a run saw: token arrival times (ns from the run's start) and the count
-    of generated tokens the server reported."""
+    """What one request of a run saw. Times are ns from the run's start: when this request was sent, and
+    when each of its tokens (or chunks) arrived; metrics.py times the request from its own send."""
 
+    sent_ns: int = 0
     times_ns: list[int] = field(default_factory=list)
-    server_tokens: int | None = None
+    server_tokens: int | None = None  # generated tokens as the server counts them
     finish_reason: str | None = None
     end_ns: int = 0
+    token_ids: list[int] | None = None  # the generated ids, where the server streams them
+    text: str = ""  # the generated text
+    prompt_tokens: int | None = None  # the prompt length the server reports having received
+
+
+class RequestFailed(BackendError):
+    """One request of a run failed while the server went on serving (a stream cut short, an error event)."""
 
 
 async def run_concurrently(batch_size: int, clock: Clock,
-                           one: Callable[[int, int], Awaitable[Stream]]) -> tuple[list[Stream], int]:
+                           one: Callable[[int, int], Awaitable[Stream]]) -> tuple[list[Stream | Exception], int]:
     """Start `batch_size` requests at once; each gets its index and the run's start time.
 
-    Returns the streams in request order and the run's end-to-end time (start to the end of
-    the last request). The first failure cancels the others and is raised.
+    Returns, in request order, each request's stream or the exception it failed with, and the run's
+    end-to-end time (start to the end of the last request). A request that fails does not stop the others:
+    `completed` tells a run with some failed requests from one where the server answered none.
     """
     start = clock()
     tasks = [asyncio.ensure_future(one(i, start)) for i in range(batch_size)]
     try:
-        streams = await asyncio.gather(*tasks)
-    except BaseException:
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    except BaseException:  # cancelled (the run timed out): cancel every request
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     end = clock()
-    return list(streams), end - start
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # KeyboardInterrupt, SystemExit: never a failed request
+    return list(results), end - start  # type: ignore[arg-type]
+
+
+def completed(results: list[Stream | Exception]) -> tuple[list[Stream], list[tuple[int, Exception]]]:
+    """The streams that completed and (index, exception) of the requests that failed. When none completed,
+    the first failure is raised: the server is down or refused every request, which the backend names."""
+    streams = [r for r in results if isinstance(r, Stream)]
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+    if not streams and failed:
+        raise failed[0][1]
+    return streams, failed
+
+
+def failure_text(index: int, exc: Exception) -> str:
+    """One line for a failed request of a run."""
+    text = str(exc) if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"
+    return f"request {index}: {text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__}"
 
 
 def sample_from(batch_size: int, streams: list[Stream], end_to_end_ns: int,
-                counters: dict[str, float] | None = None) -> RunSample:
+                failed: list[tuple[int, Exception]] | None = None, counters: dict[str, float] | None = None,
+                with_ids: bool = False) -> RunSample:
+    """A run's sample from its completed streams (the failed requests are named, not timed)."""
     counts = [s.server_tokens for s in streams]
-    generated = sum(c for c in counts if c is not None) if all(c is not None for c in counts) else None
+    known = all(c is not None for c in counts)
+    generated = sum(c for c in counts if c is not None) if known else None
+    ids = [list(s.token_ids or []) for s in streams] if with_ids and all(s.token_ids is not None for s in streams) \
+        else None
     return RunSample(batch_size=batch_size, token_times_ns=[s.times_ns for s in streams], end_to_end_ns=end_to_end_ns,
-                     generated_tokens=generated, counters=dict(counters or {}))
+                     generated_tokens=generated, counters=dict(counters or {}),
+                     sent_ns=[s.sent_ns for s in streams],
+                     sequence_tokens=[int(c) for c in counts] if known else None,  # type: ignore[arg-type]
+                     output_ids=ids, output_texts=[s.text for s in streams] if ids is not None else None,
+                     failed_requests=[failure_text(i, e) for i, e in failed or []])

@@ -34,6 +34,15 @@ class GenerationRequest:
     prompt: str
 
 
+def outputs_note(what: str, deterministic: bool) -> str:
+    """A server's `outputs` line in describe(): what it reports, and what a change does."""
+    if what.startswith("not compared"):
+        return what
+    return what + ("; a change fails (deterministic=True)" if deterministic else
+                   "; a change only warns: pass deterministic=True to the fixture where greedy decoding on this "
+                   "server repeats itself")
+
+
 class BackendError(RuntimeError):
     """A backend failed in a way the user must fix (won't start, died, bad URL)."""
 
@@ -50,6 +59,10 @@ class Backend(ABC):
     splits_prefill: ClassVar[bool] = False
     #: Knob names `apply_knobs` accepts.
     knob_names: ClassVar[tuple[str, ...]] = ()
+    #: Greedy decoding gives the same tokens every time, so changed outputs fail the test (--llmperf-outputs).
+    #: In-process engines are; a server says so only when its user does (a fixture's deterministic=True), since
+    #: batching with other requests can change its numerics. Servers put it in describe() for the judge.
+    deterministic_outputs: bool = True
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or perf_counter_clock

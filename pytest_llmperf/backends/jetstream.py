@@ -11,7 +11,10 @@ final empty one when the sequence completes. Arrivals are messages: a response w
 instant would put k-1 zero gaps into the inter-token latency. Tokens are counted from
 `token_ids` (k for that message); the empty final message is neither an arrival nor a token.
 Output length: `max_tokens=decode_length`; JetStream stops at its stop tokens and has no
-`ignore_eos`, so with `require_full_length` an early stop fails the run.
+`ignore_eos`, so with `require_full_length` an early stop fails the run. Each request is timed from
+its own send (metrics.py); the streamed `token_ids` are the generated ids for "outputs unchanged"
+(a change fails only with `deterministic=True`). JetStream does not report the prompt length it kept.
+A request that fails while the others go on is a failed request of the run.
 
 `describe()` carries seed 002's columns (device, dtype, batch size, cache length, max input and
 output length): the server does not report them, so the fixture passes them in.
@@ -23,8 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, Stream, run_concurrently, sample_from
-from .base import Backend, BackendError, GenerationRequest
+from ._aio import LoopThread, Stream, completed, failure_text, run_concurrently, sample_from
+from .base import Backend, BackendError, GenerationRequest, outputs_note
 
 if TYPE_CHECKING:
     from ..servers.process import ServerProcess
@@ -58,7 +61,8 @@ class JetStreamBackend(Backend):
                  server_batch_size: int | None = None, cache_length: int | None = None,
                  max_input_length: int | None = None, max_output_length: int | None = None,
                  require_full_length: bool = True, process: ServerProcess | None = None,
-                 request_timeout_s: float = 600.0, source: str = "", clock: Clock | None = None) -> None:
+                 request_timeout_s: float = 600.0, source: str = "", deterministic: bool = False,
+                 clock: Clock | None = None) -> None:
         super().__init__(clock)
         self.pb2, self.pb2_grpc = stubs()
         self.target = target.removeprefix("grpc://").rstrip("/")
@@ -77,6 +81,7 @@ class JetStreamBackend(Backend):
         self.require_full_length = require_full_length
         self.process = process
         self.request_timeout_s = request_timeout_s
+        self.deterministic_outputs = deterministic  # the user says greedy decoding on this server repeats itself
         try:
             live = health_check(self.target, timeout_s=10)
         except Exception as exc:  # noqa: BLE001 - grpc raises RpcError subclasses and others
@@ -111,9 +116,10 @@ class JetStreamBackend(Backend):
         if self.process is not None:
             self.process.check_alive()
         try:
-            streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
+            results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
                                                            lambda i, t0: self._one(request, t0)),
                                           timeout=self.request_timeout_s + 30)
+            streams, failed = completed(results)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -123,6 +129,8 @@ class JetStreamBackend(Backend):
             detail = exc.details() if hasattr(exc, "details") else str(exc)
             raise BackendError(f"{self._where()}: Decode failed at batch size {request.batch_size}: {code}: "
                                f"{detail}") from exc
+        if failed and self.process is not None and self.process.exited_within(1.0):
+            raise BackendError(self.process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
         if self.require_full_length:
             for i, s in enumerate(streams):
                 if s.server_tokens != request.decode_length:
@@ -130,11 +138,12 @@ class JetStreamBackend(Backend):
                         f"{self._where()}: request {i} of batch size {request.batch_size} returned {s.server_tokens} "
                         f"tokens, not decode_length={request.decode_length} (JetStream stops at its stop tokens and "
                         "has no ignore_eos); pass require_full_length=False to llmperf_jetstream(...) to allow it")
-        return sample_from(request.batch_size, streams, e2e)
+        return sample_from(request.batch_size, streams, e2e, failed, with_ids=True)
 
     async def _one(self, request: GenerationRequest, start: int) -> Stream:
         pb2 = self.pb2
-        stream = Stream(server_tokens=0)
+        stream = Stream(server_tokens=0, token_ids=[])
+        stream.sent_ns = self.clock() - start  # each request is timed from its own send (metrics.py)
         call = self._stub.Decode(pb2.DecodeRequest(
             max_tokens=request.decode_length, text_content=pb2.DecodeRequest.TextContent(text=request.prompt)),
             timeout=self.request_timeout_s)
@@ -146,6 +155,8 @@ class JetStreamBackend(Backend):
                 if sample.token_ids:  # one arrival per message, k tokens counted
                     stream.times_ns.append(now)
                     stream.server_tokens = (stream.server_tokens or 0) + len(sample.token_ids)
+                    stream.token_ids.extend(int(t) for t in sample.token_ids)  # type: ignore[union-attr]
+                    stream.text += sample.text
         stream.end_ns = self.clock() - start
         return stream
 
@@ -161,6 +172,8 @@ class JetStreamBackend(Backend):
             "max_input_length": self.max_input_length,
             "max_output_length": self.max_output_length,
             "token_count": "token_ids in the Decode stream (arrivals: one per message)",
+            "outputs": outputs_note("token ids", self.deterministic_outputs),
+            "deterministic_outputs": self.deterministic_outputs,
             "output_length": "max_tokens=decode_length; JetStream has no ignore_eos"
                              + (" (early stops fail the run)" if self.require_full_length else ""),
             "attached": self.process is None,

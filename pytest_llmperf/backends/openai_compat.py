@@ -1,14 +1,22 @@
 """OpenAI-compatible servers (vLLM, SGLang, llama.cpp server, TGI's Messages API) over streaming
 `/v1/completions` or `/v1/chat/completions`, with the `openai` package's AsyncOpenAI client.
 
-One run of batch size B is B concurrent streamed requests. Per request:
-- TTFT: the first chunk with content (completions: non-empty `text`; chat: non-empty
-  `delta.content`); chunks that carry only a role, a finish reason or usage are not tokens.
-- token arrivals: every chunk with content is an arrival (vLLM and TGI send one token per chunk;
-  a server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
-  then per chunk, as in vLLM's own `bench serve`). ITL excludes the first token.
+One run of batch size B is B concurrent streamed requests. Per request, as vLLM's `bench serve` times it:
+- sent: the clock just before the request is made; TTFT, E2EL are timed from it (metrics.py).
+- token arrivals: completions: every chunk that carries a choice (vLLM's rule: an empty text, a special
+  token, counts too); chat: every chunk with non-empty `delta.content` (a role-only chunk is not a
+  token). A server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
+  then per chunk, as in vLLM's own `bench serve`. ITL excludes the first token.
 - generated tokens: `usage.completion_tokens` of the final chunk (`stream_options.include_usage`),
   not the chunk count. A server that sends no usage is an error unless `count_chunks=True`.
+- the prompt the server received: `usage.prompt_tokens`, checked against `sequence_length` (a
+  mismatch fails the run, naming both) unless `check_prompt_length=False`.
+- token ids: with `token_ids=True` (vLLM's `return_token_ids`) every chunk carries its ids, and the
+  run reports the generated ids for "outputs unchanged" (judge/outputs.py).
+
+A request that fails while the others go on (its stream cut short, an error event) is a failed
+request of the run, named in the report and failing the test; when every request of a run fails, the
+run fails (the server is down or refused them).
 
 Fixed output length (`fixed_length`):
 - "ignore_eos" (vLLM, SGLang): `ignore_eos: true` and `min_tokens` in the request body; checked:
@@ -16,7 +24,8 @@ Fixed output length (`fixed_length`):
 - "logit_bias": `logit_bias={eos_id: -100}` for `eos_token_ids`, where the server supports it.
 - "none": `max_tokens` only; the run fails if a sequence stops early (as TGI's backend does).
 Fixed input length: with `truncate_prompt=True` (vLLM's `truncate_prompt_tokens`) the server keeps
-the prompt's last `sequence_length` tokens; otherwise the prompt is sent as is.
+the prompt's last `sequence_length` tokens; otherwise the prompt is sent as is, and the server's
+`usage.prompt_tokens` must say it received `sequence_length` tokens.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, Stream, run_concurrently, sample_from
-from .base import Backend, BackendError, GenerationRequest, OutOfMemory
+from ._aio import LoopThread, RequestFailed, Stream, completed, failure_text, run_concurrently, sample_from
+from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
     from ..servers.process import ServerProcess
@@ -46,7 +55,8 @@ class OpenAICompatBackend(Backend):
                  fixed_length: str = "ignore_eos", eos_token_ids: Sequence[int] = (), truncate_prompt: bool = False,
                  count_chunks: bool = False, server_name: str = "OpenAI-compatible", process: ServerProcess | None = None,
                  extra_body: Mapping[str, Any] | None = None, request_timeout_s: float = 600.0, source: str = "",
-                 describe_extra: Mapping[str, Any] | None = None, clock: Clock | None = None) -> None:
+                 describe_extra: Mapping[str, Any] | None = None, token_ids: bool = False,
+                 check_prompt_length: bool = True, deterministic: bool = False, clock: Clock | None = None) -> None:
         super().__init__(clock)
         if api not in APIS:
             raise BackendError(f"api must be one of {', '.join(APIS)}, got {api!r}")
@@ -68,6 +78,9 @@ class OpenAICompatBackend(Backend):
         self.request_timeout_s = request_timeout_s
         self.source = source
         self.describe_extra = dict(describe_extra or {})
+        self.token_ids = token_ids
+        self.check_prompt_length = check_prompt_length
+        self.deterministic_outputs = deterministic  # the user says greedy decoding on this server repeats itself
         self.model = model or self._served_model()
         self._loop = LoopThread("openai")
         self._client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key="EMPTY", timeout=request_timeout_s,
@@ -109,6 +122,8 @@ class OpenAICompatBackend(Backend):
             body.update(ignore_eos=True, min_tokens=request.decode_length)
         if self.truncate_prompt:
             body["truncate_prompt_tokens"] = request.sequence_length
+        if self.token_ids:
+            body["return_token_ids"] = True
         body.update(self.extra_body)
         return body
 
@@ -119,9 +134,15 @@ class OpenAICompatBackend(Backend):
 
         self.last_prompt_tokens = []
         try:
-            streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
+            results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
                                                            lambda i, t0: self._one(request, t0)),
                                           timeout=self.request_timeout_s + 30)
+            streams, failed = completed(results)
+        except RequestFailed as exc:  # every request of the run broke: the server died, or cut them all
+            if self.process is not None and self.process.exited_within(1.0):
+                raise BackendError(self.process.describe_failure(f"died during a run ({exc})")) from exc
+            raise BackendError(f"{self._where()}: every request failed at batch size {request.batch_size}: "
+                               f"{exc}") from exc
         except BackendError:
             raise
         except APIConnectionError as exc:
@@ -142,6 +163,14 @@ class OpenAICompatBackend(Backend):
                 status = f" (HTTP {exc.body['http_status_code']}, sent in the stream)"
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
                                f"{text}") from exc
+        if failed and self.process is not None and self.process.exited_within(1.0):
+            raise BackendError(self.process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
+        self._check_lengths(request, streams)
+        return sample_from(request.batch_size, streams, e2e, failed, with_ids=self.token_ids)
+
+    def _check_lengths(self, request: GenerationRequest, streams: list[Stream]) -> None:
+        """Every completed request generated `decode_length` tokens from a prompt of `sequence_length` (as the
+        server counts them): a mismatch means the scenario is not what the server ran, for every request."""
         if self.fixed_length != "none" or not self.count_chunks:
             wrong = [(i, s) for i, s in enumerate(streams) if s.server_tokens != request.decode_length]
             if wrong:
@@ -151,40 +180,70 @@ class OpenAICompatBackend(Backend):
                        "logit_bias": "the server ignored logit_bias on the end-of-sequence tokens",
                        "none": "the sequence stopped early (no way to forbid the end token was asked for): use "
                                "fixed_length='ignore_eos' or 'logit_bias'"}[self.fixed_length]
-                if s.finish_reason is None:  # no end token: the stream was cut (seen on llama-cpp-python's server)
-                    how = ("the stream ended without a finish_reason, so the server cut it short; llama-cpp-python's "
-                           "server does that to a streaming request when another arrives unless started with "
-                           "--interrupt_requests False")
                 raise BackendError(f"{self._where()}: request {i} of batch size {request.batch_size} generated "
                                    f"{s.server_tokens} tokens (finish_reason={s.finish_reason}), not "
                                    f"decode_length={request.decode_length}; {how}")
-        return sample_from(request.batch_size, streams, e2e)
+        received = [s.prompt_tokens for s in streams if s.prompt_tokens is not None]
+        if self.check_prompt_length and received and any(n != request.sequence_length for n in received):
+            n = next(n for n in received if n != request.sequence_length)
+            fix = ("the prompt was cut to sequence_length with truncate_prompt_tokens, yet the server counts "
+                   "otherwise (its tokenizer adds tokens?)" if self.truncate_prompt else
+                   "pass truncate_prompt=True where the server has vLLM's truncate_prompt_tokens")
+            raise BackendError(f"{self._where()}: the server received {n} prompt tokens (usage.prompt_tokens), the "
+                               f"scenario asks for sequence_length={request.sequence_length}; {fix}, or "
+                               f"check_prompt_length=False to measure the prompt as the server counts it")
 
     async def _one(self, request: GenerationRequest, start: int) -> Stream:
+        import httpx
+        from openai import APIConnectionError
+
         stream = Stream()
         common: dict[str, Any] = {"model": self.model, "max_tokens": request.decode_length, "temperature": 0.0,
                                   "stream": True, "extra_body": self._body(request)}
         if self.fixed_length == "logit_bias":
             common["logit_bias"] = {str(t): -100 for t in self.eos_token_ids}
+        stream.sent_ns = self.clock() - start  # vLLM's bench serve stamps its send here too: before the request
         if self.api == "chat":
             response = await self._client.chat.completions.create(
                 messages=[{"role": "user", "content": request.prompt}], **common)
         else:
             response = await self._client.completions.create(prompt=request.prompt, **common)
+        try:
+            return await self._read(request, response, stream, start)
+        except (httpx.TransportError, APIConnectionError) as exc:  # the server went on; this stream broke
+            raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} tokens: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+    async def _read(self, request: GenerationRequest, response: Any, stream: Stream, start: int) -> Stream:
         chunks = 0
+        ids: list[int] = []
         async for chunk in response:
             now = self.clock() - start
-            for choice in chunk.choices or []:
+            for choice in (chunk.choices or [])[:1]:
                 content = choice.delta.content if self.api == "chat" else choice.text
-                if content:
+                arrived = content is not None if self.api == "completions" else bool(content)
+                if arrived:
                     stream.times_ns.append(now)
+                if content:
                     chunks += 1
+                    stream.text += content
+                ids += getattr(choice, "token_ids", None) or []
                 if choice.finish_reason:
                     stream.finish_reason = choice.finish_reason
+            prompt_ids = getattr(chunk, "prompt_token_ids", None)
+            if prompt_ids is not None and stream.prompt_tokens is None:
+                stream.prompt_tokens = len(prompt_ids)
             if chunk.usage is not None:
                 stream.server_tokens = int(chunk.usage.completion_tokens)
+                stream.prompt_tokens = int(chunk.usage.prompt_tokens)
                 self.last_prompt_tokens.append(chunk.usage.prompt_tokens)
         stream.end_ns = self.clock() - start
+        stream.token_ids = ids if self.token_ids else None
+        if stream.finish_reason is None and (stream.server_tokens or chunks) < request.decode_length:
+            raise RequestFailed(f"the stream ended after {stream.server_tokens or chunks} of {request.decode_length} "
+                                "tokens with no finish_reason: the server cut it short (llama-cpp-python's server "
+                                "does that to a streaming request when another arrives, unless started with "
+                                "--interrupt_requests False)")
         if stream.server_tokens is None:
             if not self.count_chunks:
                 raise BackendError(f"{self._where()}: the stream sent no `usage` (stream_options.include_usage); "
@@ -207,7 +266,10 @@ class OpenAICompatBackend(Backend):
             "device": "server",
             "token_count": "chunk count (server sends no usage)" if self.count_chunks else "server usage.completion_tokens",
             "output_length": length,
-            "input_length": "truncate_prompt_tokens=sequence_length" if self.truncate_prompt else "prompt sent as is",
+            "input_length": ("truncate_prompt_tokens=sequence_length" if self.truncate_prompt else "prompt sent as is")
+                            + (", checked against usage.prompt_tokens" if self.check_prompt_length else ", unchecked"),
+            "outputs": outputs_note("token ids (return_token_ids)" if self.token_ids else "not compared (no token ids)", self.deterministic_outputs),
+            "deterministic_outputs": self.deterministic_outputs,
             "attached": self.process is None,
             **self.describe_extra,
         }

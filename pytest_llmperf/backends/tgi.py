@@ -1,9 +1,14 @@
 """text-generation-inference (TGI) over HTTP, with huggingface_hub's AsyncInferenceClient.
 
 One run of batch size B is B concurrent `text_generation(stream=True, details=True)` requests.
-Per request: the arrival of every streamed token (TGI sends one SSE event per generated token),
-so TTFT is the first event and inter-token latency the gaps after it. Generated tokens are counted
-from the last event's `details.generated_tokens`, never from the number of events.
+Per request: when it was sent and the arrival of every streamed token (TGI sends one SSE event per
+generated token), so TTFT is the first event after its own send and inter-token latency the gaps
+after it (metrics.py). Generated tokens are counted from the last event's
+`details.generated_tokens`, never from the number of events; the prompt the server kept is
+`details.input_length`, checked against `sequence_length`; each event's `token.id` gives the
+generated ids for "outputs unchanged" (judge/outputs.py; a change fails only where the user says the
+server is deterministic, `deterministic=True`). A request whose stream breaks while the others go
+on is a failed request of the run; when every request fails, the run fails.
 
 Input length: `truncate=sequence_length` makes TGI keep exactly the prompt's last
 `sequence_length` tokens (the prompt is longer). Output length: `max_new_tokens=decode_length`,
@@ -29,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, Stream, run_concurrently, sample_from
-from .base import Backend, BackendError, GenerationRequest, OutOfMemory
+from ._aio import LoopThread, RequestFailed, Stream, completed, failure_text, run_concurrently, sample_from
+from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
     from ..servers.process import ServerProcess
@@ -132,7 +137,8 @@ class TGIBackend(Backend):
 
     def __init__(self, url: str, *, launcher_args: TGILauncherArgs | None = None,
                  process: ServerProcess | None = None, require_full_length: bool = True,
-                 request_timeout_s: float = 600.0, source: str = "", clock: Clock | None = None) -> None:
+                 request_timeout_s: float = 600.0, source: str = "", deterministic: bool = False,
+                 clock: Clock | None = None) -> None:
         super().__init__(clock)
         from huggingface_hub import AsyncInferenceClient
 
@@ -142,6 +148,7 @@ class TGIBackend(Backend):
         self.require_full_length = require_full_length
         self.request_timeout_s = request_timeout_s
         self.source = source  # where the URL came from, for error messages
+        self.deterministic_outputs = deterministic  # the user says greedy decoding on this server repeats itself
         self.info = self._fetch_info()
         self._loop = LoopThread("tgi")
         self._client = AsyncInferenceClient(model=self.url, timeout=request_timeout_s)
@@ -220,9 +227,15 @@ class TGIBackend(Backend):
             self.process.check_alive()
         self.check_limits(request)
         try:
-            streams, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
+            results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
                                                            lambda i, t0: self._one(request, i, t0)),
                                           timeout=self.request_timeout_s + 30)
+            streams, failed = completed(results)
+        except RequestFailed as exc:  # every request of the run broke: the server died, or cut them all
+            if self.process is not None and self.process.exited_within(1.0):
+                raise BackendError(self.process.describe_failure(f"died during a run ({exc})")) from exc
+            raise BackendError(f"{self._where()}: every request failed at batch size {request.batch_size}: "
+                               f"{exc}") from exc
         except BackendError:
             raise
         except Exception as exc:
@@ -237,7 +250,16 @@ class TGIBackend(Backend):
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}: {text}") from exc
+        if failed and self.process is not None and self.process.exited_within(1.0):
+            raise BackendError(self.process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
         self.last_finish_reasons = [s.finish_reason for s in streams]
+        received = {s.prompt_tokens for s in streams if s.prompt_tokens is not None}
+        if received - {request.sequence_length}:
+            raise BackendError(
+                f"{self._where()}: the server kept {min(received - {request.sequence_length})} prompt tokens "
+                f"(details.input_length), the scenario asks for sequence_length={request.sequence_length}: "
+                "truncate=sequence_length keeps the prompt's last tokens but cannot lengthen it; give a longer "
+                "prompt")
         if self.require_full_length:
             short = [(i, s) for i, s in enumerate(streams) if s.server_tokens != request.decode_length]
             if short:
@@ -247,22 +269,32 @@ class TGIBackend(Backend):
                     f"tokens (finish_reason={s.finish_reason}), not decode_length={request.decode_length}. TGI's HTTP "
                     "API cannot ignore the end-of-sequence token; use a prompt/model that does not stop early, or "
                     "pass require_full_length=False to llmperf_tgi(...) to measure variable lengths")
-        return sample_from(request.batch_size, streams, e2e)
+        return sample_from(request.batch_size, streams, e2e, failed, with_ids=True)
 
     async def _one(self, request: GenerationRequest, index: int, start: int) -> Stream:
-        stream = Stream()
+        stream = Stream(token_ids=[])
+        stream.sent_ns = self.clock() - start  # each request is timed from its own send (metrics.py)
         events = await self._client.text_generation(
             request.prompt, stream=True, details=True, max_new_tokens=request.decode_length, do_sample=False,
             truncate=request.sequence_length, return_full_text=False)
-        async for event in events:
-            stream.times_ns.append(self.clock() - start)
-            if event.details is not None:
-                stream.server_tokens = int(event.details.generated_tokens)
-                stream.finish_reason = str(event.details.finish_reason)
+        try:
+            async for event in events:
+                stream.times_ns.append(self.clock() - start)
+                stream.token_ids.append(int(event.token.id))  # type: ignore[union-attr]
+                stream.text += "" if event.token.special else event.token.text
+                if event.details is not None:
+                    stream.server_tokens = int(event.details.generated_tokens)
+                    stream.finish_reason = str(event.details.finish_reason)
+                    stream.prompt_tokens = getattr(event.details, "input_length", None)
+        except Exception as exc:
+            if is_transport_error(exc):  # the server went on; this stream broke
+                raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
+                                    f"tokens: {type(exc).__name__}: {exc}") from exc
+            raise
         stream.end_ns = self.clock() - start
         if stream.server_tokens is None:
-            raise BackendError(f"{self._where()}: the stream ended without `details` (generated_tokens); "
-                               "a TGI stream's last event carries them when details=True")
+            raise RequestFailed(f"the stream ended after {len(stream.times_ns)} of {request.decode_length} tokens "
+                                "without `details` (generated_tokens): the server cut it short")
         return stream
 
     # -- lifecycle and description --------------------------------------------------------------
@@ -278,7 +310,9 @@ class TGIBackend(Backend):
             "max_input_tokens": self.info.get("max_input_tokens"),
             "max_total_tokens": self.info.get("max_total_tokens"),
             "token_count": "server details.generated_tokens",
-            "input_length": "truncate=sequence_length",
+            "input_length": "truncate=sequence_length, checked against details.input_length",
+            "outputs": outputs_note("token ids", self.deterministic_outputs),
+            "deterministic_outputs": self.deterministic_outputs,
             "output_length": "max_new_tokens=decode_length, greedy; TGI has no ignore_eos"
                              + (" (early stops fail the run)" if self.require_full_length else ""),
             "attached": self.process is None,

@@ -2,10 +2,13 @@
 
 - runs inside a process that scatter (robust coefficient of variation above NOISY_CV, typically over the
   processes): the machine or the backend was unsteady while they measured;
-- a GPU that throttled (NVML clock-event reasons: power cap, thermal...) during some runs: those
-  timings say more about the cooling than about the code;
+- a GPU that throttled (NVML clock-event reasons: thermal, hardware slowdown, or a power cap that cost
+  more than 5% of the SM clock) during some runs: those timings say more about the cooling than the code;
 - runs whose backend generated fewer tokens than the scenario asked (a server that stopped early):
-  every rate computed from them is off.
+  every rate computed from them is off;
+- server requests that failed while the others of their run went on (a stream cut short, an error event):
+  the run is timed on the requests that completed, and the test fails (session.py), as vLLM's bench
+  serve counts them apart from the successful ones.
 
 Too few runs for a percentile and software drift since the baseline are said where those are shown
 (the latency tables; the summary's drift line).
@@ -18,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-from ..measure.gpu import throttle_names
+from ..measure.gpu import slowed_by, throttle_names
 from ..measure.metrics import values_by_process
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
@@ -50,12 +53,17 @@ def _noisy(result: BenchmarkResult, metrics: Sequence[str]) -> list[str]:
 def _throttled(result: BenchmarkResult) -> list[str]:
     found = []
     for batch in result.batches:
-        masks = [int(s.gpu.get("throttle_reasons", 0)) for s in batch.samples]
-        hit = [m for m in masks if m]
+        slowed = [(slowed_by(s.gpu), s.gpu) for s in batch.samples]
+        hit = [(mask, gpu) for mask, gpu in slowed if mask]
         if hit:
-            reasons = sorted({name for m in hit for name in throttle_names(m)})
-            found.append(f"batch size {batch.batch_size}: the GPU throttled during {len(hit)} of {len(masks)} "
-                         f"runs ({', '.join(reasons)})")
+            reasons = sorted({name for mask, _ in hit for name in throttle_names(mask)})
+            clocks = [(gpu["sm_clock_mhz"], gpu.get("sm_clock_max_mhz")) for _, gpu in hit if "sm_clock_mhz" in gpu]
+            clock = ""
+            if clocks:
+                low, top = min(clocks)
+                clock = f"; SM clock as low as {low:.0f}" + (f" of {top:.0f} MHz" if top else " MHz")
+            found.append(f"batch size {batch.batch_size}: the GPU throttled during {len(hit)} of {len(slowed)} "
+                         f"runs ({', '.join(reasons)}{clock})")
     return found
 
 
@@ -74,8 +82,20 @@ def _short(result: BenchmarkResult) -> list[str]:
     return found
 
 
+def request_failures(result: BenchmarkResult) -> list[str]:
+    """Per batch size, how many server requests failed over its runs, and the first one's reason."""
+    found = []
+    for batch in result.batches:
+        failures = [f for s in batch.samples for f in s.failed_requests]
+        if failures:
+            asked = sum(s.batch_size for s in batch.samples)
+            found.append(f"batch size {batch.batch_size}: {len(failures)} of {asked} requests failed, not timed "
+                         f"(first: {failures[0]})")
+    return found
+
+
 def quality_notes(result: BenchmarkResult) -> list[str]:
     """What weakens this benchmark's measurement, one line each (empty when nothing does). Noise is judged
     on the metrics the gate tests."""
     metrics = gated_metrics(Scenario.from_json(result.scenario), result.splits_prefill)
-    return [*_throttled(result), *_short(result), *_noisy(result, metrics)]
+    return [*request_failures(result), *_throttled(result), *_short(result), *_noisy(result, metrics)]

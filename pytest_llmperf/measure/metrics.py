@@ -1,9 +1,10 @@
-"""Metric definitions (written once, here and in the README) and per-run values.
+"""Metric definitions (written once, here; the README's table repeats them) and per-run values.
 
 The run is the unit of replication: every metric is reduced to one value per run, and the gate
-compares runs, never tokens. Definitions follow TGI's benchmark tool where it has one: decode
-(token) = decode total / steps, and its throughputs are batch size / step latency (seed 000:
-28.75 ms at batch 1 is 34.78 tokens/secs).
+compares runs (or worker processes' medians of runs), never tokens. Definitions follow TGI's
+benchmark tool where it has one: decode (token) = decode total / steps, and its throughputs are
+batch size / step latency (seed 000: 28.75 ms at batch 1 is 34.78 tokens/secs). Per-request latency
+(TTFT, ITL, TPOT, E2EL) follows vLLM's `bench serve`, each request timed from its own send.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .gpu import ENERGY_MIN_RUN_S
 from .records import RunSample
 
 PERCENTILE_METHOD = "linear"  # numpy.percentile's method; named in the JSON report
@@ -28,29 +30,37 @@ class Metric:
     definition: str
 
 
+# Latency per request, as vLLM's `bench serve` defines it: each request is timed from its own send, a token
+# (a streamed chunk, for a server) counts when it arrives; a run is reduced to the median over its requests
+# (ITL: over all the gaps of its requests), and the report and the gate take medians over runs and processes.
+# In-process engines send every sequence at the run's start and give them the same times.
 METRICS: Mapping[str, Metric] = {m.name: m for m in (
     Metric("prefill_ms", "ms", "lower", "One forward pass over the whole batch of prompts (in-process backends)."),
     Metric("decode_token_ms", "ms", "lower", "Decode (token): decode total / number of decode steps, per run."),
     Metric("decode_total_ms", "ms", "lower", "Decode (total): all decode steps after prefill; decode length - 1 steps."),
-    Metric("ttft_ms", "ms", "lower", "Time to first token from the start of the request, tokenization included; "
-                                     "mean over the batch's sequences."),
-    Metric("itl_ms", "ms", "lower", "Inter-token latency: mean gap between successive tokens, the first token "
-                                    "excluded; over all sequences of the batch."),
+    Metric("ttft_ms", "ms", "lower", "Time to first token: first token's arrival - the request's own send "
+                                     "(tokenization included); median over the run's requests."),
+    Metric("itl_ms", "ms", "lower", "Inter-token latency: gap between successive token arrivals of a request, "
+                                    "the first token excluded; median over all gaps of the run's requests."),
     Metric("itl_p90_ms", "ms", "lower", "90th percentile of the run's inter-token gaps (gated only when a run "
                                         "holds >= 29 gaps)."),
     Metric("itl_p99_ms", "ms", "lower", "99th percentile of the run's inter-token gaps (gated only when a run "
                                         "holds >= 299 gaps)."),
-    Metric("e2e_ms", "ms", "lower", "End to end: request start to the last token of the batch."),
+    Metric("tpot_ms", "ms", "lower", "Time per output token: (last token - first token) / (output tokens - 1) "
+                                     "of a request; median over the run's requests."),
+    Metric("e2e_ms", "ms", "lower", "End-to-end latency (E2EL): last token's arrival - the request's own send; "
+                                    "median over the run's requests."),
     Metric("tokenize_ms", "ms", "lower", "Tokenizing the batch's prompts."),
     Metric("detokenize_ms", "ms", "lower", "Decoding the generated ids back to text."),
     Metric("prefill_tokens_per_s", "tokens/secs", "higher", "TGI's prefill throughput: batch size / prefill "
                                                             "latency in seconds."),
     Metric("decode_tokens_per_s", "tokens/secs", "higher", "TGI's decode throughput: batch size / decode (token) "
                                                            "latency in seconds."),
-    Metric("throughput_tokens_per_s", "tokens/secs", "higher", "Generated tokens of the whole batch / end to end "
-                                                               "seconds (bigcode-inference-benchmark's tokens/s)."),
+    Metric("throughput_tokens_per_s", "tokens/secs", "higher", "Generated tokens of the whole batch / the run's "
+                                                               "wall time, its first send to its last request's "
+                                                               "end (bigcode-inference-benchmark's tokens/s)."),
     Metric("ms_per_token", "ms", "lower", "1000 / throughput_tokens_per_s (bigcode's msec/token)."),
-    # Servers give no prefill/decode split; these give seed 000's rows from token arrivals instead.
+    # Servers give no prefill/decode split; these give seed 000's batch-level rows from token arrivals instead.
     Metric("first_to_last_token_ms", "ms", "lower", "Decode (total) of a server: last token - first token of "
                                                     "each request, mean over the batch's requests."),
     Metric("ttft_tokens_per_s", "tokens/secs", "higher", "Prefill throughput of a server: batch size / TTFT in "
@@ -63,11 +73,9 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in (
                                                   "the run, summed over its processes (Linux)."),
     Metric("cuda_peak_allocated_mib", "MiB", "lower", "torch.cuda.max_memory_allocated over the run."),
     Metric("gpu_used_mib", "MiB", "lower", "NVML's used memory of the GPUs after the run (every process on them)."),
-    Metric("tpot_ms", "ms", "lower", "Time per output token as vLLM's bench serve defines it: (last token - first "
-                                     "token) / (output tokens - 1) of each request, mean over the batch's requests."),
     # NVML around the run (measure/gpu.py); absent on a CPU target.
     Metric("energy_j_per_token", "J/token", "lower", "GPU energy over the run (NVML's total energy counter, all "
-                                                     "GPUs) / generated tokens of the batch."),
+                                                     "GPUs) / generated tokens of the batch; runs of 1 s or more."),
     Metric("sm_clock_mhz", "MHz", "higher", "Lowest SM clock of the GPUs at the end of the run (NVML)."),
 )}
 
@@ -91,6 +99,31 @@ def metric_better(name: str, counters_better: Mapping[str, str] | None = None) -
     return "lower"
 
 
+@dataclass(frozen=True)
+class Request:
+    """One sequence of a run: when it was sent, when its tokens arrived (ns from the run's start), and how
+    many tokens it generated (the server's count where it gives one, else its arrivals)."""
+
+    sent: int
+    times: Sequence[int]
+    tokens: int
+
+
+def requests_of(sample: RunSample) -> list[Request]:
+    sent = sample.sent_ns or [0] * len(sample.token_times_ns)
+    if sample.sequence_tokens is not None:
+        counts = list(sample.sequence_tokens)
+    elif sample.generated_tokens is not None and sample.token_times_ns:  # fixed length: every sequence alike
+        counts = [sample.generated_tokens // len(sample.token_times_ns)] * len(sample.token_times_ns)
+    else:
+        counts = [len(t) for t in sample.token_times_ns]
+    return [Request(s, t, n) for s, t, n in zip(sent, sample.token_times_ns, counts)]
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values))
+
+
 def run_values(sample: RunSample) -> dict[str, float]:
     """Reduce one run to one value per metric (only the metrics the backend could measure)."""
     ms = 1e-6
@@ -103,15 +136,20 @@ def run_values(sample: RunSample) -> dict[str, float]:
         values["decode_total_ms"] = total * ms
         values["decode_token_ms"] = total * ms / len(sample.decode_steps_ns)
         values["decode_tokens_per_s"] = sample.batch_size / (total * 1e-9 / len(sample.decode_steps_ns))
-    firsts = [times[0] for times in sample.token_times_ns if times]
-    if firsts:
-        values["ttft_ms"] = float(np.mean(firsts)) * ms
-    gaps = [b - a for times in sample.token_times_ns for a, b in zip(times, times[1:])]
+    requests = [r for r in requests_of(sample) if r.times]
+    if requests:  # per request, from its own send (vLLM's bench serve)
+        values["ttft_ms"] = _median([r.times[0] - r.sent for r in requests]) * ms
+        values["e2e_ms"] = _median([r.times[-1] - r.sent for r in requests]) * ms
+        tpots = [(r.times[-1] - r.times[0]) / (r.tokens - 1) for r in requests if r.tokens > 1]
+        if tpots:
+            values["tpot_ms"] = _median(tpots) * ms
+    else:
+        values["e2e_ms"] = sample.end_to_end_ns * ms
+    gaps = [b - a for r in requests for a, b in zip(r.times, r.times[1:])]
     if gaps:
-        values["itl_ms"] = float(np.mean(gaps)) * ms
+        values["itl_ms"] = _median(gaps) * ms
         values["itl_p90_ms"] = float(np.percentile(gaps, 90, method=PERCENTILE_METHOD)) * ms
         values["itl_p99_ms"] = float(np.percentile(gaps, 99, method=PERCENTILE_METHOD)) * ms
-    values["e2e_ms"] = sample.end_to_end_ns * ms
     tokens = sample.generated_tokens
     if tokens is None:
         tokens = sum(len(t) for t in sample.token_times_ns)
@@ -126,19 +164,17 @@ def run_values(sample: RunSample) -> dict[str, float]:
         values["detokenize_ms"] = sample.detokenize_ns * ms
     values.update({k: float(v) for k, v in sample.counters.items()})
     values.update({k: float(v) for k, v in sample.memory.items()})
-    if "energy_j" in sample.gpu and tokens:
+    if "energy_j" in sample.gpu and tokens and sample.end_to_end_ns >= ENERGY_MIN_RUN_S * 1e9:
+        # shorter runs see too few of the counter's steps for a figure of their own (gpu.py; the report sums them)
         values["energy_j_per_token"] = sample.gpu["energy_j"] / tokens
     if "sm_clock_mhz" in sample.gpu:
         values["sm_clock_mhz"] = sample.gpu["sm_clock_mhz"]
-    per_request = tokens / sample.batch_size if tokens else 0  # fixed output length: every request the same
-    spans = [times[-1] - times[0] for times in sample.token_times_ns if len(times) > 1]
-    if spans and per_request > 1:
-        values["tpot_ms"] = float(np.mean(spans)) * ms / (per_request - 1)
     return values
 
 
 def _server_values(sample: RunSample, values: Mapping[str, float]) -> dict[str, float]:
-    """Seed 000's decode total and throughputs for a backend without a prefill/decode split."""
+    """Seed 000's batch-level rows for a backend without a prefill/decode split: TGI's Decode (total) and
+    its throughputs, batch size over TTFT and over ITL."""
     out: dict[str, float] = {}
     spans = [times[-1] - times[0] for times in sample.token_times_ns if times]
     if spans:

@@ -15,9 +15,10 @@ from typing import Any
 class RunSample:
     """Everything one run of one batch measured.
 
-    `token_times_ns[s][i]` is when sequence `s` received its `i`-th generated token, counted from
-    the start of the request (tokenization included). Batch-synchronous engines give every
-    sequence the same times; servers give each concurrent request its own.
+    `token_times_ns[s][i]` is when sequence `s` received its `i`-th generated token (a server: its
+    i-th streamed chunk), counted from the start of the run (tokenization included). Batch-synchronous
+    engines give every sequence the same times; servers give each concurrent request its own, and
+    `sent_ns[s]`, when that request was sent, so that each request is timed from its own send.
     """
 
     batch_size: int
@@ -35,6 +36,9 @@ class RunSample:
     memory: dict[str, float] = field(default_factory=dict)  # the run's peak memory in MiB (measure/memory.py)
     gpu: dict[str, float] = field(default_factory=dict)  # energy, clock, throttle reasons via NVML (measure/gpu.py)
     process: int = 0  # which worker process took the run (0: measured in the pytest process itself)
+    sent_ns: list[int] | None = None  # per sequence, when its request was sent (None: all at the run's start)
+    sequence_tokens: list[int] | None = None  # per sequence, the generated tokens the server counted
+    failed_requests: list[str] = field(default_factory=list)  # requests of the run that failed (not timed), why
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,9 @@ class RunSample:
             "memory": self.memory,
             "gpu": self.gpu,
             "process": self.process,
+            "sent_ns": self.sent_ns,
+            "sequence_tokens": self.sequence_tokens,
+            "failed_requests": self.failed_requests,
         }
 
     @classmethod

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
+from ..measure.gpu import slowed_by, throttle_names
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
 from ..measure.metrics import values_by_metric
 from ..judge.outputs import observed
@@ -29,7 +30,8 @@ SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
 # Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and the README).
 SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"),
-                  ("Decode (total)", "first_to_last_token_ms"), ("End to end", "e2e_ms"))
+                  ("Time per output token", "tpot_ms"), ("Decode (total)", "first_to_last_token_ms"),
+                  ("End to end", "e2e_ms"))
 SERVER_THROUGHPUT = (("Prefill (batch / TTFT)", "ttft_tokens_per_s"), ("Decode (batch / ITL)", "itl_tokens_per_s"),
                      ("End to end (tokens / E2E)", "throughput_tokens_per_s"))
 # Peak memory per run (measure/memory.py), as bigcode-inference-benchmark and optimum-benchmark report it.
@@ -115,18 +117,42 @@ def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) 
                  _step_rows(result, steps, "tokens/secs", cells, 3))
 
 
-def memory_table(result: BenchmarkResult) -> str | None:
-    """Peak memory per batch size (median, lowest, highest over runs), for the memory metrics measured."""
+def _median_table(result: BenchmarkResult, title: str, steps: Sequence[tuple[str, str]], unit: str) -> str | None:
+    """Median, lowest and highest over runs per batch size, for the metrics of `steps` that were measured."""
     measured = {m for b in result.batches if b.ok for m in values_by_metric(b.samples)}
-    steps = [(label, metric) for label, metric in MEMORY if metric in measured]
+    steps = [(label, metric) for label, metric in steps if metric in measured]
     if not steps:
         return None
 
     def cells(values: list[float]) -> list[str]:
-        return [_fmt(v, "MiB") for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
+        return [_fmt(v, unit) for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
 
-    return table(("Peak memory", "Batch Size", "Median", "Lowest", "Highest"),
-                 _step_rows(result, steps, "MiB", cells, 3))
+    return table((title, "Batch Size", "Median", "Lowest", "Highest"), _step_rows(result, steps, unit, cells, 3))
+
+
+def memory_table(result: BenchmarkResult) -> str | None:
+    """Peak memory per batch size (median, lowest, highest over runs), for the memory metrics measured."""
+    return _median_table(result, "Peak memory", MEMORY, "MiB")
+
+
+def energy_table(result: BenchmarkResult) -> str | None:
+    """NVML per batch size: energy per generated token over all its runs (the counter steps coarsely, so the
+    runs' sum is the measurement; measure/gpu.py), the lowest SM clock and the reasons that slowed a run."""
+    rows = []
+    for batch in result.batches:
+        readings = [s for s in batch.samples if "energy_j" in s.gpu] if batch.ok else []
+        if not readings:
+            continue
+        tokens = sum(s.generated_tokens or sum(map(len, s.token_times_ns)) for s in readings)
+        energy = sum(s.gpu["energy_j"] for s in readings)
+        clocks = [s.gpu["sm_clock_mhz"] for s in batch.samples if "sm_clock_mhz" in s.gpu]
+        reasons = sorted({n for s in batch.samples for n in throttle_names(slowed_by(s.gpu))})
+        rows.append([str(batch.batch_size), f"{energy / tokens:.4g} J/token" if tokens else "n/a",
+                     f"{energy:.1f} J / {tokens} tokens / {len(readings)} runs",
+                     f"{min(clocks):.0f} MHz" if clocks else "n/a", ", ".join(reasons) or "none"])
+    if not rows:
+        return None
+    return table(("Batch Size", "GPU energy", "Over", "Lowest SM clock", "Slowed by"), rows)
 
 
 def outputs_lines(result: BenchmarkResult) -> list[str]:
@@ -149,11 +175,11 @@ def outputs_lines(result: BenchmarkResult) -> list[str]:
 def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
     split = result.splits_prefill
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
-    memory = memory_table(result)
+    extra = [t for t in (memory_table(result), energy_table(result)) if t]
     parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
              *([f"Measured {measured} (UTC @ commit)."] if measured else []),
              parameters_table(result), latency,
-             throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *([memory] if memory else [])]
+             throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *extra]
     notes += [f"run quality: {n}" for n in quality_notes(result)] + outputs_lines(result)
     failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
     failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "

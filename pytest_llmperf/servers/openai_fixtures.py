@@ -48,7 +48,8 @@ def llmperf_openai(request: pytest.FixtureRequest,
     `llmperf_openai(["python", "-m", "my.server", "--host", "{host}", "--port", "{port}"],
     name="SGLang", fixed_length="ignore_eos")`: `{host}` and `{port}` are filled in; `health_path`
     (default /health) must answer 200 when it is ready. Keywords after that go to
-    `OpenAICompatBackend` (api, fixed_length, eos_token_ids, truncate_prompt, model, ...).
+    `OpenAICompatBackend` (api, fixed_length, eos_token_ids, truncate_prompt, token_ids,
+    check_prompt_length, deterministic, model, ...).
     """
     config = request.config
     pool = ServerPool(llmperf_servers, "openai")
@@ -118,7 +119,8 @@ def llmperf_vllm(request: pytest.FixtureRequest,
 
     `llmperf_vllm("tiny-llama")`: an embedded model name, a name mapped with --llmperf-model, or a
     local directory. vLLM runs with the python of --llmperf-vllm-python; fixed output length by
-    `ignore_eos`, exact prompt length by `truncate_prompt_tokens`.
+    `ignore_eos`, exact prompt length by `truncate_prompt_tokens`, generated ids by `return_token_ids`
+    (`deterministic=True` makes changed outputs fail).
     """
     config = request.config
     pool = ServerPool(llmperf_servers, "vllm")
@@ -132,6 +134,7 @@ def llmperf_vllm(request: pytest.FixtureRequest,
 
         backend_kwargs.setdefault("fixed_length", "ignore_eos")
         backend_kwargs.setdefault("truncate_prompt", True)
+        backend_kwargs.setdefault("token_ids", True)  # vLLM's return_token_ids: outputs are compared
         attached = _openai_attach(config, pool, "vLLM", None, api=api, **backend_kwargs)
         if attached is not None:
             return attached

@@ -25,21 +25,23 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
     `llmperf_tgi(model_id="bigscience/bloomz-7b1-mt", num_shard=2, quantize="bitsandbytes",
     max_input_tokens=1000, max_total_tokens=1512, max_batch_total_tokens=32000, ...)`; any
     `TGILauncherArgs` field is a keyword, `extra_args=[...]` are appended to the command line.
+    `deterministic=True` says greedy decoding on this server repeats itself, so changed outputs fail.
     """
     config = request.config
     pool = ServerPool(llmperf_servers, "tgi")
 
     def start(model_id: str | None = None, *, port: int | None = None, env: Mapping[str, str] | None = None,
-              require_full_length: bool = True, timeout_s: float | None = None, **launcher: Any) -> TGIBackend:
+              require_full_length: bool = True, deterministic: bool = False, timeout_s: float | None = None,
+              **launcher: Any) -> TGIBackend:
         require("llmperf_tgi", TGI)
         from ..backends.tgi import TGIBackend, TGILauncherArgs
 
         url = option(config, "tgi_url")
         if url:
-            key = ("attach", url, require_full_length)
+            key = ("attach", url, require_full_length, deterministic)
             if key not in pool.attached:
                 pool.attached[key] = TGIBackend(url, require_full_length=require_full_length,
-                                                source=OPTIONS_BY_NAME["tgi_url"].cli)
+                                                deterministic=deterministic, source=OPTIONS_BY_NAME["tgi_url"].cli)
             backend = pool.attached[key]
             assert isinstance(backend, TGIBackend)
             served = backend.info.get("model_id")
@@ -52,7 +54,7 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
         if "extra_args" in launcher:
             launcher["extra_args"] = tuple(launcher["extra_args"])
         args = TGILauncherArgs(model_id=model_id, **launcher)
-        key = (args, tuple(sorted((env or {}).items())), require_full_length)
+        key = (args, tuple(sorted((env or {}).items())), require_full_length, deterministic)
         reused = pool.reuse(key)
         if reused is not None:
             assert isinstance(reused, TGIBackend)
@@ -74,7 +76,7 @@ def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
         process = pool.start("TGI", build, port=port, timeout_s=server_timeout(config, timeout_s), env=env)
         def make() -> TGIBackend:  # the backend for the server just started
             return TGIBackend(process.url, launcher_args=args, process=process,
-                              require_full_length=require_full_length)
+                              require_full_length=require_full_length, deterministic=deterministic)
 
         return pool.adopt(key, process, make)  # type: ignore[return-value]
 

@@ -24,7 +24,12 @@ prefill = `prefill_ms_per_token` x input tokens, then each token takes `token_de
 
 Fault injection: `eos_after` (stop with eos_token after N tokens, as a real model may),
 `error_after` (a TGI error event mid-stream), `exit_after_requests` (the process dies, as a
-crashed server does).
+crashed server does), `drop_after` with `drop_every` (every `drop_every`-th request's connection
+is closed after `drop_after` tokens, mid-stream, while the server goes on serving the others),
+`output_salt` (other tokens for the same prompt, as a change to the model would give).
+
+On the /v1 routes, as vLLM's server: `truncate_prompt_tokens` keeps the prompt's last k tokens, and
+`return_token_ids` puts each chunk's `token_ids` in its choice and the `prompt_token_ids` in the first.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     "eos_after": None,
     "error_after": None,
     "exit_after_requests": None,
+    "drop_after": None,
+    "drop_every": 1,
+    "output_salt": "",
 }
 
 
@@ -98,6 +106,10 @@ class Overloaded(RouterError):
 
 class GenerationError(RouterError):
     status, error_type = 424, "generation"
+
+
+class Dropped(Exception):
+    """The connection is to be closed mid-stream (drop_after): no final event, no chunked-encoding end."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -237,10 +249,15 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.write(f"router: exiting after {number - 1} requests (exit_after_requests)\n")
             sys.stderr.flush()
             os._exit(3)
+        self.number = number
         try:
             route(body)
         except RouterError as exc:  # raised before the first token: nothing was sent yet
             self._fail(exc, streaming, openai)
+        except Dropped:
+            self.close_connection = True
+            self.wfile.flush()
+            self.request.shutdown(socket.SHUT_RDWR)
         finally:
             with state.lock:
                 state.active -= 1
@@ -286,10 +303,13 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(delay / 1000)
             if error_after is not None and step >= int(error_after):
                 raise GenerationError("Request failed during generation: Server error: CUDA out of memory (double)")
+            drop_after = state.get("drop_after")
+            if drop_after is not None and step >= int(drop_after) and self.number % int(state.get("drop_every")) == 0:
+                raise Dropped()
             if eos_after is not None and step >= int(eos_after):
                 yield step + 1, EOS_ID, "</s>", True, "eos_token"
                 return
-            tid, text = token_for(step, inputs[:64])
+            tid, text = token_for(step, inputs[:64] + state.get("output_salt"))
             yield step + 1, tid, text, False, ("length" if step == max_new - 1 else None)
 
     @staticmethod
@@ -349,7 +369,10 @@ class Handler(BaseHTTPRequestHandler):
             prompt = body.get("prompt", "")
             inputs = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 100)
+        if body.get("truncate_prompt_tokens") is not None:  # vLLM's: keep the last k tokens
+            inputs = " ".join(inputs.split()[-int(body["truncate_prompt_tokens"]):])
         n = self._validate(inputs, max_new)
+        with_ids = bool(body.get("return_token_ids"))
         bias = body.get("logit_bias") or {}
         allow_eos = not body.get("ignore_eos") and float(bias.get(str(EOS_ID), 0)) > -100
         model = self.server.state.config["model_id"]
@@ -357,11 +380,12 @@ class Handler(BaseHTTPRequestHandler):
         base = {"id": "double", "object": kind, "created": int(time.time()), "model": model,
                 "system_fingerprint": "3.3.6-double"}
 
-        def choice(text: str | None, finish: str | None) -> dict[str, Any]:
+        def choice(text: str | None, finish: str | None, tid: int | None = None) -> dict[str, Any]:
+            ids = {"token_ids": [tid]} if with_ids and tid is not None else {}
             if chat:
                 delta = {"role": "assistant", "content": text} if text is not None else {}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **ids}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish, **ids}
 
         generated, finish, pieces = 0, "length", []
         if not body.get("stream"):
@@ -378,11 +402,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._start_sse()
         try:
-            for _, _, text, special, reason in self._tokens(inputs, max_new, allow_eos):
+            for _, tid, text, special, reason in self._tokens(inputs, max_new, allow_eos):
                 generated += 1
                 finish_out = None if reason is None else ("stop" if reason == "eos_token" else reason)
-                self._chunk("data: " + json.dumps({**base, "choices": [choice("" if special else text, finish_out)]})
-                            + "\n\n")
+                chunk = {**base, "choices": [choice("" if special else text, finish_out, tid)]}
+                if with_ids and generated == 1:
+                    chunk["prompt_token_ids"] = list(range(1000, 1000 + n))
+                self._chunk("data: " + json.dumps(chunk) + "\n\n")
         except GenerationError as exc:
             self._stream_error(exc, openai=True)
         if (body.get("stream_options") or {}).get("include_usage"):

