@@ -32,7 +32,8 @@ from .measure import worktree
 from .measure.scenario import Scenario, ScenarioError
 from .measure.workers import PYTEST, Side, WorkerError, WorkerRun, run_worker
 from .judge.outputs import unchecked
-from .session import LLMPerfSession, Outcome, changed_outputs, fail_on_messages, judge_outcome
+from .outcome import Outcome, changed_outputs, fail_on_messages, judge_outcome
+from .session import LLMPerfSession
 
 INF = float("inf")
 

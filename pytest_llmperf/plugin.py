@@ -21,7 +21,8 @@ from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_server
 from .options import Settings, add_options
 from .judged import failing, failing_line, judged_line
 from .measure.scenario import MARKER_HELP, ScenarioError, build_scenario, check_marker_kwargs
-from .session import LLMPerfSession, PytestLLMPerfWarning, marker_devices
+from .outcome import PytestLLMPerfWarning
+from .session import LLMPerfSession, marker_devices
 from .controller import ProcessController, check_settings
 from .measure.worker import WorkerRecorder, worker_out
 from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
