@@ -86,3 +86,18 @@ def test_a_run_whose_every_request_failed_raises_the_first_failure():
     with pytest.raises(RequestFailed, match="first"):
         completed([RequestFailed("first"), ValueError("second")])
     assert completed([]) == ([], [])
+
+
+@pytest.mark.parametrize(("api", "content", "finish", "token"), [
+    ("completions", " word", None, True),
+    ("completions", "", None, True),  # a special token decodes to no text: vLLM's bench counts the chunk
+    ("completions", " word", "length", True),  # vLLM sends the last token with the finish reason
+    ("completions", "", "stop", False),  # llama.cpp closes a stream with an empty chunk: no token
+    ("completions", None, None, False),
+    ("chat", "", None, False),  # the role-only first chunk
+    ("chat", " word", None, True),
+])
+def test_which_chunks_are_tokens(api, content, finish, token):
+    from pytest_llmperf.backends.openai_compat import is_token
+
+    assert is_token(api, content, finish) is token

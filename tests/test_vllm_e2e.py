@@ -53,6 +53,26 @@ def test_vllm_streams_fixed_length_with_server_counts(vllm, record_property):
     assert d["server"] == "vLLM" and d["output_length"].startswith("ignore_eos")
 
 
+def test_vllm_gives_each_request_its_send_its_ids_and_the_prompt_it_received(vllm):
+    sample = vllm.generate(req(4))
+    assert sample.sequence_tokens == [DECODE] * 4 and [len(ids) for ids in sample.output_ids] == [DECODE] * 4
+    assert all(0 <= sent < times[0] for sent, times in zip(sample.sent_ns, sample.token_times_ns))
+    assert vllm.last_prompt_tokens == [SEQ] * 4  # usage.prompt_tokens: truncate_prompt_tokens made them exact
+    first, again = vllm.generate(req(1)), vllm.generate(req(1))
+    assert first.output_ids == again.output_ids  # greedy at batch 1 repeats itself here
+    assert vllm.describe()["outputs"].startswith("token ids (return_token_ids); a change only warns")
+    # the prompt as is: make_prompt(SEQ) is longer than SEQ tokens, and the server's count says so
+    from pytest_llmperf.backends.openai_compat import OpenAICompatBackend
+
+    as_is = OpenAICompatBackend(vllm.url, model="tiny-llama", fixed_length="ignore_eos")
+    try:
+        with pytest.raises(BackendError, match=rf"the server received \d+ prompt tokens \(usage.prompt_tokens\), "
+                                               rf"the scenario asks for sequence_length={SEQ}"):
+            as_is.generate(req(1))
+    finally:
+        as_is.close()
+
+
 # A test of the backend, not of the machine: max_load=inf, so a busy neighbour cannot get its baseline refused
 # (tox -e vllm runs it with --llmperf-update-missing); what it checks holds on a loaded machine too.
 @pytest.mark.llmperf(batch_sizes=[1, 2, 4], sequence_length=SEQ, decode_length=DECODE, runs=5, warmups=1,

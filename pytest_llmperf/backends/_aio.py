@@ -11,11 +11,14 @@ import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
 from .base import BackendError
+
+if TYPE_CHECKING:
+    from ..servers.process import ServerProcess
 
 T = TypeVar("T")
 
@@ -97,6 +100,19 @@ def completed(results: list[Stream | Exception]) -> tuple[list[Stream], list[tup
     if not streams and failed:
         raise failed[0][1]
     return streams, failed
+
+
+def run_failed(exc: RequestFailed, where: str, process: ServerProcess | None, batch_size: int) -> BackendError:
+    """The error for a run whose every request broke: the server died, or it cut them all."""
+    if process is not None and process.exited_within(1.0):
+        return BackendError(process.describe_failure(f"died during a run ({exc})"))
+    return BackendError(f"{where}: every request failed at batch size {batch_size}: {exc}")
+
+
+def check_survived(failed: list[tuple[int, Exception]], process: ServerProcess | None) -> None:
+    """Requests that failed because the server died are no failed requests of a run that goes on: say it died."""
+    if failed and process is not None and process.exited_within(1.0):
+        raise BackendError(process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
 
 
 def failure_text(index: int, exc: Exception) -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, Stream, completed, failure_text, run_concurrently, sample_from
+from ._aio import LoopThread, Stream, check_survived, completed, run_concurrently, sample_from
 from .base import Backend, BackendError, GenerationRequest, outputs_note
 
 if TYPE_CHECKING:
@@ -129,8 +129,7 @@ class JetStreamBackend(Backend):
             detail = exc.details() if hasattr(exc, "details") else str(exc)
             raise BackendError(f"{self._where()}: Decode failed at batch size {request.batch_size}: {code}: "
                                f"{detail}") from exc
-        if failed and self.process is not None and self.process.exited_within(1.0):
-            raise BackendError(self.process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
+        check_survived(failed, self.process)
         if self.require_full_length:
             for i, s in enumerate(streams):
                 if s.server_tokens != request.decode_length:

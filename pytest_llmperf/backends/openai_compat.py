@@ -3,9 +3,10 @@
 
 One run of batch size B is B concurrent streamed requests. Per request, as vLLM's `bench serve` times it:
 - sent: the clock just before the request is made; TTFT, E2EL are timed from it (metrics.py).
-- token arrivals: completions: every chunk that carries a choice (vLLM's rule: an empty text, a special
-  token, counts too); chat: every chunk with non-empty `delta.content` (a role-only chunk is not a
-  token). A server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
+- token arrivals: a chunk whose choice carries token ids; without ids, completions: every chunk with a
+  text (vLLM's rule: an empty text, a special token, counts too) except an empty one that only carries
+  the finish reason (llama.cpp closes its streams so); chat: every chunk with non-empty `delta.content`
+  (a role-only chunk is not a token). A server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
   then per chunk, as in vLLM's own `bench serve`. ITL excludes the first token.
 - generated tokens: `usage.completion_tokens` of the final chunk (`stream_options.include_usage`),
   not the chunk count. A server that sends no usage is an error unless `count_chunks=True`.
@@ -35,7 +36,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, RequestFailed, Stream, completed, failure_text, run_concurrently, sample_from
+from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, run_concurrently, run_failed,
+                   sample_from)
 from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
@@ -43,6 +45,15 @@ if TYPE_CHECKING:
 
 FIXED_LENGTH = ("ignore_eos", "logit_bias", "none")
 APIS = ("completions", "chat")
+
+
+def is_token(api: str, content: str | None, finish_reason: str | None) -> bool:
+    """Whether a streamed chunk without token ids carries a token. Completions: any text, also an empty one (a
+    special token), as vLLM's bench serve counts it, except an empty chunk that only closes the stream
+    (llama.cpp's last chunk carries the finish reason alone). Chat: non-empty content (a role-only chunk)."""
+    if api == "chat":
+        return bool(content)
+    return content is not None and (content != "" or finish_reason is None)
 
 
 class OpenAICompatBackend(Backend):
@@ -138,11 +149,8 @@ class OpenAICompatBackend(Backend):
                                                            lambda i, t0: self._one(request, t0)),
                                           timeout=self.request_timeout_s + 30)
             streams, failed = completed(results)
-        except RequestFailed as exc:  # every request of the run broke: the server died, or cut them all
-            if self.process is not None and self.process.exited_within(1.0):
-                raise BackendError(self.process.describe_failure(f"died during a run ({exc})")) from exc
-            raise BackendError(f"{self._where()}: every request failed at batch size {request.batch_size}: "
-                               f"{exc}") from exc
+        except RequestFailed as exc:
+            raise run_failed(exc, self._where(), self.process, request.batch_size) from exc
         except BackendError:
             raise
         except APIConnectionError as exc:
@@ -163,8 +171,7 @@ class OpenAICompatBackend(Backend):
                 status = f" (HTTP {exc.body['http_status_code']}, sent in the stream)"
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
                                f"{text}") from exc
-        if failed and self.process is not None and self.process.exited_within(1.0):
-            raise BackendError(self.process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
+        check_survived(failed, self.process)
         self._check_lengths(request, streams)
         return sample_from(request.batch_size, streams, e2e, failed, with_ids=self.token_ids)
 
@@ -221,13 +228,13 @@ class OpenAICompatBackend(Backend):
             now = self.clock() - start
             for choice in (chunk.choices or [])[:1]:
                 content = choice.delta.content if self.api == "chat" else choice.text
-                arrived = content is not None if self.api == "completions" else bool(content)
-                if arrived:
+                chunk_ids = getattr(choice, "token_ids", None) or []
+                if chunk_ids or is_token(self.api, content, choice.finish_reason):
                     stream.times_ns.append(now)
                 if content:
                     chunks += 1
                     stream.text += content
-                ids += getattr(choice, "token_ids", None) or []
+                ids += chunk_ids
                 if choice.finish_reason:
                     stream.finish_reason = choice.finish_reason
             prompt_ids = getattr(chunk, "prompt_token_ids", None)
@@ -267,7 +274,9 @@ class OpenAICompatBackend(Backend):
             "token_count": "chunk count (server sends no usage)" if self.count_chunks else "server usage.completion_tokens",
             "output_length": length,
             "input_length": ("truncate_prompt_tokens=sequence_length" if self.truncate_prompt else "prompt sent as is")
-                            + (", checked against usage.prompt_tokens" if self.check_prompt_length else ", unchecked"),
+                            + (", unchecked" if not self.check_prompt_length else
+                               ", unchecked (the server sends no usage)" if self.count_chunks else
+                               ", checked against usage.prompt_tokens"),
             "outputs": outputs_note("token ids (return_token_ids)" if self.token_ids else "not compared (no token ids)", self.deterministic_outputs),
             "deterministic_outputs": self.deterministic_outputs,
             "attached": self.process is None,

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, RequestFailed, Stream, completed, failure_text, run_concurrently, sample_from
+from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, run_concurrently, run_failed,
+                   sample_from)
 from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
@@ -231,11 +232,8 @@ class TGIBackend(Backend):
                                                            lambda i, t0: self._one(request, i, t0)),
                                           timeout=self.request_timeout_s + 30)
             streams, failed = completed(results)
-        except RequestFailed as exc:  # every request of the run broke: the server died, or cut them all
-            if self.process is not None and self.process.exited_within(1.0):
-                raise BackendError(self.process.describe_failure(f"died during a run ({exc})")) from exc
-            raise BackendError(f"{self._where()}: every request failed at batch size {request.batch_size}: "
-                               f"{exc}") from exc
+        except RequestFailed as exc:
+            raise run_failed(exc, self._where(), self.process, request.batch_size) from exc
         except BackendError:
             raise
         except Exception as exc:
@@ -250,8 +248,7 @@ class TGIBackend(Backend):
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}: {text}") from exc
-        if failed and self.process is not None and self.process.exited_within(1.0):
-            raise BackendError(self.process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
+        check_survived(failed, self.process)
         self.last_finish_reasons = [s.finish_reason for s in streams]
         received = {s.prompt_tokens for s in streams if s.prompt_tokens is not None}
         if received - {request.sequence_length}:
