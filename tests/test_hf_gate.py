@@ -7,9 +7,14 @@ same code (docs/noise.md). Even seconds apart in one process the whole machine d
 both phases moved by 0.90-0.91x between the two runs, which turned a 20% slowdown at rtol 0.1 into a
 ratio of 1.096 (passed). So the margins here are wide on both sides, in log scale: a 50% slowdown at
 rtol 0.2 is caught while the machine drifts by less than 1.2/1.5 = 0.80x, and the other phase stays
-unnamed while it drifts by less than 1.2x. How small a slowdown a runner catches is measured, not
-asserted: scripts/gate_power.py and docs/noise.md.
+unnamed while it drifts by less than 1.2x. A fresh-clone run saw more still: the untouched decode read
+0.68x between the two runs, and the slowed prefill 1.17x. So the untouched phase is the control: where it
+moved by more than 15%, the machine drifted during the experiment, which is taken again from a new
+baseline (three tries). How small a slowdown a runner catches is measured, not asserted:
+scripts/gate_power.py and docs/noise.md.
 """
+
+import re
 
 import pytest
 
@@ -80,14 +85,34 @@ def run(pytester, *args):
 @pytest.mark.parametrize(("phase", "metric", "other"), [("prefill", "prefill_ms (prefill)", "decode_token_ms"),
                                                         ("decode", "decode_token_ms (decode)", "prefill_ms")])
 def test_an_injected_slowdown_fails_and_names_its_phase(project, monkeypatch, phase, metric, other):
-    update = run(project, "--llmperf-update")
-    if "not written: a baseline measured on a busy machine" in update.stdout.str():
-        pytest.skip("the machine was busy while the baseline was taken; re-run on a quiet machine")
-    update.assert_outcomes(passed=1)
-    monkeypatch.setenv("LLMPERF_SLOW_PHASE", phase)
-    result = run(project)
-    if "1 refused" in result.stdout.str():  # other processes kept the machine busy: nothing can be judged
-        pytest.skip("the machine was busy during the gated runs (refused, not judged); re-run on a quiet machine")
+    drifts = []
+    for _ in range(3):
+        monkeypatch.delenv("LLMPERF_SLOW_PHASE", raising=False)
+        update = run(project, "--llmperf-update")
+        if "not written: a baseline measured on a busy machine" in update.stdout.str():
+            pytest.skip("the machine was busy while the baseline was taken; re-run on a quiet machine")
+        update.assert_outcomes(passed=1)
+        monkeypatch.setenv("LLMPERF_SLOW_PHASE", phase)
+        result = run(project)
+        if "1 refused" in result.stdout.str():  # other processes kept the machine busy: nothing can be judged
+            pytest.skip("the machine was busy during the gated runs (refused, not judged); re-run on a quiet machine")
+        drift = control_ratio(result.stdout.str(), other)
+        if 1 / CONTROL <= drift <= CONTROL:
+            break
+        drifts.append(drift)
+    else:
+        pytest.skip(f"the machine drifted during each of 3 tries (the untouched {other} moved by {drifts}); re-run "
+                    "on a steadier machine")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*{metric} at batch size 2 regressed: baseline median*"])
     assert f"{other} (" not in result.stdout.str()
+
+
+CONTROL = 1.15  # the untouched phase moving further than this means the machine, not the code, moved
+
+
+def control_ratio(summary: str, metric: str) -> float:
+    """The untouched phase's ratio now/baseline, from the verdict table."""
+    found = re.search(rf"\| test_llama \| {metric} +\| 2 +\| [^|]+\| [^|]+\| ([0-9.]+) ", summary)
+    assert found, summary[-3000:]
+    return float(found.group(1))
