@@ -176,8 +176,11 @@ def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo)
 def test_an_interrupted_comparison_removes_the_worktree_and_the_workers(repo, signum):
     write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_")}
+    # Ctrl-C as at a terminal: a suite started in the background (`cmd &` in a script) inherits SIGINT ignored,
+    # and a Python started so never turns it into KeyboardInterrupt (seen: this test hung in such a run)
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *ARGS, "--llmperf-compare", "HEAD"], cwd=repo.path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pid_file = repo.path / "worker.pid"
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:
