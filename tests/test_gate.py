@@ -70,3 +70,19 @@ def test_a_deterministic_counter_ties_with_its_stored_baseline(tmp_path):
     stored = BaselineStore(tmp_path, "cpu").get("t.py", "k").batches[1]["hit_rate"]
     result = gate.compare("hit_rate", 1, stored, [stored_value(51 / 184)] * 10, better="higher", rtol=0.0)
     assert result.ratio == 1.0 and result.p_worse >= 0.5  # all tied: no evidence either way
+
+
+def test_a_confirmation_look_on_a_busy_machine_is_refused_not_passed():
+    from pytest_llmperf.judge.verdicts import REFUSED, Row, confirm
+    from pytest_llmperf.judged import kind_of
+
+    def row(metric, verdict, note=""):
+        return Row("t", "m.py::t", metric, 2, 1.0, 1.5, 1.5, 1.4, 1.6, 0.001, 0.002, verdict, note)
+
+    first = [row("prefill_ms", "pass"), row("decode_token_ms", gate.REGRESSED)]
+    busy = [row("*", REFUSED, "machine busy: other processes used 1.20 cores during the runs")]
+    rows = confirm(first, busy, flagged=[2])
+    # seen in a fresh-clone run: the busy second look's only row was dropped, the batch kept no row, and the test
+    # passed, "judged 1 of 1", having compared nothing
+    assert [(r.metric, r.verdict) for r in rows] == [("*", REFUSED)] and "confirmation look" in rows[0].note
+    assert kind_of(type("Outcome", (), {"status": "compared", "rows": rows})()) == REFUSED

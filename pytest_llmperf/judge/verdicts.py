@@ -175,11 +175,13 @@ def flagged_batches(rows: Sequence[Row]) -> list[int]:
 
 def confirm(first: Sequence[Row], second: Sequence[Row], flagged: Sequence[int]) -> list[Row]:
     """Final rows: the second look for flagged batch sizes, where a regression stands only if the first look
-    flagged the same metric too; the first look elsewhere."""
+    flagged the same metric too; the first look elsewhere. A second look that could not judge (the machine
+    was busy: refused; the batch failed) says so for its batch size: it never leaves the batch without rows,
+    which would count as passed having compared nothing."""
     flagged_first = {(r.metric, r.batch_size) for r in first if r.verdict in (gate.REGRESSED, gate.INCONCLUSIVE)}
     rows = [r for r in first if r.batch_size not in flagged or r.metric == "*"]
     for r in second:
-        if r.metric == "*":
+        if r.metric == "*" and r.batch_size not in flagged:
             continue
         if r.verdict == gate.REGRESSED and (r.metric, r.batch_size) not in flagged_first:
             r = replace(r, verdict=gate.PASS, note=r.note + ", not flagged by the first look")
