@@ -115,6 +115,12 @@ def check_survived(failed: list[tuple[int, Exception]], process: ServerProcess |
         raise BackendError(process.describe_failure(f"died during a run ({failure_text(*failed[0])})"))
 
 
+def prompt_mismatch(streams: list[Stream], sequence_length: int) -> int | None:
+    """A prompt length the server reports having received that is not the scenario's; None when all agree (or
+    the server reports none)."""
+    return next((s.prompt_tokens for s in streams if s.prompt_tokens not in (None, sequence_length)), None)
+
+
 def failure_text(index: int, exc: Exception) -> str:
     """One line for a failed request of a run."""
     text = str(exc) if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, run_concurrently, run_failed,
-                   sample_from)
+from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, prompt_mismatch, run_concurrently,
+                   run_failed, sample_from)
 from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
@@ -190,9 +190,8 @@ class OpenAICompatBackend(Backend):
                 raise BackendError(f"{self._where()}: request {i} of batch size {request.batch_size} generated "
                                    f"{s.server_tokens} tokens (finish_reason={s.finish_reason}), not "
                                    f"decode_length={request.decode_length}; {how}")
-        received = [s.prompt_tokens for s in streams if s.prompt_tokens is not None]
-        if self.check_prompt_length and received and any(n != request.sequence_length for n in received):
-            n = next(n for n in received if n != request.sequence_length)
+        n = prompt_mismatch(streams, request.sequence_length)
+        if self.check_prompt_length and n is not None:
             fix = ("the prompt was cut to sequence_length with truncate_prompt_tokens, yet the server counts "
                    "otherwise (its tokenizer adds tokens?)" if self.truncate_prompt else
                    "pass truncate_prompt=True where the server has vLLM's truncate_prompt_tokens")
@@ -242,7 +241,8 @@ class OpenAICompatBackend(Backend):
                 stream.prompt_tokens = len(prompt_ids)
             if chunk.usage is not None:
                 stream.server_tokens = int(chunk.usage.completion_tokens)
-                stream.prompt_tokens = int(chunk.usage.prompt_tokens)
+                if chunk.usage.prompt_tokens is not None:
+                    stream.prompt_tokens = int(chunk.usage.prompt_tokens)
                 self.last_prompt_tokens.append(chunk.usage.prompt_tokens)
         stream.end_ns = self.clock() - start
         stream.token_ids = ids if self.token_ids else None
@@ -277,7 +277,8 @@ class OpenAICompatBackend(Backend):
                             + (", unchecked" if not self.check_prompt_length else
                                ", unchecked (the server sends no usage)" if self.count_chunks else
                                ", checked against usage.prompt_tokens"),
-            "outputs": outputs_note("token ids (return_token_ids)" if self.token_ids else "not compared (no token ids)", self.deterministic_outputs),
+            "outputs": (outputs_note("token ids (return_token_ids)", self.deterministic_outputs) if self.token_ids
+                        else "not compared (no token ids)"),
             "deterministic_outputs": self.deterministic_outputs,
             "attached": self.process is None,
             **self.describe_extra,

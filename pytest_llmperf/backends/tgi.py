@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, run_concurrently, run_failed,
-                   sample_from)
+from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, prompt_mismatch, run_concurrently,
+                   run_failed, sample_from)
 from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
@@ -250,10 +250,10 @@ class TGIBackend(Backend):
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}: {text}") from exc
         check_survived(failed, self.process)
         self.last_finish_reasons = [s.finish_reason for s in streams]
-        received = {s.prompt_tokens for s in streams if s.prompt_tokens is not None}
-        if received - {request.sequence_length}:
+        received = prompt_mismatch(streams, request.sequence_length)
+        if received is not None:
             raise BackendError(
-                f"{self._where()}: the server kept {min(received - {request.sequence_length})} prompt tokens "
+                f"{self._where()}: the server kept {received} prompt tokens "
                 f"(details.input_length), the scenario asks for sequence_length={request.sequence_length}: "
                 "truncate=sequence_length keeps the prompt's last tokens but cannot lengthen it; give a longer "
                 "prompt")

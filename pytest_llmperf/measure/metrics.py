@@ -120,6 +120,13 @@ def requests_of(sample: RunSample) -> list[Request]:
     return [Request(s, t, n) for s, t, n in zip(sent, sample.token_times_ns, counts)]
 
 
+def generated_tokens(sample: RunSample) -> int:
+    """The run's generated tokens: the backend's count (a server's usage), else the arrivals."""
+    if sample.generated_tokens is not None:
+        return sample.generated_tokens
+    return sum(len(t) for t in sample.token_times_ns)
+
+
 def _median(values: Sequence[float]) -> float:
     return float(np.median(values))
 
@@ -150,9 +157,7 @@ def run_values(sample: RunSample) -> dict[str, float]:
         values["itl_ms"] = _median(gaps) * ms
         values["itl_p90_ms"] = float(np.percentile(gaps, 90, method=PERCENTILE_METHOD)) * ms
         values["itl_p99_ms"] = float(np.percentile(gaps, 99, method=PERCENTILE_METHOD)) * ms
-    tokens = sample.generated_tokens
-    if tokens is None:
-        tokens = sum(len(t) for t in sample.token_times_ns)
+    tokens = generated_tokens(sample)
     if sample.end_to_end_ns > 0 and tokens:
         values["throughput_tokens_per_s"] = tokens / (sample.end_to_end_ns * 1e-9)
         values["ms_per_token"] = 1000.0 / values["throughput_tokens_per_s"]

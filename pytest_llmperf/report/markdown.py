@@ -19,7 +19,7 @@ from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..measure.gpu import slowed_by, throttle_names
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
-from ..measure.metrics import values_by_metric
+from ..measure.metrics import generated_tokens, values_by_metric
 from ..judge.outputs import observed
 from ..judge.quality import quality_notes
 from ..measure.records import BatchResult, BenchmarkResult
@@ -117,22 +117,18 @@ def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) 
                  _step_rows(result, steps, "tokens/secs", cells, 3))
 
 
-def _median_table(result: BenchmarkResult, title: str, steps: Sequence[tuple[str, str]], unit: str) -> str | None:
-    """Median, lowest and highest over runs per batch size, for the metrics of `steps` that were measured."""
+def memory_table(result: BenchmarkResult) -> str | None:
+    """Peak memory per batch size (median, lowest, highest over runs), for the memory metrics measured."""
     measured = {m for b in result.batches if b.ok for m in values_by_metric(b.samples)}
-    steps = [(label, metric) for label, metric in steps if metric in measured]
+    steps = [(label, metric) for label, metric in MEMORY if metric in measured]
     if not steps:
         return None
 
     def cells(values: list[float]) -> list[str]:
-        return [_fmt(v, unit) for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
+        return [_fmt(v, "MiB") for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
 
-    return table((title, "Batch Size", "Median", "Lowest", "Highest"), _step_rows(result, steps, unit, cells, 3))
-
-
-def memory_table(result: BenchmarkResult) -> str | None:
-    """Peak memory per batch size (median, lowest, highest over runs), for the memory metrics measured."""
-    return _median_table(result, "Peak memory", MEMORY, "MiB")
+    return table(("Peak memory", "Batch Size", "Median", "Lowest", "Highest"),
+                 _step_rows(result, steps, "MiB", cells, 3))
 
 
 def energy_table(result: BenchmarkResult) -> str | None:
@@ -143,7 +139,7 @@ def energy_table(result: BenchmarkResult) -> str | None:
         readings = [s for s in batch.samples if "energy_j" in s.gpu] if batch.ok else []
         if not readings:
             continue
-        tokens = sum(s.generated_tokens or sum(map(len, s.token_times_ns)) for s in readings)
+        tokens = sum(generated_tokens(s) for s in readings)
         energy = sum(s.gpu["energy_j"] for s in readings)
         clocks = [s.gpu["sm_clock_mhz"] for s in batch.samples if "sm_clock_mhz" in s.gpu]
         reasons = sorted({n for s in batch.samples for n in throttle_names(slowed_by(s.gpu))})
