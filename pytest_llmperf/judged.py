@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 REGRESSED, MISSING, REFUSED, INCONCLUSIVE = "regressed", "missing", "refused", "inconclusive"
+UNGATED = "ungated"  # judge/verdicts.py: a gated metric that could not be tested
 JUDGED, RECORDED = "judged", "recorded"
 
 
@@ -23,7 +24,7 @@ def kind_of(outcome: Any) -> str:
     if outcome.status in (MISSING, REFUSED):
         return outcome.status
     verdicts = {r.verdict for r in outcome.rows}
-    if verdicts and verdicts <= {REFUSED}:
+    if verdicts and verdicts <= {REFUSED, UNGATED}:  # nothing was tested: never counted as judged
         return REFUSED
     if REGRESSED in verdicts:
         return REGRESSED
@@ -45,7 +46,9 @@ def reason_of(outcome: Any) -> str:
         notes = {r.note for r in outcome.rows if r.verdict == REFUSED}
         if any(n.startswith("machine busy") for n in notes):
             return "machine busy"
-        return "baseline from a busy machine" if notes else "refused"
+        if not notes:
+            return "nothing gated was measured" if any(r.verdict == UNGATED for r in outcome.rows) else "refused"
+        return "baseline from a busy machine"
     if kind == INCONCLUSIVE:
         return "inconclusive after two looks"
     return ""

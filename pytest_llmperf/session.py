@@ -113,7 +113,7 @@ class LLMPerfSession:
         for outcome in self.outcomes:
             if outcome.status == "compared":
                 verdicts = {r.verdict for r in outcome.rows}
-                if verdicts == {judge.REFUSED}:
+                if verdicts and verdicts <= {judge.REFUSED, judge.UNGATED}:  # nothing tested (judged.kind_of)
                     counts["refused"] += 1
                 elif gate.REGRESSED in verdicts:
                     counts["regressed"] += 1

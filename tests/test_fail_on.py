@@ -165,3 +165,28 @@ def test_inconclusive_listed_fails_with_the_reason(inconclusive):
     result.stdout.fnmatch_lines(["*test_engine: inconclusive (inconclusive after two looks), and --llmperf-fail-on "
                                  "lists inconclusive*batch size 1 prefill_ms*",
                                  "llmperf: the run fails: 1 inconclusive (--llmperf-fail-on=*"])
+
+
+UNMEASURED_TEST = """
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+# energy is measured on NVIDIA GPUs only (and only for runs of 1 s or more): here it never is
+@pytest.mark.llmperf(batch_sizes=[1], runs=10, warmups=0, metrics=["energy_j_per_token"])
+def test_energy(llmperf):
+    llmperf.measure(SimulatedBackend(seed=0, noise=0.02))
+"""
+
+
+def test_a_gated_metric_that_was_never_measured_is_said_and_judges_nothing(project):
+    project.makepyfile(test_engine=UNMEASURED_TEST)
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    result = run(project)
+    result.assert_outcomes(passed=1)  # refused warns by default
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: nothing gated was measured)",
+                                 "*| energy_j_per_token | 1 *| ungated: not measured in these runs: not gated*",
+                                 "0 passed, 0 regressed, 0 improved, * 1 refused*"])
+    strict = run(project, "--llmperf-fail-on=regressed,missing,refused")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines(["*test_energy: refused (nothing gated was measured), and --llmperf-fail-on lists "
+                                 "refused: nothing was judged*"])

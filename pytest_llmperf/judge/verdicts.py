@@ -60,6 +60,7 @@ def gated_metrics(scenario: Scenario, splits_prefill: bool) -> tuple[str, ...]:
 
 
 REFUSED = "refused"
+UNGATED = "ungated"  # a gated metric that could not be tested (not measured, too few gaps for its tail)
 UNIT_WORDS = {"process": "one value per worker process", "run": "runs of one process (--llmperf-processes=1)"}
 
 
@@ -121,11 +122,16 @@ def compare(result: BenchmarkResult, baseline: BaselineEntry, scenario: Scenario
                   for metric in MEMORY_METRICS if metric in current and metric in base_values]
         rows += [r for r in memory if r.verdict != gate.PASS]  # the report's memory table shows every value
         for metric in metrics:
-            if metric not in current or metric not in base or metric in MEMORY_METRICS:
-                continue  # this backend does not measure it (e.g. prefill on a server); memory: above
+            if metric in MEMORY_METRICS:
+                continue  # above
+            if metric not in current or metric not in base:  # e.g. prefill on a server, energy of short runs
+                side = "these runs" if metric not in current else "the baseline"
+                rows.append(Row(result.key, result.nodeid, metric, batch.batch_size, None, None, None, None, None,
+                                None, None, UNGATED, f"not measured in {side}: not gated"))
+                continue
             if metric in TAIL_MIN_GAPS and min(gaps_per_run(s) for s in batch.samples) < TAIL_MIN_GAPS[metric]:
                 rows.append(Row(result.key, result.nodeid, metric, batch.batch_size, None, None, None, None, None,
-                                None, None, "ungated",
+                                None, None, UNGATED,
                                 f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
                 continue
             test = gate.compare_paired if paired and len(base_values[metric]) == len(current[metric]) else gate.compare
