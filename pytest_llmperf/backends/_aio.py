@@ -58,7 +58,6 @@ class Stream:
     times_ns: list[int] = field(default_factory=list)
     server_tokens: int | None = None  # generated tokens as the server counts them
     finish_reason: str | None = None
-    end_ns: int = 0
     token_ids: list[int] | None = None  # the generated ids, where the server streams them
     text: str = ""  # the generated text
     prompt_tokens: int | None = None  # the prompt length the server reports having received

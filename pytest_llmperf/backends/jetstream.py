@@ -156,7 +156,6 @@ class JetStreamBackend(Backend):
                     stream.server_tokens = (stream.server_tokens or 0) + len(sample.token_ids)
                     stream.token_ids.extend(int(t) for t in sample.token_ids)  # type: ignore[union-attr]
                     stream.text += sample.text
-        stream.end_ns = self.clock() - start
         return stream
 
     def describe(self) -> dict[str, Any]:

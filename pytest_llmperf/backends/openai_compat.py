@@ -244,7 +244,6 @@ class OpenAICompatBackend(Backend):
                 if chunk.usage.prompt_tokens is not None:
                     stream.prompt_tokens = int(chunk.usage.prompt_tokens)
                 self.last_prompt_tokens.append(chunk.usage.prompt_tokens)
-        stream.end_ns = self.clock() - start
         stream.token_ids = ids if self.token_ids else None
         if stream.finish_reason is None and (stream.server_tokens or chunks) < request.decode_length:
             raise RequestFailed(f"the stream ended after {stream.server_tokens or chunks} of {request.decode_length} "

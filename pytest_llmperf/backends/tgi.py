@@ -288,7 +288,6 @@ class TGIBackend(Backend):
                 raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
                                     f"tokens: {type(exc).__name__}: {exc}") from exc
             raise
-        stream.end_ns = self.clock() - start
         if stream.server_tokens is None:
             raise RequestFailed(f"the stream ended after {len(stream.times_ns)} of {request.decode_length} tokens "
                                 "without `details` (generated_tokens): the server cut it short")
