@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from pytest_llmperf.fixtures import SESSION_KEY
+from pytest_llmperf.orchestrate.fixtures import SESSION_KEY
 from pytest_llmperf.offload.engine import physical_cores
 
 TINY_EXPERT_GB = 3 * 256 * 512 * 4 / 2**30  # one tiny-Mixtral expert in fp32

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from pytest_llmperf.options import OPTIONS_BY_NAME
+from pytest_llmperf.orchestrate.options import OPTIONS_BY_NAME
 
 
 def visible_gpus() -> int:

@@ -1,6 +1,6 @@
 """pytest-llmperf: LLM inference benchmarks as pytest regression tests."""
 
-from .backends.base import Backend, BackendError, GenerationRequest, OutOfMemory
+from .measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 from .measure.records import BatchResult, BenchmarkResult, RunSample
 from .measure.scenario import Scenario
 

@@ -14,23 +14,23 @@ from .report import accumulate, mermaid, terminal, verdict_table
 from .report import html as html_report
 from .measure.allocator import steady_malloc
 from .judge.baselines import now_iso
-from .fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
+from .orchestrate.fixtures import SESSION_KEY, llmperf, llmperf_hf  # noqa: F401  (fixtures)
 from .offload.fixture import llmperf_offload  # noqa: F401
 from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
                                llmperf_vllm)
-from .options import Settings, add_options
+from .orchestrate.options import Settings, add_options
 from .judged import failing, failing_line, judged_line
 from .measure.scenario import MARKER_HELP, ScenarioError, build_scenario, check_marker_kwargs
-from .outcome import PytestLLMPerfWarning
-from .session import LLMPerfSession, marker_devices
-from .controller import ProcessController, check_settings
-from .measure.worker import WorkerRecorder, worker_out
+from .orchestrate.judging import PytestLLMPerfWarning
+from .orchestrate.session import LLMPerfSession, marker_devices
+from .orchestrate.controller import ProcessController, check_settings
+from .orchestrate.worker import WorkerRecorder, worker_out
 from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
-from .baseline_hooks import BaselineHygiene
+from .orchestrate.hygiene import BaselineHygiene
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
 # Hooks of the exports (pytest-benchmark's records, JUnit properties) live in their own module.
-pytest_plugins = ("pytest_llmperf.report.export_hooks",)
+pytest_plugins = ("pytest_llmperf.orchestrate.export_hooks",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

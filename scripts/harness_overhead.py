@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_llmperf.backends.base import GenerationRequest
+from pytest_llmperf.measure.backend import GenerationRequest
 from pytest_llmperf.backends.hf import HFBackend
 from pytest_llmperf.backends.models import default_cache_dir, make_prompt, resolve_model
 

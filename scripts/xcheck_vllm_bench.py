@@ -47,14 +47,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pytest_llmperf
 
-from pytest_llmperf.backends.base import GenerationRequest  # noqa: E402
+from pytest_llmperf.measure.backend import GenerationRequest  # noqa: E402
 from pytest_llmperf.backends.models import make_prompt, resolve_model  # noqa: E402
 from pytest_llmperf.backends.openai_compat import OpenAICompatBackend  # noqa: E402
 from pytest_llmperf.measure.metrics import requests_of, run_values  # noqa: E402
 from pytest_llmperf.measure.records import RunSample  # noqa: E402
 from pytest_llmperf.servers.openai_fixtures import VLLM_ENV, vllm_command  # noqa: E402
 from pytest_llmperf.servers.pool import fill  # noqa: E402
-from pytest_llmperf.servers.process import LOOPBACK, ProcessRegistry, free_port  # noqa: E402
+from pytest_llmperf.processes import LOOPBACK, ProcessRegistry, free_port  # noqa: E402
 
 MODEL = "tiny-llama"
 # (label, vLLM's per-request list reduced by its median, our per-run metric)

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 DOUBLES = Path(__file__).parent / "doubles"
 LAUNCHER = DOUBLES / "bin" / "text-generation-launcher"

@@ -9,7 +9,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM,
                           MixtralForCausalLM, PreTrainedTokenizerFast)
 
 from pytest_llmperf.backends.models import EMBEDDED, tokenizer_for  # noqa: E402
-from pytest_llmperf.options import OPTIONS  # noqa: E402
+from pytest_llmperf.orchestrate.options import OPTIONS  # noqa: E402
 
 HF_TEST = """
 import pytest

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pytest_llmperf.judge.environment import CPU_KEYS
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 NOISY_TEST = """
 import os

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the hf extra is not installed: pip install pytest-llmperf[hf]")
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest  # noqa: E402
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest  # noqa: E402
 from pytest_llmperf.backends.hf import HFBackend  # noqa: E402
 from pytest_llmperf.backends.models import EMBEDDED, ModelError, make_prompt, resolve_model  # noqa: E402
 

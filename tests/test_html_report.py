@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE_TEST = """
 import os

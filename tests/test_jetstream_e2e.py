@@ -20,11 +20,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.jetstream import health_check, stubs
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.measure.metrics import run_values
-from pytest_llmperf.servers.process import ProcessRegistry, free_port
+from pytest_llmperf.processes import ProcessRegistry, free_port
 
 from .server_helpers import JETSTREAM_DOUBLE, PYTHON, SCRIPTS, clean_env, load_script
 

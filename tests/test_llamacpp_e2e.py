@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.measure.metrics import run_values
 

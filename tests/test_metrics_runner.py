@@ -4,7 +4,7 @@ import pytest
 
 from pytest_llmperf.measure import metrics
 from pytest_llmperf.measure import runner
-from pytest_llmperf.backends.base import Backend, GenerationRequest
+from pytest_llmperf.measure.backend import Backend, GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.measure.clock import FakeClock
 from pytest_llmperf.measure.records import RunSample
@@ -92,7 +92,7 @@ def test_unknown_knob_is_rejected_with_the_known_ones():
 def test_per_metric_rtol_in_the_marker_falls_back_to_the_sessions_rtol():
     from pathlib import Path
 
-    from pytest_llmperf.options import Settings
+    from pytest_llmperf.orchestrate.options import Settings
     from pytest_llmperf.measure.scenario import build_scenario
 
     settings = Settings({"runs": 10, "warmups": 1, "max_runs": 30, "alpha": 0.01, "rtol": 0.6, "max_load": 0.25},

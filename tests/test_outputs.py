@@ -11,7 +11,7 @@ import pytest
 from pytest_llmperf.judge import outputs
 from pytest_llmperf.judge.baselines import BaselineEntry, BaselineError, BaselineStore
 from pytest_llmperf.measure.records import BatchResult, RunSample
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 
 def sample(ids, texts=None):

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_llmperf.judge.baseline_layout import machine_slug
 from pytest_llmperf.judge.environment import cpu_identity
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE_TEST = """
 import os

@@ -3,11 +3,11 @@ capture variants, a terminal (tty) and xdist's refusal."""
 
 import pytest
 
-from pytest_llmperf.backends.base import GenerationRequest
+from pytest_llmperf.measure.backend import GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.clock import FakeClock
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.report.progress import STATUS_INTERVAL_NS, Progress
 
 

@@ -7,7 +7,7 @@ from pytest_llmperf.judge.quality import quality_notes
 from pytest_llmperf.measure import gpu
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 
 class FakeNvml:

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("jetstream.core.proto.jetstream_pb2", reason="pip install --no-deps google-jetstream")
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest  # noqa: E402
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest  # noqa: E402
 from pytest_llmperf.backends.jetstream import JetStreamBackend  # noqa: E402
-from pytest_llmperf.servers.process import free_port  # noqa: E402
+from pytest_llmperf.processes import free_port  # noqa: E402
 
 from .doubles.leaks import assert_gone, descendants  # noqa: E402
 from .server_helpers import JETSTREAM_DOUBLE, PYTHON, clean_env, run_inner  # noqa: E402
@@ -32,7 +32,7 @@ def test_bad_address_is_a_clear_error():
 
 TEST = f"""
 import json, sys, pytest
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 
 CMD = [sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--host", "{{host}}", "--port", "{{port}}", "--config",
        json.dumps({{"batch_size": 2, "token_delay_ms": 4.0}})]
@@ -99,7 +99,7 @@ def test_fixture_lifecycle(pytester, monkeypatch):
 
 
 def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):
-    from pytest_llmperf.servers.process import ProcessRegistry
+    from pytest_llmperf.processes import ProcessRegistry
 
     from pytest_llmperf.backends.jetstream import health_check
 
@@ -111,7 +111,7 @@ def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):
         clean_env(monkeypatch)
         pytester.makeini("[pytest]\n")
         pytester.makepyfile(test_a="""
-from pytest_llmperf.backends.base import GenerationRequest
+from pytest_llmperf.measure.backend import GenerationRequest
 def test_a(llmperf_jetstream, llmperf_servers):
     s = llmperf_jetstream(model="x")
     assert s.generate(GenerationRequest(2, 4, 3, "a b c d")).generated_tokens == 6
@@ -124,7 +124,7 @@ def test_a(llmperf_jetstream, llmperf_servers):
 
 def test_updating_a_jetstream_baseline_adds_a_row_to_the_dated_log(pytester, monkeypatch, tmp_path_factory):
     from pytest_llmperf.backends.jetstream import health_check
-    from pytest_llmperf.servers.process import ProcessRegistry
+    from pytest_llmperf.processes import ProcessRegistry
 
     registry = ProcessRegistry(tmp_path_factory.mktemp("js-log"))
     port = free_port()

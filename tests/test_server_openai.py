@@ -10,10 +10,10 @@ import socket
 import httpx
 import pytest
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.openai_compat import OpenAICompatBackend
 from pytest_llmperf.backends.models import make_prompt
-from pytest_llmperf.servers.process import ProcessRegistry, free_port
+from pytest_llmperf.processes import ProcessRegistry, free_port
 
 from .doubles.leaks import assert_gone, descendants
 from .server_helpers import PYTHON, TGI_DOUBLE, clean_env, run_inner
@@ -146,7 +146,7 @@ def test_errors_name_the_server_and_the_fix(server):
 
 FIXTURE_TEST = f"""
 import sys
-from pytest_llmperf.backends.base import GenerationRequest
+from pytest_llmperf.measure.backend import GenerationRequest
 
 def test_start(llmperf_openai):
     cmd = [sys.executable, {str(TGI_DOUBLE)!r}, "--hostname", "{{host}}", "--port", "{{port}}"]
@@ -192,7 +192,7 @@ def test_vllm_fixture_without_vllm_says_which_option(pytester, monkeypatch, tmp_
 
 FAILING = f"""
 import json, sys, pytest
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 
 DOUBLE = [sys.executable, {str(TGI_DOUBLE)!r}, "--hostname", "{{host}}", "--port", "{{port}}"]
 

@@ -13,8 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from pytest_llmperf.backends.base import BackendError
-from pytest_llmperf.servers.process import ProcessRegistry, free_port, port_in_use, port_owner, stop_tree, tail
+from pytest_llmperf.measure.backend import BackendError
+from pytest_llmperf.processes import ProcessRegistry, free_port, port_in_use, port_owner, stop_tree, tail
 
 from .doubles.leaks import alive, assert_gone, descendants, read_pids
 from .server_helpers import LAUNCHER, PYTHON, TGI_DOUBLE
@@ -203,7 +203,7 @@ def test_server_is_terminated_when_pytest_is_killed(tmp_path):
     script.write_text(f"""
 import sys, time
 from pathlib import Path
-from pytest_llmperf.servers.process import ProcessRegistry
+from pytest_llmperf.processes import ProcessRegistry
 proc = ProcessRegistry(Path({str(tmp_path)!r})).start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
                                                       url="none")
 print(proc.pid, flush=True)

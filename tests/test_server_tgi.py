@@ -8,11 +8,11 @@ import re
 import httpx
 import pytest
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.tgi import TGIBackend, TGILauncherArgs, seed_launcher_args
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.backends.models import make_prompt
-from pytest_llmperf.servers.process import ProcessRegistry, free_port
+from pytest_llmperf.processes import ProcessRegistry, free_port
 
 from .doubles.leaks import assert_gone, descendants, read_pids
 from .server_helpers import LAUNCHER, clean_env, run_inner
@@ -227,7 +227,7 @@ def test_early_eos_fails_the_run_unless_allowed(tgi):
 
 
 def test_server_error_event_is_a_backend_error_and_oom_is_out_of_memory(tgi):
-    from pytest_llmperf.backends.base import OutOfMemory
+    from pytest_llmperf.measure.backend import OutOfMemory
 
     configure(tgi.url, error_after=2)
     backend = TGIBackend(tgi.url)
@@ -374,7 +374,7 @@ def test_launcher_argv_has_the_seed_arguments_and_per_server_ports():
 
 FIXTURE_TEST = """
 import os, pytest
-from pytest_llmperf.backends.base import GenerationRequest
+from pytest_llmperf.measure.backend import GenerationRequest
 
 def req(bs):
     return GenerationRequest(bs, 8, 4, "a b c d e f g h i j")
@@ -456,12 +456,12 @@ def test_port(llmperf_tgi):
 def test_fixture_attaches_by_url_and_checks_the_model(project, tgi, pytester):
     pytester.makepyfile(test_attach="""
 import pytest
-from pytest_llmperf.backends.base import BackendError
+from pytest_llmperf.measure.backend import BackendError
 
 def test_attach(llmperf_tgi, llmperf_servers):
     server = llmperf_tgi(model_id="double/m")
     assert server.process is None and server.describe()["attached"]
-    assert server.generate(__import__("pytest_llmperf.backends.base").backends.base.GenerationRequest(
+    assert server.generate(__import__("pytest_llmperf.measure.backend").measure.backend.GenerationRequest(
         1, 4, 2, "a b c d e")).generated_tokens == 2
     assert llmperf_servers.processes == []  # nothing started
     lax = llmperf_tgi(model_id="double/m", require_full_length=False)

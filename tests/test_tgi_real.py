@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.models import make_prompt
 
 STAND_IN = Path(__file__).parent / "doubles" / "bin" / "text-generation-launcher"

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.hints import rerun_command
+from pytest_llmperf.orchestrate.hints import rerun_command
 from pytest_llmperf.judge import gate
 from pytest_llmperf.judge.verdicts import busy_note
 from pytest_llmperf.measure.scenario import (ScenarioError, build_scenario, check_attainable, min_attainable_p,
                                              smallest_units_for)
-from pytest_llmperf.options import OPTIONS, Settings
+from pytest_llmperf.orchestrate.options import OPTIONS, Settings
 
 MARKED_TEST = """
 import pytest

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from pytest_llmperf.backends.base import BackendError, GenerationRequest
+from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.backends.models import make_prompt
 

@@ -23,7 +23,7 @@ from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.clock import FakeClock
 from pytest_llmperf.measure.metrics import unit_values, values_by_process
 from pytest_llmperf.measure.scenario import Scenario
-from pytest_llmperf.options import OPTIONS
+from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE = """
 import os
@@ -320,7 +320,7 @@ def test_a_steady_load_does_not_refuse_an_ab_comparison(repo, steady_load):
 
 
 def test_a_worktree_left_by_a_killed_run_is_removed_by_the_next_comparison(repo):
-    from pytest_llmperf.measure import worktree
+    from pytest_llmperf.orchestrate import worktree
 
     with worktree.checkout("HEAD", repo.path) as ref:
         (ref.toplevel.parent / worktree.OWNER).write_text("999999999")  # a pid that no longer runs

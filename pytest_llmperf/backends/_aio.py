@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from .base import BackendError
+from ..measure.backend import BackendError
 
 if TYPE_CHECKING:
-    from ..servers.process import ServerProcess
+    from ..processes import ServerProcess
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from ..measure.clock import Clock, synchronized_clock
 from ..measure.records import RunSample
-from .base import Backend, BackendError, GenerationRequest, OutOfMemory
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 

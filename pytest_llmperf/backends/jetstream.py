@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..measure.clock import Clock
 from ..measure.records import RunSample
 from ._aio import LoopThread, Stream, check_survived, completed, run_concurrently, sample_from
-from .base import Backend, BackendError, GenerationRequest, outputs_note
+from ..measure.backend import Backend, BackendError, GenerationRequest, outputs_note
 
 if TYPE_CHECKING:
-    from ..servers.process import ServerProcess
+    from ..processes import ServerProcess
 
 
 def stubs() -> tuple[Any, Any]:

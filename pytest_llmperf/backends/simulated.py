@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..measure.records import RunSample
-from .base import Backend, GenerationRequest, OutOfMemory
+from ..measure.backend import Backend, GenerationRequest, OutOfMemory
 
 
 class SimulatedBackend(Backend):

@@ -36,10 +36,10 @@ from ..measure.clock import Clock
 from ..measure.records import RunSample
 from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, prompt_mismatch, run_concurrently,
                    run_failed, sample_from)
-from .base import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
 
 if TYPE_CHECKING:
-    from ..servers.process import ServerProcess
+    from ..processes import ServerProcess
 
 QUANTIZE = ("awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin", "bitsandbytes", "bitsandbytes-nf4",
             "bitsandbytes-fp4", "fp8")

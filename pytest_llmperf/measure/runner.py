@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .load import LoadMeter
 from .gpu import GpuMeter, open_nvml
 from .memory import MemoryMeter
-from ..backends.base import Backend, GenerationRequest, OutOfMemory
+from .backend import Backend, GenerationRequest, OutOfMemory
 from ..backends.models import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
 from .scenario import Scenario

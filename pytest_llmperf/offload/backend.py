@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..backends.base import Backend, BackendError, GenerationRequest, OutOfMemory
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 from ..measure.clock import Clock
 from ..measure.records import RunSample
 from .costs import CostModel

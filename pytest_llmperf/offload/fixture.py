@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..extras import HF, require
-from ..fixtures import SESSION_KEY, fail_unless_cuda
-from ..options import OPTIONS_BY_NAME
+from ..orchestrate.fixtures import SESSION_KEY, fail_unless_cuda
+from ..orchestrate.options import OPTIONS_BY_NAME
 
 if TYPE_CHECKING:
     from .backend import OffloadBackend
@@ -44,7 +44,7 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
 
     def start(model: str = "tiny-mixtral", **options: Any) -> OffloadBackend:
         require("llmperf_offload", HF)
-        from ..backends.base import BackendError
+        from ..measure.backend import BackendError
         from ..backends.models import ModelError
         from .experts import OffloadError
 

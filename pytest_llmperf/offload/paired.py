@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..backends.base import BackendError, GenerationRequest
+from ..measure.backend import BackendError, GenerationRequest
 from ..measure.metrics import run_values
 from ..measure.records import RunSample
 from .backend import OffloadBackend

@@ -24,7 +24,7 @@ import pytest
 
 from .jetstream_fixture import llmperf_jetstream  # noqa: F401  (registered where this module is a plugin)
 from .openai_fixtures import llmperf_openai, llmperf_vllm  # noqa: F401
-from .process import ProcessRegistry
+from ..processes import ProcessRegistry
 from .tgi_fixture import llmperf_tgi  # noqa: F401
 
 

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..backends.base import BackendError
+from ..measure.backend import BackendError
 from ..extras import JETSTREAM, require
-from ..options import OPTIONS_BY_NAME
+from ..orchestrate.options import OPTIONS_BY_NAME
 from .pool import Launch, ServerPool, fill, option, server_timeout
-from .process import LOOPBACK, ProcessRegistry
+from ..processes import LOOPBACK, ProcessRegistry
 
 if TYPE_CHECKING:
     from ..backends.jetstream import JetStreamBackend

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..backends.base import BackendError
+from ..measure.backend import BackendError
 from ..backends.models import EMBEDDED, resolve_model
 from ..extras import HF, OPENAI, require
-from ..options import OPTIONS_BY_NAME
+from ..orchestrate.options import OPTIONS_BY_NAME
 from .pool import ServerPool, http_command, option, server_timeout
-from .process import LOOPBACK, ProcessRegistry
+from ..processes import LOOPBACK, ProcessRegistry
 
 if TYPE_CHECKING:
     from ..backends.openai_compat import OpenAICompatBackend

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ..backends.base import Backend, BackendError
-from ..options import OPTIONS_BY_NAME
-from .process import LOOPBACK, ProcessRegistry, ServerProcess, free_port, port_in_use, port_owner
+from ..measure.backend import Backend, BackendError
+from ..orchestrate.options import OPTIONS_BY_NAME
+from ..processes import LOOPBACK, ProcessRegistry, ServerProcess, free_port, port_in_use, port_owner
 
 START_TRIES = 3  # starts on fresh free ports when a server loses its port to another process
 

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..backends.base import BackendError
+from ..measure.backend import BackendError
 from ..extras import TGI, require
-from ..options import OPTIONS_BY_NAME
+from ..orchestrate.options import OPTIONS_BY_NAME
 from .pool import Launch, ServerPool, http_ok, option, server_timeout
-from .process import LOOPBACK, ProcessRegistry, free_port
+from ..processes import LOOPBACK, ProcessRegistry, free_port
 
 if TYPE_CHECKING:
     from ..backends.tgi import TGIBackend

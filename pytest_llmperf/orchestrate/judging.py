@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .judge import gate
-from .judge import verdicts as judge
-from .judge.baselines import BaselineEntry, BaselineError, now_iso
-from .judge.environment import hardware_mismatch, software_drift
-from .judge.outputs import outputs_by_batch, unchecked
-from .judge.quality import request_failures
-from .judged import INCONCLUSIVE, MISSING, REFUSED, REGRESSED, kind_of, reason_of
-from .measure.metrics import values_by_process
-from .measure.records import BenchmarkResult
-from .measure.scenario import Scenario
-from .report import throughput_log
+from ..judge import gate
+from ..judge import verdicts as judge
+from ..judge.baselines import BaselineEntry, BaselineError, now_iso
+from ..judge.environment import hardware_mismatch, software_drift
+from ..judge.outputs import outputs_by_batch, unchecked
+from ..judge.quality import request_failures
+from ..judged import INCONCLUSIVE, MISSING, REFUSED, REGRESSED, kind_of, reason_of
+from ..measure.metrics import values_by_process
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
+from ..report import throughput_log
 
 if TYPE_CHECKING:
     from .session import LLMPerfSession

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from ..backends.base import BackendError
+from .measure.backend import BackendError
 
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40

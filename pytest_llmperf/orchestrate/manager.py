@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..servers.process import _die_with_parent, stop_tree, tail
-from .allocator import steady_malloc_env
-from .records import BenchmarkResult
+from ..processes import _die_with_parent, stop_tree, tail
+from ..measure.allocator import steady_malloc_env
+from ..measure.records import BenchmarkResult
 from .worker import ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
 #: pytest's exit codes after which the worker's reports are complete: all passed, some failed.

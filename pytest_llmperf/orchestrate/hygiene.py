@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from .judge.baseline_layout import key_of_test, stale_keys
-from .judge.baselines import BaselineError
+from ..judge.baseline_layout import key_of_test, stale_keys
+from ..judge.baselines import BaselineError
 
 
 class BaselineHygiene:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .records import BenchmarkResult
+from ..measure.records import BenchmarkResult
 
 ENV_OUT = "LLMPERF_WORKER_OUT"
 ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON

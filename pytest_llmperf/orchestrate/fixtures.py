@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .extras import HF, require
+from ..extras import HF, require
 from .session import Benchmark, LLMPerfSession
 
 if TYPE_CHECKING:
-    from .backends.hf import HFBackend
+    from ..backends.hf import HFBackend
 
 SESSION_KEY = pytest.StashKey[LLMPerfSession]()
 
@@ -54,9 +54,9 @@ def llmperf_hf(request: pytest.FixtureRequest) -> Iterator[Callable[..., HFBacke
     def start(model: str = "tiny-llama", *, dtype: str = "fp32", device: str | None = None,
               **model_kwargs: Any) -> HFBackend:
         require("llmperf_hf", HF)
-        from .backends.base import BackendError
-        from .backends.hf import HFBackend
-        from .backends.models import ModelError
+        from ..measure.backend import BackendError
+        from ..backends.hf import HFBackend
+        from ..backends.models import ModelError
 
         device = device or ("cpu" if session.device == "cpu" else "cuda")
         key = (model, dtype, device, tuple(sorted(model_kwargs.items())))

@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
-from .judge import gate
-from .judge import verdicts as judge
-from .judge.sequential import Merged, check_attainable, looks_for, merge_processes, reference_entry
-from .measure import worktree
-from .measure.scenario import Scenario, ScenarioError
-from .measure.workers import PYTEST, Side, WorkerError, WorkerRun, run_worker
-from .judge.outputs import unchecked
-from .outcome import Outcome, changed_outputs, fail_on_messages, judge_outcome
+from ..judge import gate
+from ..judge import verdicts as judge
+from ..judge.sequential import Merged, check_attainable, looks_for, merge_processes, reference_entry
+from . import worktree
+from ..measure.scenario import Scenario, ScenarioError
+from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
+from ..judge.outputs import unchecked
+from .judging import Outcome, changed_outputs, fail_on_messages, judge_outcome
 from .session import LLMPerfSession
 
 INF = float("inf")

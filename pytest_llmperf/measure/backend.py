@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..measure.clock import Clock, perf_counter_clock
-from ..measure.records import RunSample
+from .clock import Clock, perf_counter_clock
+from .records import RunSample
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from .judge.baseline_layout import check_name
-from .measure.allocator import MODES
-from .measure.worker import worker_settings
-from .measure.scenario import OUTPUT_MODES, ScenarioError, check_attainable
+from ..judge.baseline_layout import check_name
+from ..measure.allocator import MODES
+from .worker import worker_settings
+from ..measure.scenario import OUTPUT_MODES, ScenarioError, check_attainable
 
 #: Outcomes `--llmperf-fail-on` may list. regressed and missing fail the test; refused and inconclusive
 #: (nothing was judged) fail it only when listed.

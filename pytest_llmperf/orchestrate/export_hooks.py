@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from ..fixtures import SESSION_KEY
-from . import exports
+from .fixtures import SESSION_KEY
+from ..report import exports
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

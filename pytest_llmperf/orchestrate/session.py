@@ -15,24 +15,24 @@ from typing import Any
 
 import pytest
 
-from .judge import gate
-from .judge import verdicts as judge
-from .measure import runner
-from .report import progress
-from .backends.base import Backend
-from .judge.baselines import BaselineEntry, BaselineStore
-from .judge.baseline_layout import machine_slug
-from .judge.outputs import CHANGED
-from .judge.environment import cpu_identity, detect_device, fingerprint
-from .backends.models import resolve_model
+from ..judge import gate
+from ..judge import verdicts as judge
+from ..measure import runner
+from ..report import progress
+from ..measure.backend import Backend
+from ..judge.baselines import BaselineEntry, BaselineStore
+from ..judge.baseline_layout import machine_slug
+from ..judge.outputs import CHANGED
+from ..judge.environment import cpu_identity, detect_device, fingerprint
+from ..backends.models import resolve_model
 from .hints import rerun_command
-from .judge.sequential import smallest_processes
-from .measure.metrics import METRICS
-from .measure.worker import WorkerRecorder
+from ..judge.sequential import smallest_processes
+from ..measure.metrics import METRICS
+from .worker import WorkerRecorder
 from .options import Settings
-from .measure.records import BenchmarkResult
-from .measure.scenario import ScenarioError, build_scenario, check_marker_kwargs, check_metrics
-from .outcome import Outcome, fail_on_messages, judge_outcome
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import ScenarioError, build_scenario, check_marker_kwargs, check_metrics
+from .judging import Outcome, fail_on_messages, judge_outcome
 
 
 #: Worker processes per benchmark when --llmperf-processes is auto, per target class (docs/noise.md).
