@@ -3,6 +3,7 @@
 from .measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 from .measure.records import BatchResult, BenchmarkResult, RunSample
 from .measure.scenario import Scenario
+from .warning import PytestLLMPerfWarning
 
 __version__ = "0.1.0"
 
@@ -13,6 +14,7 @@ __all__ = [
     "BenchmarkResult",
     "GenerationRequest",
     "OutOfMemory",
+    "PytestLLMPerfWarning",
     "RunSample",
     "Scenario",
     "__version__",

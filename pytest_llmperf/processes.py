@@ -86,7 +86,7 @@ ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use|os error 98|errn
 
 
 @functools.cache
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """Linux: a preexec_fn that has the server get SIGTERM if pytest itself is killed (even with
     SIGKILL); None elsewhere.
 
@@ -291,7 +291,7 @@ class ProcessRegistry:
                 proc.popen = subprocess.Popen(
                     proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                     cwd=cwd, start_new_session=True,  # Ctrl-C reaches pytest only; we stop the server
-                    preexec_fn=_die_with_parent())
+                    preexec_fn=die_with_parent())
             except OSError as exc:
                 raise BackendError(f"cannot start the {name} server: {exc}.\n  command: {' '.join(proc.argv)}\n"
                                    f"  Is the program installed and on PATH?") from exc

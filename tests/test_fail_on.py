@@ -69,18 +69,25 @@ def test_judged_line_comes_first_and_counts_what_was_compared(project):
     assert lines[first + 1] == "llmperf: judged 1 of 1 benchmarks"
 
 
-def test_update_run_says_it_judged_nothing(project):
+def test_update_run_says_it_judged_nothing_and_passes(project):
     result = run(project, "--llmperf-update")
-    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 recorded: baseline written)"])
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 created: baseline written)", "1 created"])
 
 
-def test_refused_not_listed_passes_but_says_nothing_was_judged(project):
+def test_refused_not_listed_passes_the_test_but_a_run_that_judged_nothing_fails(project):
     run(project, "--llmperf-update").assert_outcomes(passed=2)
     from_another_cpu(project)
     result = run(project)
-    assert result.ret == 0
+    assert result.ret == 1  # every benchmark refused: nothing judged, and `unjudged` is in the default fail_on
     result.assert_outcomes(passed=2, warnings=1)
-    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU)"])
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU): nothing "
+                                 "was compared",
+                                 "llmperf: the run fails: nothing judged (--llmperf-fail-on=*unjudged)"])
+    result = run(project, "--llmperf-fail-on=regressed,missing")  # without unjudged: green, and says why
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU): nothing "
+                                 "was compared"])
     assert "the run fails" not in result.stdout.str()
 
 
@@ -91,9 +98,9 @@ def test_refused_listed_fails_with_the_reason(project):
     assert result.ret == 1
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
-        "*test_engine: refused (baseline from another CPU), and --llmperf-fail-on lists refused: nothing was judged*",
-        "llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU)",
-        "llmperf: the run fails: 1 refused (--llmperf-fail-on=regressed,missing,refused,inconclusive)",
+        "*test_engine: baseline * was measured on CPU 'Other CPU 9000*not compared*",
+        "llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU): nothing was compared",
+        "llmperf: the run fails: 1 refused (--llmperf-fail-on=regressed,missing,inconclusive,refused)",
     ])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
@@ -102,7 +109,7 @@ def test_fail_on_from_the_environment_and_ini(project, monkeypatch):
     run(project, "--llmperf-update").assert_outcomes(passed=2)
     from_another_cpu(project)
     project.makeini("[pytest]\nllmperf_fail_on = refused\n")
-    assert run(project).ret == 1
+    run(project).assert_outcomes(passed=1, failed=1)
     monkeypatch.setenv("LLMPERF_FAIL_ON", "none")  # the environment beats the ini
     assert run(project).ret == 0
 
@@ -112,7 +119,7 @@ def test_missing_not_listed_warns_instead_of_failing(project):
     assert result.ret == 0
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(["*missing, not failing (missing is not in --llmperf-fail-on)*",
-                                 "llmperf: judged 0 of 1 benchmarks (1 missing: no baseline)"])
+                                 "llmperf: judged 0 of 1 benchmarks (1 missing: no baseline): nothing was compared"])
 
 
 def test_regressed_fails_by_default_and_not_when_left_out(project, monkeypatch):
@@ -129,14 +136,14 @@ def test_bad_fail_on_is_a_usage_error_naming_the_option(project, value):
     result = run(project, f"--llmperf-fail-on={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value for --llmperf-fail-on: expected a comma list out of regressed, "
-                                 "missing, refused, inconclusive (or none)*"])
+                                 "missing, inconclusive, refused, unjudged (or none)*"])
     assert "INTERNALERROR" not in result.stderr.str()
 
 
 def test_fail_on_and_threads_are_in_the_header(project):
     result = run(project, "--co")
     result.stdout.fnmatch_lines(["llmperf: device=cpu (given), *threads=1 (auto: cpu target), "
-                                 "fail_on=regressed,missing"])
+                                 "fail_on=regressed,missing,inconclusive,unjudged"])
     result = run(project, "--co", "--llmperf-threads=2", "--llmperf-fail-on=refused,regressed")
     result.stdout.fnmatch_lines(["*threads=2, fail_on=regressed,refused"])
 
@@ -144,27 +151,34 @@ def test_fail_on_and_threads_are_in_the_header(project):
 
 @pytest.fixture
 def inconclusive(project, monkeypatch):
-    """A noisy 1.3x slowdown whose two looks stay between alpha and 0.2 (seed 3 of the simulated engine)."""
+    """A slowdown near the tolerance in noisy runs that max_runs cannot settle: 10 runs, one look."""
     run(project, "--llmperf-update").assert_outcomes(passed=2)
-    for name, value in (("SIM_NOISE", "0.3"), ("SIM_PREFILL", "1.3"), ("SIM_SEED", "3")):
+    for name, value in (("SIM_NOISE", "0.2"), ("SIM_PREFILL", "1.25"), ("SIM_SEED", "4")):
         monkeypatch.setenv(name, value)
     return project
 
 
 def test_inconclusive_not_listed_passes_and_is_counted(inconclusive):
-    result = run(inconclusive)
+    result = run(inconclusive, "--llmperf-fail-on=regressed,missing", "--llmperf-max-runs=10")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive)",
-                                 "*| prefill_ms | 1 *| inconclusive |"])
+    result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at the "
+                                 "cap)", "*| prefill_ms | 1 *| inconclusive: *undecided at the cap of 10 runs*",
+                                 "1 inconclusive"])
 
 
-def test_inconclusive_listed_fails_with_the_reason(inconclusive):
-    result = run(inconclusive, "--llmperf-fail-on=regressed,missing,inconclusive")
+def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconclusive):
+    result = run(inconclusive, "--llmperf-max-runs=10")
     assert result.ret == 1
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*test_engine: inconclusive (inconclusive after two looks), and --llmperf-fail-on "
-                                 "lists inconclusive*batch size 1 prefill_ms*",
+    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size 1 inconclusive: baseline median*undecided at the "
+                                 "cap of 10 runs per side, about * would decide it*",
+                                 "*Measure more units where a row stays undecided*",
                                  "llmperf: the run fails: 1 inconclusive (--llmperf-fail-on=*"])
+
+
+def test_more_runs_decide_what_one_look_could_not(inconclusive):
+    result = run(inconclusive, "--llmperf-max-runs=80")
+    result.stdout.fnmatch_lines(["*| prefill_ms | 1 *| regressed *"])
 
 
 UNMEASURED_TEST = """
@@ -183,10 +197,49 @@ def test_a_gated_metric_that_was_never_measured_is_said_and_judges_nothing(proje
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     result = run(project)
     result.assert_outcomes(passed=1)  # refused warns by default
-    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: nothing gated was measured)",
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: nothing gated was measured): "
+                                 "nothing was compared",
                                  "*| energy_j_per_token | 1 *| ungated: not measured in these runs: not gated*",
-                                 "0 passed, 0 regressed, 0 improved, * 1 refused*"])
+                                 "1 refused"])
+    assert result.ret == 1  # nothing judged
     strict = run(project, "--llmperf-fail-on=regressed,missing,refused")
     strict.assert_outcomes(failed=1)
     strict.stdout.fnmatch_lines(["*test_energy: refused (nothing gated was measured), and --llmperf-fail-on lists "
-                                 "refused: nothing was judged*"])
+                                 "refused*"])
+
+
+NEW_ONLY_TEST = """
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[{sizes}], runs=10, warmups=0)
+def test_engine(llmperf):
+    llmperf.measure(SimulatedBackend(seed=0, noise=0.02))
+"""
+
+
+def test_a_benchmark_with_only_new_batch_sizes_is_new_not_passed(project):
+    project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1"))
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="2"))
+    result = run(project)
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 new: no baseline for its batch sizes): "
+                                 "nothing was compared", "1 new"])
+    assert result.ret == 1
+
+
+def test_every_benchmark_skipped_on_this_device_is_a_run_that_judged_nothing(project):
+    project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1").replace(
+        "@pytest.mark.llmperf(", "@pytest.mark.llmperf(devices=['a100'], "))
+    result = run(project)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 skipped: they run on other devices than cpu): "
+                                 "nothing was compared", "llmperf: the run fails: nothing judged*"])
+    assert result.ret == 1
+    assert run(project, "--llmperf-fail-on=regressed,missing").ret == 0
+
+
+def test_a_run_without_benchmarks_is_not_an_llmperf_run(project):
+    project.makepyfile(test_engine="def test_plain():\n    pass\n")
+    result = run(project)
+    assert result.ret == 0 and "llmperf: judged" not in result.stdout.str()

@@ -1,88 +1,141 @@
-"""The statistical gate on synthetic samples with fixed seeds."""
+"""The gate's statistics (judge/stats.py) and decision procedure (judge/procedure.py) on synthetic values with
+fixed seeds: against scipy's own tests where one exists, and each rule of a verdict on a case built for it."""
+
+import math
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
-from pytest_llmperf.judge import gate
+from pytest_llmperf.judge import procedure, stats
+from pytest_llmperf.judge.procedure import Schedule, SettingError, check_can_fail, decide
+from pytest_llmperf.judge.verdicts import Verdict
 
-
-def _verdict(base, cur, *, better="lower", rtol=0.05, alpha=0.01):
-    return gate.decide([gate.compare("m", 1, base, cur, better=better, rtol=rtol, with_ci=False)], alpha)[0]
-
-
-def test_false_alarm_rate_over_1000_aa_pairs_is_at_most_alpha():
-    rng = np.random.default_rng(20261122)
-    alpha = 0.01
-    # rtol=0 isolates the test itself: the tolerance can only lower the rate further.
-    alarms = sum(_verdict(rng.lognormal(0, 0.03, 10), rng.lognormal(0, 0.03, 10), rtol=0.0, alpha=alpha).verdict
-                 == gate.REGRESSED for _ in range(1000))
-    assert alarms / 1000 <= alpha
+ONE_LOOK = Schedule((10,), alpha=0.01)
 
 
-def test_detects_a_ten_percent_shift_at_three_percent_noise_with_ten_runs():
-    rng = np.random.default_rng(7)
-    hits = sum(_verdict(rng.lognormal(0, 0.03, 10), rng.lognormal(np.log(1.10), 0.03, 10)).verdict == gate.REGRESSED
-               for _ in range(1000))
-    assert hits / 1000 >= 0.95
+def verdict(estimate, *, rtol=0.05, schedule=ONE_LOOK, final=True):
+    return decide(estimate, rtol=rtol, schedule=schedule, final=final).verdicts[()]
 
 
-def test_throughput_down_is_a_regression_and_up_an_improvement():
+def test_unpaired_is_yuens_trimmed_t_as_scipy_computes_it():
+    rng = np.random.default_rng(1)
+    for n_ref, n_cur in ((12, 9), (8, 8), (5, 20)):
+        ref, cur = rng.lognormal(0, 0.05, n_ref), rng.lognormal(0.04, 0.05, n_cur)
+        ref, cur = ref[stats.screen(np.log(ref))], cur[stats.screen(np.log(cur))]  # as the estimate screens them
+        estimate = stats.unpaired(ref, cur, better="lower")
+        assert estimate.dropped == 0
+        expected = scipy_stats.ttest_ind(np.log(cur), np.log(ref), trim=0.2, equal_var=False)
+        assert estimate.bad / estimate.se == pytest.approx(expected.statistic)
+        assert estimate.df == pytest.approx(expected.df)
+        assert estimate.p_worse() == pytest.approx(expected.statistic > 0 and expected.pvalue / 2, rel=1e-6)
+
+
+def test_paired_without_trimming_is_the_one_sample_t_test():
+    rng = np.random.default_rng(2)
+    ref = rng.lognormal(0, 0.05, 4)  # fewer than 5 pairs: nothing trimmed, nothing screened
+    cur = ref * rng.lognormal(0.03, 0.02, 4)
+    estimate = stats.paired(ref, cur, better="lower")
+    expected = scipy_stats.ttest_1samp(np.log(cur) - np.log(ref), 0.0, alternative="greater")
+    assert estimate.bad / estimate.se == pytest.approx(expected.statistic)
+    assert estimate.p_worse() == pytest.approx(expected.pvalue)
+
+
+def test_a_disturbed_unit_is_set_aside_and_no_more_than_a_quarter():
     rng = np.random.default_rng(3)
-    base = rng.lognormal(np.log(100), 0.02, 10)
-    assert _verdict(base, base * 0.8, better="higher").verdict == gate.REGRESSED
-    assert _verdict(base, base * 1.25, better="higher").verdict == gate.IMPROVED
-    assert _verdict(base, base * 0.8, better="lower").verdict == gate.IMPROVED
+    values = rng.normal(0, 0.03, 12)
+    values[4] += math.log(1.6)  # a process slowed 1.6x by a burst
+    keep = stats.screen(values)
+    assert not keep[4] and keep.sum() == 11
+    noisy = rng.standard_cauchy(12)  # everything far out: noise, not three disturbed units
+    assert stats.screen(noisy).sum() >= 12 - 12 // 4
+    assert stats.screen(values[:4]).all()  # too few units for a scale
+    assert stats.screen(np.array([1.0, 1.0, 1.0, 1.0, 1.0, 2.0])).all()  # no spread: no scale to call it on
 
 
-def test_a_significant_change_within_tolerance_passes():
+def test_a_disturbed_process_neither_decides_nor_blocks_the_verdict():
     rng = np.random.default_rng(4)
-    base = rng.lognormal(0, 0.005, 10)
-    result = _verdict(base, base * 1.03, rtol=0.05)
-    assert result.p_worse < 0.01 and result.verdict == gate.PASS
+    ref = rng.lognormal(0, 0.03, 10)
+    cur = ref * rng.lognormal(math.log(1.10), 0.02, 10)
+    cur[3] /= 1.8  # its B process ran 1.8x faster than the code: an A process hit by a burst, seen in the pair
+    estimate = stats.paired(ref, cur, better="lower")
+    assert estimate.dropped == 2 and estimate.ratio() == pytest.approx(1.10, abs=0.02)
+    assert verdict(estimate) == Verdict.REGRESSED
 
 
-def test_hodges_lehmann_ratio_and_interval_cover_the_true_shift():
-    rng = np.random.default_rng(5)
-    base = rng.lognormal(0, 0.03, 20)
-    ratio, low, high = gate.hodges_lehmann_ratio(base, rng.lognormal(np.log(1.2), 0.03, 20))
-    assert low < 1.2 < high and abs(ratio - 1.2) < 0.03
+def test_higher_is_better_reads_a_drop_as_worse():
+    base = np.full(10, 100.0) * np.exp(np.random.default_rng(5).normal(0, 0.01, 10))
+    worse = stats.unpaired(base, base * 0.8, better="higher")
+    assert worse.bad > 0 and worse.ratio() == pytest.approx(0.8) and verdict(worse) == Verdict.REGRESSED
+    better = stats.unpaired(base, base * 1.25, better="higher")
+    assert verdict(better) == Verdict.IMPROVED
+    assert verdict(stats.unpaired(base, base * 0.8, better="lower")) == Verdict.IMPROVED
 
 
-def test_benjamini_hochberg_adjusts_across_one_tests_metrics():
-    rng = np.random.default_rng(6)
-    comparisons = [gate.compare(f"m{i}", 1, rng.lognormal(0, 0.03, 10), rng.lognormal(0, 0.03, 10), better="lower",
-                                rtol=0.0, with_ci=False) for i in range(20)]
-    decided = gate.decide(comparisons, 0.01)
-    assert all(d.p_adjusted >= d.p_worse for d in decided)
+def test_a_change_within_tolerance_passes_even_when_significant():
+    base = np.exp(np.random.default_rng(6).normal(0, 0.002, 10))
+    estimate = stats.unpaired(base, base * 1.02, better="lower")
+    assert estimate.p_worse() < 1e-6 and verdict(estimate, rtol=0.05) == Verdict.PASS
 
 
-def test_min_attainable_p_tells_when_runs_are_too_few():
-    assert gate.min_attainable_p(3, 3) == pytest.approx(0.05)
-    assert gate.min_attainable_p(10, 10) < 1e-4
+def test_beyond_tolerance_but_not_significant_for_the_family_is_undecided_then_inconclusive():
+    rng = np.random.default_rng(7)
+    ref, cur = rng.lognormal(0, 0.1, 6), rng.lognormal(math.log(1.12), 0.1, 6)
+    estimate = stats.unpaired(ref, cur, better="lower")
+    schedule = Schedule((6, 12, 24), alpha=0.01, family=50)
+    assert decide(estimate, rtol=0.03, schedule=schedule, final=False).verdicts[()] is None
+    final = decide(estimate, rtol=0.03, schedule=schedule, final=True)
+    assert final.verdicts[()] == Verdict.INCONCLUSIVE and 6 < int(final.needed[()]) < procedure.NEEDED_LIMIT
 
 
-def test_a_deterministic_counter_ties_with_its_stored_baseline(tmp_path):
-    # 51/184 stored with fewer digits than computed now must still tie, not read as a complete shift.
-    from pytest_llmperf.judge.baselines import BaselineEntry, BaselineStore, stored_value
+def test_improved_uses_the_adjusted_p():
+    rng = np.random.default_rng(8)
+    ref, cur = rng.lognormal(0, 0.05, 10), rng.lognormal(math.log(0.85), 0.05, 10)
+    estimate = stats.unpaired(ref, cur, better="lower")
+    assert 0.01 / 10_000 < estimate.p_better() < 0.01
+    alone = decide(estimate, rtol=0.03, schedule=Schedule((10,), 0.01, family=1), final=True)
+    many = decide(estimate, rtol=0.03, schedule=Schedule((10,), 0.01, family=10_000), final=True)
+    assert alone.verdicts[()] == Verdict.IMPROVED and many.verdicts[()] != Verdict.IMPROVED
+    assert many.p_adjusted[()] == pytest.approx(min(1.0, estimate.p_better() * 10_000))
 
-    store = BaselineStore(tmp_path, "cpu")
-    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [[51 / 184] * 10]}}, unit="run"))
-    stored = BaselineStore(tmp_path, "cpu").get("t.py", "k").batches[1]["hit_rate"]
-    result = gate.compare("hit_rate", 1, stored, [stored_value(51 / 184)] * 10, better="higher", rtol=0.0)
-    assert result.ratio == 1.0 and result.p_worse >= 0.5  # all tied: no evidence either way
+
+def test_constant_values_decide_without_a_test():
+    same = stats.unpaired([51 / 184] * 10, [51 / 184] * 10, better="higher")
+    assert same.se == 0 and verdict(same) == Verdict.PASS
+    worse = stats.unpaired([2.0] * 5, [3.0] * 5, better="lower")
+    assert verdict(worse) == Verdict.REGRESSED
 
 
-def test_a_confirmation_look_on_a_busy_machine_is_refused_not_passed():
-    from pytest_llmperf.judge.verdicts import REFUSED, Row, confirm
-    from pytest_llmperf.judged import kind_of
+def test_a_counter_that_is_zero_compares_on_the_linear_scale_and_zero_references_have_no_scale():
+    zeros = stats.unpaired([0.0] * 8, [0.0] * 8, better="lower")
+    assert zeros.scale == "linear" and verdict(zeros) == Verdict.PASS
+    fetches = stats.unpaired([0.0, 2.0, 4.0, 2.0, 2.0], [6.0, 8.0, 6.0, 7.0, 6.0], better="lower")
+    assert fetches.scale == "linear" and verdict(fetches) == Verdict.REGRESSED
+    with pytest.raises(stats.NoScale):
+        stats.unpaired([0.0] * 5, [0.0, 0.0, 1.0, 0.0, 0.0], better="lower")
 
-    def row(metric, verdict, note=""):
-        return Row("t", "m.py::t", metric, 2, 1.0, 1.5, 1.5, 1.4, 1.6, 0.001, 0.002, verdict, note)
 
-    first = [row("prefill_ms", "pass"), row("decode_token_ms", gate.REGRESSED)]
-    busy = [row("*", REFUSED, "machine busy: other processes used 1.20 cores during the runs")]
-    rows = confirm(first, busy, flagged=[2])
-    # seen in a fresh-clone run: the busy second look's only row was dropped, the batch kept no row, and the test
-    # passed, "judged 1 of 1", having compared nothing
-    assert [(r.metric, r.verdict) for r in rows] == [("*", REFUSED)] and "confirmation look" in rows[0].note
-    assert kind_of(type("Outcome", (), {"status": "compared", "rows": rows})()) == REFUSED
+def test_the_interval_covers_the_true_ratio():
+    rng = np.random.default_rng(9)
+    covered = 0
+    for _ in range(400):
+        estimate = stats.unpaired(rng.lognormal(0, 0.03, 10), rng.lognormal(math.log(1.2), 0.03, 10), better="lower")
+        low, high = estimate.interval()
+        covered += low < 1.2 < high
+    assert covered / 400 >= 0.92
+
+
+def test_looks_double_to_the_cap_and_alpha_is_split_over_rows_and_looks():
+    schedule = Schedule.doubling(5, 40, 0.01, family=18)
+    assert schedule.looks == (5, 10, 20, 40) and schedule.cap == 40
+    assert schedule.alpha_per_test == pytest.approx(0.01 / (4 * 18))
+    assert schedule.next_look(10) == 20 and schedule.next_look(40) is None
+    assert Schedule.doubling(5, 12, 0.01).looks == (5, 10, 12)
+
+
+def test_a_schedule_that_cannot_fail_a_2x_slowdown_is_refused_naming_the_cap_that_can():
+    with pytest.raises(SettingError, match=r"cannot fail.*twice the tolerance.*at least (\d+) units per side") as found:
+        check_can_fail(Schedule((2,), 0.01, family=18), 0.03, paired=True, what="processes=2")
+    need = int(found.value.args[0].rsplit("at least ", 1)[1].split()[0])
+    check_can_fail(Schedule((need,), 0.01, family=18), 0.03, paired=True, what="ok")
+    check_can_fail(Schedule.doubling(5, 40, 0.01, family=360), 0.03, paired=True, what="the default")

@@ -54,7 +54,7 @@ def test_unknown_model_names_the_fix(tmp_path):
 
 
 def test_int8_without_bitsandbytes_is_a_clear_error(model_cache):
-    pytest.importorskip  # bitsandbytes is a GPU path; here we only check the message when it is absent
+    # bitsandbytes is a GPU path; here only the message when it is absent is checked
     try:
         import bitsandbytes  # noqa: F401
         pytest.skip("bitsandbytes is installed")

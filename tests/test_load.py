@@ -3,10 +3,13 @@
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from pytest_llmperf.judge import verdicts as judge
+from pytest_llmperf.judge.procedure import Schedule
+from pytest_llmperf.judge.rows import Reference, judge_rows
+from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure import runner
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.judge.baselines import BaselineEntry
@@ -24,12 +27,19 @@ def test_meter_counts_a_process_outside_our_tree_and_not_our_own_work():
     time.sleep(1.0)
     assert meter.stop() > 0.5
 
-    meter = LoadMeter()
-    end = time.time() + 0.5
-    while time.time() < end:  # our own busy work is not foreign
-        pass
     time.sleep(2.0)  # let the spinner finish
-    assert LoadMeter().stop() >= 0.0
+
+
+def test_our_own_cpu_time_is_subtracted_from_the_machines(monkeypatch):
+    """Injected readings: the machine was busy 1.5 s of CPU over 1 s, 1.0 s of it ours: 0.5 foreign cores."""
+    from pytest_llmperf.measure import load
+
+    readings = {"system": iter([10.0, 11.5]), "own": iter([3.0, 4.0, 4.0]), "wall": iter([100.0, 101.0])}
+    monkeypatch.setattr(load, "_system_busy_seconds", lambda: next(readings["system"]))
+    monkeypatch.setattr(load, "_own_cpu_seconds", lambda process: next(readings["own"]))
+    monkeypatch.setattr(load, "time", SimpleNamespace(monotonic=lambda: next(readings["wall"]),
+                                                      thread_time=time.thread_time))
+    assert LoadMeter().stop() == pytest.approx(0.5)
 
 
 def _rows(current_load, baseline_load, max_load=0.5):
@@ -39,18 +49,19 @@ def _rows(current_load, baseline_load, max_load=0.5):
     now.batches[0].foreign_load = current_load
     runs = {m: [v] for m, v in values_by_metric(base.batches[0].samples).items()}  # one process
     entry = BaselineEntry("k", {1: runs}, foreign_load={1: baseline_load}, unit="run")
-    return judge.compare(now, entry, scenario, splits_prefill=True, alpha=0.01, max_load=max_load)
+    return judge_rows(now, Reference(entry, "the baseline"), scenario, splits_prefill=True,
+                      schedule=Schedule((10,), 0.01), final=True, max_load=max_load)
 
 
 def test_a_busy_current_run_is_refused_not_failed():
     rows = _rows(current_load=1.5, baseline_load=0.0)
-    assert [r.verdict for r in rows] == [judge.REFUSED]
+    assert [r.verdict for r in rows] == [Verdict.REFUSED]
     assert "other processes used 1.50 cores" in rows[0].note
 
 
 def test_a_baseline_recorded_on_a_busy_machine_is_refused():
     rows = _rows(current_load=0.0, baseline_load=1.2)
-    assert [r.verdict for r in rows] == [judge.REFUSED] and "re-record it" in rows[0].note
+    assert [r.verdict for r in rows] == [Verdict.REFUSED] and "baseline measured on a busy machine" in rows[0].note
 
 
 def test_a_quiet_machine_is_judged():

@@ -1,4 +1,4 @@
-"""Peak memory per run (measure/memory.py) and its tolerance gate (judge/verdicts.memory_row).
+"""Peak memory per run (measure/memory.py) and its tolerance gate (judge/rows.memory_row).
 
 /proc and NVML are faked where the test is about the logic; the real /proc of this process is used
 to check that a run's own peak is what is read (Linux only).
@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_llmperf.judge import gate, verdicts
+from pytest_llmperf.judge import rows
+from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure import memory
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.measure.records import BenchmarkResult, RunSample
@@ -118,20 +119,20 @@ RESULT = BenchmarkResult(key="t", nodeid="m.py::t", module="m.py", scenario={}, 
 
 
 @pytest.mark.parametrize(("baseline", "now", "verdict"), [
-    (600.0, 640.0, gate.PASS),  # +6.7%: within 10%
-    (600.0, 700.0, gate.REGRESSED),  # +16.7% and +100 MiB
-    (100.0, 115.0, gate.PASS),  # +15%, but only 15 MiB: under the 16 MiB floor
-    (100.0, 120.0, gate.REGRESSED),
-    (600.0, 500.0, gate.IMPROVED),
+    (600.0, 640.0, Verdict.PASS),  # +6.7%: within 10%
+    (600.0, 700.0, Verdict.REGRESSED),  # +16.7% and +100 MiB
+    (100.0, 115.0, Verdict.PASS),  # +15%, but only 15 MiB: under the 16 MiB floor
+    (100.0, 120.0, Verdict.REGRESSED),
+    (600.0, 500.0, Verdict.IMPROVED),
 ])
 def test_memory_is_held_to_a_tolerance_and_a_floor(baseline, now, verdict):
-    row = verdicts.memory_row(RESULT, 4, "peak_rss_mib", [baseline] * 5, [now] * 5, Scenario(memory_rtol=0.1))
+    row = rows.memory_row(RESULT, 4, "peak_rss_mib", [baseline] * 5, [now] * 5, Scenario(memory_rtol=0.1))
     assert row.verdict == verdict and row.ratio == pytest.approx(now / baseline)
     assert row.baseline == baseline and row.now == now and row.p_value is None
 
 
 def test_a_memory_regression_message_names_the_growth():
-    row = verdicts.memory_row(RESULT, 4, "peak_rss_mib", [600.0] * 3, [800.0] * 3, Scenario(memory_rtol=0.1))
-    assert verdicts.regression_message(row, 0.01).startswith(
+    row = rows.memory_row(RESULT, 4, "peak_rss_mib", [600.0] * 3, [800.0] * 3, Scenario(memory_rtol=0.1))
+    assert rows.row_message(row).startswith(
         "peak_rss_mib (peak memory) at batch size 4 regressed: baseline median 600.0 MiB, now 800.0 MiB "
         "(+200.0 MiB, ratio 1.333)")

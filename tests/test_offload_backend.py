@@ -161,8 +161,8 @@ def test_paired_policies_alternate_in_each_run_and_keep_their_own_live_models(ba
         PairedPolicies(backend, ("x", {"threads": 2}), ("y", {}))
 
 
-def test_the_report_gives_paired_policies_their_hodges_lehmann_ratio_and_wins():
-    from pytest_llmperf.judge.gate import compare_paired
+def test_the_report_gives_paired_policies_their_paired_ratio_and_wins():
+    from pytest_llmperf.judge.stats import paired
     from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
     from pytest_llmperf.report.markdown import pairs_section
 
@@ -175,8 +175,9 @@ def test_the_report_gives_paired_policies_their_hodges_lehmann_ratio_and_wins():
                              backend={"pair": {"a": "ours", "b": "fiddler"}},
                              batches=[BatchResult(batch_size=1, samples=samples)])
     text = pairs_section([result])
-    c = compare_paired("decode_tokens_per_s", 1, b, a, better="higher", rtol=0.0)
+    estimate = paired(b, a, better="higher")
+    ratio, (low, high) = float(estimate.ratio()), (float(x) for x in estimate.interval())
     assert text.startswith("## Policy pairs") and "ours / fiddler" in text
-    assert f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]" in text and c.ci_low < c.ratio < c.ci_high
+    assert f"{ratio:.3f} [{low:.3f}, {high:.3f}]" in text and low < ratio < high and ratio > 1
     assert "| 5/6 " in text  # ours >= fiddler in 5 of the 6 pairs
     assert pairs_section([BenchmarkResult("k", "n", "m", {}, {}, [BatchResult(1, samples)])]) is None

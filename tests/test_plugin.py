@@ -70,7 +70,7 @@ def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeyp
     monkeypatch.setenv("SIM_SEED", "1")
     result = run(project)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*= llmperf: cpu =*", "*1 passed, 0 regressed*"])
+    result.stdout.fnmatch_lines(["*= llmperf: cpu =*", "1 passed"])
 
     monkeypatch.setenv("SIM_SEED", "2")
     monkeypatch.setenv("SIM_DECODE", "1.2")

@@ -7,10 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.orchestrate.hints import rerun_command
-from pytest_llmperf.judge import gate
-from pytest_llmperf.judge.verdicts import busy_note
-from pytest_llmperf.measure.scenario import (ScenarioError, build_scenario, check_attainable, min_attainable_p,
-                                             smallest_units_for)
+from pytest_llmperf.measure.scenario import ScenarioError, build_scenario
 from pytest_llmperf.orchestrate.options import OPTIONS, Settings
 
 MARKED_TEST = """
@@ -99,44 +96,33 @@ def test_max_load_inf_switches_the_check_off(project):
 
 # -- settings that can never fail ------------------------------------------------------------------------
 
-def test_runs_3_with_default_alpha_is_refused_with_the_runs_needed(project):
-    result = run(project, "--llmperf-runs=3")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--llmperf-runs=3 cannot reach alpha 0.01: with 3 runs per side the smallest "
-                                 "one-sided Mann-Whitney p is 0.05, not below 0.005*Use at least 5 runs*"])
-    assert_clean(result)
-
-
-def test_a_marker_whose_runs_cannot_reach_alpha_fails_at_setup(project):
-    project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=4", overrides=""))
-    result = run(project, "--llmperf-update")
+def test_a_session_whose_runs_cannot_fail_is_refused_naming_the_runs_needed(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
+    result = run(project, "--llmperf-runs=1", "--llmperf-max-runs=1")
     result.assert_outcomes(errors=1)  # refused at setup, before any run
-    result.stdout.fnmatch_lines(["*runs=4 cannot reach alpha 0.01*Use at least 5 runs*"])
-    assert "measured" not in result.stdout.str()  # refused before a single run
+    result.stdout.fnmatch_lines(["*runs=1, max_runs=1 cannot fail: judging 3 gated row(s) over looks at [[]1] units per "
+                                 "side*slowdown to * (twice the tolerance) would not be called regressed*Allow at least 3 units per side*"])
+    assert "measured" not in result.stdout.str()
     assert_clean(result)
 
 
-def test_a_measure_override_whose_runs_cannot_reach_alpha_fails(project):
-    project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=", runs=3"))
-    result = run(project, "--llmperf-update")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*runs=3 cannot reach alpha 0.01*Use at least 5 runs*"])
+def test_a_marker_whose_runs_cannot_fail_fails_at_setup_and_more_runs_can(project):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=1, max_runs=1, batch_sizes=[1, 2, 4, 8]",
+                                                      overrides=""))
+    result = run(project)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*runs=1, max_runs=1 cannot fail: judging 12 gated row(s)*"])
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=3, max_runs=12", overrides=""))
+    assert "cannot fail" not in run(project, "--llmperf-update").stdout.str()
+
+
+@pytest.mark.parametrize("processes", ['"2"', "0", "True", "2.0", "'auto'"])
+def test_a_marker_processes_that_is_not_a_count_is_refused_at_setup(project, processes):
+    project.makepyfile(test_engine=MARKED_TEST.format(marker=f"processes={processes}", overrides=""))
+    result = run(project)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*processes={eval(processes)!r} is not valid: expected an integer >= 1*"])
     assert_clean(result)
-
-
-def test_a_confirmation_look_too_small_to_confirm_is_refused():
-    with pytest.raises(ScenarioError, match=r"max_runs=11 leaves the confirmation look 1 run\(s\).*at least 13, or to 10 \(one look\)"):
-        check_attainable(10, 0.01, extra_units=1)
-    check_attainable(10, 0.01, extra_units=0)  # one look, full alpha
-    check_attainable(10, 0.01, extra_units=20)
-
-
-@pytest.mark.parametrize(("alpha", "looks", "units"), [(0.01, 2, 5), (0.01, 1, 5), (0.05, 1, 4), (0.05, 2, 4),
-                                                        (0.001, 2, 7), (0.2, 1, 2)])
-def test_smallest_units_reach_alpha_and_one_fewer_does_not(alpha, looks, units):
-    assert smallest_units_for(alpha, looks) == units
-    assert gate.min_attainable_p(units, units) < alpha / looks <= gate.min_attainable_p(units - 1, units - 1)
-    assert math.isclose(min_attainable_p(units, units), gate.min_attainable_p(units, units))
 
 
 # -- marker keywords: by type and range, never coerced ----------------------------------------------------
@@ -210,10 +196,23 @@ def test_rerun_command_repeats_only_the_options_given(tmp_path):
                        "--llmperf-rtol=0.3 --llmperf-model=tiny=/m/tiny --llmperf-max-load=3.5 --llmperf-update")
 
 
-def test_busy_notes_say_what_to_run_instead():
-    now = busy_note(1.2, 0.0, 0.25)
-    assert "--llmperf-max-load=1.4" in now and "--llmperf-threads=1" in now and "--llmperf-compare REF" in now
-    base = busy_note(0.0, 0.9, 0.25)
+def test_busy_hints_say_what_to_run_instead_once_with_one_max_load():
+    from types import SimpleNamespace
+
+    from pytest_llmperf.judge.baselines import BaselineEntry
+    from pytest_llmperf.measure.records import BatchResult, BenchmarkResult
+    from pytest_llmperf.orchestrate.judging import busy_hint
+
+    result = BenchmarkResult("k", "t.py::k", "t.py", {}, {}, [BatchResult(1, foreign_load=1.2),
+                                                             BatchResult(2, foreign_load=0.7)])
+    quiet = BaselineEntry("k", {}, foreign_load={1: 0.0})
+    session = SimpleNamespace(threads=2)
+    now = busy_hint(session, result, quiet, 0.25)
+    assert now.count("--llmperf-max-load=") == 1 and "--llmperf-max-load=1.4" in now
+    assert "--llmperf-threads=1" in now and "--llmperf-compare REF" in now
+    assert "--llmperf-threads" not in busy_hint(SimpleNamespace(threads=1), result, quiet, 0.25)
+    calm = BenchmarkResult("k", "t.py::k", "t.py", {}, {}, [BatchResult(1, foreign_load=0.0)])
+    base = busy_hint(session, calm, BaselineEntry("k", {}, foreign_load={1: 0.9}), 0.25)
     assert "--llmperf-update on a quiet machine" in base and "--llmperf-max-load=1.1" in base
 
 

@@ -141,3 +141,10 @@ def sample_from(batch_size: int, streams: list[Stream], end_to_end_ns: int,
                      sequence_tokens=[int(c) for c in counts] if known else None,  # type: ignore[arg-type]
                      output_ids=ids, output_texts=[s.text for s in streams] if ids is not None else None,
                      failed_requests=[failure_text(i, e) for i, e in failed or []])
+
+
+def outputs_note(what: str, deterministic: bool) -> str:
+    """A server's `outputs` line in describe(): what it reports, and what a change does."""
+    return what + ("; a change fails (deterministic=True)" if deterministic else
+                   "; a change only warns: pass deterministic=True to the fixture where greedy decoding on this "
+                   "server repeats itself")

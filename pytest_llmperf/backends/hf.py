@@ -33,11 +33,11 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def cuda_missing(device: str, torch: Any) -> str:
-    """One line for a CUDA device on a machine where torch sees none."""
+def cuda_missing(origin: str, torch: Any) -> str:
+    """One line for a CUDA device on a machine where torch sees none; `origin` says who asked for it."""
     build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-    return (f"device {device!r} needs CUDA, but torch {torch.__version__} ({build}) sees no CUDA device on this "
-            f"machine: run on the GPU machine, or measure the cpu target (--llmperf-device=cpu)")
+    return (f"{origin}, but torch {torch.__version__} ({build}) sees no CUDA device on this machine. Run it on the "
+            f"GPU machine, or measure the cpu target: --llmperf-device=cpu")
 
 
 class HFBackend(Backend):
@@ -69,7 +69,7 @@ class HFBackend(Backend):
         else:
             kwargs["dtype"] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendError(cuda_missing(device, torch))
+            raise BackendError(cuda_missing(f"device {device!r} needs CUDA", torch))
         try:  # transformers says ValueError for a directory without a tokenizer: one line with the fix instead
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         except (OSError, ValueError) as exc:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, Stream, check_survived, completed, run_concurrently, sample_from
-from ..measure.backend import Backend, BackendError, GenerationRequest, outputs_note
+from ._aio import LoopThread, Stream, check_survived, completed, outputs_note, run_concurrently, sample_from
+from ..measure.backend import Backend, BackendError, GenerationRequest
 
 if TYPE_CHECKING:
     from ..processes import ServerProcess

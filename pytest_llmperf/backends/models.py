@@ -22,26 +22,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..measure.prompt import PROMPT_TEXT, make_prompt  # noqa: F401  (make_prompt: the models' prompts)
+
 BUILDER_VERSION = 1
 VOCAB_SIZE = 16384
 SEED = 0
 
-# A fixed English paragraph: prompts are cut from repetitions of it.
-PROMPT_TEXT = (
-    "University of Washington is a public research university in Seattle . it was founded in 1861 "
-    "and is one of the oldest universities on the west coast . the main campus lies on the shores "
-    "of lake washington and lake union and has more than five hundred buildings . students come "
-    "from every state and from many countries to study medicine engineering law and the arts . "
-)
-
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
-
-
-def make_prompt(sequence_length: int) -> str:
-    """A prompt of at least `sequence_length` words (tokens for the embedded tokenizer)."""
-    words = PROMPT_TEXT.split()
-    reps = sequence_length // len(words) + 2
-    return " ".join((words * reps)[: sequence_length + 16])
 
 
 def _vocabulary(size: int) -> list[str]:

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, prompt_mismatch, run_concurrently,
-                   run_failed, sample_from)
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory, outputs_note
+from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, outputs_note, prompt_mismatch,
+                   run_concurrently, run_failed, sample_from)
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 
 if TYPE_CHECKING:
     from ..processes import ServerProcess

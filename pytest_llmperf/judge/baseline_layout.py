@@ -46,6 +46,11 @@ def machine_slug(identity: Mapping[str, Any]) -> str:
     return re.sub(r"[^a-z0-9.-]+", "-", slug)[:64].strip("-.") or "machine"
 
 
+def set_directory(root: Path, device: str, machine: str | None) -> Path:
+    """One machine's set: `<root>/<device>/<machine>`, or `<root>/<device>` without a machine."""
+    return root / device / machine if machine else root / device
+
+
 def module_file(module: str) -> Path:
     """`benchmarks/test_x.py` -> `benchmarks/test_x.json`."""
     return Path(module).with_suffix(".json")

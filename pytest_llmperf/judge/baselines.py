@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..files import finite_or_null, locked, write_text_atomic
-from .baseline_layout import module_file, other_sets
+from .baseline_layout import module_file, other_sets, set_directory
 from .baseline_values import check_entry, check_raw_entry
-from .outputs import Outputs
+from ..measure.metrics import values_by_process
+from ..measure.records import BenchmarkResult
+from .outputs import Outputs, outputs_by_batch
 
 SCHEMA_VERSION = 2
 
@@ -65,6 +67,25 @@ class BaselineEntry:
     def batches(self) -> dict[int, dict[str, list[float]]]:
         return {bs: {m: [v for values in per_process for v in values] for m, per_process in metrics.items()}
                 for bs, metrics in self.runs.items()}
+
+    @classmethod
+    def of_result(cls, result: BenchmarkResult, *, fingerprint: Mapping[str, Any] | None = None,
+                  created: str = "") -> BaselineEntry:
+        """What a measured benchmark stores as its baseline (and what an A/B comparison's A side is judged as)."""
+        fingerprint = dict(fingerprint or {})
+        return cls(
+            key=result.key,
+            runs={b.batch_size: values_by_process(b.samples) for b in result.batches if b.ok},
+            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
+            foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
+            unit="process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run",
+            outputs=outputs_by_batch(result.batches),
+            fingerprint=fingerprint,
+            scenario=result.scenario,
+            backend={k: v for k, v in result.backend.items() if k != "model_path"},
+            git_commit=(fingerprint.get("git") or {}).get("commit"),
+            created=created,
+        )
 
     def to_json(self) -> dict[str, Any]:
         batches: dict[str, Any] = {}
@@ -115,6 +136,17 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """Everything the store knows of one benchmark's baseline: the entry, or why there is none."""
+
+    path: Path
+    entry: BaselineEntry | None
+    error: str | None = None  # the file cannot be used: the error names it and the fix
+    elsewhere: bool = False  # no entry here, but other machines of this target have a set for the module
+    note: str = ""  # why this machine has none yet, when other machines (or the old layout) do
+
+
 class BaselineStore:
     """Reads and writes the baseline files of one device (and machine). Files are read once and cached."""
 
@@ -151,7 +183,7 @@ class BaselineStore:
     @property
     def directory(self) -> Path:
         """This machine's set: `<root>/<device>/<machine>`, or `<root>/<device>` without a machine."""
-        return self.device_dir / self.machine if self.machine else self.device_dir
+        return set_directory(self.root, self.device, self.machine)
 
     def path_for(self, module: str) -> Path:
         """`benchmarks/test_x.py` -> `<root>/<device>[/<machine>]/benchmarks/test_x.json`."""
@@ -167,6 +199,17 @@ class BaselineStore:
 
     def get(self, module: str, key: str) -> BaselineEntry | None:
         return self.entries(module).get(key)
+
+    def lookup(self, module: str, key: str) -> Lookup:
+        """The baseline of one benchmark, or why there is none (one call: a judgement needs nothing else)."""
+        path = self.path_for(module)
+        try:
+            entry = self.get(module, key)
+        except BaselineError as exc:
+            return Lookup(path, None, error=str(exc))
+        if entry is not None:
+            return Lookup(path, entry)
+        return Lookup(path, None, elsewhere=self.recorded_elsewhere(module), note=self.missing_note(module))
 
     def recorded_elsewhere(self, module: str) -> bool:
         """Other machines of this target have a set for `module`: not missing, but for other hardware."""

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..measure.records import BatchResult, RunSample
+from .verdicts import Verdict
 
 OUTPUTS_METRIC = "outputs"  # the verdict table's metric column for these rows
-CHANGED, VARIES = "changed", "varies"
 
 
 def digest(ids: Sequence[Sequence[int]]) -> str:
@@ -129,18 +129,18 @@ def difference(baseline: Outputs, now: Outputs) -> str | None:
 
 
 def check(baseline: Outputs | None, current: Observed | None,
-          reference_label: str = "the baseline") -> tuple[str, str] | None:
+          reference_label: str = "the baseline") -> tuple[Verdict, str] | None:
     """(verdict, note) for the verdict table, or None when there is nothing to say: equal, or either side
     has no outputs (`unchecked` says so once per benchmark)."""
     if current is None or baseline is None:
         return None
     if current.outputs is None:
-        return VARIES, (f"outputs differ between this run's runs ({current.distinct} distinct): nondeterministic, "
+        return Verdict.VARIES, (f"outputs differ between this run's runs ({current.distinct} distinct): nondeterministic, "
                         f"not compared with {reference_label}")
     diff = difference(baseline, current.outputs)
     if diff is None:
         return None
-    return CHANGED, f"outputs changed from {reference_label}: {diff}"
+    return Verdict.CHANGED, f"outputs changed from {reference_label}: {diff}"
 
 
 def unchecked(reference: Mapping[int, Outputs], batches: Sequence[BatchResult]) -> bool:

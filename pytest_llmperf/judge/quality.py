@@ -22,10 +22,9 @@ import numpy as np
 from scipy import stats
 
 from ..measure.gpu import slowed_by, throttle_names
-from ..measure.metrics import values_by_process
+from ..measure.metrics import gated_metrics, values_by_process
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
-from .verdicts import gated_metrics
 
 #: Within-process CV above which a metric's runs are called noisy (runs here scatter 1-4%, docs/noise.md).
 NOISY_CV = 0.10
@@ -97,5 +96,5 @@ def request_failures(result: BenchmarkResult) -> list[str]:
 def quality_notes(result: BenchmarkResult) -> list[str]:
     """What weakens this benchmark's measurement, one line each (empty when nothing does). Noise is judged
     on the metrics the gate tests."""
-    metrics = gated_metrics(Scenario.from_json(result.scenario), result.splits_prefill)
+    metrics = gated_metrics(Scenario.from_json(result.scenario).metrics, result.splits_prefill)
     return [*request_failures(result), *_throttled(result), *_short(result), *_noisy(result, metrics)]

@@ -34,13 +34,6 @@ class GenerationRequest:
     prompt: str
 
 
-def outputs_note(what: str, deterministic: bool) -> str:
-    """A server's `outputs` line in describe(): what it reports, and what a change does."""
-    return what + ("; a change fails (deterministic=True)" if deterministic else
-                   "; a change only warns: pass deterministic=True to the fixture where greedy decoding on this "
-                   "server repeats itself")
-
-
 class BackendError(RuntimeError):
     """A backend failed in a way the user must fix (won't start, died, bad URL)."""
 
@@ -57,6 +50,9 @@ class Backend(ABC):
     splits_prefill: ClassVar[bool] = False
     #: Knob names `apply_knobs` accepts.
     knob_names: ClassVar[tuple[str, ...]] = ()
+    #: For each counter `generate` reports in `RunSample.counters` (e.g. an offload hit rate): "lower" or
+    #: "higher" is better. The gate compares counters like the timings; one not listed here is "lower".
+    counters_better: ClassVar[Mapping[str, str]] = {}
     #: Greedy decoding gives the same tokens every time, so changed outputs fail the test (--llmperf-outputs).
     #: In-process engines are; a server says so only when its user does (a fixture's deterministic=True), since
     #: batching with other requests can change its numerics. Servers put it in describe() for the judge.

@@ -3,7 +3,7 @@
 The run is the unit of replication: every metric is reduced to one value per run, and the gate
 compares runs (or worker processes' medians of runs), never tokens. Definitions follow TGI's
 benchmark tool where it has one: decode (token) = decode total / steps, and its throughputs are
-batch size / step latency (seed 000: 28.75 ms at batch 1 is 34.78 tokens/secs). Per-request latency
+batch size / step latency (its report: 28.75 ms at batch 1 is 34.78 tokens/secs). Per-request latency
 (TTFT, ITL, TPOT, E2EL) follows vLLM's `bench serve`, each request timed from its own send.
 """
 
@@ -60,7 +60,7 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in (
                                                                "wall time, its first send to its last request's "
                                                                "end (bigcode-inference-benchmark's tokens/s)."),
     Metric("ms_per_token", "ms", "lower", "1000 / throughput_tokens_per_s (bigcode's msec/token)."),
-    # Servers give no prefill/decode split; these give seed 000's batch-level rows from token arrivals instead.
+    # Servers give no prefill/decode split; these give TGI's batch-level rows from token arrivals instead.
     Metric("first_to_last_token_ms", "ms", "lower", "Decode (total) of a server: last token - first token of "
                                                     "each request, mean over the batch's requests."),
     Metric("ttft_tokens_per_s", "tokens/secs", "higher", "Prefill throughput of a server: batch size / TTFT in "
@@ -89,6 +89,13 @@ DEFAULT_GATED_SERVER = ("ttft_ms", "itl_ms", "throughput_tokens_per_s")
 #: Gaps a run must hold before its own tail percentile is a measurement rather than its maximum
 #: (one-sided 95% order-statistic bound: n >= 29 for p90, 299 for p99).
 TAIL_MIN_GAPS = {"itl_p90_ms": 29, "itl_p99_ms": 299}
+
+
+def gated_metrics(metrics: Sequence[str] | None, splits_prefill: bool) -> tuple[str, ...]:
+    """The metrics a benchmark gates: those its scenario names, else the default set for its backend."""
+    if metrics is not None:
+        return tuple(metrics)
+    return DEFAULT_GATED_SPLIT if splits_prefill else DEFAULT_GATED_SERVER
 
 
 def metric_better(name: str, counters_better: Mapping[str, str] | None = None) -> str:
@@ -178,7 +185,7 @@ def run_values(sample: RunSample) -> dict[str, float]:
 
 
 def _server_values(sample: RunSample, values: Mapping[str, float]) -> dict[str, float]:
-    """Seed 000's batch-level rows for a backend without a prefill/decode split: TGI's Decode (total) and
+    """TGI's batch-level rows for a backend without a prefill/decode split: TGI's Decode (total) and
     its throughputs, batch size over TTFT and over ITL."""
     out: dict[str, float] = {}
     spans = [times[-1] - times[0] for times in sample.token_times_ns if times]

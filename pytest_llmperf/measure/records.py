@@ -7,7 +7,8 @@ All times are integer nanoseconds from `time.perf_counter_ns` (or an injected cl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -119,6 +120,7 @@ class BenchmarkResult:
     backend: dict[str, Any]
     batches: list[BatchResult]
     group: str | None = None
+    counters_better: dict[str, str] = field(default_factory=dict)  # the backend's counters: "lower"/"higher" is better
 
     @property
     def splits_prefill(self) -> bool:
@@ -130,10 +132,30 @@ class BenchmarkResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "nodeid": self.nodeid, "module": self.module, "scenario": self.scenario,
-                "backend": self.backend, "group": self.group, "batches": [b.to_json() for b in self.batches]}
+                "backend": self.backend, "group": self.group, "counters_better": self.counters_better,
+                "batches": [b.to_json() for b in self.batches]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BenchmarkResult:
         return cls(key=data["key"], nodeid=data["nodeid"], module=data["module"], scenario=data["scenario"],
                    backend=data["backend"], group=data.get("group"),
+                   counters_better=dict(data.get("counters_better") or {}),
                    batches=[BatchResult.from_json(b) for b in data["batches"]])
+
+    @classmethod
+    def merge(cls, parts: Sequence[BenchmarkResult]) -> BenchmarkResult:
+        """One result from the same benchmark measured by several worker processes: each batch's runs keep
+        their process index; a batch that failed in any process failed (with the first reason)."""
+        first = parts[0]
+        batches = []
+        for batch_size in sorted({b.batch_size for result in parts for b in result.batches}):
+            found = [b for result in parts if (b := result.batch(batch_size)) is not None]
+            failed = next((b for b in found if not b.ok), None)
+            if failed is not None:
+                batches.append(replace(failed, samples=[]))
+                continue
+            loads = [b.foreign_load for b in found if b.foreign_load is not None]
+            batches.append(BatchResult(batch_size, samples=[s for b in found for s in b.samples], warmups=found[0].warmups,
+                                       foreign_load=sum(loads) / len(loads) if loads else None,
+                                       retaken=sum(b.retaken for b in found)))
+        return replace(first, scenario={**first.scenario, "processes": len(parts)}, batches=batches)

@@ -15,7 +15,7 @@ from .load import LoadMeter
 from .gpu import GpuMeter, open_nvml
 from .memory import MemoryMeter
 from .backend import Backend, GenerationRequest, OutOfMemory
-from ..backends.models import make_prompt
+from .prompt import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
 from .scenario import Scenario
 
@@ -101,7 +101,8 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                 oom_at = batch_size
             batches.append(result)
     return BenchmarkResult(key=key, nodeid=nodeid, module=module, scenario=scenario.to_json(),
-                           backend=description, batches=batches, group=scenario.group)
+                           backend=description, batches=batches, group=scenario.group,
+                           counters_better=dict(getattr(backend, "counters_better", None) or {}))
 
 
 def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int,

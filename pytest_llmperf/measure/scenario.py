@@ -200,53 +200,9 @@ def check_metrics(metrics: Sequence[str] | None, known: Sequence[str], backend_k
                             f"(a typo would gate nothing); known: {', '.join(known)}")
 
 
-# -- a setting that can never fail is refused: Mann-Whitney needs enough units per side to reach alpha
-
-def min_attainable_p(n_baseline: int, n_current: int) -> float:
-    """The smallest one-sided Mann-Whitney p of complete separation without ties: 1 / C(n+m, n)
-    (equals judge.gate.min_attainable_p, computed exactly by scipy there)."""
-    return 1 / math.comb(n_baseline + n_current, n_current)
-
-
-def smallest_units_for(alpha: float, looks: int = 1) -> int:
-    """The fewest units per side (runs, or worker processes) whose smallest p is below alpha / looks."""
-    n = 1
-    while min_attainable_p(n, n) >= alpha / looks:
-        n += 1
-    return n
-
-
-def check_attainable(units: int, alpha: float, *, extra_units: int = 0, label: str = "",
-                     unit: str = "runs") -> None:
-    """Raise ScenarioError when `units` per side (and the `extra_units` of a confirmation look, each look
-    at alpha/2) can never give a p below alpha: every slowdown would then pass as inconclusive."""
-    label = label or f"{unit}={units}"
-    looks = 2 if extra_units > 0 else 1
-    per_look = alpha / looks
-    why = ("alpha/2 per look: a confirmation look runs while max_runs > runs" if looks == 2 else "one look")
-    p = min_attainable_p(units, units)
-    if p >= per_look:
-        need = smallest_units_for(alpha, looks)
-        raise ScenarioError(
-            f"{label} cannot reach alpha {alpha:g}: with {units} {unit} per side the smallest one-sided "
-            f"Mann-Whitney p is {p:.3g}, not below {per_look:g} ({why}), so no slowdown could ever fail "
-            f"(it would pass as inconclusive). Use at least {need} {unit}"
-            + (f" ({label.split('=')[0]}={need})" if label.startswith("--") else "") + ", or a larger alpha")
-    second = min(units, extra_units)
-    if second > 0 and min_attainable_p(units, second) >= per_look:
-        need = next(e for e in range(1, units + 1) if min_attainable_p(units, e) < per_look)
-        raise ScenarioError(
-            f"max_runs={units + extra_units} leaves the confirmation look {second} run(s) against {units}, whose "
-            f"smallest Mann-Whitney p is {min_attainable_p(units, second):.3g}, not below {per_look:g}: a slowdown "
-            f"could never be confirmed. Set max_runs to at least {units + need}, or to {units} (one look)")
-
-
-def build_scenario(settings: Mapping[str, Any], *, check_runs: bool = True) -> Scenario:
-    """Make a Scenario from resolved settings (marker > overrides > CLI > env > ini > default).
-
-    Every value is checked by type and range (never coerced) and, when the runs are what the gate tests
-    (`check_runs`: measured in one process), they must be able to reach alpha; with worker processes the
-    processes are the unit, and the controller checks those."""
+def build_scenario(settings: Mapping[str, Any]) -> Scenario:
+    """Make a Scenario from resolved settings (marker > overrides > CLI > env > ini > default); every value is
+    checked by type and range, never coerced. Whether its schedule can fail is orchestrate/checks.py's."""
     for name, value in settings.items():
         check_setting(name, value)
     rtol = settings.get("rtol", 0.05)
@@ -258,8 +214,6 @@ def build_scenario(settings: Mapping[str, Any], *, check_runs: bool = True) -> S
     runs = settings.get("runs", 10)
     max_runs = max(settings.get("max_runs", 30), runs)
     alpha = float(settings.get("alpha", 0.01))
-    if check_runs:
-        check_attainable(runs, alpha, extra_units=max_runs - runs)
     return Scenario(
         batch_sizes=tuple(settings.get("batch_sizes", (1,))),
         sequence_length=settings.get("sequence_length", 128),

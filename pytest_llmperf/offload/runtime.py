@@ -89,10 +89,6 @@ class Staging:
             self.ready = [torch.cuda.Event() for _ in range(slots)]
             self.free = [torch.cuda.Event() for _ in range(slots)]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.gate_up, *self.down))
-
     def load(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor, stats: OffloadStats,
              clock: Clock = perf_counter_clock, observe: Callable[[float], None] | None = None) -> None:
         if self.cuda:

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from .experts import OffloadedLayer
 
 IMPLEMENTATION = "llmperf_offload"
 _register_lock = threading.Lock()
@@ -31,9 +28,16 @@ class OffloadError(RuntimeError):
     """The engine cannot run this model or this step (unsupported layout, a failed CPU expert...)."""
 
 
+class ExpertsForward(Protocol):
+    """What an experts module carries to run its experts (experts.py's OffloadedLayer)."""
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor: ...
+
+
 def _offload_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                              top_k_weights: torch.Tensor) -> torch.Tensor:
-    layer: OffloadedLayer | None = getattr(self, "_llmperf_offload", None)
+    layer: ExpertsForward | None = getattr(self, "_llmperf_offload", None)
     if layer is None:
         raise OffloadError(f"{type(self).__name__} uses experts_implementation={IMPLEMENTATION!r} but was not "
                            "prepared by an OffloadEngine; load the model through OffloadEngine")

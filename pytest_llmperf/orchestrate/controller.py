@@ -1,12 +1,13 @@
 """Worker processes and A/B comparisons: the controlling pytest process (pyperf's manager).
 
-With more than one process per benchmark (`--llmperf-processes`, default on the cpu target) or a
-comparison against a git ref (`--llmperf-compare REF`), this pytest process does not run the benchmark
-tests itself, so no model is loaded twice. Before the test loop it runs them in worker processes: a
-round is one fresh `python -m pytest` of the selected benchmark tests per side, sides alternating in
-ABBA order, so slow drifts and a steady neighbour hit both alike. After N rounds each benchmark is
-judged on its per-process medians; one still unknown gets more rounds (judge/sequential.py). Then,
-in the normal test loop, each benchmark test reports what was decided for it.
+With worker processes (`--llmperf-processes`, the default) or a comparison against a git ref
+(`--llmperf-compare REF`), this pytest process does not run the benchmark tests itself, so no model is
+loaded twice. Before the test loop it runs a *campaign*: rounds of one fresh `python -m pytest` of the due
+benchmark tests per side (orchestrate/manager.py), sides alternating in ABBA order, so slow drifts and a
+steady neighbour hit both alike. A test is judged at each look of its schedule (judge/procedure.py), every
+gated row of the job in one family; its batch sizes with undecided rows are measured in more rounds, up to
+the cap. Each benchmark test is replaced in the test loop by a `DeferredBenchmark` item, whose turn reports
+what was decided for it, with pytest's own protocol (setup, call, teardown, reports, JUnit).
 """
 
 from __future__ import annotations
@@ -15,203 +16,250 @@ import contextlib
 import shutil
 import signal
 import subprocess
-import threading
 import tempfile
+import threading
 import warnings
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..judge import gate
-from ..judge import verdicts as judge
-from ..judge.sequential import Merged, check_attainable, looks_for, merge_processes, reference_entry
-from . import worktree
-from ..measure.scenario import Scenario, ScenarioError
+from ..judge.procedure import Schedule, SettingError, check_can_fail
+from ..judge.rows import Reference, judge_rows, undecided_batches
+from ..judge.verdicts import COMPARED, Outcome, Verdict
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
+from . import judging, worktree
+from .checks import rows_expected
 from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
-from ..judge.outputs import unchecked
-from .judging import Outcome, changed_outputs, fail_on_messages, judge_outcome
+from ..warning import PytestLLMPerfWarning
 from .session import LLMPerfSession
-
-INF = float("inf")
 
 
 @dataclass
 class Decision:
-    """What a planned test reports: skipped, failed with a text, or passed; and the warnings to emit."""
+    """What a deferred test reports: skipped, failed with a text, or passed; and the warnings it emits."""
 
     skip: str | None = None
     failure: str | None = None
-    warnings: list[warnings.WarningMessage] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Plan:
-    nodeid: str
-    looks: list[int]
-    look: int = 0  # index into looks
+    """One benchmark test's way through the campaign."""
+
+    item: pytest.Item
+    schedule: Schedule
+    look: int = 0  # index into schedule.looks
+    batch_sizes: list[int] | None = None  # a later look measures only these (None: all)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # by benchmark key, as judged so far
 
     @property
-    def target(self) -> int:
-        return self.looks[self.look]
+    def units(self) -> int:
+        return self.schedule.looks[self.look]
+
+
+class DeferredBenchmark(pytest.Item):
+    """A benchmark test that worker processes measured: its turn in the test loop reports the decision."""
+
+    def __init__(self, *, original: pytest.Item, controller: ProcessController, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.original = original
+        self.controller = controller
+        self.own_markers = list(original.own_markers)
+        self.keywords.update(original.keywords)
+        self.obj = getattr(original, "obj", None)  # skip and xfail conditions read the test module's globals
+        self.user_properties = original.user_properties
+
+    def runtest(self) -> None:
+        __tracebackhide__ = True
+        decision = self.controller.decisions.get(self.nodeid) or Decision(
+            failure="llmperf: this benchmark was not measured (the campaign stopped before it)")
+        for text in decision.warnings:
+            warnings.warn_explicit(PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.path),
+                                   self.location[1] + 1)
+        if decision.skip:
+            pytest.skip(decision.skip)
+        if decision.failure:
+            pytest.fail(decision.failure, pytrace=False)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.original.reportinfo()
 
 
 class ProcessController:
     """Registered in pytest_configure when benchmarks are measured in worker processes."""
 
-    def __init__(self, config: pytest.Config, llm: LLMPerfSession, planned_filter: Any) -> None:
+    def __init__(self, config: pytest.Config, llm: LLMPerfSession, is_planned: Callable[[pytest.Item], bool]) -> None:
         self.config = config
         self.llm = llm
-        self.is_planned = planned_filter  # item -> bool: a benchmark test this controller measures
+        self.is_planned = is_planned  # a benchmark test this controller measures (not skipped, not invalid)
         self.decisions: dict[str, Decision] = {}
-        self.compare_ref: str | None = llm.settings["compare"]
+        self.plans: dict[str, Plan] = {}
+        self.family: int | None = None  # gated rows of the whole job, judged as one family
 
-    # -- the campaign, before pytest's test loop --------------------------------------------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        planned = [item for item in items if self.is_planned(item)]
+        check_settings(self.llm, planned)
+        for i, item in enumerate(items):
+            if self.is_planned(item):
+                items[i] = DeferredBenchmark.from_parent(item.parent, name=item.name, original=item, controller=self)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
-        if not session.config.option.collectonly:
-            items = [item for item in session.items if self.is_planned(item)]
-            if items:
-                self._campaign(items)
+        planned = [item for item in session.items if isinstance(item, DeferredBenchmark)]
+        if planned and not session.config.option.collectonly:
+            self._campaign([item.original for item in planned])
         return (yield)
+
+    # -- the campaign ---------------------------------------------------------------------------------
 
     def _campaign(self, items: list[pytest.Item]) -> None:
         work_dir = Path(tempfile.mkdtemp(prefix="llmperf-workers-"))
-        failed = True
+        keep = False
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_sigterm_interrupts())
-                sides = [Side("", Path(self.config.rootpath), "the working tree")]
-                available: dict[str, set[str]] = {}
-                if self.compare_ref:
+                root = Path(self.config.rootpath)
+                sides, available = [Side("", root, "the working tree")], {}
+                if self.llm.settings["compare"]:
                     try:
-                        ref = stack.enter_context(worktree.checkout(self.compare_ref, Path(self.config.rootpath)))
+                        ref = stack.enter_context(worktree.checkout(self.llm.settings["compare"], root))
                     except worktree.RefError as exc:
                         raise pytest.UsageError(f"llmperf: {exc}") from None
-                    sides = [Side("A", ref.root, ref.label, ref.pythonpath),
-                             Side("B", Path(self.config.rootpath), "the working tree")]
+                    sides = [Side("A", ref.root, ref.label, ref.pythonpath), Side("B", root, "the working tree")]
                     self.llm.compared_to = ref.label
-                    available["A"] = self._collect(sides[0], items, work_dir)
-                failed = not self._rounds(items, sides, available, work_dir)
+                    available["A"] = self._collect(sides[0], items)
+                keep = not self._rounds(items, sides, available, work_dir)
         finally:
-            if not failed:  # a failed worker's log stays where its error message points
+            if not keep:  # a failed worker's log stays where its error message points
                 shutil.rmtree(work_dir, ignore_errors=True)
-
-    def _plans(self, items: list[pytest.Item]) -> dict[str, Plan]:
-        plans = {}
-        cap = self.llm.settings["max_processes"]
-        for item in items:
-            n = self.llm.processes_for(item)
-            looks = [n] if self.llm.mode != "gate" else looks_for(n, max(cap or 2 * n, n))
-            plans[item.nodeid] = Plan(item.nodeid, looks)
-        return plans
 
     def _rounds(self, items: list[pytest.Item], sides: list[Side], available: dict[str, set[str]],
                 work_dir: Path) -> bool:
-        """Run rounds until every planned test is decided; False when a worker failed."""
-        plans = self._plans(items)
+        """Run rounds until every planned test is decided; False when a worker failed (its log is kept)."""
+        self.plans = {item.nodeid: Plan(item, self.llm.worker_schedule(self.llm.processes_for(item),
+                                                                      self._alpha(item))) for item in items}
         runs: dict[str, list[WorkerRun]] = defaultdict(list)
-        worker_settings = {**self.llm.settings.values, "processes": 1, "compare": None, "json": None,
-                           "update": False, "update_missing": False}
+        settings = {**self.llm.settings.values, "processes": 1, "compare": None, "json": None, "update": False,
+                    "update_missing": False}
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         done = 0
-        while plans:
+        while self.plans:
             done += 1
-            due = [nodeid for nodeid, plan in plans.items() if plan.target >= done]
+            due = {nodeid: plan for nodeid, plan in self.plans.items() if plan.units >= done}
             order = sides if done % 2 else list(reversed(sides))  # ABBA: A B, B A, A B, ...
             for side in order:
                 nodeids = [n for n in due if side.name not in available or n in available[side.name]]
                 if not nodeids:
                     continue
+                sizes = {n: due[n].batch_sizes for n in nodeids if due[n].batch_sizes is not None}
                 try:
-                    run = run_worker(side, done, nodeids, settings=worker_settings, work_dir=work_dir,
-                                     timeout_s=self.llm.settings["worker_timeout"],
-                                     extra_args=self._passthrough_args())
+                    run = run_worker(side, done, nodeids, settings=settings, work_dir=work_dir,
+                                     timeout_s=self.llm.settings["worker_timeout"], extra_args=self._passthrough_args(),
+                                     batch_sizes=sizes)
                 except WorkerError as exc:
-                    for nodeid in list(plans):
+                    for nodeid in list(self.plans):
                         self.decisions[nodeid] = Decision(failure=f"llmperf: {exc}")
                     return False
                 runs[side.name].append(run)
                 if reporter is not None:
-                    reporter.write_line(f"llmperf: process {done} of {max(p.target for p in plans.values())} on "
-                                        f"{side.label}: {len(nodeids)} test(s) in {run.seconds:.1f} s")
-            for nodeid in [n for n, plan in plans.items() if plan.target == done]:
-                plan = plans[nodeid]
-                decision, unknown = self._decide(nodeid, sides, runs, available, plan)
-                if unknown and plan.look + 1 < len(plan.looks):
-                    plan.look += 1
-                    continue
-                self.decisions[nodeid] = decision
-                self.llm.outcomes.extend(decision.outcomes)
-                del plans[nodeid]
+                    target = max(plan.units for plan in self.plans.values())
+                    reporter.write_line(f"llmperf: process {done} of {target} on {side.label}: {len(nodeids)} "
+                                        f"test(s) in {run.seconds:.1f} s")
+            for nodeid in [n for n, plan in due.items() if plan.units == done]:
+                self._look(self.plans[nodeid], sides, runs, available)
         return True
 
-    def _decide(self, nodeid: str, sides: list[Side], runs: dict[str, list[WorkerRun]],
-                available: dict[str, set[str]], plan: Plan) -> tuple[Decision, bool]:
-        """Judge one test on every process measured so far; say whether a verdict is still unknown."""
-        current = sides[-1].name
-        for run in runs[current]:
-            failures = run.failures(nodeid)
-            if failures:
-                text = "\n".join(f["text"] for f in failures)
-                return Decision(failure=f"in worker process {run.index} ({run.side.label}):\n{text}"), False
-            reason = run.skip_reason(nodeid)
-            if reason is not None:
-                return Decision(skip=reason), False
-        measured = _by_key(nodeid, runs[current])
-        reference = _by_key(nodeid, runs["A"]) if self.compare_ref else {}
-        if self.compare_ref:
-            for run in runs["A"]:
-                if run.failures(nodeid):
-                    text = "\n".join(f["text"] for f in run.failures(nodeid))
-                    return Decision(failure=f"cannot compare: the test fails on {run.side.label} (worker process "
-                                            f"{run.index}), so there is nothing to compare with:\n{text}"), False
-        alpha_look = None
-        decision = Decision()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for key, merged in measured.items():
-                scenario = Scenario.from_json(merged.result.scenario)
-                alpha_look = scenario.alpha / len(plan.looks)
-                if self.compare_ref:
-                    outcome = self._ab_outcome(merged, reference.get(key), scenario, alpha_look, sides[0],
-                                               nodeid in available.get("A", ()))
-                else:
-                    outcome = judge_outcome(self.llm, merged.result, scenario, _gate_rows(merged, scenario,
-                                                                                           alpha_look))
-                decision.outcomes.append(outcome)
-            messages = [m for o in decision.outcomes for m in fail_on_messages(self.llm, o, o.result)]
-        decision.warnings = list(caught)
-        if messages:
-            decision.failure = "\n".join(messages)
-        unknown = any(r.verdict == gate.INCONCLUSIVE for o in decision.outcomes for r in o.rows)
-        return decision, unknown
+    def _look(self, plan: Plan, sides: list[Side], runs: dict[str, list[WorkerRun]],
+              available: dict[str, set[str]]) -> None:
+        """Judge one test at its look: decided, or more rounds for its undecided batch sizes."""
+        nodeid = plan.item.nodeid
+        stopped = self._stopped(nodeid, sides, runs)
+        if stopped is not None:
+            self._finish(plan, stopped)
+            return
+        final = plan.look + 1 >= len(plan.schedule.looks)
+        if self.family is None and self.llm.mode != "update":
+            self.family = self._family(sides, runs, available)
+        outcomes = [self._outcome(plan, merged, sides, runs, available, final)
+                    for merged in _by_key(nodeid, runs[sides[-1].name]).values()]
+        plan.outcomes = {o.result.key: o for o in outcomes}
+        undecided = sorted({b for o in outcomes for b in undecided_batches(o.rows)})
+        if undecided and not final:
+            plan.look += 1
+            plan.batch_sizes = undecided
+            return
+        self._finish(plan, _decision(self.llm, outcomes))
 
-    def _ab_outcome(self, merged: Merged, reference: Merged | None, scenario: Scenario, alpha: float,
-                    side_a: Side, on_a: bool) -> Outcome:
-        result = merged.result
-        if reference is None:
-            why = "measured here only" if on_a else f"not in {side_a.label}"
-            return Outcome(result, "new", messages=[], baseline_path=f"{side_a.label}: {why}")
-        entry = reference_entry(reference.result, side_a.label)
-        # A and B processes of one round ran back to back: paired, the machine's state of the moment cancels
-        rows = judge.compare(result, entry, scenario, splits_prefill=merged.splits_prefill, alpha=alpha,
-                             max_load=INF, counters_better=merged.counters_better, paired=True,
-                             reference_label=side_a.label)
-        messages = [judge.regression_message(r, alpha) for r in rows if r.verdict == gate.REGRESSED]
-        how = f"compared with {side_a.label} in alternating worker processes (--llmperf-compare)"
-        if messages:
-            messages.append(how)
-        changed = changed_outputs(result, rows, scenario.outputs, how)
-        return Outcome(result, "compared", rows=rows, messages=messages, baseline_path=side_a.label,
-                       reference=reference.result, changed=changed,
-                       outputs_unchecked=unchecked(entry.outputs, result.batches))
+    def _finish(self, plan: Plan, decision: Decision) -> None:
+        self.decisions[plan.item.nodeid] = decision
+        self.llm.outcomes.extend(plan.outcomes.values())
+        if plan.outcomes:
+            self.llm.processes_used.append(plan.units)
+        del self.plans[plan.item.nodeid]
 
-    def _collect(self, side: Side, items: list[pytest.Item], work_dir: Path) -> set[str]:
+    def _stopped(self, nodeid: str, sides: list[Side], runs: dict[str, list[WorkerRun]]) -> Decision | None:
+        """A test that failed or was skipped in a worker is not judged: it reports that."""
+        for side in reversed(sides):  # the working tree first
+            for run in runs[side.name]:
+                failures = run.failures(nodeid)
+                if failures:
+                    text = "\n".join(f["text"] for f in failures)
+                    if side.name == "A":
+                        return Decision(failure=f"cannot compare: the test fails on {side.label} (worker process "
+                                                f"{run.index}), so there is nothing to compare with:\n{text}")
+                    return Decision(failure=f"in worker process {run.index} ({side.label}):\n{text}")
+                reason = run.skip_reason(nodeid)
+                if reason is not None and side.name != "A":
+                    return Decision(skip=reason)
+        return None
+
+    def _reference(self, result: BenchmarkResult, sides: list[Side], runs: dict[str, list[WorkerRun]],
+                   available: dict[str, set[str]]) -> Reference | Outcome:
+        if not self.llm.settings["compare"]:
+            return judging.stored_reference(self.llm, result, self.llm.store.lookup(result.module, result.key))
+        side = _by_key(result.nodeid, runs["A"]).get(result.key)
+        return judging.ab_reference(result, side, sides[0].label, exists_on_a=result.nodeid in available.get("A", ()))
+
+    def _outcome(self, plan: Plan, merged: BenchmarkResult, sides: list[Side], runs: dict[str, list[WorkerRun]],
+                 available: dict[str, set[str]], final: bool) -> Outcome:
+        """Record the benchmark (update modes), or judge it at this look."""
+        scenario = Scenario.from_json(merged.scenario)
+        if self.llm.mode != "gate" and not self.llm.settings["compare"]:
+            lookup = self.llm.store.lookup(merged.module, merged.key)
+            if self.llm.mode == "update" or lookup.entry is None:
+                return judging.record(self.llm, merged, scenario, lookup)
+        reference = self._reference(merged, sides, runs, available)
+        if isinstance(reference, Outcome):
+            return reference
+        return judging.judge(self.llm, merged, reference, scenario, plan.schedule, final=final,
+                             previous=plan.outcomes.get(merged.key), family=self.family)
+
+    def _family(self, sides: list[Side], runs: dict[str, list[WorkerRun]], available: dict[str, set[str]]) -> int:
+        """Gated rows of every planned test, counted on what the first rounds measured: one family."""
+        count = 0
+        for nodeid, plan in self.plans.items():
+            for merged in _by_key(nodeid, runs[sides[-1].name]).values():
+                reference = self._reference(merged, sides, runs, available)
+                if isinstance(reference, Outcome):
+                    continue
+                rows = judge_rows(merged, reference, Scenario.from_json(merged.scenario),
+                                  splits_prefill=merged.splits_prefill, schedule=plan.schedule, final=False,
+                                  max_load=float("inf"), counters_better=merged.counters_better)
+                count += sum(r.verdict in COMPARED or r.verdict == Verdict.UNDECIDED for r in rows)
+        return max(count, 1)
+
+    def _alpha(self, item: pytest.Item) -> float:
+        marker = item.get_closest_marker("llmperf")
+        return float(marker.kwargs.get("alpha", self.llm.settings["alpha"]) if marker else self.llm.settings["alpha"])
+
+    def _collect(self, side: Side, items: list[pytest.Item]) -> set[str]:
         """The planned tests that exist on a side (a test added in the working tree is 'new')."""
         files = sorted({item.nodeid.split("::", 1)[0] for item in items})
         present = [f for f in files if (side.root / f).exists()]
@@ -233,31 +281,28 @@ class ProcessController:
                 keep.append(arg)
         return keep
 
-    # -- each planned test's turn in the test loop -------------------------------------------------
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        decision = self.decisions.get(item.nodeid)
-        if decision is None:
-            return None
-        ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        setup = self._report(item, "setup", lambda: pytest.skip(decision.skip) if decision.skip else None)
-        if setup.passed:
-            self._report(item, "call", lambda: _call(decision))
-        self._report(item, "teardown", lambda: None)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        return True
+def _decision(llm: LLMPerfSession, outcomes: list[Outcome]) -> Decision:
+    messages, said = [], []
+    for outcome in outcomes:
+        failing, warned = judging.fail_messages(llm, outcome)
+        messages += failing
+        said += warned
+    return Decision(failure="\n".join(messages) or None, warnings=said)
 
-    def _report(self, item: pytest.Item, when: str, func: Any) -> pytest.TestReport:
-        call = pytest.CallInfo.from_call(func, when=when, reraise=(pytest.exit.Exception, KeyboardInterrupt))
-        report: pytest.TestReport = item.ihook.pytest_runtest_makereport(item=item, call=call)
-        item.ihook.pytest_runtest_logreport(report=report)
-        return report
+
+def _by_key(nodeid: str, runs: list[WorkerRun]) -> dict[str, BenchmarkResult]:
+    """The test's benchmarks as measured by every worker of one side so far, merged per key."""
+    parts: dict[str, list[BenchmarkResult]] = defaultdict(list)
+    for run in runs:
+        for measured in run.measured:
+            if measured.nodeid == nodeid:
+                parts[measured.result.key].append(measured.result)
+    return {key: BenchmarkResult.merge(found) for key, found in parts.items()}
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Any:
+def _sigterm_interrupts() -> Iterator[None]:
     """While workers run, SIGTERM (a cancelled CI job) stops like Ctrl-C: workers stopped, worktree removed."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -273,43 +318,22 @@ def _sigterm_interrupts() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _call(decision: Decision) -> None:
-    __tracebackhide__ = True
-    for caught in decision.warnings:
-        warnings.warn_explicit(caught.message, caught.category, caught.filename, caught.lineno)
-    if decision.failure:
-        pytest.fail(decision.failure, pytrace=False)
-
-
-def _gate_rows(merged: Merged, scenario: Scenario, alpha: float) -> Any:
-    return lambda result, baseline: judge.compare(result, baseline, scenario, splits_prefill=merged.splits_prefill,
-                                                  alpha=alpha, max_load=scenario.max_load,
-                                                  counters_better=merged.counters_better)
-
-
-def _by_key(nodeid: str, runs: list[WorkerRun]) -> dict[str, Merged]:
-    parts: dict[str, list[Any]] = defaultdict(list)
-    for run in runs:
-        for m in run.measured:
-            if m.nodeid == nodeid:
-                parts[m.result.key].append((m.result, m.splits_prefill, m.counters_better))
-    return {key: merge_processes(found) for key, found in parts.items()}
-
-
-def check_settings(llm: LLMPerfSession) -> None:
-    """Refuse up front what cannot work: an update against a ref, too few processes for alpha."""
+def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
+    """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
     settings = llm.settings
     if settings["compare"] and (settings["update"] or settings["update_missing"]):
         raise pytest.UsageError("llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
                                 "drop --llmperf-update / --llmperf-update-missing")
-    n = llm.processes
-    if n > 1 and llm.mode == "gate":
-        cap = settings["max_processes"] or 2 * n
+    if llm.mode != "gate":
+        return
+    family = sum(rows_expected(item) for item in items)
+    for item in items:
+        first = llm.processes_for(item)
+        marker = item.get_closest_marker("llmperf")
+        what = (f"{item.nodeid}: marker processes={first}" if marker is not None and "processes" in marker.kwargs
+                else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
         try:
-            check_attainable(n, settings["alpha"] / len(looks_for(n, max(cap, n))), "--llmperf-processes",
-                             paired=bool(settings["compare"]))
-        except ScenarioError as exc:
+            check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],
+                           paired=bool(settings["compare"]), what=what)
+        except SettingError as exc:
             raise pytest.UsageError(f"llmperf: {exc}") from None
-    elif settings["compare"]:
-        raise pytest.UsageError("llmperf: --llmperf-compare needs worker processes: leave --llmperf-processes "
-                                "at auto or set at least 8")

@@ -1,4 +1,5 @@
-"""Hooks that hand our results to other tools' formats (the logic is in exports.py)."""
+"""Hooks that hand our results to other tools' formats (the logic is in report/exports.py, imported when a
+benchmark's results are there to hand over)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from .fixtures import SESSION_KEY
-from ..report import exports
+from .session import SESSION_KEY
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -15,7 +15,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Before the call's report is made: this test's medians, ratios and verdicts as its user_properties
     (--junitxml writes them as <property> elements)."""
     llm = item.config.stash.get(SESSION_KEY, None)
-    if call.when == "call" and llm is not None:
+    if call.when == "call" and llm is not None and llm.outcomes:
+        from ..report import exports
+
         item.user_properties.extend(exports.junit_properties(
             o for o in llm.outcomes if o.result.nodeid == item.nodeid))
     return (yield)
@@ -28,5 +30,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Any:
     llm = session.config.stash.get(SESSION_KEY, None)
     if llm is not None and llm.outcomes and not hasattr(session.config, "workerinput") \
             and getattr(llm, "recorder", None) is None:
+        from ..report import exports
+
         exports.add_to_pytest_benchmark(session.config, llm.device, [o.result for o in llm.outcomes])
     return (yield)

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..extras import HF, require
-from .session import Benchmark, LLMPerfSession
+from .session import SESSION_KEY, LLMPerfSession
 
 if TYPE_CHECKING:
     from ..backends.hf import HFBackend
-
-SESSION_KEY = pytest.StashKey[LLMPerfSession]()
+    from .benchmark import Benchmark
 
 
 def fail_unless_cuda(session: LLMPerfSession, device: str, what: str) -> None:
@@ -27,16 +26,18 @@ def fail_unless_cuda(session: LLMPerfSession, device: str, what: str) -> None:
     import torch
 
     if not torch.cuda.is_available():
+        from ..backends.hf import cuda_missing
+
         origin = (f"--llmperf-device={session.device} is a GPU target" if session.device != "cpu"
                   else f"{what} asks for {device}")
-        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-        pytest.fail(f"{origin}, but torch {torch.__version__} ({build}) sees no CUDA device on this machine. "
-                    f"Run it on the GPU machine, or measure the cpu target: --llmperf-device=cpu", pytrace=False)
+        pytest.fail(cuda_missing(origin, torch), pytrace=False)
 
 
 @pytest.fixture
 def llmperf(request: pytest.FixtureRequest) -> Benchmark:
     """Measure a backend with this test's scenario and gate it against the baseline: `llmperf.measure(backend)`."""
+    from .benchmark import Benchmark
+
     return Benchmark(request.config.stash[SESSION_KEY], request.node)
 
 

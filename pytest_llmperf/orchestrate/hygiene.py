@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from ..judge.baseline_layout import key_of_test, stale_keys
-from ..judge.baselines import BaselineError
 
 
 class BaselineHygiene:
@@ -32,7 +31,9 @@ class BaselineHygiene:
         self.stale: dict[str, list[str]] = {}  # module -> stale keys (reported; pruned under --llmperf-update)
 
     def _active(self) -> bool:
-        return not hasattr(self.config, "workerinput") and getattr(self.llm, "recorder", None) is None
+        """In the controlling process of a session that benchmarked something (the store is read only then)."""
+        return (not hasattr(self.config, "workerinput") and getattr(self.llm, "recorder", None) is None
+                and bool(self.benchmarked))
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         module = item.nodeid.split("::", 1)[0]
@@ -58,6 +59,8 @@ class BaselineHygiene:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self._active():
             return
+        from ..judge.baselines import BaselineError
+
         store = self.llm.store
         for module in sorted(self.benchmarked & self._whole_modules()):
             try:

@@ -1,149 +1,147 @@
-"""From a measured benchmark to its outcome: record it (update modes) or judge it against its baseline,
-and the messages that fail its test (`--llmperf-fail-on`, `--llmperf-outputs`, failed batches and requests).
+"""From a measured benchmark to its outcome: record it (update modes), or find its reference and judge it look
+by look, and the messages that fail its test.
 
-Both the in-process path (`session.Benchmark.measure`) and the controller of worker processes
-(`controller.py`) end here, so a benchmark is judged and worded the same way whichever measured it.
+The `llmperf` fixture (runs measured in this process) and the controller of worker processes both end here,
+so a benchmark is judged and worded the same way however it was measured. The outcome carries its warnings;
+the caller emits them at the test's own location.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
-import pytest
-
-from ..judge import gate
-from ..judge import verdicts as judge
-from ..judge.baselines import BaselineEntry, BaselineError, now_iso
+from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
+from ..judge.baseline_layout import machine_slug
 from ..judge.environment import hardware_mismatch, software_drift
-from ..judge.outputs import outputs_by_batch, unchecked
+from ..judge.outputs import unchecked
+from ..judge.procedure import Schedule
 from ..judge.quality import request_failures
-from ..judged import INCONCLUSIVE, MISSING, REFUSED, REGRESSED, kind_of, reason_of
-from ..measure.metrics import values_by_process
+from ..judge.rows import Reference, judge_rows, outputs_messages, row_message
+from ..judge.verdicts import Kind, Outcome, Row, Status, Verdict, reason_of
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
-from ..report import throughput_log
-
-if TYPE_CHECKING:
-    from .session import LLMPerfSession
+from .session import LLMPerfSession
 
 
-class PytestLLMPerfWarning(pytest.PytestWarning):
-    """A warning from pytest-llmperf (e.g. a baseline from another CPU model, not compared)."""
-
-
-@dataclass
-class Outcome:
-    """What happened to one benchmark: its status and the verdict rows."""
-
-    result: BenchmarkResult
-    status: str  # compared | created | updated | refused | missing
-    rows: list[judge.Row] = field(default_factory=list)
-    messages: list[str] = field(default_factory=list)
-    drift: dict[str, tuple[Any, Any]] = field(default_factory=dict)
-    baseline_path: str = ""
-    reference: BenchmarkResult | None = None  # the A side of an A/B comparison, every run of it
-    reason: str = ""  # why nothing was judged (refused), for the summary's judged line
-    changed: list[str] = field(default_factory=list)  # generated tokens that changed, failing (--llmperf-outputs)
-    outputs_unchecked: bool = False  # outputs measured, but the baseline (or the ref) holds none to compare with
-
-
-Gate = Callable[[BenchmarkResult, BaselineEntry], "list[judge.Row]"]
-
-
-def judge_outcome(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, gate_rows: Gate) -> Outcome:
-    """Record (update modes) or judge one measured benchmark against the stored baseline. `gate_rows`
-    compares it with its baseline: in-process with a second look of fresh runs, or on the per-process
-    values that worker processes reported."""
+def record(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, lookup: Lookup) -> Outcome:
+    """Write the baseline of a measured benchmark (--llmperf-update, or --llmperf-update-missing without one);
+    never a broken or disturbed measurement."""
     errors = batch_errors(result)
-    module = result.module
+    busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was measured "
+            f"(limit {scenario.max_load:g}, --llmperf-max-load)" for b in result.batches
+            if b.foreign_load is not None and b.foreign_load > scenario.max_load]
+    if busy:
+        errors = [busy_update_message(session, result, busy), *errors]
+    if lookup.error:
+        return Outcome(result, Status.REFUSED, errors=[lookup.error], baseline_path=str(lookup.path),
+                       reason="baseline file unusable")
+    if errors:  # the user asked for a baseline and gets none: that fails the test
+        return Outcome(result, Status.REFUSED, errors=errors, baseline_path=str(lookup.path),
+                       reason="machine busy, baseline not written" if busy else "measurement failed, not written")
     try:
-        baseline = session.store.get(module, result.key)
-        path = str(session.store.path_for(module))
-        if session.mode == "update" or (session.mode == "update-missing" and baseline is None):
-            status = "updated" if baseline is not None else "created"
-            max_load = scenario.max_load
-            busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was "
-                    f"measured (limit {max_load:g}, --llmperf-max-load)" for b in result.batches
-                    if b.foreign_load is not None and b.foreign_load > max_load]
-            if busy:
-                errors = [busy_update_message(session, result.nodeid, busy, result), *errors]
-            if not errors:  # never store a broken or disturbed measurement as the new normal
-                session.store.write(module, baseline_entry(session, result))
-                if result.backend.get("backend") == "jetstream":  # seed 002's dated log gains its rows
-                    throughput_log.append_rows(Path(session.settings["report_dir"]), session.device,
-                                               str(result.backend.get("model")),
-                                               throughput_log.rows_from_result(result, now_iso()[:10]))
-            return Outcome(result, status if not errors else "refused", messages=errors, baseline_path=path,
-                           reason="machine busy, baseline not written" if busy else "")
+        session.store.write(result.module, BaselineEntry.of_result(result, fingerprint=session.fingerprint,
+                                                                   created=now_iso()))
     except BaselineError as exc:
-        return Outcome(result, "refused", messages=[str(exc), *errors], reason="baseline file unusable")
-    if baseline is None:
-        note = session.store.missing_note(module)
-        hint = (f"no baseline for {result.key} in {path} (device {session.device}). {note + ' ' if note else ''}"
-                f"Create it with:\n  {session.rerun(result.nodeid, update=True)}")
-        if session.store.recorded_elsewhere(module):  # measured, but on other hardware: as a CPU mismatch
-            warnings.warn(PytestLLMPerfWarning(hint), stacklevel=2)
-            return Outcome(result, "refused", messages=errors, baseline_path=path,
+        return Outcome(result, Status.REFUSED, errors=[str(exc)], baseline_path=str(lookup.path),
+                       reason="baseline not written")
+    status = Status.UPDATED if lookup.entry is not None else Status.CREATED
+    return Outcome(result, status, baseline_path=str(lookup.path))
+
+
+def stored_reference(session: LLMPerfSession, result: BenchmarkResult, lookup: Lookup) -> Reference | Outcome:
+    """The stored baseline to judge against, or the outcome when there is none to compare with."""
+    path = str(lookup.path)
+    if lookup.error:
+        return Outcome(result, Status.REFUSED, errors=[lookup.error], baseline_path=path,
+                       reason="baseline file unusable")
+    if lookup.entry is None:
+        hint = (f"no baseline for {result.key} in {path} (device {session.device}). "
+                f"{lookup.note + ' ' if lookup.note else ''}Create it with:\n  "
+                f"{session.rerun(result.nodeid, update=True)}")
+        if lookup.elsewhere:  # measured, but on other hardware: as a CPU mismatch
+            return Outcome(result, Status.REFUSED, messages=[hint], baseline_path=path,
                            reason="recorded on other machines only")
-        return Outcome(result, "missing", messages=[hint, *errors], baseline_path=path)
-    mismatch = hardware_mismatch(baseline.fingerprint, session.fingerprint)
-    drift = software_drift(baseline.fingerprint, session.fingerprint)
-    if mismatch is not None:
-        kind, was, now = mismatch
-        # The hint names a set of this hardware's own: an update under the same name would replace the other
-        # machine's baselines, and gating under it again gives this same refusal.
-        own = {"device": f"{session.device}-{_slug(now)}"} if kind == "gpu" else {"machine": _slug(now)}
-        text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has "
-                f"{now!r}; not compared. Record baselines of this hardware as a set of its own:\n"
-                f"  {session.rerun(result.nodeid, update=True, replace=own)}\n"
-                f"then gate with {' '.join(f'--llmperf-{k}={v}' for k, v in own.items())}")
-        reason = f"baseline from another {kind.upper()}"
-        if kind == "gpu":
-            return Outcome(result, "refused", messages=[text, *errors], drift=drift, baseline_path=path,
-                           reason=reason)
-        warnings.warn(PytestLLMPerfWarning(text), stacklevel=2)
-        return Outcome(result, "refused", messages=errors, drift=drift, baseline_path=path, reason=reason)
-    rows = gate_rows(result, baseline)
-    refused = [r for r in rows if r.verdict == judge.REFUSED]
-    if refused:
-        warnings.warn(PytestLLMPerfWarning(f"{result.key}: " + "; ".join(
-            f"batch size {r.batch_size}: {r.note}" for r in refused)), stacklevel=2)
-    messages = [judge.regression_message(r, scenario.alpha) for r in rows if r.verdict == gate.REGRESSED]
-    if messages:
-        messages.append(f"If the slowdown is intended, update the baseline: "
-                        f"{session.rerun(result.nodeid, update=True)}")
-    changed = changed_outputs(result, rows, scenario.outputs,
-                              f"If the new outputs are intended, update the baseline: "
-                              f"{session.rerun(result.nodeid, update=True)}")
-    return Outcome(result, "compared", rows=rows, messages=[*messages, *errors], drift=drift, baseline_path=path,
-                   changed=changed, outputs_unchecked=unchecked(baseline.outputs, result.batches))
+        return Outcome(result, Status.MISSING, messages=[hint], baseline_path=path)
+    mismatch = hardware_mismatch(lookup.entry.fingerprint, session.fingerprint)
+    if mismatch is None:
+        return Reference(lookup.entry, "the baseline")
+    kind, was, now = mismatch
+    # The hint names a set of this hardware's own: an update under the same name would replace the other
+    # machine's baselines, and gating under it again gives this same refusal.
+    # (the same slug as this machine's own set would get; for a GPU, from its name)
+    own = {"machine": machine_slug(session.fingerprint if kind == "cpu" else {"cpu_model": now})}
+    text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has {now!r}; not "
+            f"compared. Record baselines of this hardware as a set of its own:\n"
+            f"  {session.rerun(result.nodeid, update=True, replace=own)}\n"
+            f"then gate with {' '.join(f'--llmperf-{k}={v}' for k, v in own.items())}")
+    # A baseline from another GPU is a misconfigured target (--llmperf-device names the GPU model): it fails the
+    # test. Another CPU (a set named with --llmperf-machine on other hardware) is refused, as fail_on says.
+    return Outcome(result, Status.REFUSED, messages=[] if kind == "gpu" else [text],
+                   errors=[text] if kind == "gpu" else [], baseline_path=path,
+                   drift=software_drift(lookup.entry.fingerprint, session.fingerprint),
+                   reason=f"baseline from another {kind.upper()}")
 
 
-def changed_outputs(result: BenchmarkResult, rows: list[judge.Row], mode: str, hint: str) -> list[str]:
-    """Generated tokens that changed: the messages that fail the test (outputs=fail), or a warning (warn, or a
-    server not declared deterministic: its batching can change its numerics, base/backends/base.py)."""
-    found = judge.outputs_messages(rows, mode)
+def ab_reference(result: BenchmarkResult, side: BenchmarkResult | None, label: str, *,
+                 exists_on_a: bool) -> Reference | Outcome:
+    """The A side of an A/B comparison to judge against, or a `new` outcome when it has no such benchmark."""
+    if side is None:
+        why = "measured here only" if exists_on_a else f"not in {label}"
+        return Outcome(result, Status.NEW, baseline_path=f"{label}: {why}",
+                       reason="new test" if not exists_on_a else "measured in the working tree only")
+    return Reference(BaselineEntry.of_result(side, created=label), label, side)
+
+
+def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference, scenario: Scenario,
+          schedule: Schedule, *, final: bool, previous: Outcome | None = None, family: int | None = None) -> Outcome:
+    """One look at a benchmark: every row decided so far, the rest undecided (or, `final`, inconclusive)."""
+    ab = reference.side is not None
+    rows = judge_rows(result, reference, scenario, splits_prefill=result.splits_prefill, schedule=schedule,
+                      final=final, max_load=float("inf") if ab else scenario.max_load,
+                      counters_better=result.counters_better, previous=previous.rows if previous else (),
+                      family=family)
+    if ab:
+        how = f"compared with {reference.label} in alternating worker processes (--llmperf-compare)"
+        intended = how
+    else:
+        how = f"If the slowdown is intended, update the baseline: {session.rerun(result.nodeid, update=True)}"
+        intended = f"If the new outputs are intended, update the baseline: {session.rerun(result.nodeid, update=True)}"
+    refused = [r for r in rows if r.verdict == Verdict.REFUSED]
+    warnings = [f"{result.key}: " + "; ".join(f"batch size {r.batch_size}: {r.note}" for r in refused)
+                + busy_hint(session, result, reference.entry, scenario.max_load)] if refused else []
+    changed, changed_warnings = changed_outputs(result, rows, scenario.outputs, intended)
+    return Outcome(result, Status.COMPARED, rows=rows, messages=verdict_messages(rows, how, scenario), baseline_path=(
+        reference.label if ab else str(session.store.path_for(result.module))), reference=reference.side,
+        changed=changed, outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
+        drift={} if ab else software_drift(reference.entry.fingerprint, session.fingerprint),
+        warnings=[*warnings, *changed_warnings])
+
+
+def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[str]:
+    """What a regressed or inconclusive benchmark says (its test fails with it where --llmperf-fail-on lists
+    its kind); invalid values always fail."""
+    regressed = [row_message(r) for r in rows if r.verdict == Verdict.REGRESSED]
+    if regressed:
+        return [*regressed, how]
+    inconclusive = [row_message(r) for r in rows if r.verdict == Verdict.INCONCLUSIVE]
+    if inconclusive:
+        return [*inconclusive, "Measure more units where a row stays undecided (--llmperf-max-processes, or "
+                               "max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)"]
+    return []
+
+
+def changed_outputs(result: BenchmarkResult, rows: list[Row], mode: str, hint: str) -> tuple[list[str], list[str]]:
+    """Generated tokens that changed: (the messages that fail the test, warnings). They fail with outputs=fail,
+    unless the server is not declared deterministic (its batching can change its numerics, measure/backend.py)."""
+    found = outputs_messages(rows, mode)
     if not found:
-        return []
+        return [], []
     text = f"{result.key}: " + "\n".join(found)
     if mode == "warn" or not result.backend.get("deterministic_outputs", True):
         why = ("outputs=warn" if mode == "warn" else "the server is not declared deterministic; pass "
                "deterministic=True to its fixture to fail on changed outputs")
-        warnings.warn(PytestLLMPerfWarning(f"{text} (not failing: {why})"), stacklevel=2)
-        return []
-    return [text, f"{hint}; or let it pass with --llmperf-outputs=warn (a marker's outputs=)"]
-
-
-def fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: BenchmarkResult) -> list[str]:
-    """The messages that fail this test: a regression or missing baseline not listed in --llmperf-fail-on
-    only warns; a refused or inconclusive outcome listed there fails with its reason. Changed outputs fail
-    by --llmperf-outputs, whatever the timings did."""
-    messages = _fail_on_messages(session, outcome, result)
-    return [*messages, *(e for e in batch_errors(result) if e not in messages), *outcome.changed]
+        return [], [f"{text} (not failing: {why})"]
+    return [text, f"{hint}; or let it pass with --llmperf-outputs=warn (a marker's outputs=)"], []
 
 
 def batch_errors(result: BenchmarkResult) -> list[str]:
@@ -153,61 +151,47 @@ def batch_errors(result: BenchmarkResult) -> list[str]:
               if b.error is not None and not b.oom), *request_failures(result)]
 
 
-def _fail_on_messages(session: LLMPerfSession, outcome: Outcome, result: BenchmarkResult) -> list[str]:
+def fail_messages(session: LLMPerfSession, outcome: Outcome) -> tuple[list[str], list[str]]:
+    """(the messages that fail this test, the warnings it emits). A kind listed in --llmperf-fail-on fails
+    with its messages, any other only warns; batch errors, invalid values and changed outputs always fail."""
     fail_on = session.settings["fail_on"]
-    kind = kind_of(outcome)
-    errors = batch_errors(result)
-    if kind in (REGRESSED, MISSING) and kind not in fail_on:
-        verdict = [m for m in outcome.messages if m not in errors]
-        if verdict:
-            warnings.warn(PytestLLMPerfWarning(f"{result.key}: {kind}, not failing ({kind} is not in "
-                                               f"--llmperf-fail-on): " + "\n".join(verdict)), stacklevel=2)
-        return errors
-    if kind in (REFUSED, INCONCLUSIVE) and kind in fail_on and not outcome.messages:
-        rows = [f"batch size {r.batch_size} {r.metric}: {r.note}" for r in outcome.rows if r.verdict == kind]
-        detail = "; ".join(rows) or reason_of(outcome)
-        return [f"{result.key}: {kind} ({reason_of(outcome)}), and --llmperf-fail-on lists {kind}: nothing was "
-                f"judged. {detail}", *errors]
-    return outcome.messages
+    kind = outcome.kind
+    errors = [*outcome.errors, *(e for e in batch_errors(outcome.result) if e not in outcome.errors),
+              *(row_message(r) for r in outcome.rows if r.verdict == Verdict.INVALID)]
+    warnings = list(outcome.warnings)
+    said = outcome.messages or [f"{outcome.result.key}: {kind} ({reason_of(outcome)}), and --llmperf-fail-on lists "
+                                f"{kind}"]
+    if kind in (Kind.REGRESSED, Kind.MISSING, Kind.INCONCLUSIVE, Kind.REFUSED):
+        if kind in fail_on:
+            return [*said, *(e for e in errors if e not in said), *outcome.changed], warnings
+        if outcome.messages:
+            warnings.append(f"{outcome.result.key}: {kind}, not failing ({kind} is not in --llmperf-fail-on): "
+                            + "\n".join(outcome.messages))
+    return [*errors, *outcome.changed], warnings
 
 
-def baseline_entry(session: LLMPerfSession, result: BenchmarkResult) -> BaselineEntry:
-    fp = session.fingerprint
-    return BaselineEntry(
-        key=result.key,
-        runs={b.batch_size: values_by_process(b.samples) for b in result.batches if b.ok},
-        unit=unit_of_result(result),
-        outputs=outputs_by_batch(result.batches),
-        errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
-        foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
-        fingerprint=fp,
-        scenario=result.scenario,
-        backend={k: v for k, v in result.backend.items() if k != "model_path"},
-        git_commit=fp["git"]["commit"],
-        created=now_iso(),
-    )
+def busy_hint(session: LLMPerfSession, result: BenchmarkResult, entry: BaselineEntry, max_load: float) -> str:
+    """What to do about batch sizes refused because either side was measured on a busy machine: one
+    --llmperf-max-load that admits them all, fewer threads only where they are not already 1."""
+    now = [b.foreign_load for b in result.batches if b.foreign_load is not None and b.foreign_load > max_load]
+    then = [load for load in entry.foreign_load.values() if load > max_load]
+    if now:
+        threads = "" if session.threads == 1 else ", use fewer torch threads (--llmperf-threads=1)"
+        return (f". Re-run when the other work has stopped, allow it with --llmperf-max-load={max(now) + 0.25:.2g} "
+                f"(noisier verdicts){threads}, or measure base and change in one session (--llmperf-compare REF)")
+    if then:
+        return (f". Re-record the baseline with --llmperf-update on a quiet machine, or gate with "
+                f"--llmperf-max-load={max(then) + 0.25:.2g} to accept it")
+    return ""
 
 
-def unit_of_result(result: BenchmarkResult) -> str:
-    """"process" when the runs came from several worker processes, else "run"."""
-    return "process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run"
-
-
-def _slug(text: Any) -> str:
-    """A short device-name suffix from a CPU or GPU name: 'Intel(R) Xeon(R) Gold 6338' -> 'intel-xeon-gold-6338'."""
-    import re
-
-    words = re.sub(r"\((r|tm)\)|cpu|@.*", " ", str(text).lower())
-    return "-".join(re.findall(r"[a-z0-9]+", words))[:40] or "this-machine"
-
-
-def busy_update_message(session: LLMPerfSession, nodeid: str, busy: list[str], result: BenchmarkResult) -> str:
+def busy_update_message(session: LLMPerfSession, result: BenchmarkResult, busy: list[str]) -> str:
     """Why an update was refused on a busy machine, and what to run instead."""
     worst = max(b.foreign_load or 0.0 for b in result.batches)
-    allow = session.rerun(nodeid, update=True, replace={"max_load": float(f"{worst + 0.25:.2g}")})
+    allow = session.rerun(result.nodeid, update=True, replace={"max_load": float(f"{worst + 0.25:.2g}")})
     fewer = ("" if session.threads == 1 else "; or leave more of the machine to others with fewer torch threads: "
-             + session.rerun(nodeid, update=True, replace={"threads": 1}))
+             + session.rerun(result.nodeid, update=True, replace={"threads": 1}))
     return (f"not written: a baseline measured on a busy machine would gate against noise ({'; '.join(busy)}). "
-            f"Instead: re-run when the other work has stopped; or accept this much load (the baseline then "
-            f"carries its noise): {allow}{fewer}; or judge a change without stored baselines, base and change "
-            f"measured in one session (--llmperf-compare REF)")
+            f"Instead: re-run when the other work has stopped; or accept this much load (the baseline then carries "
+            f"its noise): {allow}{fewer}; or judge a change without stored baselines, base and change measured in one "
+            f"session (--llmperf-compare REF)")

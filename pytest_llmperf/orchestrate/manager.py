@@ -1,4 +1,5 @@
-"""Starting worker processes and reading what they measured (the controller's half of worker.py).
+"""The manager's half of worker processes: start them, stop them, read what they measured (worker.py is the
+other half of the protocol; pyperf splits its manager and workers the same way).
 
 A worker is `python -m pytest NODEID...` run by the same interpreter in the same environment, in the
 root of one side of a comparison (the working tree, or a git worktree of the reference). Its output
@@ -18,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..processes import _die_with_parent, stop_tree, tail
+from ..processes import die_with_parent, stop_tree, tail
 from ..measure.allocator import steady_malloc_env
 from ..measure.records import BenchmarkResult
-from .worker import ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
+from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
+#: Protocols this manager reads: a side of an A/B comparison may import an older pytest-llmperf (this repository's
+#: own benchmarks import the plugin of the side they measure); protocol 1 ignores ENV_BATCHES (measures all).
+PROTOCOLS = (1, PROTOCOL)
 #: pytest's exit codes after which the worker's reports are complete: all passed, some failed.
 COMPLETE_EXIT_CODES = (0, 1)
 
@@ -54,8 +58,6 @@ class Measured:
 
     nodeid: str
     result: BenchmarkResult
-    splits_prefill: bool
-    counters_better: dict[str, str] | None
 
 
 @dataclass
@@ -84,7 +86,8 @@ def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> li
 
 
 def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
-               timeout_s: float, extra_args: Sequence[str] = ()) -> WorkerRun:
+               timeout_s: float, extra_args: Sequence[str] = (),
+               batch_sizes: Mapping[str, Sequence[int]] | None = None) -> WorkerRun:
     """Run one worker to completion; raise WorkerError if it did not complete."""
     tag = f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
@@ -93,13 +96,15 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     env = side.environ()
     env.update({ENV_OUT: str(out), ENV_SETTINGS: json.dumps(dict(settings)), ENV_PROCESS: str(index),
                 "PYTHONUNBUFFERED": "1"})
+    if batch_sizes:
+        env[ENV_BATCHES] = json.dumps({nodeid: list(sizes) for nodeid, sizes in batch_sizes.items()})
     if settings.get("malloc") == "steady":
         env.update(steady_malloc_env())
     started = time.monotonic()
     with open(log, "wb") as log_handle:
         proc = subprocess.Popen(worker_command(nodeids, extra_args), cwd=side.root, stdout=log_handle,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent())
+                                start_new_session=True, preexec_fn=die_with_parent())
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -134,11 +139,13 @@ def _read(out: Path, run: WorkerRun) -> dict[str, Any] | None:
             record = json.loads(line)
         except json.JSONDecodeError:  # a worker killed mid-line: the lines before it stand
             continue
-        if record.get("type") == "hello" and record.get("protocol") == PROTOCOL:
+        if record.get("type") == "hello" and record.get("protocol") in PROTOCOLS:
             hello = record
         elif record.get("type") == "result":
-            run.measured.append(Measured(record["nodeid"], BenchmarkResult.from_json(record["result"]),
-                                         bool(record["splits_prefill"]), record.get("counters_better")))
+            result = BenchmarkResult.from_json(record["result"])
+            if record.get("counters_better") and not result.counters_better:  # protocol 1 sent them beside it
+                result.counters_better = dict(record["counters_better"])
+            run.measured.append(Measured(record["nodeid"], result))
         elif record.get("type") == "report":
             run.reports.append(record)
     return hello

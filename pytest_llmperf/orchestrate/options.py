@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,12 @@ import pytest
 from ..judge.baseline_layout import check_name
 from ..measure.allocator import MODES
 from .worker import worker_settings
-from ..measure.scenario import OUTPUT_MODES, ScenarioError, check_attainable
+from ..measure.scenario import OUTPUT_MODES
 
-#: Outcomes `--llmperf-fail-on` may list. regressed and missing fail the test; refused and inconclusive
-#: (nothing was judged) fail it only when listed.
-FAIL_ON_CHOICES = ("regressed", "missing", "refused", "inconclusive")
-DEFAULT_FAIL_ON = ("regressed", "missing")
+#: Outcomes `--llmperf-fail-on` may list: a benchmark's kind (judge/verdicts.py), or `unjudged`, a session that
+#: selected benchmarks and judged none of them (all refused, new, ungated, or skipped on this device).
+FAIL_ON_CHOICES = ("regressed", "missing", "inconclusive", "refused", "unjudged")
+DEFAULT_FAIL_ON = ("regressed", "missing", "inconclusive", "unjudged")
 
 
 def _bool(text: str | bool) -> bool:
@@ -151,6 +151,13 @@ def _outputs_mode(text: str) -> str:
     return value
 
 
+def _rtol(text: str | float) -> float | str:
+    """`auto` (the measured default for the mode and target class) or a number >= 0."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    return _non_negative_float(text)
+
+
 def _processes(text: str | int) -> int | str:
     if str(text).strip().lower() == "auto":
         return "auto"
@@ -250,15 +257,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("machine", "Name of this machine's baseline set, baselines/<device>/<machine>/ (default: on the cpu "
            "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
            "baselines/<device>/). Give runners that share hardware one name", _plain_name, metavar="NAME"),
-    Option("runs", "Measured runs per batch size (default: 10)", _positive_int, default=10, metavar="N"),
+    Option("runs", "Measured runs per batch size: in each worker process, whose median the gate tests; measured in "
+           "one process (--llmperf-processes=1), the runs of the first look (default: 10)", _positive_int, default=10,
+           metavar="N"),
     Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
            _non_negative_int, default=1, metavar="N"),
-    Option("max_runs", "Most runs per batch size when a verdict is inconclusive (default: 30)",
+    Option("max_runs", "Measured in one process: most runs per batch size while a row is undecided, more added in "
+           "doublings from --llmperf-runs (default: 30)",
            _positive_int, default=30, metavar="N"),
-    Option("alpha", "Significance level of the regression test (default: 0.01)", _probability,
+    Option("alpha", "Family-wise error rate of 'regressed': the chance that a job of unchanged code ends with a "
+           "regressed row, however many rows and looks it has (default: 0.01)", _probability,
            default=0.01, metavar="P"),
-    Option("rtol", "Relative tolerance: a slowdown smaller than this never fails (default: 0.05)",
-           _non_negative_float, default=0.05, metavar="R"),
+    Option("rtol", "Relative tolerance: a row regresses when its slowdown is credibly beyond it, and passes when "
+           "shown to be within it; auto: 0.03 for A/B (--llmperf-compare), against stored baselines the measured "
+           "drift between sessions: 0.15 on the cpu target, 0.05 on GPU targets (default: auto)", _rtol,
+           default="auto", metavar="R|auto"),
     Option("max_load", "Retake a run during which other processes kept more than this many cores busy; "
            "refuse to judge or record a batch that stayed busy; inf: never (default: 0.25)", _load_limit,
            default=0.25, metavar="CORES"),
@@ -266,8 +279,9 @@ OPTIONS: tuple[Option, ...] = (
            "at 2 threads on a shared 2-core machine spread 2-3x wider, docs/noise.md), torch's default on a GPU "
            "target; a marker's knobs={'threads': n} wins (default: auto)", _threads, default="auto",
            metavar="auto|N"),
-    Option("fail_on", "Outcomes that fail the run, a comma list out of regressed, missing, refused, inconclusive, "
-           "or none; refused and inconclusive mean nothing was judged (default: regressed,missing)", _fail_on,
+    Option("fail_on", "Outcomes that fail the run, a comma list out of regressed, missing, inconclusive, refused, "
+           "unjudged (a session that selected benchmarks and judged none), or none "
+           "(default: regressed,missing,inconclusive,unjudged)", _fail_on,
            default=DEFAULT_FAIL_ON, metavar="OUTCOMES"),
     Option("outputs", "What generated tokens that differ from the baseline's (or the compared ref's) do, where the "
            "backend reports them (in-process backends: greedy, fixed length): fail the test, warn, or off "
@@ -278,11 +292,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
-    Option("processes", "Worker processes that measure each benchmark, each reduced to its medians; the gate tests "
-           "per-process values. 1 measures in the pytest process itself (default: auto, 8 on the cpu target, 5 on "
-           "GPU targets)", _processes, default="auto", metavar="N|auto"),
-    Option("max_processes", "Most worker processes per side while a verdict stays inconclusive; more are added in "
-           "doublings from --llmperf-processes (default: twice --llmperf-processes)", _positive_int, metavar="N"),
+    Option("processes", "Worker processes per side at a benchmark's first look, each reduced to its medians; the "
+           "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)", _processes,
+           default="auto", metavar="N|auto"),
+    Option("max_processes", "Most worker processes per side while a row is undecided; more are added in doublings "
+           "from --llmperf-processes, for the batch sizes still undecided (default: 8 times --llmperf-processes)",
+           _positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", _string, metavar="REF"),
     Option("worker_timeout", "Seconds one worker process may run before it is stopped as hung (default: 3600)",
@@ -356,18 +371,15 @@ class Settings:
             values["baseline_dir"] = str(config_dir / "baselines")
         if values["report_dir"] == "reports" and OPTIONS_BY_NAME["report_dir"].source(config) is None:
             values["report_dir"] = str(config_dir / "reports")
-        in_process = values["processes"] == 1 and not values["compare"]  # else processes are the unit: controller
-        try:  # a session whose runs can never reach alpha would pass every slowdown as "inconclusive"
-            if in_process:
-                check_attainable(values["runs"], values["alpha"], extra_units=values["max_runs"] - values["runs"],
-                                 label=f"{OPTIONS_BY_NAME['runs'].cli}={values['runs']}")
-        except ScenarioError as exc:
-            raise pytest.UsageError(f"llmperf: {exc}") from None
         given = tuple(o.name for o in OPTIONS if o.source(config) == "cli")
         return cls(values, Path(config.rootpath), given)
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
+
+    def resolved(self, **values: Any) -> Settings:
+        """These settings with values decided by the session (an `auto` resolved for the target)."""
+        return replace(self, values={**self.values, **values})
 
     def for_test(self, marker_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Per-test settings: the marker's keywords over the session's values."""

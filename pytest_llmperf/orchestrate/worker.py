@@ -1,7 +1,7 @@
-"""The worker side of worker processes: measure, and report to the controlling pytest process.
+"""The worker's half of worker processes: measure, and report to the controlling pytest process.
 
-The controller (`pytest_llmperf/controller.py`) starts `python -m pytest NODEID...` with the
-environment variables below. In such a process `llmperf.measure()` measures as usual but, instead of
+The controller (orchestrate/controller.py, through orchestrate/manager.py, the other half of this protocol)
+starts `python -m pytest NODEID...` with the environment variables below. In such a process `llmperf.measure()` measures as usual but, instead of
 judging, appends the result to the file `LLMPERF_WORKER_OUT` names; every test report (passed,
 failed, skipped, with its text) goes there too. One JSON object per line, so a worker that dies
 leaves every line it finished. pyperf splits its manager and workers the same way.
@@ -21,7 +21,8 @@ from ..measure.records import BenchmarkResult
 ENV_OUT = "LLMPERF_WORKER_OUT"
 ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
 ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (0 is "measured in-process")
-PROTOCOL = 1
+ENV_BATCHES = "LLMPERF_WORKER_BATCHES"  # JSON {nodeid: [batch sizes]}: measure only these (a later look)
+PROTOCOL = 2
 
 
 def worker_out() -> Path | None:
@@ -51,14 +52,18 @@ class WorkerRecorder:
         self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()
 
-    def record_result(self, nodeid: str, result: BenchmarkResult, *, splits_prefill: bool,
-                      counters_better: dict[str, str] | None) -> None:
+    def record_result(self, nodeid: str, result: BenchmarkResult) -> None:
         index = process_index()
         for batch in result.batches:
             for sample in batch.samples:
                 sample.process = index
-        self._write({"type": "result", "nodeid": nodeid, "splits_prefill": splits_prefill,
-                     "counters_better": counters_better, "result": result.to_json()})
+        self._write({"type": "result", "nodeid": nodeid, "result": result.to_json()})
+
+    def batch_sizes(self, nodeid: str) -> set[int] | None:
+        """The batch sizes of a test this worker measures, when the controller named them (None: all)."""
+        raw = os.environ.get(ENV_BATCHES)
+        wanted = json.loads(raw).get(nodeid) if raw else None
+        return set(wanted) if wanted is not None else None
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

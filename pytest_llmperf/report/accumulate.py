@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..judge.verdicts import Row
 from ..measure.records import BatchResult, BenchmarkResult, RunSample
 
 SCHEMA_VERSION = 1
@@ -122,11 +121,6 @@ def results_from_document(document: Mapping[str, Any]) -> list[BenchmarkResult]:
                                        scenario=b.get("scenario") or {}, backend=b.get("backend") or {},
                                        batches=batches, group=b.get("group")))
     return results
-
-
-def rows_from_document(document: Mapping[str, Any]) -> list[Row]:
-    names = {f.name for f in fields(Row)}
-    return [Row(**{k: v for k, v in r.items() if k in names}) for r in document.get("verdicts") or []]
 
 
 def update_report(path: Path, session_document: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ..judge.verdicts import Row, unit_of
+from ..judge.rows import unit_of
+from ..judge.verdicts import Row
 from ..measure.metrics import METRICS, metric_better, values_by_metric
 from ..measure.records import BenchmarkResult
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,8 @@ def runs_section(results: Sequence[BenchmarkResult]) -> str | None:
 
 def pairs_section(results: Sequence[BenchmarkResult]) -> str | None:
     """Two policies measured side by side in each run (offload/paired.py): their decode tokens/s, how often
-    the first won, and the paired Hodges-Lehmann ratio first / second with its 95% bootstrap interval."""
-    from ..judge.gate import compare_paired
+    the first won, and the paired ratio first / second with its 95% interval (judge/stats.py)."""
+    from ..judge.stats import paired
 
     rows = []
     for r in results:
@@ -265,16 +266,17 @@ def pairs_section(results: Sequence[BenchmarkResult]) -> str | None:
             a, b = values.get("pair.a_decode_tokens_per_s"), values.get("pair.b_decode_tokens_per_s")
             if not a or not b or len(a) != len(b):
                 continue
-            c = compare_paired("decode_tokens_per_s", batch.batch_size, b, a, better="higher", rtol=0.0)
+            estimate = paired(b, a, better="higher")
+            low, high = estimate.interval()
             wins = sum(x >= y for x, y in zip(a, b))
             rows.append([r.key, f"{pair['a']} / {pair['b']}", str(batch.batch_size), str(len(a)),
-                         f"{c.current_median:.2f}", f"{c.baseline_median:.2f}",
-                         f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]", f"{wins}/{len(a)}"])
+                         f"{statistics.median(a):.2f}", f"{statistics.median(b):.2f}",
+                         f"{float(estimate.ratio()):.3f} [{float(low):.3f}, {float(high):.3f}]", f"{wins}/{len(a)}"])
     if not rows:
         return None
     return ("## Policy pairs\n\nEach run measured both policies in the same process, one right after the other, "
-            "the order alternating. Ratio: paired Hodges-Lehmann estimate of first / second decode tokens/s, "
-            "95% bootstrap interval.\n\n" + table(("Test", "Policies", "Batch Size", "Pairs", "first tokens/s",
+            "the order alternating. Ratio: first / second decode tokens/s, the 20%-trimmed mean of the runs' log "
+            "ratios with its 95% interval (Yuen).\n\n" + table(("Test", "Policies", "Batch Size", "Pairs", "first tokens/s",
                                                     "second tokens/s", "ratio [95% CI]", "first >= second"), rows))
 
 

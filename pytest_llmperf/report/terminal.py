@@ -1,36 +1,121 @@
-"""The `llmperf: <device>` section of pytest's terminal summary."""
+"""What the terminal shows: the `llmperf:` header lines, and the `llmperf: <device>` section of the summary.
+
+The section opens with the judged line (a run that judged nothing says so first, in red), then what fails the
+run, the verdict table, one count per kind (each benchmark counted once), run quality and the hints.
+`session` is the orchestrate layer's LLMPerfSession, read through its attributes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..judge.quality import quality_notes
+from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, counts, failing, reason_of
 from .markdown import json_document, table
 from .verdict_table import table_rows
 
-COUNT_ORDER = ("passed", "regressed", "improved", "created", "updated", "new", "refused", "missing", "inconclusive")
+#: fail_on's word for a session that selected benchmarks and judged none.
+UNJUDGED = "unjudged"
 
 
-#: Counted beside the verdicts, shown only when some benchmark has them.
-COUNT_EXTRA = ("outputs changed",)
+def header_lines(session: Any) -> list[str]:
+    s = session.settings
+    return [
+        f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
+        f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']:g}"
+        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s['malloc']}, threads={session.threads_text()}, "
+        f"fail_on={','.join(s['fail_on']) or 'none'}",
+        f"llmperf: {_measured_how(session)}",
+        f"llmperf: baselines={session.baseline_set}, reports={s['report_dir']}",
+    ]
 
 
-def counts_line(counts: Mapping[str, int]) -> str:
-    return ", ".join([f"{counts.get(name, 0)} {name}" for name in COUNT_ORDER]
-                     + [f"{counts[name]} {name}" for name in COUNT_EXTRA if counts.get(name)])
+def _measured_how(session: Any) -> str:
+    s = session.settings
+    if session.recorder is not None:
+        return "a worker process of the controlling pytest process"
+    where = (f"the working tree against {s['compare']} (A/B, alternating)" if s["compare"]
+             else "against the stored baselines")
+    if session.in_process:
+        return (f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
+                f"doubling to max_runs={s['max_runs']} for undecided rows")
+    auto = " (auto)" if s["processes"] == "auto" else ""
+    return (f"processes={session.processes}{auto} per side at the first look (worker processes; the gate tests their "
+            f"medians), doubling to {session.max_processes} for undecided rows, {where}")
+
+
+def counts_line(found: Mapping[Kind, int]) -> str:
+    """`2 passed, 1 regressed, ...`: every kind that occurred, judged kinds first, each benchmark once."""
+    order = [*JUDGED, *NOT_JUDGED]
+    return ", ".join(f"{found[k]} {k}" for k in order if found.get(k)) or "no benchmark measured"
+
+
+def judged_line(session: Any) -> tuple[str, str]:
+    """(`llmperf: judged J of N benchmarks (...)`, markup colour: green, yellow or red)."""
+    outcomes: Sequence[Outcome] = session.outcomes
+    kinds = [o.kind for o in outcomes]
+    judged = sum(k in JUDGED for k in kinds)
+    parts = []
+    for kind in NOT_JUDGED:
+        reasons = Counter(reason_of(o) for o, k in zip(outcomes, kinds) if k == kind)
+        if reasons:
+            detail = ", ".join(f"{n} {r}" if len(reasons) > 1 else r for r, n in reasons.most_common())
+            parts.append(f"{sum(reasons.values())} {kind}: {detail}")
+    skipped, invalid = session.skipped_here, session.invalid_here
+    if skipped:
+        parts.append(f"{skipped} skipped: they run on other devices than {session.device}")
+    if invalid:
+        parts.append(f"{invalid} not run: settings that cannot work")
+    if kinds.count(Kind.INCONCLUSIVE):
+        parts.append(f"{kinds.count(Kind.INCONCLUSIVE)} of the judged inconclusive: undecided at the cap")
+    total = len(outcomes) + skipped + invalid
+    line = f"llmperf: judged {judged} of {total} benchmarks" + (f" ({'; '.join(parts)})" if parts else "")
+    if session.mode != "gate" and all(k in (Kind.CREATED, Kind.UPDATED) for k in kinds):
+        return line, "green"  # recording baselines judges nothing, on purpose
+    if judged == 0:
+        return line + ": nothing was compared", "red"
+    return line, "green" if judged == total and not kinds.count(Kind.INCONCLUSIVE) else "yellow"
+
+
+def session_fails(session: Any) -> bool:
+    """The run fails: a benchmark ended in a kind --llmperf-fail-on lists, or (`unjudged`) the session selected
+    benchmarks and judged none of them."""
+    fail_on = session.settings["fail_on"]
+    if failing(session.outcomes, fail_on):
+        return True
+    return UNJUDGED in fail_on and session.mode == "gate" and nothing_judged(session)
+
+
+def nothing_judged(session: Any) -> bool:
+    return bool(session.selected) and not any(o.kind in JUDGED for o in session.outcomes)
+
+
+def failing_line(session: Any) -> str | None:
+    fail_on = session.settings["fail_on"]
+    found = [f"{n} {k}" for k, n in failing(session.outcomes, fail_on).items()]
+    if UNJUDGED in fail_on and session.mode == "gate" and nothing_judged(session):
+        found.append("nothing judged")
+    if not found:
+        return None
+    return f"llmperf: the run fails: {', '.join(found)} (--llmperf-fail-on={','.join(fail_on) or 'none'})"
 
 
 def summary_lines(session: Any) -> list[str]:
     # the same rows, units, ratio direction and order as the markdown report's verdict table
     document = json_document(session.device, "", {}, {}, [o.result for o in session.outcomes], session.outcomes,
-                             session.counts())
+                             counts(session.outcomes))
     header, rows = table_rows(document, with_measured=False)
     lines = table(header, rows).splitlines() if rows else []
-    counts = session.counts()
-    lines.append(counts_line(counts))
+    found = counts(session.outcomes)
+    lines.append(counts_line(found))
     lines += [f"run quality: {o.result.key}: {note}" for o in session.outcomes for note in quality_notes(o.result)]
-    unchecked = [o.result.key for o in session.outcomes if getattr(o, "outputs_unchecked", False)]
+    used = getattr(session, "processes_used", [])
+    if used:
+        lines.append(f"processes per side: {_spread(used)} over {len(used)} benchmark test(s)")
+    unchecked = [o.result.key for o in session.outcomes if o.outputs_unchecked]
     if unchecked:
         lines.append(f"outputs not compared for {len(unchecked)} benchmark(s), whose baseline (or compared ref) holds "
                      f"no generated tokens (recorded before they were stored; --llmperf-update records them): "
@@ -39,12 +124,32 @@ def summary_lines(session: Any) -> list[str]:
     if drift:
         lines.append("software drift since the baselines: " +
                      "; ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(drift.items())))
-    compared_to = getattr(session, "compared_to", None)
-    if compared_to and counts.get("regressed"):
-        lines.append(f"compared with {compared_to}: re-run the same command to measure again; a slowdown the "
+    if session.compared_to and found.get(Kind.REGRESSED):
+        lines.append(f"compared with {session.compared_to}: re-run the same command to measure again; a slowdown the "
                      "change intends is accepted by merging it (the next comparison starts from it)")
-    elif counts.get("regressed") or counts.get("missing"):
-        rerun = session.rerun() if hasattr(session, "rerun") else f"pytest --llmperf-device={session.device}"
-        lines.append(f"re-run: {rerun} (add --llmperf-update if the change is "
-                     "intended, then commit the changed baselines/ files)")
+    elif found.get(Kind.REGRESSED) or found.get(Kind.MISSING):
+        lines.append(f"re-run: {session.rerun()} (add --llmperf-update if the change is intended, then commit the "
+                     "changed baselines/ files)")
     return lines
+
+
+def _spread(values: Sequence[int]) -> str:
+    low, high = min(values), max(values)
+    return f"median {statistics.median(values):g}" + (f", {low}-{high}" if low != high else "")
+
+
+def write_summary(terminalreporter: Any, session: Any) -> None:
+    """The `llmperf: <device>` section of pytest's terminal summary."""
+    terminalreporter.write_sep("=", f"llmperf: {session.device}")
+    line, colour = judged_line(session)  # first: a run that judged nothing must say so
+    terminalreporter.write_line(line, **{colour: True, "bold": colour != "green"})
+    fails = failing_line(session)
+    if fails:
+        terminalreporter.write_line(fails, red=True, bold=True)
+    if session.outcomes:
+        for text in summary_lines(session):
+            terminalreporter.write_line(text)
+    for path in session.written:
+        terminalreporter.write_line(f"report: {path}")
+    for text in [*session.report_errors, *session.report_warnings]:
+        terminalreporter.write_line(text, red=True)

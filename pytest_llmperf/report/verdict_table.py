@@ -3,20 +3,21 @@
 One row per test, metric and batch size, in a stable order (test, metric, batch size), so a second
 look or a later session does not reshuffle it. Medians carry their units. The ratio is now/baseline
 of the medians as printed, with the bad direction said ("higher is worse" for a latency, "lower is
-worse" for a throughput); the gate's Hodges-Lehmann estimate of the same ratio sits beside it with
-its 95% CI. An "improved" row shows the p-value of the improving direction. Benchmarks that were
+worse" for a throughput); the gate's estimate of the same ratio (judge/stats.py: the 20%-trimmed mean of the
+log values) sits beside it with its 95% interval, and the one-sided p with its adjustment for the family of rows
+and looks (judge/procedure.py). An "improved" row shows the p-value of the improving direction. Benchmarks that were
 created, updated, refused or missing (no comparison) show the medians measured now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..measure.metrics import DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS
 
-HEADER = ("Test", "Metric", "Batch Size", "Baseline (median)", "Now (median)", "Ratio now/baseline",
-          "HL ratio [95% CI]", "p (BH)", "Verdict")
+HEADER = ("Test", "Metric", "Batch Size", "Baseline (median)", "Now (median)", "Ratio of medians",
+          "Ratio estimate [95% CI]", "p (adjusted)", "Verdict")
 METRIC_ORDER = {name: i for i, name in enumerate(METRICS)}
 
 
@@ -122,8 +123,3 @@ def markdown_table(document: Mapping[str, Any], *, with_measured: bool = True) -
 
     header, rows = table_rows(document, with_measured=with_measured)
     return table(header, rows) if rows else ""
-
-
-def rows_as_dicts(rows: Iterable[Any]) -> list[dict[str, Any]]:
-    """verdicts.Row objects as the JSON document holds them."""
-    return [dict(r.__dict__) for r in rows]

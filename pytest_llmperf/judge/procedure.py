@@ -1,0 +1,179 @@
+"""The gate's decision procedure: one function gives every row its verdict, in every mode, at every look.
+
+A benchmark is measured in *looks*: N units per side (worker processes, or runs in one process), then, for the
+batch sizes still undecided, more units, doubling, up to a cap. At each look `decide` gives every undecided
+row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
+
+- **regressed**: credibly beyond the tolerance. The estimate's `DECISION_LEVEL` lower bound lies above
+  1 + rtol, *and* the metric is worse than its reference at the family-wise level: one-sided p below
+  alpha / (looks x rows in the family), Bonferroni over every gated row of the job (or, measured in one
+  process, of the benchmark) and over the looks. So a job of unchanged code ends with a regressed row with
+  probability at most alpha however many rows and looks it has, and a slowdown below the tolerance fails
+  rarely (its lower bound must clear 1 + rtol).
+- **improved**: the mirror image (the same family-wise p, in the improving direction).
+- **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol.
+- undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
+
+A row decided at one look keeps its verdict; the job stops as soon as every row is decided.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import stats
+
+from .stats import TRIM, Estimate
+from .verdicts import Verdict
+
+#: One-sided level of the bounds that decide "within" or "beyond" the tolerance: a row passes when the 80%
+#: upper bound of its slowdown is within rtol. The family-wise error is controlled by alpha (above); this
+#: level trades processes for how often a slowdown near the tolerance is called either way.
+DECISION_LEVEL = 0.2
+#: Per-unit noise the "can it fail" check assumes: processes on a shared CPU runner scatter 3-10% (docs/noise.md).
+REFERENCE_NOISE = 0.05
+#: Past this many units a row is "far beyond the cap" in the inconclusive note.
+NEEDED_LIMIT = 10_000
+
+
+class SettingError(ValueError):
+    """A setting under which the gate could never fail a slowdown."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a benchmark is judged: units per side at each look (the last is the cap), and the family's alpha."""
+
+    looks: tuple[int, ...]
+    alpha: float
+    family: int = 1  # gated rows judged together (Bonferroni)
+
+    @classmethod
+    def doubling(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
+        """first, 2 first, 4 first, ... up to cap (its last look)."""
+        looks = [max(first, 1)]
+        while looks[-1] < cap:
+            looks.append(min(2 * looks[-1], cap))
+        return cls(tuple(looks), alpha, max(family, 1))
+
+    @property
+    def cap(self) -> int:
+        return self.looks[-1]
+
+    @property
+    def alpha_per_test(self) -> float:
+        """The level of one row's significance at one look."""
+        return self.alpha / (len(self.looks) * self.family)
+
+    def with_family(self, family: int) -> Schedule:
+        return Schedule(self.looks, self.alpha, max(family, 1))
+
+    def next_look(self, units: int) -> int | None:
+        """The units of the look after one with `units`, or None at the cap."""
+        return next((n for n in self.looks if n > units), None)
+
+    def adjusted(self, p: float) -> float:
+        return min(1.0, p * len(self.looks) * self.family)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Per row: its verdict (None: undecided, measure more units), the one-sided p in the bad direction (the
+    good one for "improved") adjusted for the family and looks, and for an inconclusive row the units per side
+    that would likely decide it."""
+
+    verdicts: NDArray[np.object_]
+    p_adjusted: NDArray[np.float64]
+    needed: NDArray[np.int64]
+
+
+def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bool) -> Decisions:
+    """The verdict of every row at one look; `final` at the cap (an undecided row is then inconclusive)."""
+    rtol = np.asarray(rtol, dtype=float)
+    margin = np.log1p(rtol) if estimate.scale == "log" else rtol
+    bound = np.where(estimate.se > 0, estimate.t(1 - DECISION_LEVEL) * estimate.se, 0.0)
+    worse = np.minimum(1.0, estimate.p_worse() * len(schedule.looks) * schedule.family)
+    better = np.minimum(1.0, estimate.p_better() * len(schedule.looks) * schedule.family)
+    regressed = (estimate.bad - bound > margin) & (worse < schedule.alpha)
+    improved = ~regressed & (estimate.bad + bound < -margin) & (better < schedule.alpha)
+    passed = ~regressed & ~improved & (estimate.bad + bound < margin)
+    verdicts = np.full(np.shape(estimate.bad), None, dtype=object)
+    verdicts[regressed] = Verdict.REGRESSED
+    verdicts[improved] = Verdict.IMPROVED
+    verdicts[passed] = Verdict.PASS
+    undecided = ~(regressed | improved | passed)
+    needed = np.zeros(np.shape(estimate.bad), dtype=np.int64)
+    if final:
+        verdicts[undecided] = Verdict.INCONCLUSIVE
+        needed = np.where(undecided, units_needed(estimate, margin, schedule), 0)
+    return Decisions(verdicts, np.where(improved, better, worse), needed)
+
+
+def units_needed(estimate: Estimate, margin: ArrayLike, schedule: Schedule) -> NDArray[np.int64]:
+    """About how many units per side would decide each row (normal approximation: the standard error shrinks
+    with the square root of the units), at most NEEDED_LIMIT."""
+    z_decide = stats.norm.ppf(1 - DECISION_LEVEL)
+    z_alpha = stats.norm.ppf(1 - schedule.alpha_per_test)
+    beyond = estimate.bad > margin  # the bound must clear the margin and the worse-than-reference test pass
+    target = np.where(beyond, np.minimum((estimate.bad - margin) / z_decide, estimate.bad / z_alpha),
+                      (margin - estimate.bad) / z_decide)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        units = np.maximum(estimate.n_current, 1) * (estimate.se / target) ** 2
+    units = np.where((target > 0) & np.isfinite(units), np.ceil(units), NEEDED_LIMIT)
+    # the normal approximation is optimistic at few units: never fewer than one more than measured
+    return np.clip(units, np.asarray(estimate.n_current) + 1, NEEDED_LIMIT).astype(np.int64)
+
+
+def kept(units: int) -> int:
+    """Units left after trimming TRIM from each tail."""
+    return units - 2 * int(math.floor(TRIM * units))
+
+
+def smallest_detectable(schedule: Schedule, rtol: float, *, paired: bool, noise: float = REFERENCE_NOISE) -> float:
+    """The slowdown (e.g. 0.3 for 30%) this schedule calls regressed at its cap with even odds, when units
+    scatter by `noise` (log sd per unit; per pair for A/B)."""
+    h = kept(schedule.cap)
+    if h < 2:
+        return math.inf
+    se = noise * math.sqrt(1 / h if paired else 2 / h)
+    df = h - 1 if paired else 2 * h - 2
+    t_decide = stats.t.ppf(1 - DECISION_LEVEL, df)
+    t_alpha = stats.t.ppf(1 - schedule.alpha_per_test, df)
+    return math.expm1(max(math.log1p(rtol) + t_decide * se, t_alpha * se))
+
+
+def can_fail(schedule: Schedule, rtol: float, *, paired: bool) -> bool:
+    """Whether a slowdown to twice the tolerance (2 x (1 + rtol), e.g. 2.06x at rtol 0.03) could be called
+    regressed at the cap when units scatter by REFERENCE_NOISE."""
+    return smallest_detectable(schedule, rtol, paired=paired) < 2 * (1 + rtol) - 1
+
+
+def smallest_cap(schedule: Schedule, rtol: float, *, paired: bool) -> int:
+    """The fewest units at the cap with which the schedule can fail."""
+    for cap in range(max(schedule.cap, 2), NEEDED_LIMIT):
+        looks = tuple(n for n in schedule.looks if n < cap) + (cap,)
+        if can_fail(Schedule(looks, schedule.alpha, schedule.family), rtol, paired=paired):
+            return cap
+    return NEEDED_LIMIT
+
+
+def check_can_fail(schedule: Schedule, rtol: float, *, paired: bool, what: str) -> None:
+    """Refuse a setting that could not fail even a slowdown to twice its tolerance (at REFERENCE_NOISE per
+    unit), naming the cap that could."""
+    if can_fail(schedule, rtol, paired=paired):
+        return
+    need = smallest_cap(schedule, rtol, paired=paired)
+    raise SettingError(
+        f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at {list(schedule.looks)} units "
+        f"per side (alpha {schedule.alpha:g}, Bonferroni over rows and looks), a slowdown to {2 * (1 + rtol):.2f}x "
+        f"(twice the tolerance) would not be called regressed when units scatter by {REFERENCE_NOISE:.0%}. Allow "
+        f"at least {need} units per side at the last look")
+
+
+def family_size(rows_per_benchmark: Sequence[int]) -> int:
+    """The family of a job: every gated row of every benchmark judged together."""
+    return max(sum(rows_per_benchmark), 1)

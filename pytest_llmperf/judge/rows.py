@@ -1,0 +1,251 @@
+"""The rows of one benchmark: from a measured result and its reference to verdicts a person can act on.
+
+Per batch size: the generated tokens (judge/outputs.py), why a batch cannot be compared (a busy machine, no
+reference, units that do not compare), peak memory against a tolerance, and every gated metric through the
+decision procedure (judge/stats.py, judge/procedure.py). A row decided at an earlier look keeps its verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..measure.metrics import (MEMORY_METRICS, METRICS, TAIL_MIN_GAPS, gaps_per_run, gated_metrics, metric_better,
+                               values_by_process)
+from ..measure.records import BatchResult, BenchmarkResult
+from ..measure.scenario import Scenario
+from . import outputs, procedure, stats
+from .baseline_values import check_value
+from .baselines import BaselineEntry, process_medians, stored_value
+from .verdicts import COMPARED, Row, Verdict, note_row
+
+PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
+          "throughput": "end-to-end throughput", "e2e": "end to end"}
+UNIT_WORDS = {"process": "one value per worker process", "run": "runs of one process (--llmperf-processes=1)"}
+#: Peak memory must grow by more than this as well as by memory_rtol: allocator granularity on a small model.
+MEMORY_FLOOR_MIB = 16.0
+
+
+def phase_of(metric: str) -> str:
+    return next((phase for prefix, phase in PHASES.items() if metric.startswith(prefix)), metric)
+
+
+def unit_of(metric: str) -> str:
+    return METRICS[metric].unit if metric in METRICS else ""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a benchmark is compared with: a stored baseline, or the A side of an A/B comparison (paired:
+    its processes ran beside ours, round by round)."""
+
+    entry: BaselineEntry
+    label: str  # "the baseline", or the ref's label
+    side: BenchmarkResult | None = None  # A/B: the A side's runs, paired with ours by process (round) index
+
+
+def units_of(batch: BatchResult) -> tuple[str, dict[str, dict[int, float]]]:
+    """What the gate tests, per metric and unit index: ("process", each worker process's median of its runs)
+    when several processes took the runs, since runs of one process share its speed; ("run", the runs)."""
+    per_process = values_by_process(batch.samples)
+    processes = batch.processes
+    if len(processes) > 1:
+        return "process", {m: dict(zip(processes, process_medians(v))) for m, v in per_process.items()}
+    return "run", {m: dict(enumerate(v[0])) for m, v in per_process.items()}
+
+
+@dataclass
+class _Comparison:
+    batch_size: int
+    metric: str
+    reference: list[float]
+    current: list[float]
+    unit: str
+
+
+def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
+    """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
+    if current_load is not None and current_load > max_load:
+        return (f"machine busy: other processes used {current_load:.2f} cores during the runs "
+                f"(limit {max_load:g}, --llmperf-max-load); not compared")
+    if baseline_load is not None and baseline_load > max_load:
+        return (f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
+                f"limit {max_load:g}, --llmperf-max-load); not compared")
+    return None
+
+
+def _reference_units(reference: Reference, batch_size: int, metric: str) -> dict[int, float]:
+    """The reference's units of one metric, keyed by process index (A/B) or position (a stored baseline)."""
+    side = reference.side.batch(batch_size) if reference.side is not None else None
+    if side is not None and side.ok:
+        return units_of(side)[1].get(metric, {})
+    entry = reference.entry
+    per_process = entry.runs.get(batch_size, {}).get(metric, [])
+    if entry.unit == "process":
+        return dict(enumerate(process_medians(per_process)))
+    return dict(enumerate(v for values in per_process for v in values))
+
+
+def _invalid(values: Sequence[float], metric: str) -> str | None:
+    """Why a measured value cannot be compared (NaN, infinite, a time <= 0), or None."""
+    return next((problem for v in values if (problem := check_value(v, metric)) is not None), None)
+
+
+def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario, *, splits_prefill: bool,
+               schedule: procedure.Schedule, final: bool, max_load: float,
+               counters_better: Mapping[str, str] | None = None, previous: Sequence[Row] = (),
+               family: int | None = None) -> list[Row]:
+    """Every row of one benchmark at one look. `family` is the number of gated rows judged together (the
+    job's, with worker processes); None: this benchmark's own."""
+    entry = reference.entry
+    earlier = {(r.metric, r.batch_size): r for r in previous if r.verdict in COMPARED}
+    rows: list[Row] = []
+    comparisons: list[_Comparison] = []
+    for batch in result.batches:
+        rows += _batch_rows(result, batch, reference, scenario, max_load)
+        if not batch.ok or entry.runs.get(batch.batch_size) is None or any(
+                r.batch_size == batch.batch_size and r.metric == "*" for r in rows):
+            continue
+        unit, current = units_of(batch)
+        for metric in gated_metrics(scenario.metrics, splits_prefill):
+            if metric in MEMORY_METRICS:
+                continue  # _batch_rows holds them to a tolerance
+            if (metric, batch.batch_size) in earlier:
+                rows.append(earlier[(metric, batch.batch_size)])
+                continue
+            base = _reference_units(reference, batch.batch_size, metric)
+            if metric not in current or not base:  # e.g. prefill on a server, energy of short runs
+                side = "these runs" if metric not in current else "the baseline"
+                rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
+                                     f"not measured in {side}: not gated"))
+            elif metric in TAIL_MIN_GAPS and min(gaps_per_run(s) for s in batch.samples) < TAIL_MIN_GAPS[metric]:
+                rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
+                                     f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
+            elif (problem := _invalid(list(current[metric].values()), metric)) is not None:
+                rows.append(note_row(result, metric, batch.batch_size, Verdict.INVALID,
+                                     f"a measured value {problem}: the backend returned an impossible value"))
+            else:
+                comparisons.append(_paired_up(batch.batch_size, metric, base, current[metric], unit,
+                                              reference.side is not None))
+    for batch_size, reason in entry.errors.items():
+        batch = result.batch(batch_size)
+        if batch is not None and batch.ok:
+            rows.append(note_row(result, "*", batch_size, Verdict.IMPROVED, f"failed in the baseline ({reason}), "
+                                                                            "runs now"))
+    size = family if family is not None else len(comparisons) + len(earlier)
+    rows += [_decided(result, c, scenario, schedule.with_family(size), final, counters_better)
+             for c in comparisons]
+    return rows
+
+
+def _paired_up(batch_size: int, metric: str, base: dict[int, float], current: dict[int, float], unit: str,
+               paired: bool) -> _Comparison:
+    """The values to compare, round by round for an A/B comparison (the processes that both sides measured)."""
+    if paired and unit == "process":
+        common = sorted(set(base) & set(current))
+        return _Comparison(batch_size, metric, [base[i] for i in common], [current[i] for i in common], "pairs")
+    return _Comparison(batch_size, metric, list(base.values()), [stored_value(v) for v in current.values()],
+                       "processes" if unit == "process" else "runs")
+
+
+def _decided(result: BenchmarkResult, c: _Comparison, scenario: Scenario, schedule: procedure.Schedule,
+             final: bool, counters_better: Mapping[str, str] | None) -> Row:
+    better = metric_better(c.metric, counters_better)
+    measure = stats.paired if c.unit == "pairs" else stats.unpaired
+    try:
+        estimate = measure(np.asarray(c.reference), np.asarray(c.current), better=better)
+    except stats.NoScale as exc:
+        return note_row(result, c.metric, c.batch_size, Verdict.UNGATED, f"a counter: {exc}; reported, not gated")
+    decision = procedure.decide(estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final)
+    verdict = decision.verdicts[()] or Verdict.UNDECIDED
+    low, high = (float(x) for x in estimate.interval())
+    note = f"n={len(c.reference)}/{len(c.current)} {c.unit}"
+    if int(estimate.dropped):
+        note += f", {int(estimate.dropped)} disturbed set aside"
+    if verdict == Verdict.INCONCLUSIVE:  # said first: the verdict table shows a note that does not start with n=
+        needed = int(decision.needed[()])
+        more = f"about {needed}" if needed < procedure.NEEDED_LIMIT else f"more than {procedure.NEEDED_LIMIT}"
+        units = "runs" if c.unit == "runs" else "processes"
+        note = f"undecided at the cap of {schedule.cap} {units} per side, {more} would decide it; {note}"
+    return Row(result.key, result.nodeid, c.metric, c.batch_size, float(np.median(c.reference)),
+               float(np.median(c.current)), float(estimate.ratio()), low, high, float(estimate.p_worse()),
+               float(decision.p_adjusted), verdict, note, p_better=float(estimate.p_better()))
+
+
+def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Reference, scenario: Scenario,
+                max_load: float) -> list[Row]:
+    """A batch size's rows that are not a gated metric's: outputs, why it is not compared, peak memory."""
+    entry, rows = reference.entry, []
+    if scenario.outputs != "off" and batch.ok:
+        found = outputs.check(entry.outputs.get(batch.batch_size), outputs.observed(batch.samples), reference.label)
+        if found is not None:
+            rows.append(note_row(result, outputs.OUTPUTS_METRIC, batch.batch_size, *found))
+    base = entry.runs.get(batch.batch_size)
+    busy = busy_note(batch.foreign_load, entry.foreign_load.get(batch.batch_size), max_load)
+    if busy and base is not None and batch.ok:
+        return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED, busy)]
+    if base is None:
+        note = "no baseline for this batch size" if batch.ok else (batch.error or "")
+        return [*rows, note_row(result, "*", batch.batch_size, Verdict.NEW if batch.ok else Verdict(batch.status),
+                                note)]
+    if not batch.ok:
+        return [*rows, note_row(result, "*", batch.batch_size, Verdict.REGRESSED,
+                                f"ran in the baseline, now {batch.status}: {batch.error}")]
+    unit, current = units_of(batch)
+    if unit != entry.unit:
+        return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED,
+                                f"the baseline holds {UNIT_WORDS[entry.unit]}, this run {UNIT_WORDS[unit]}: not "
+                                "comparable. Measure as the baseline was (--llmperf-processes) or re-record it with "
+                                "--llmperf-update")]
+    for metric in MEMORY_METRICS:
+        base_values = list(_reference_units(reference, batch.batch_size, metric).values())
+        if metric in current and base_values:
+            row = memory_row(result, batch.batch_size, metric, base_values, list(current[metric].values()), scenario)
+            if row.verdict != Verdict.PASS:  # the report's memory table shows every value
+                rows.append(row)
+    return rows
+
+
+def memory_row(result: BenchmarkResult, batch_size: int, metric: str, baseline: Sequence[float],
+               current: Sequence[float], scenario: Scenario) -> Row:
+    """Peak memory against its baseline: medians and a tolerance. On a fixed shape the peak hardly moves
+    between runs, so a test would flag an allocator's page as significant; what matters is whether the
+    growth is large enough to push the next batch size out of memory."""
+    was, now = float(np.median(baseline)), float(np.median(current))
+    limit = max(was * scenario.memory_rtol, MEMORY_FLOOR_MIB)
+    verdict = Verdict.REGRESSED if now - was > limit else Verdict.IMPROVED if was - now > limit else Verdict.PASS
+    note = (f"n={len(baseline)}/{len(current)}, memory: medians within {scenario.memory_rtol:.0%} and "
+            f"{MEMORY_FLOOR_MIB:g} MiB (--llmperf-memory-rtol)")
+    return Row(result.key, result.nodeid, metric, batch_size, was, now, now / was, None, None, None, None, verdict,
+               note)
+
+
+def undecided_batches(rows: Sequence[Row]) -> list[int]:
+    """Batch sizes with a row that needs more units."""
+    return sorted({r.batch_size for r in rows if r.verdict == Verdict.UNDECIDED})
+
+
+def outputs_messages(rows: Sequence[Row], mode: str) -> list[str]:
+    """The changed-outputs rows worded for the test's failure (mode fail) or a warning (mode warn)."""
+    changed = [r for r in rows if r.verdict == Verdict.CHANGED]
+    if not changed or mode == "off":
+        return []
+    return [f"batch size {r.batch_size}: {r.note}" for r in changed]
+
+
+def row_message(row: Row) -> str:
+    """A row that fails or stops its test, worded with its numbers: regressed, inconclusive, invalid."""
+    if row.metric == "*" or row.ratio is None or row.verdict == Verdict.INVALID:
+        where = f"{row.metric} at batch size {row.batch_size}" if row.metric != "*" else f"batch size {row.batch_size}"
+        return f"{where}: {row.verdict}: {row.note}"
+    unit = unit_of(row.metric)
+    if row.metric in MEMORY_METRICS:
+        return (f"{row.metric} (peak memory) at batch size {row.batch_size} regressed: baseline median "
+                f"{row.baseline:.1f} {unit}, now {row.now:.1f} {unit} (+{row.now - row.baseline:.1f} {unit}, ratio "
+                f"{row.ratio:.3f}), {row.note}")
+    return (f"{row.metric} ({phase_of(row.metric)}) at batch size {row.batch_size} {row.verdict}: baseline median "
+            f"{row.baseline:.4g} {unit}, now {row.now:.4g} {unit}, ratio {row.ratio:.3f} [{row.ci_low:.3f}, "
+            f"{row.ci_high:.3f}] (95% CI), p={row.p_value:.2g} (adjusted for rows and looks {row.p_adjusted:.2g}), "
+            f"{row.note}")

@@ -1,0 +1,127 @@
+"""The `llmperf` fixture object: `llmperf.measure(backend)` is the whole way of one benchmark in this process.
+
+Scenario from the marker and options; measure (measure/runner.py); then, in a worker process, hand the result
+to the controller; else record it (update modes) or judge it look by look against its stored baseline: the
+batch sizes with undecided rows get more runs, doubling up to max_runs (judge/procedure.py); and fail the
+test with an actionable message where --llmperf-fail-on says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..judge.procedure import Schedule
+from ..judge.rows import undecided_batches
+from ..judge.verdicts import Outcome
+from ..measure import runner
+from ..measure.backend import Backend
+from ..measure.metrics import METRICS
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_marker_kwargs, check_metrics
+from ..report import progress
+from . import judging
+from ..warning import PytestLLMPerfWarning
+from .session import LLMPerfSession
+
+#: llmperf.measure() keywords besides the marker's own.
+OVERRIDES = ("batch_sizes", "sequence_length", "decode_length", "runs", "warmups", "max_runs", "alpha", "rtol",
+             "metrics", "knobs", "group", "stop_after_oom", "max_load", "outputs", "memory_rtol")
+
+
+class Benchmark:
+    """The `llmperf` fixture: measures backends for one test and gates them against baselines."""
+
+    def __init__(self, session: LLMPerfSession, item: pytest.Item) -> None:
+        self.session = session
+        self.item = item
+        marker = item.get_closest_marker("llmperf")
+        self.marker_kwargs: dict[str, Any] = check_marker_kwargs(marker.args, marker.kwargs) if marker else {}
+        self.results: list[BenchmarkResult] = []
+
+    @property
+    def device(self) -> str:
+        return self.session.device
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.session.device != "cpu"
+
+    def model(self, name: str) -> Path:
+        """The local directory of a model name (embedded, mapped with --llmperf-model, or a path)."""
+        return self.session.resolve_model(name)
+
+    def measure(self, backend: Backend, *, name: str | None = None, **overrides: Any) -> BenchmarkResult:
+        """Run this test's scenario on `backend` and gate it. Keyword overrides beat the marker."""
+        __tracebackhide__ = True
+        scenario = self._scenario(backend, overrides)
+        nodeid = self.item.nodeid
+        key = nodeid.split("::", 1)[1] if "::" in nodeid else self.item.name
+        key = f"{key}::{name}" if name else key
+        if any(r.key == key for r in self.results):
+            raise ScenarioError(f"{key} was measured twice in one test; pass name= to tell the measurements apart")
+        if self.session.recorder is not None:  # a worker measures the batch sizes its controller still needs
+            wanted = self.session.recorder.batch_sizes(nodeid)
+            if wanted is not None:
+                scenario = replace(scenario, batch_sizes=tuple(b for b in scenario.batch_sizes if b in wanted))
+        with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
+            result = runner.measure(backend, scenario, key=key, nodeid=nodeid, module=nodeid.split("::", 1)[0],
+                                    on_run=on_run)
+        self.results.append(result)
+        if self.session.recorder is not None:  # a worker process: the controller judges
+            self.session.recorder.record_result(nodeid, result)
+            return result
+        outcome = self._judge(result, scenario, backend)
+        self.session.outcomes.append(outcome)
+        messages, said = judging.fail_messages(self.session, outcome)
+        for text in said:
+            warnings.warn_explicit(PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path),
+                                   self.item.location[1] + 1)
+        if messages:
+            pytest.fail("\n".join(messages), pytrace=False)
+        return result
+
+    def _scenario(self, backend: Backend, overrides: dict[str, Any]) -> Scenario:
+        unknown = set(overrides) - set(OVERRIDES)
+        if unknown:
+            raise ScenarioError(f"llmperf.measure() got unknown setting(s) {', '.join(sorted(unknown))}")
+        settings = self.session.settings.for_test({**self.marker_kwargs, **overrides})
+        settings.pop("devices", None)
+        settings.pop("processes", None)
+        threads = self.session.threads  # --llmperf-threads, unless the marker's knobs set threads
+        if threads is not None and "threads" in backend.knob_names and "threads" not in settings.get("knobs", {}):
+            settings["knobs"] = {**settings.get("knobs", {}), "threads": threads}
+        try:
+            scenario = build_scenario(settings)
+            check_metrics(scenario.metrics, [*METRICS, *getattr(backend, "counters_better", {})], backend.kind)
+        except ScenarioError as exc:
+            pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
+        return scenario
+
+    def _judge(self, result: BenchmarkResult, scenario: Scenario, backend: Backend) -> Outcome:
+        """Record it, or judge it look by look: the batch sizes with undecided rows get more runs."""
+        lookup = self.session.store.lookup(result.module, result.key)
+        mode = self.session.mode
+        if mode == "update" or (mode == "update-missing" and lookup.entry is None):
+            return judging.record(self.session, result, scenario, lookup)
+        reference = judging.stored_reference(self.session, result, lookup)
+        if isinstance(reference, Outcome):
+            return reference
+        schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha)
+        runs, outcome = scenario.runs, None
+        while True:
+            outcome = judging.judge(self.session, result, reference, scenario, schedule, final=runs >= schedule.cap,
+                                    previous=outcome)
+            undecided, more = undecided_batches(outcome.rows), schedule.next_look(runs)
+            if not undecided or more is None:
+                return outcome
+            with progress.benchmark(self.item.config, self.item.nodeid, f"{result.key} (look at {more} runs)",
+                                    undecided) as on_run:
+                for batch_size in undecided:
+                    fresh = runner.fresh_runs(backend, scenario, batch_size, more - runs, on_run=on_run)
+                    result.batch(batch_size).samples.extend(fresh.samples)  # type: ignore[union-attr]
+            runs = more

@@ -1,0 +1,47 @@
+"""Settings checked at collection, before anything is measured: a test's marker over the session's options.
+
+Every keyword is checked by type and range (measure/scenario.py); `processes` must be an integer >= 1; and a
+test measured in this process must be able to fail: its runs' schedule (runs, doubling to max_runs) has to
+let a slowdown to twice its tolerance be called regressed (judge/procedure.py). Worker schedules are checked by the controller,
+which knows the whole job's family of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from ..measure.scenario import ScenarioError, build_scenario
+from .session import LLMPerfSession
+
+#: Gated rows per batch size when a marker does not name its metrics (prefill, decode, throughput).
+DEFAULT_ROWS_PER_BATCH = 3
+
+
+def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapping[str, Any]) -> None:
+    """Raise ScenarioError naming the keyword and the fix when a test's settings cannot work."""
+    processes = kwargs.get("processes")
+    if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
+        raise ScenarioError(f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
+                            "(worker processes per side at the first look)")
+    settings = {k: v for k, v in session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
+    scenario = build_scenario(settings)
+    if not session.in_process or session.mode != "gate":
+        return
+    from ..judge.procedure import Schedule, SettingError, check_can_fail
+
+    rows = len(scenario.batch_sizes) * len(scenario.metrics or range(DEFAULT_ROWS_PER_BATCH))
+    schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha, rows)
+    try:
+        check_can_fail(schedule, scenario.rtol, paired=False, what=f"runs={scenario.runs}, max_runs={scenario.max_runs}")
+    except SettingError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def rows_expected(item: pytest.Item) -> int:
+    """Gated rows a test will have, as its marker says (DEFAULT_ROWS_PER_BATCH unless it names its metrics)."""
+    marker = item.get_closest_marker("llmperf")
+    kwargs = marker.kwargs if marker is not None else {}
+    return len(kwargs.get("batch_sizes") or [1]) * len(kwargs.get("metrics") or range(DEFAULT_ROWS_PER_BATCH))

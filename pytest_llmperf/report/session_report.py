@@ -1,0 +1,81 @@
+"""Everything a session writes when it ends: reports/<device>.md and .json (accumulated over sessions),
+--llmperf-json, reports/index.html, JetStream's dated throughput log for recorded JetStream baselines, and the
+GitHub step summary.
+
+A report that cannot be written is one clear line after the verdicts (never a traceback hiding them), and
+fails a session that would otherwise pass; a step summary that cannot be appended is a warning line. `session` is the orchestrate layer's LLMPerfSession.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..judge.baselines import now_iso
+from ..judge.verdicts import Kind, counts
+from ..warning import PytestLLMPerfWarning
+from . import accumulate, mermaid, throughput_log, verdict_table
+from . import html as html_report
+from .markdown import json_document, markdown, write_atomic, write_json
+from .terminal import counts_line
+
+
+def write_reports(session: Any) -> None:
+    """Write the session's reports; their paths go to `session.written`, failures to `session.report_errors`."""
+    report_dir = Path(session.settings["report_dir"])
+    found = counts(session.outcomes)
+    document = json_document(session.device, now_iso(), session.fingerprint, session.settings.values,
+                             [o.result for o in session.outcomes], session.outcomes, found)
+    paths = [report_dir / f"{session.device}.md", report_dir / f"{session.device}.json"]
+    doc, warning = accumulate.update_report(paths[1], document)  # every benchmark measured on the device
+    if warning:
+        warnings.warn(PytestLLMPerfWarning(f"llmperf report: {warning}"), stacklevel=1)
+    try:
+        write_atomic(paths[0], markdown(doc, counts_line(found)))
+        write_json(paths[1], doc)
+        session.written += paths
+    except OSError as exc:
+        session.report_errors.append(f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable "
+                                     "or set --llmperf-report-dir")
+    if session.settings["json"]:
+        try:
+            write_json(Path(session.settings["json"]), doc)
+            session.written.append(Path(session.settings["json"]))
+        except OSError as exc:
+            session.report_errors.append(f"llmperf: cannot write --llmperf-json={session.settings['json']}: {exc}. "
+                                         "Give a writable file path")
+    if not session.report_errors:
+        try:
+            session.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
+        except OSError as exc:
+            session.report_errors.append(f"llmperf: cannot write {report_dir / 'index.html'}: {exc}")
+    _throughput_log(session, report_dir)
+    _step_summary(session, document, doc, found)
+
+
+def _throughput_log(session: Any, report_dir: Path) -> None:
+    """The dated throughput log (JetStream-pytorch's layout) gains a row per recorded JetStream benchmark."""
+    for outcome in session.outcomes:
+        result = outcome.result
+        if outcome.kind in (Kind.CREATED, Kind.UPDATED) and result.backend.get("backend") == "jetstream":
+            try:
+                throughput_log.append_rows(report_dir, session.device, str(result.backend.get("model")),
+                                           throughput_log.rows_from_result(result, now_iso()[:10]))
+            except OSError as exc:
+                session.report_errors.append(f"llmperf: cannot append to the throughput log in {report_dir}: {exc}")
+
+
+def _step_summary(session: Any, document: dict, doc: dict, found: Any) -> None:
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary_path:
+        return
+    try:
+        with open(summary_path, "a", encoding="utf-8") as handle:
+            table = verdict_table.markdown_table(document, with_measured=False)
+            handle.write(f"## llmperf: {session.device}\n\n{counts_line(found)}\n\n{table}\n\n")
+            handle.write(mermaid.throughput_charts(doc))
+    except OSError as exc:
+        session.report_warnings.append(f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
+                                       f"{summary_path}: {exc}; the reports above are complete")
