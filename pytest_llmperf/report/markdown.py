@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..measure.gpu import slowed_by, throttle_names
@@ -39,9 +41,15 @@ MEMORY = (("Host RSS (measuring process)", "peak_rss_mib"), ("Host RSS (server p
           ("CUDA allocated (torch)", "cuda_peak_allocated_mib"), ("GPU used (NVML)", "gpu_used_mib"))
 
 
+def cell(value: Any) -> str:
+    """Text for one markdown table cell: a `|` (a test id may hold one) would end the cell, a newline the row."""
+    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A markdown table with padded columns, like the seeds'."""
-    rows = [list(r) for r in rows]
+    """A markdown table with padded columns, like the seeds'; every cell escaped (`cell`)."""
+    header = [cell(h) for h in header]
+    rows = [[cell(c) for c in r] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
@@ -59,12 +67,25 @@ def _failed_cell(batch: BatchResult) -> str:
     return "oom" if batch.oom else "NaN"
 
 
+def runs_taken(results: Sequence[BenchmarkResult]) -> str:
+    """The runs measured per batch size, counted (more than the scenario's `runs` when worker processes or a
+    second look added some): "20", "40 (8 processes)", or "10-20" when batch sizes differ."""
+    counts = sorted({len(b.samples) for r in results for b in r.batches if b.ok})
+    processes = sorted({len({s.process for s in b.samples}) for r in results for b in r.batches if b.ok})
+    if not counts:
+        return "0"
+    text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    if processes and processes[-1] > 1:
+        text += f" ({processes[0] if len(processes) == 1 else f'{processes[0]}-{processes[-1]}'} processes)"
+    return text
+
+
 def parameters_table(result: BenchmarkResult) -> str:
     s, b = result.scenario, result.backend
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(s.get("knobs", {}).items())) or "none"
     rows = [("Model", b.get("model", "?")), ("Backend", b.get("backend", "?")), ("Device", b.get("device", "?")),
             ("Dtype", b.get("dtype", "?")), ("Sequence Length", s["sequence_length"]),
-            ("Decode Length", s["decode_length"]), ("N Runs", s["runs"]), ("Warmups", s["warmups"]),
+            ("Decode Length", s["decode_length"]), ("N Runs", runs_taken([result])), ("Warmups", s["warmups"]),
             ("Knobs", knobs), ("Do Sample", "false")]
     rows += [(k.replace("_", " ").capitalize(), v) for k, v in sorted(b.items())
              if k not in {"model", "backend", "device", "dtype", "model_path"}]
@@ -125,7 +146,7 @@ def memory_table(result: BenchmarkResult) -> str | None:
         return None
 
     def cells(values: list[float]) -> list[str]:
-        return [_fmt(v, "MiB") for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
+        return [_fmt(v, "MiB") for v in (float(np.median(values)), min(values), max(values))]
 
     return table(("Peak memory", "Batch Size", "Median", "Lowest", "Highest"),
                  _step_rows(result, steps, "MiB", cells, 3))
@@ -187,7 +208,7 @@ def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
 
 def _median(batch: BatchResult, metric: str) -> float | None:
     values = values_by_metric(batch.samples).get(metric)
-    return float(sorted(values)[len(values) // 2]) if values else None
+    return float(np.median(values)) if values else None
 
 
 def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
@@ -207,7 +228,7 @@ def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
         columns = [" ".join(filter(None, (column_of(m), m.backend.get("variant")))) for m in members]
         batch_sizes = sorted({b.batch_size for m in members for b in m.batches})
 
-        def cell(m: BenchmarkResult, bs: int, render: Callable[[BatchResult], str]) -> str:
+        def grid_cell(m: BenchmarkResult, bs: int, render: Callable[[BatchResult], str]) -> str:
             batch = m.batch(bs)
             if batch is None:
                 return ""
@@ -215,7 +236,7 @@ def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
 
         def speed(batch: BatchResult) -> str:
             tps = _median(batch, "throughput_tokens_per_s") or float("nan")
-            return f"{tps:.2f} \\| {1000 / tps:.2f}"
+            return f"{tps:.2f} | {1000 / tps:.2f}"  # table() escapes the bar
 
         def seconds(batch: BatchResult) -> str:
             e2e = _median(batch, "e2e_ms") or float("nan")
@@ -224,10 +245,10 @@ def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
         first = members[0]
         title = (f"## Sweep: {group} ({first.backend.get('model')}, sequence length "
                  f"{first.scenario['sequence_length']}, decode length {first.scenario['decode_length']}, "
-                 f"medians of {first.scenario['runs']} runs)")
-        speed_table = table(("batch_size", *columns), [[str(bs), *(cell(m, bs, speed) for m in members)]
+                 f"medians of {runs_taken(members)} runs)")
+        speed_table = table(("batch_size", *columns), [[str(bs), *(grid_cell(m, bs, speed) for m in members)]
                                                        for bs in batch_sizes])
-        sec_table = table(("batch_size", *columns), [[str(bs), *(cell(m, bs, seconds) for m in members)]
+        sec_table = table(("batch_size", *columns), [[str(bs), *(grid_cell(m, bs, seconds) for m in members)]
                                                      for bs in batch_sizes])
         sections.append(f"{title}\n\ntokens/sec | msec/token\n{speed_table}\n\nsec\n{sec_table}")
     return sections
