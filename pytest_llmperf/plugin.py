@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from .report import markdown as report
-from .report import accumulate, mermaid, terminal, verdict_table
+from .report import accumulate, dashboards, mermaid, terminal, verdict_table
 from .report import html as html_report
 from .measure.allocator import steady_malloc
 from .judge.baselines import now_iso
@@ -181,6 +181,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         except OSError as exc:
             llm.report_errors.append(f"llmperf: cannot write --llmperf-json={llm.settings['json']}: {exc}. "
                                      "Give a writable file path")
+    dashboards.write_session_exports(llm, report_dir, session_doc)  # --llmperf-export
     if not llm.report_errors:
         try:
             llm.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped

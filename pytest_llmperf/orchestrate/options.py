@@ -19,6 +19,7 @@ from ..judge.baseline_layout import check_name
 from ..measure.allocator import MODES
 from .worker import worker_settings
 from ..measure.scenario import OUTPUT_MODES, ScenarioError, check_attainable
+from ..report.dashboards import export_formats
 
 #: Outcomes `--llmperf-fail-on` may list. regressed and missing fail the test; refused and inconclusive
 #: (nothing was judged) fail it only when listed.
@@ -316,6 +317,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("offload_popularity", "Offload engine: expert popularity profile (JSON written by "
            "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
            _string, metavar="PATH"),
+    Option("export", "Also write files for benchmark dashboards into the report directory, a comma list out of "
+           "github-action-benchmark (<device>.customSmallerIsBetter.json and .customBiggerIsBetter.json) and "
+           "bencher (<device>.bmf.json, Bencher Metric Format), or none (default: none; docs/reports.md)",
+           export_formats, default=(), metavar="FORMATS"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -7,9 +7,10 @@ writes `--benchmark-json`, `--benchmark-save/--benchmark-autosave`, compares wit
 and shows its table, exactly as for its own benchmarks. Its values are seconds, lower is better:
 latency metrics (ms) are exported in seconds; a throughput metric (tokens/s, higher is better) is
 exported as its reciprocal, seconds per token, so that lower stays better for `pytest-benchmark
-compare` and `--benchmark-compare-fail`, and `stats.ops` (1 / mean) reads as tokens per second,
-bigger is better, which is what github-action-benchmark's `pytest` reader charts (`value = stats.ops`,
-unit iter/sec). `extra_info` says what each entry holds (metric, unit, exported_as, better).
+compare` and `--benchmark-compare-fail`, and `stats.ops` (1 / mean) reads as tokens per second.
+`extra_info` says what each entry holds (metric, unit, exported_as, better). github-action-benchmark's
+`pytest` tool would chart every entry as `stats.ops` in "iter/sec"; `--llmperf-export` writes its custom
+files with real units instead (report/dashboards.py).
 
 JUnit (`--junitxml`): each benchmark's outcome, medians, ratios and verdicts become <property> elements
 named after the test. pytest's default family, xunit2, allows properties only on the <testsuite> (Jenkins'
