@@ -179,7 +179,8 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
             parts.append(f"<figure class='plot ratio'>{svg}</figure>")
             parts.append("<details><summary>the numbers</summary><table><tr><th>test</th><th>metric</th>"
                          "<th>batch size</th><th>baseline median</th><th>now median</th><th>ratio now/baseline "
-                         "(medians)</th><th>HL ratio [95% CI]</th><th>verdict</th></tr>" + "".join(table) + "</table></details>")
+                         "(medians)</th><th>HL ratio [95% CI]</th><th>verdict</th></tr>" + "".join(table)
+                         + "</table></details>")
     return "\n".join(parts)
 
 

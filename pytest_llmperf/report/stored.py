@@ -13,7 +13,7 @@ them the same way, so an accumulated report shrinks as it is rewritten.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -144,9 +144,10 @@ class StoredResult:
         """A report's benchmark entry; one written with raw runs is reduced from them."""
         if _has_raw_runs(data):
             return cls.of(raw_result(data))
-        return cls(str(data["key"]), str(data["nodeid"]), str(data.get("module") or ""), dict(data.get("scenario") or {}),
-                   dict(data.get("backend") or {}), [StoredBatch.from_json(b) for b in data.get("batches") or []],
-                   data.get("group"), bool(data.get("splits_prefill")), list(data.get("run_quality") or []))
+        return cls(str(data["key"]), str(data["nodeid"]), str(data.get("module") or ""),
+                   dict(data.get("scenario") or {}), dict(data.get("backend") or {}),
+                   [StoredBatch.from_json(b) for b in data.get("batches") or []], data.get("group"),
+                   bool(data.get("splits_prefill")), list(data.get("run_quality") or []))
 
 
 def stored(result: BenchmarkResult | StoredResult) -> StoredResult:
@@ -161,7 +162,8 @@ def raw_result(data: Mapping[str, Any]) -> BenchmarkResult:
     """A benchmark entry of a report written with raw runs, as the record it was made from."""
     names = {f.name for f in fields(RunSample)}
     batches = [BatchResult(batch_size=int(b["batch_size"]),
-                           samples=[RunSample(**{k: v for k, v in run.items() if k in names}) for run in b.get("runs") or []],
+                           samples=[RunSample(**{k: v for k, v in run.items() if k in names})
+                                    for run in b.get("runs") or []],
                            warmups=int(b.get("warmups") or 0), error=b.get("error"), oom=b.get("status") == "oom",
                            foreign_load=b.get("foreign_load"), retaken=int(b.get("retaken") or 0))
                for b in data.get("batches") or []]
@@ -192,7 +194,3 @@ def compact_reference(data: Any) -> Any:
     if isinstance(data, Mapping) and any("samples" in b for b in data.get("batches") or []):
         return reference_summary(BenchmarkResult.from_json(dict(data)))
     return data
-
-
-def stored_results(documents_benchmarks: Sequence[Mapping[str, Any]]) -> list[StoredResult]:
-    return [StoredResult.from_json(b) for b in documents_benchmarks]
