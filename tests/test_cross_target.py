@@ -92,3 +92,23 @@ def test_bad_input_is_a_clear_error_naming_the_file(two_targets, tmp_path, conte
 def test_console_script_is_declared():
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
     assert scripts.get("pytest-llmperf") == "pytest_llmperf.cli:main"
+
+
+def test_two_reports_of_one_device_from_different_folders_get_distinct_labels(two_targets, tmp_path):
+    paths, cpu = two_targets
+    other = tmp_path / "runner-b" / "cpu.json"
+    other.parent.mkdir()
+    other.write_text(paths[0].read_text())
+    merged = merge_reports([paths[0], other], tmp_path / "out")
+    labels = [t["label"] for t in merged.document["targets"]]
+    assert labels == ["cpu (cpu/cpu.json)", "cpu (runner-b/cpu.json)"]
+    assert set(merged.document["reports"]) == set(labels)  # both kept, neither overwrote the other
+    md = (tmp_path / "out" / "merged.md").read_text()
+    assert "| Batch Size | cpu (cpu/cpu.json) | cpu (runner-b/cpu.json) |" in md
+    assert "### cpu (cpu/cpu.json)" in md and "### cpu (runner-b/cpu.json)" in md
+
+
+def test_a_report_given_twice_is_a_clear_error(two_targets, tmp_path):
+    paths, _ = two_targets
+    with pytest.raises(ReportError, match="given twice"):
+        merge_reports([paths[0], paths[0].parent / ".." / "cpu" / "cpu.json"], tmp_path / "out")

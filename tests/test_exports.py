@@ -1,14 +1,17 @@
 """Exports checked by their real consumers: pytest-benchmark's own CLI and --benchmark-compare, and the
-JUnit XML pytest writes."""
+JUnit XML pytest writes, validated against the xunit2 schema pytest's own tests use."""
 
 import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
+import xmlschema
 
-from tests.test_plugin import project, run  # noqa: F401  (fixture)
+from pytest_llmperf.judge.baselines import BaselineStore
+from tests.test_plugin import machine_dir, project, run  # noqa: F401  (fixture)
 
 pytest.importorskip("pytest_benchmark")
 
@@ -43,7 +46,8 @@ def test_pytest_benchmark_compare_reads_our_json_throughput_included(project):  
     throughput = entries["test_engine[bs=2]:decode_tokens_per_s"]
     assert throughput["extra_info"]["unit"] == "s/token" and throughput["extra_info"]["metric_better"] == "higher"
     assert throughput["stats"]["ops"] == pytest.approx(tokens_per_s, rel=0.05)
-    assert entries["test_engine[bs=2]:prefill_ms"]["stats"]["median"] == pytest.approx(prefill_ms / 1000, rel=1e-6)
+    # the report keeps 6 significant digits of each run's value (report/stored.py)
+    assert entries["test_engine[bs=2]:prefill_ms"]["stats"]["median"] == pytest.approx(prefill_ms / 1000, rel=1e-5)
 
     result = benchmark_cli("compare", str(out), "--group-by=name", cwd=project.path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -75,24 +79,87 @@ def test_benchmark_compare_on_a_second_run_reads_the_saved_first(project, monkey
     assert "test_engine[bs=4]:prefill_ms" in result.stdout.str()
 
 
-def test_junit_xml_carries_medians_ratio_and_verdict(project, monkeypatch):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
-    first = project.path / "created.xml"
-    run(project, "--llmperf-update", f"--junitxml={first}").assert_outcomes(passed=1)
-    props = {p.get("name"): p.get("value") for p in ET.parse(first).getroot().iter("property")}
-    assert props["llmperf test_engine status"] == "updated"
-    assert float(props["llmperf test_engine bs=2 prefill_ms median (ms)"]) > 0
+# pytest's own schema for junit_family=xunit2 (Jenkins' junit-10.xsd), as pytest's tests validate with it
+JUNIT_SCHEMA = Path(__file__).parent / "data" / "junit-10.xsd"
+PREFIX = "llmperf test_engine.py::test_engine"
+
+
+def valid_xunit2(path):
+    xmlschema.XMLSchema(str(JUNIT_SCHEMA)).validate(str(path))  # raises XMLSchemaValidationError, naming the element
+    return ET.parse(path).getroot()
+
+
+def suite_properties(root):
+    suite = root.find("testsuite")
+    return {p.get("name"): p.get("value") for p in suite.find("properties").iter("property")}
+
+
+def test_junit_xml_is_valid_xunit2_with_the_results_as_testsuite_properties(project, monkeypatch):  # noqa: F811
+    xml = project.path / "created.xml"
+    run(project, "--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=1)
+    props = suite_properties(valid_xunit2(xml))
+    assert props[f"{PREFIX} outcome"] == "created" and props[f"{PREFIX} not judged because"] == "baseline written"
+    assert float(props[f"{PREFIX} bs=2 prefill_ms median (ms)"]) > 0
 
     monkeypatch.setenv("SIM_SEED", "1")
     xml = project.path / "gate.xml"
-    run(project, f"--junitxml={xml}").assert_outcomes(passed=1)
-    case = next(ET.parse(xml).getroot().iter("testcase"))
-    assert case.get("name") == "test_engine"
-    props = {p.get("name"): p.get("value") for p in case.iter("property")}
-    assert props["llmperf test_engine status"] == "compared"
-    assert props["llmperf test_engine bs=1 prefill_ms verdict"] == "pass"
-    base = float(props["llmperf test_engine bs=1 prefill_ms baseline median (ms)"])
-    now = float(props["llmperf test_engine bs=1 prefill_ms now median (ms)"])
-    ratio = float(props["llmperf test_engine bs=1 prefill_ms ratio now/baseline (higher is worse)"])
-    assert base > 0 and now > 0 and ratio == pytest.approx(now / base, rel=0.1)
-    assert "llmperf test_engine bs=4 throughput_tokens_per_s ratio now/baseline (lower is worse)" in props
+    result = run(project, f"--junitxml={xml}")
+    result.assert_outcomes(passed=1)
+    assert "record_property" not in result.stdout.str()  # pytest's own warning about testcase properties
+    root = valid_xunit2(xml)
+    case = next(root.iter("testcase"))
+    assert case.get("name") == "test_engine" and case.find("properties") is None
+    assert float(case.get("time")) > 0
+    props = suite_properties(root)
+    assert props[f"{PREFIX} outcome"] in ("passed", "improved") and f"{PREFIX} not judged because" not in props
+    assert props[f"{PREFIX} bs=1 prefill_ms verdict"] == "pass"
+    base = float(props[f"{PREFIX} bs=1 prefill_ms baseline median (ms)"])
+    now = float(props[f"{PREFIX} bs=1 prefill_ms now median (ms)"])
+    ratio = float(props[f"{PREFIX} bs=1 prefill_ms ratio now/baseline (medians, higher is worse)"])
+    hl = float(props[f"{PREFIX} bs=1 prefill_ms estimated ratio now/baseline (higher is worse)"])
+    low, high = map(float, props[f"{PREFIX} bs=1 prefill_ms estimated ratio 95% CI"].split(" to "))
+    assert base > 0 and now > 0 and ratio == pytest.approx(now / base, rel=1e-5) and low <= hl <= high
+    # one meaning of "ratio": the terminal's "Ratio now/baseline" column is the same ratio of the medians
+    row = next(line for line in result.stdout.lines if line.startswith("| test_engine | prefill_ms  ")
+               and "| 1 " in line)
+    cells = [c.strip() for c in row.split("|")]
+    assert f"{ratio:.3f} (higher is worse)" in cells and f"{hl:.3f} [{low:.3f}, {high:.3f}]" in cells
+    assert f"{PREFIX} bs=4 throughput_tokens_per_s ratio now/baseline (medians, lower is worse)" in props
+
+
+def test_junit_xunit1_keeps_the_properties_on_the_testcase(project):  # noqa: F811
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    xml = project.path / "x1.xml"
+    run(project, "-o", "junit_family=xunit1", f"--junitxml={xml}").assert_outcomes(passed=1)
+    root = ET.parse(xml).getroot()
+    assert root.find("testsuite").find("properties") is None
+    case = next(root.iter("testcase"))
+    props = {p.get("name"): p.get("value") for p in case.find("properties").iter("property")}
+    assert props[f"{PREFIX} outcome"] == "passed" and props[f"{PREFIX} bs=2 decode_token_ms verdict"] == "pass"
+
+
+def test_junit_says_refused_when_every_row_was_refused(project):  # noqa: F811
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    store = BaselineStore.at(machine_dir(project))
+    entry = store.get("test_engine.py", "test_engine")
+    entry.foreign_load = {bs: 5.0 for bs in (1, 2, 4)}  # recorded while other work kept 5 cores busy
+    store.write("test_engine.py", entry)
+    xml = project.path / "busy.xml"
+    result = run(project, "--llmperf-max-load=1", f"--junitxml={xml}")
+    result.assert_outcomes(passed=1)  # refused is not listed in --llmperf-fail-on by default
+    props = suite_properties(valid_xunit2(xml))
+    assert props[f"{PREFIX} outcome"] == "refused"
+    assert props[f"{PREFIX} not judged because"] in ("baseline from a busy machine", "machine busy")
+    verdicts = [v for k, v in props.items() if k.endswith(" verdict")]
+    assert verdicts and all(v.startswith("refused: ") for v in verdicts)
+
+
+def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("LLMPERF_PROCESSES", "2")
+    xml = project.path / "workers.xml"
+    run(project, "--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=1)
+    case = next(valid_xunit2(xml).iter("testcase"))
+    report = json.loads((project.path / "reports" / "cpu.json").read_text())
+    runs = [r for b in report["benchmarks"][0]["batches"] for r in b["runs"]]
+    assert {r["process"] for r in runs} == {1, 2}
+    assert float(case.get("time")) == pytest.approx(sum(r["values"]["e2e_ms"] for r in runs) / 1000, abs=2e-3)

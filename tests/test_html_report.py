@@ -183,3 +183,27 @@ def test_the_session_page_takes_the_newest_report_per_device_and_ignores_other_j
     (tmp_path / "broken.json").write_text("{")
     documents = report_documents(tmp_path)
     assert sorted((d["device"], d["created"]) for d in documents) == [("a100", "2026-01-01"), ("cpu", "2026-01-02")]
+
+
+GROUP_TEST = """
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(group="sweep", batch_sizes=[1, 2], runs=5, warmups=0)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_sweep(llmperf, dtype):
+    llmperf.measure(SimulatedBackend(prefill_slowdown=1.0 if dtype == "fp32" else 0.6))
+"""
+
+
+def test_group_members_are_labelled_with_their_test(project):
+    pytest.importorskip("matplotlib")
+    project.makepyfile(test_engine=GROUP_TEST)
+    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run(project).assert_outcomes(passed=2)
+    page = (project.path / "reports" / "index.html").read_text()
+    sweep = page.split("<figure class='plot sweep'>")[1].split("</figure>")[0]
+    ratio = page.split("<figure class='plot ratio'>")[1].split("</figure>")[0]
+    for member in ("test_sweep[fp32]", "test_sweep[bf16]"):
+        assert f">cpu {member}<" in sweep  # a line per member, named by its test (was "cpu [fp32]")
+        assert f">{member} prefill_ms bs 1<" in ratio  # was "[fp32] prefill_ms bs 1"

@@ -7,7 +7,7 @@ cancels in their ratio. Each policy keeps its own scheduler, and so its own live
 
 A run's sample is policy `a`'s run; its counters add `pair.a_decode_tokens_per_s`,
 `pair.b_decode_tokens_per_s` and `pair.ratio` (a / b). The report's "Policy pairs" section turns the runs
-into the paired Hodges-Lehmann ratio with its bootstrap interval (judge/gate.py `compare_paired`).
+into the paired ratio with its 95% interval (judge/stats.py `paired`).
 """
 
 from __future__ import annotations

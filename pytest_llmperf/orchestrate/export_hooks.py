@@ -6,21 +6,35 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _pytest.junitxml import xml_key  # the LogXML of --junitxml, as record_testsuite_property finds it
 
 from .session import SESSION_KEY
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Before the call's report is made: this test's medians, ratios and verdicts as its user_properties
-    (--junitxml writes them as <property> elements)."""
+    """This test's outcome, medians, ratios and verdicts (exports.junit_properties): with --junitxml in
+    pytest's default family, xunit2, whose schema has no <testcase> properties, they are testsuite properties;
+    otherwise the test's own user_properties (xunit1's <testcase> properties, pytest-reportlog). A test
+    measured in worker processes gets the time of its timed runs as its duration."""
     llm = item.config.stash.get(SESSION_KEY, None)
-    if call.when == "call" and llm is not None and llm.outcomes:
+    outcomes = [o for o in llm.outcomes if o.result.nodeid == item.nodeid] if llm is not None else []
+    if call.when == "call" and outcomes:
         from ..report import exports
 
-        item.user_properties.extend(exports.junit_properties(
-            o for o in llm.outcomes if o.result.nodeid == item.nodeid))
-    return (yield)
+        properties = exports.junit_properties(outcomes)
+        xml = item.config.stash.get(xml_key, None)
+        if xml is not None and xml.family == "xunit2":
+            for name, value in properties:
+                xml.add_global_property(name, value)
+        else:
+            item.user_properties.extend(properties)
+    report = yield
+    if call.when == "call" and outcomes:
+        from ..report import exports
+
+        report.duration = max(report.duration, exports.measured_seconds(outcomes))
+    return report
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

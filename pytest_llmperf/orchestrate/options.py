@@ -158,6 +158,12 @@ def _rtol(text: str | float) -> float | str:
     return _non_negative_float(text)
 
 
+def _export_formats(text: str | list[str]) -> tuple[str, ...]:
+    from ..report.dashboards import export_formats  # given only where a dashboard is fed: imported then
+
+    return export_formats(text)
+
+
 def _processes(text: str | int) -> int | str:
     if str(text).strip().lower() == "auto":
         return "auto"
@@ -331,6 +337,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("offload_popularity", "Offload engine: expert popularity profile (JSON written by "
            "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
            _string, metavar="PATH"),
+    Option("export", "Also write files for benchmark dashboards into the report directory, a comma list out of "
+           "github-action-benchmark (<device>.customSmallerIsBetter.json and .customBiggerIsBetter.json) and "
+           "bencher (<device>.bmf.json, Bencher Metric Format), or none (default: none; docs/reports.md)",
+           _export_formats, default=(), metavar="FORMATS"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -3,8 +3,8 @@
 A session's document replaces the entries of the benchmarks it measured and keeps the others from the
 previous report; each benchmark records when and at which commit it was measured. A previous report
 that cannot be read is not lost: it is moved aside to `<name>.corrupt-<UTC time>` and the caller warns.
-The records of earlier sessions come back as `BenchmarkResult`s so the markdown is rendered from the
-accumulated document, the same way for every benchmark.
+The markdown is rendered from the accumulated document, the same way for every benchmark; entries an
+older version wrote with raw runs are reduced to report/stored.py's format when the report is rewritten.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..measure.records import BatchResult, BenchmarkResult, RunSample
+from .stored import compact_entry, compact_reference
 
 SCHEMA_VERSION = 1
 
@@ -78,6 +78,9 @@ def accumulate(previous: Mapping[str, Any] | None, current: dict[str, Any]) -> d
     for name in ("benchmarks", "outcomes", "verdicts"):
         kept = [e for e in previous.get(name) or [] if identity(e) not in measured_now]
         merged[name] = kept + list(current.get(name) or [])
+    # a report written before report/stored.py's format shrinks as it is rewritten
+    merged["benchmarks"] = [compact_entry(b) for b in merged["benchmarks"]]
+    merged["outcomes"] = [{**o, "reference": compact_reference(o.get("reference"))} for o in merged["outcomes"]]
     merged["benchmarks"].sort(key=identity)
     merged["outcomes"].sort(key=identity)
     merged["counts"] = dict(current.get("counts") or {})  # this session's; the others' are in their rows
@@ -102,25 +105,6 @@ def load_previous(path: Path, now: datetime | None = None) -> tuple[dict[str, An
                       "only")
 
 
-def sample_from_json(data: Mapping[str, Any]) -> RunSample:
-    names = {f.name for f in fields(RunSample)}
-    return RunSample(**{k: v for k, v in data.items() if k in names})
-
-
-def results_from_document(document: Mapping[str, Any]) -> list[BenchmarkResult]:
-    """The document's benchmarks as records (for rendering the markdown tables)."""
-    results = []
-    for b in document.get("benchmarks") or []:
-        batches = [BatchResult(batch_size=int(batch["batch_size"]),
-                               samples=[sample_from_json(run) for run in batch.get("runs") or []],
-                               warmups=int(batch.get("warmups") or 0), error=batch.get("error"),
-                               oom=batch.get("status") == "oom", foreign_load=batch.get("foreign_load"),
-                               retaken=int(batch.get("retaken") or 0))
-                   for batch in b.get("batches") or []]
-        results.append(BenchmarkResult(key=b["key"], nodeid=b["nodeid"], module=b.get("module", ""),
-                                       scenario=b.get("scenario") or {}, backend=b.get("backend") or {},
-                                       batches=batches, group=b.get("group")))
-    return results
 
 
 def update_report(path: Path, session_document: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

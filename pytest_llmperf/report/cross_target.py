@@ -14,7 +14,8 @@ from typing import Any
 
 from ..judge.baselines import now_iso
 from .accumulate import ReportError, identity, read_report
-from .markdown import table, write_atomic, write_json
+from .markdown import write_atomic, write_json
+from .tables import table
 from .verdict_table import table_rows
 
 MERGED_SCHEMA = 1
@@ -38,7 +39,11 @@ def load_reports(paths: Sequence[Path]) -> list[dict[str, Any]]:
     if not paths:
         raise ReportError("no report files given: pass the reports/<device>.json files of each target")
     documents = []
+    seen: set[Path] = set()
     for path in paths:
+        if Path(path).resolve() in seen:
+            raise ReportError(f"{path}: given twice; pass each target's report once")
+        seen.add(Path(path).resolve())
         document = read_report(Path(path))
         if document.get("kind") == "merged":
             raise ReportError(f"{path}: a merged report; pass the per-target reports/<device>.json files instead")
@@ -48,10 +53,21 @@ def load_reports(paths: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def target_labels(documents: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The device names; where two files hold the same device, the file name tells them apart."""
+    """The device names; where several files hold the same device, each gets the shortest tail of its path
+    that tells it from the others (`cpu (a/cpu.json)`, `cpu (b/cpu.json)`)."""
     devices = [str(d.get("device")) for d in documents]
-    return [device if devices.count(device) == 1 else f"{device} ({Path(str(d.get('source'))).name})"
-            for device, d in zip(devices, documents)]
+    labels = []
+    for i, (device, document) in enumerate(zip(devices, documents)):
+        same = [Path(str(documents[j].get("source"))).parts for j, d in enumerate(devices) if d == device and j != i]
+        if not same:
+            labels.append(device)
+            continue
+        parts = Path(str(document.get("source"))).parts
+        n = 1
+        while n < len(parts) and any(other[-n:] == parts[-n:] for other in same):
+            n += 1
+        labels.append(f"{device} ({'/'.join(parts[-n:])})")
+    return labels
 
 
 def _median_cell(batch: Mapping[str, Any] | None, metric: str) -> tuple[str, float | None]:

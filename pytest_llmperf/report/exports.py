@@ -7,25 +7,30 @@ writes `--benchmark-json`, `--benchmark-save/--benchmark-autosave`, compares wit
 and shows its table, exactly as for its own benchmarks. Its values are seconds, lower is better:
 latency metrics (ms) are exported in seconds; a throughput metric (tokens/s, higher is better) is
 exported as its reciprocal, seconds per token, so that lower stays better for `pytest-benchmark
-compare` and `--benchmark-compare-fail`, and `stats.ops` (1 / mean) reads as tokens per second,
-bigger is better, which is what github-action-benchmark's `pytest` reader charts (`value = stats.ops`,
-unit iter/sec). `extra_info` says what each entry holds (metric, unit, exported_as, better).
+compare` and `--benchmark-compare-fail`, and `stats.ops` (1 / mean) reads as tokens per second.
+`extra_info` says what each entry holds (metric, unit, exported_as, better). github-action-benchmark's
+`pytest` tool would chart every entry as `stats.ops` in "iter/sec"; `--llmperf-export` writes its custom
+files with real units instead (report/dashboards.py).
 
-JUnit: each benchmark's medians, ratio and verdict become the test's `user_properties`, which
-`--junitxml` writes as <property> elements.
+JUnit (`--junitxml`): each benchmark's outcome, medians, ratios and verdicts become <property> elements
+named after the test. pytest's default family, xunit2, allows properties only on the <testsuite> (Jenkins'
+junit-10.xsd; pytest itself warns about `record_property` under xunit2), so there they are testsuite
+properties, as `record_testsuite_property` writes them; with `junit_family = xunit1` they are the test's
+own `user_properties`, on its <testcase>.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+
 from ..judge.rows import unit_of
-from ..judge.verdicts import Row
+from ..judge.verdicts import Row, reason_of
 from ..measure.metrics import METRICS, metric_better, values_by_metric
 from ..measure.records import BenchmarkResult
 
@@ -98,12 +103,18 @@ def _num(value: float | None) -> str:
 
 
 def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
-    """(name, value) pairs for JUnit <property> elements: status, medians (with units), ratio, verdict."""
+    """(name, value) pairs for JUnit <property> elements, each named `llmperf <test id> ...`: the outcome
+    (its kind, judge/verdicts.py: passed, regressed, inconclusive, refused, missing, created..., as the summary counts it)
+    and why nothing was judged; per row the medians (with units), the ratio of the medians, the gate's HL
+    ratio with its 95% CI, and the verdict; without rows, the medians measured now."""
     props: list[tuple[str, str]] = []
     for outcome in outcomes:
         result = outcome.result
-        prefix = f"llmperf {result.key}"
-        props.append((f"{prefix} status", outcome.status))
+        prefix = f"llmperf {result.nodeid}" + (f" {result.key.split('::')[-1]}" if "::" in result.key else "")
+        props.append((f"{prefix} outcome", str(outcome.kind)))
+        reason = reason_of(outcome)
+        if reason:
+            props.append((f"{prefix} not judged because", reason))
         if not outcome.rows:  # created, updated, refused, missing: the medians measured now
             for batch in result.batches:
                 if not batch.ok:
@@ -112,20 +123,37 @@ def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
                 for metric, values in sorted(values_by_metric(batch.samples).items()):
                     if metric in METRICS and values:
                         props.append((f"{prefix} bs={batch.batch_size} {metric} median ({unit_of(metric)})",
-                                      _num(statistics.median(values))))
+                                      _num(float(np.median(values)))))
         for row in outcome.rows:
             props.extend(row_properties(prefix, row))
     return props
 
 
 def row_properties(prefix: str, row: Row) -> list[tuple[str, str]]:
+    """One verdict row: the medians, `ratio now/baseline (medians, ...)` = now median / baseline median (the
+    terminal's and markdown's "Ratio now/baseline"), `estimated ratio now/baseline` = the gate's
+    estimate with its 95% CI where the row has one, and the verdict."""
     name = f"{prefix} bs={row.batch_size} {row.metric}"
     if row.metric == "*":
         return [(f"{name} verdict", row.verdict + (f": {row.note}" if row.note else ""))]
     unit = unit_of(row.metric)
     props = [(f"{name} baseline median ({unit})", _num(row.baseline)), (f"{name} now median ({unit})", _num(row.now))]
-    if row.ratio is not None:
-        worse = "higher" if metric_better(row.metric) == "lower" else "lower"
-        props.append((f"{name} ratio now/baseline ({worse} is worse)", _num(row.ratio)))
-    props.append((f"{name} verdict", row.verdict))
+    worse = "higher" if metric_better(row.metric) == "lower" else "lower"
+    if row.baseline and row.now is not None:
+        props.append((f"{name} ratio now/baseline (medians, {worse} is worse)", _num(row.now / row.baseline)))
+    if row.ratio is not None and row.ci_low is not None and row.ci_high is not None:
+        props.append((f"{name} estimated ratio now/baseline ({worse} is worse)", _num(row.ratio)))
+        props.append((f"{name} estimated ratio 95% CI", f"{_num(row.ci_low)} to {_num(row.ci_high)}"))
+    props.append((f"{name} verdict", row.verdict + (f": {row.note}" if row.verdict == "refused" and row.note else "")))
     return props
+
+
+def measured_seconds(outcomes: Iterable[Any]) -> float:
+    """Wall time of the timed runs behind these outcomes (every process, both sides of an A/B comparison):
+    the time of a test measured in worker processes, whose own call in the pytest process only reports."""
+    total_ns = 0
+    for outcome in outcomes:
+        for result in (outcome.result, getattr(outcome, "reference", None)):
+            for batch in result.batches if result is not None else ():
+                total_ns += sum(s.end_to_end_ns for s in batch.samples)
+    return total_ns / 1e9

@@ -2,8 +2,10 @@
 
 Each committed version of `baselines/<device>/<module>.json` whose entry for the benchmark changed is
 one point (labelled with the commit the baseline was measured at and its date); each JSON report that
-holds the benchmark adds its own measurement. Git is asked with a timeout; no git, no repository or
-no history gives the report points only, never an error.
+holds the benchmark adds its own measurement. A baseline's value per batch size is the median of its
+per-process medians (what the gate compares), read through the store's own parser
+(`BaselineEntry.from_json`), so a version in a format it cannot read is left out, never misread. Git is
+asked with a timeout; no git, no repository or no history gives the report points only, never an error.
 """
 
 from __future__ import annotations
@@ -17,25 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from ..judge.baselines import BaselineEntry
+
 MAX_COMMITS = 30  # per baseline file: the recent history is what a reviewer looks at
+
+#: A file's committed versions, oldest first: (commit, commit time, parsed document).
+Versions = list[tuple[str, str, dict]]
 
 
 @dataclass
 class Point:
-    label: str  # short commit and date
+    label: str  # short commit, date, and where the value comes from
     when: str  # ISO time, for ordering
     medians: dict[int, dict[str, float]] = field(default_factory=dict)  # batch size -> metric -> median
-
-
-def _flat(values: Any) -> list[float]:
-    """Per-run values, also when a schema keeps them per worker process (lists of lists)."""
-    out: list[float] = []
-    for v in values if isinstance(values, list) else []:
-        if isinstance(v, list):
-            out += _flat(v)
-        elif isinstance(v, (int, float)):
-            out.append(float(v))
-    return out
 
 
 def _git(cwd: Path, *args: str) -> str | None:
@@ -46,11 +42,11 @@ def _git(cwd: Path, *args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _file_versions(path: Path, cache: dict[Path, list[tuple[str, str, dict]]]) -> list[tuple[str, str, dict]]:
+def _file_versions(path: Path, cache: dict[Path, Versions]) -> Versions:
     """(commit, commit time, parsed file) per committed version of `path`, oldest first."""
     if path in cache:
         return cache[path]
-    versions: list[tuple[str, str, dict]] = []
+    versions: Versions = []
     folder = path.parent
     while not folder.is_dir() and folder != folder.parent:
         folder = folder.parent
@@ -75,19 +71,27 @@ def _file_versions(path: Path, cache: dict[Path, list[tuple[str, str, dict]]]) -
     return versions
 
 
-def _entry_medians(entry: Mapping[str, Any], metrics: Iterable[str]) -> dict[int, dict[str, float]]:
+def entry_medians(key: str, data: Mapping[str, Any], batch_sizes: Iterable[int],
+                  metrics: Iterable[str]) -> dict[int, dict[str, float]] | None:
+    """Per batch size and metric, the median of a baseline entry's per-process medians; None when the
+    entry is in a format the store's parser does not read (e.g. an old schema in the history)."""
+    try:
+        entry = BaselineEntry.from_json(key, data)
+        per_batch = {bs: entry.process_values(bs) for bs in batch_sizes}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
     medians: dict[int, dict[str, float]] = {}
-    for bs, per_metric in (entry.get("batches") or {}).items():
+    for bs, values in per_batch.items():
         for metric in metrics:
-            values = _flat((per_metric or {}).get(metric))
-            if values:
-                medians.setdefault(int(bs), {})[metric] = float(np.median(values))
+            if values.get(metric):
+                medians.setdefault(bs, {})[metric] = float(np.median(values[metric]))
     return medians
 
 
-def baseline_points(baseline_file: Path, key: str, metrics: Iterable[str],
-                    cache: dict[Path, list[tuple[str, str, dict]]]) -> list[Point]:
-    metrics = list(metrics)
+def baseline_points(baseline_file: Path, key: str, batch_sizes: Iterable[int], metrics: Iterable[str],
+                    cache: dict[Path, Versions]) -> list[Point]:
+    """One point per committed version of the file in which this benchmark's entry changed."""
+    batch_sizes, metrics = list(batch_sizes), list(metrics)
     points: list[Point] = []
     seen: set[str] = set()
     for commit, when, data in _file_versions(baseline_file, cache):
@@ -98,32 +102,45 @@ def baseline_points(baseline_file: Path, key: str, metrics: Iterable[str],
         if stamp in seen:  # the file changed for another benchmark
             continue
         seen.add(stamp)
+        medians = entry_medians(key, entry, batch_sizes, metrics)
+        if medians is None:
+            continue
         measured_at = str(entry.get("git_commit") or commit)[:7]
         created = str(entry.get("created") or when)
-        points.append(Point(f"{measured_at} {created[:16]} baseline", created,
-                            _entry_medians(entry, metrics)))
+        points.append(Point(f"{measured_at} {_day_time(created)} baseline", created, medians))
     return points
 
 
+def _day_time(iso: str) -> str:
+    return iso[:16].replace("T", " ")
+
+
 def report_point(document: Mapping[str, Any], benchmark: Mapping[str, Any], metrics: Iterable[str]) -> Point:
-    """The measurement a JSON report holds; reads the per-benchmark time and commit when the report has them."""
+    """The measurement a JSON report holds, labelled with when and at which commit it was measured (the
+    benchmark's own stamp in an accumulated report, else the report's)."""
     git = (document.get("fingerprint") or {}).get("git") or {}
-    commit = next((str(benchmark[k]) for k in ("commit", "git_commit", "measured_commit") if benchmark.get(k)),
-                  str(git.get("commit") or "?"))
-    when = next((str(benchmark[k]) for k in ("measured_at", "created", "measured") if benchmark.get(k)),
-                str(document.get("created") or ""))
-    dirty = " dirty" if benchmark.get("dirty", git.get("dirty")) else ""
-    return Point(f"{commit[:7]}{dirty} {when[:16]} {document.get('device', '?')}", when,
+    measured = benchmark.get("measured") if isinstance(benchmark.get("measured"), Mapping) else {}
+    commit = str(measured.get("commit") or git.get("commit") or "?")
+    when = str(measured.get("created") or document.get("created") or "")
+    dirty = measured.get("dirty", git.get("dirty"))
+    return Point(f"{commit[:7]}{' dirty' if dirty else ''} {_day_time(when)} {document.get('device', '?')}", when,
                  batch_medians(benchmark, metrics))
 
 
 def batch_medians(benchmark: Mapping[str, Any], metrics: Iterable[str]) -> dict[int, dict[str, float]]:
+    """Per batch size that ran and metric, the median of the per-process medians of the runs (with one
+    process: the median of its runs), as the baseline points are."""
     metrics = list(metrics)
     medians: dict[int, dict[str, float]] = {}
     for batch in benchmark.get("batches") or []:
-        runs = batch.get("runs") or []
+        if batch.get("status", "ok") != "ok":
+            continue
         for metric in metrics:
-            values = [r["values"][metric] for r in runs if metric in (r.get("values") or {})]
-            if values and batch.get("status", "ok") == "ok":
-                medians.setdefault(int(batch["batch_size"]), {})[metric] = float(np.median(values))
+            per_process: dict[Any, list[float]] = {}
+            for run in batch.get("runs") or []:
+                if metric in (run.get("values") or {}):
+                    per_process.setdefault(run.get("process", 0), []).append(run["values"][metric])
+            if per_process:
+                medians.setdefault(int(batch["batch_size"]), {})[metric] = float(
+                    np.median([np.median(v) for v in per_process.values()]))
     return medians

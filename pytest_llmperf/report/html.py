@@ -85,10 +85,6 @@ def _figure_id(benchmark: Mapping[str, Any]) -> str:
     return benchmark.get("group") or f"{benchmark.get('module', '')}::{benchmark.get('key', '')}"
 
 
-def _short(key: str) -> str:
-    return key[key.index("["):] if "[" in key else key
-
-
 def sweep_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     units: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
     single: list[str] = []
@@ -107,7 +103,7 @@ def sweep_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
         panels = []
         for metric in metrics:
             series = [_series(plots, str(doc.get("device")) if one_each
-                              else f"{doc.get('device')} {_short(str(b.get('key')))}", b, metric)
+                              else f"{doc.get('device')} {b.get('key')}", b, metric)
                       for doc, b in members]
             panels.append((TITLES.get(metric, metric), _unit(members[0][0], metric), series))
         first = members[0][1]
@@ -138,11 +134,18 @@ def _median_text(value: Any, unit: str) -> str:
     return f"{value:.4g} {unit}" if _num(value) else "n/a"
 
 
+def _medians_ratio(row: Mapping[str, Any]) -> str:
+    base, now = row.get("baseline"), row.get("now")
+    return f"{now / base:.3f}" if _num(base) and _num(now) and base else "n/a"
+
+
 def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     parts = ["<h2 id='verdicts'>Baseline vs now</h2>",
-             "<p>Per gated metric and batch size: the ratio now / baseline of the metric (Hodges-Lehmann estimate "
-             "of the shift, 95% confidence interval), coloured by verdict. Latencies regress above the dotted "
-             "line (1 + rtol), throughputs below it (1 / (1 + rtol)).</p>"]
+             "<p>Per gated metric and batch size: the estimated ratio now / baseline (the gate's estimate "
+             "of the shift, as a ratio, with its 95% confidence interval), coloured by verdict. Latencies regress "
+             "above the dotted line (1 + rtol), throughputs below it (1 / (1 + rtol)). The table also gives the "
+             "ratio of the medians (now median / baseline median), the terminal's and markdown's "
+             "\"ratio\".</p>"]
     n = 0
     for doc in documents:
         benchmarks = {b.get("key"): b for b in doc.get("benchmarks") or []}
@@ -160,15 +163,15 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                 rtol = _rtol(benchmarks.get(row.get("key")), doc, metric)
                 higher = _better(doc, metric) == "higher"
                 bound = None if rtol is None else (1 / (1 + rtol) if higher else 1 + rtol)
-                label = f"{_short(str(row.get('key')))} {metric} bs {row.get('batch_size')}"
+                label = f"{row.get('key')} {metric} bs {row.get('batch_size')}"
                 intervals.append(plots.Interval(label, row["ratio"], row["ci_low"], row["ci_high"],
                                                 str(row.get("verdict")), None if higher else bound,
                                                 bound if higher else None))
                 unit = _unit(doc, metric)
                 table.append(f"<tr><td>{html.escape(str(row.get('key')))}</td><td>{html.escape(metric)}</td>"
                              f"<td>{row.get('batch_size')}</td><td>{_median_text(row.get('baseline'), unit)}</td>"
-                             f"<td>{_median_text(row.get('now'), unit)}</td><td>{row['ratio']:.3f} "
-                             f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]</td>"
+                             f"<td>{_median_text(row.get('now'), unit)}</td><td>{_medians_ratio(row)}</td>"
+                             f"<td>{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]</td>"
                              f"<td class='{html.escape(str(row.get('verdict')))}'>"
                              f"{html.escape(str(row.get('verdict')))}</td></tr>")
             svg = plots.ratio_figure(f"{doc.get('device')}: {module}", intervals, f"ratio{n}")
@@ -176,35 +179,54 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
             parts.append(f"<figure class='plot ratio'>{svg}</figure>")
             parts.append("<details><summary>the numbers</summary><table><tr><th>test</th><th>metric</th>"
                          "<th>batch size</th><th>baseline median</th><th>now median</th><th>ratio now/baseline "
-                         "[95% CI]</th><th>verdict</th></tr>" + "".join(table) + "</table></details>")
+                         "(medians)</th><th>estimated ratio [95% CI]</th><th>verdict</th></tr>" + "".join(table)
+                         + "</table></details>")
     return "\n".join(parts)
 
 
 def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     parts = ["<h2 id='history'>History over commits</h2>",
-             "<p>Medians per batch size at each recorded baseline (from the git history of the baseline file; "
-             "labelled with the commit it was measured at) and in these reports (labelled with the target).</p>"]
-    cache: dict[Path, list] = {}
+             "<p>Per batch size, the median of the per-process medians (with one process: of the runs) at each "
+             "recorded baseline (from the git history of the baseline file; labelled with the commit it was "
+             "measured at) and in these reports (labelled with the target).</p>"]
+    cache: dict[Path, history.Versions] = {}
     benchmarks: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
     for doc in documents:
         for b in doc.get("benchmarks") or []:
             benchmarks.setdefault(f"{b.get('module', '')}::{b.get('key', '')}", []).append((doc, b))
     for n, (name, members) in enumerate(benchmarks.items()):
         metrics = _metrics_of(members[0][1])
+        measured_sizes = sorted({int(batch["batch_size"]) for _, b in members for batch in b.get("batches") or []})
         points: list[history.Point] = []
         for doc, b in members:
             baseline_file = _baseline_file(doc, b)
             if baseline_file is not None:
-                points += [p for p in history.baseline_points(baseline_file, str(b.get("key")), metrics, cache)
+                points += [p for p in history.baseline_points(baseline_file, str(b.get("key")), measured_sizes,
+                                                              metrics, cache)
                            if p.label not in {q.label for q in points}]
             points.append(history.report_point(doc, b, metrics))
         points.sort(key=lambda p: p.when)
         sizes = sorted({bs for p in points for bs in p.medians})
-        panels = [(TITLES.get(m, m), _unit(members[0][0], m),
+        panels = [(m, TITLES.get(m, m), _unit(members[0][0], m),
                    {bs: [p.medians.get(bs, {}).get(m) for p in points] for bs in sizes}) for m in metrics]
         svg = plots.history_figure(name, [p.label for p in points], panels, f"history{n}")
-        parts.append(f"<figure class='plot history'>{svg}</figure>")
+        parts.append(f"<figure class='plot history' id='history{n}'>{svg}</figure>")
+        parts.append(_history_numbers(points, metrics, sizes, members[0][0]))
     return "\n".join(parts)
+
+
+def _history_numbers(points: Sequence[history.Point], metrics: Sequence[str], sizes: Sequence[int],
+                     document: Mapping[str, Any]) -> str:
+    """The plotted values as a table, one row per point (oldest first)."""
+    columns = [(m, bs) for m in metrics for bs in sizes]
+    head = "".join(f"<th>{html.escape(m)} bs {bs} ({html.escape(_unit(document, m))})</th>" for m, bs in columns)
+    rows = "".join(
+        f"<tr><td>{html.escape(p.label)}</td>" + "".join(
+            f"<td data-metric='{html.escape(m)}' data-batch-size='{bs}'>"
+            + (f"{p.medians[bs][m]:.6g}" if m in p.medians.get(bs, {}) else "") + "</td>" for m, bs in columns)
+        + "</tr>" for p in points)
+    return (f"<details class='history-numbers'><summary>the numbers</summary><table><tr><th>point</th>{head}</tr>"
+            f"{rows}</table></details>")
 
 
 STYLE = """

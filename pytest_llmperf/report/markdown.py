@@ -4,7 +4,8 @@ Markdown, per benchmark: the experiment parameters, the latency table and the th
 TGI's benchmark tool (seed 000); per sweep group, bigcode-inference-benchmark's grid (seed 003);
 for backends with offload counters, a Fiddler-style runs table (seed 004) and, for two policies measured
 side by side, their paired ratio; then the verdicts.
-The JSON holds every raw per-run value, the summaries, the definitions and the fingerprint.
+The JSON holds every run's metric values (report/stored.py says what is kept of a run), the summaries,
+the verdicts, the definitions and the fingerprint; the markdown is rendered from it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..measure.gpu import slowed_by, throttle_names
-from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, run_values, summarize
-from ..measure.metrics import generated_tokens, values_by_metric
-from ..judge.outputs import observed
-from ..judge.quality import quality_notes
-from ..measure.records import BatchResult, BenchmarkResult
-from .accumulate import results_from_document
+from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, summarize
+from ..measure.records import BenchmarkResult
+from .stored import StoredBatch, StoredResult, reference_summary, stored
+from .tables import table
 from .verdict_table import markdown_table, measured_cell
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
@@ -40,14 +41,6 @@ MEMORY = (("Host RSS (measuring process)", "peak_rss_mib"), ("Host RSS (server p
           ("CUDA allocated (torch)", "cuda_peak_allocated_mib"), ("GPU used (NVML)", "gpu_used_mib"))
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A markdown table with padded columns, like the seeds'."""
-    rows = [list(r) for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
-
-
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -56,30 +49,44 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.2f} {unit}".strip()
 
 
-def _failed_cell(batch: BatchResult) -> str:
+def _failed_cell(batch: StoredBatch) -> str:
     return "oom" if batch.oom else "NaN"
 
 
-def parameters_table(result: BenchmarkResult) -> str:
+def runs_taken(results: Sequence[StoredResult]) -> str:
+    """The runs measured per batch size, counted (more than the scenario's `runs` when worker processes or a
+    second look added some): "20", "40 (8 processes)", or "10-20" when batch sizes differ."""
+    counts = sorted({len(b.runs) for r in results for b in r.batches if b.ok})
+    processes = sorted({len({run.process for run in b.runs}) for r in results for b in r.batches if b.ok})
+    if not counts:
+        return "0"
+    text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    if processes and processes[-1] > 1:
+        text += f" ({processes[0] if len(processes) == 1 else f'{processes[0]}-{processes[-1]}'} processes)"
+    return text
+
+
+def parameters_table(result: BenchmarkResult | StoredResult) -> str:
+    result = stored(result)
     s, b = result.scenario, result.backend
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(s.get("knobs", {}).items())) or "none"
     rows = [("Model", b.get("model", "?")), ("Backend", b.get("backend", "?")), ("Device", b.get("device", "?")),
             ("Dtype", b.get("dtype", "?")), ("Sequence Length", s["sequence_length"]),
-            ("Decode Length", s["decode_length"]), ("N Runs", s["runs"]), ("Warmups", s["warmups"]),
+            ("Decode Length", s["decode_length"]), ("N Runs", runs_taken([result])), ("Warmups", s["warmups"]),
             ("Knobs", knobs), ("Do Sample", "false")]
     rows += [(k.replace("_", " ").capitalize(), v) for k, v in sorted(b.items())
              if k not in {"model", "backend", "device", "dtype", "model_path"}]
     return table(("Parameter", "Value"), [(k, str(v)) for k, v in rows])
 
 
-def _step_rows(result: BenchmarkResult, steps: Sequence[tuple[str, str]], unit: str,
+def _step_rows(result: StoredResult, steps: Sequence[tuple[str, str]], unit: str,
                cells: Callable[[list[float]], list[str]], width: int) -> list[list[str]]:
     """One row per step and batch size; the step's name only on its first row, as in the seeds."""
     rows = []
     for step, metric in steps:
         for i, batch in enumerate(result.batches):
             head = [step if i == 0 else "", str(batch.batch_size)]
-            values = values_by_metric(batch.samples).get(metric) if batch.ok else None
+            values = batch.values().get(metric) if batch.ok else None
             if values:
                 rows.append(head + cells(values))
             elif batch.ok:  # the backend could not measure it (e.g. no token arrived)
@@ -89,7 +96,8 @@ def _step_rows(result: BenchmarkResult, steps: Sequence[tuple[str, str]], unit: 
     return rows
 
 
-def latency_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
+def latency_table(result: BenchmarkResult | StoredResult, steps: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
+    result = stored(result)
     notes: list[str] = []
 
     def cells(values: list[float]) -> list[str]:
@@ -109,7 +117,8 @@ def latency_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> 
     return table(header, rows), notes
 
 
-def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) -> str:
+def throughput_table(result: BenchmarkResult | StoredResult, steps: Sequence[tuple[str, str]]) -> str:
+    result = stored(result)
     def cells(values: list[float]) -> list[str]:
         summary = summarize(values)
         return [_fmt(v, "tokens/secs") for v in (summary.average, summary.lowest, summary.highest)]
@@ -118,32 +127,33 @@ def throughput_table(result: BenchmarkResult, steps: Sequence[tuple[str, str]]) 
                  _step_rows(result, steps, "tokens/secs", cells, 3))
 
 
-def memory_table(result: BenchmarkResult) -> str | None:
+def memory_table(result: BenchmarkResult | StoredResult) -> str | None:
     """Peak memory per batch size (median, lowest, highest over runs), for the memory metrics measured."""
-    measured = {m for b in result.batches if b.ok for m in values_by_metric(b.samples)}
+    result = stored(result)
+    measured = {m for b in result.batches if b.ok for m in b.values()}
     steps = [(label, metric) for label, metric in MEMORY if metric in measured]
     if not steps:
         return None
 
     def cells(values: list[float]) -> list[str]:
-        return [_fmt(v, "MiB") for v in (float(sorted(values)[len(values) // 2]), min(values), max(values))]
+        return [_fmt(v, "MiB") for v in (float(np.median(values)), min(values), max(values))]
 
     return table(("Peak memory", "Batch Size", "Median", "Lowest", "Highest"),
                  _step_rows(result, steps, "MiB", cells, 3))
 
 
-def energy_table(result: BenchmarkResult) -> str | None:
+def energy_table(result: BenchmarkResult | StoredResult) -> str | None:
     """NVML per batch size: energy per generated token over all its runs (the counter steps coarsely, so the
     runs' sum is the measurement; measure/gpu.py), the lowest SM clock and the reasons that slowed a run."""
     rows = []
-    for batch in result.batches:
-        readings = [s for s in batch.samples if "energy_j" in s.gpu] if batch.ok else []
+    for batch in stored(result).batches:
+        readings = [r for r in batch.runs if "energy_j" in r.gpu] if batch.ok else []
         if not readings:
             continue
-        tokens = sum(generated_tokens(s) for s in readings)
-        energy = sum(s.gpu["energy_j"] for s in readings)
-        clocks = [s.gpu["sm_clock_mhz"] for s in batch.samples if "sm_clock_mhz" in s.gpu]
-        reasons = sorted({n for s in batch.samples for n in throttle_names(slowed_by(s.gpu))})
+        tokens = sum(r.tokens for r in readings)
+        energy = sum(r.gpu["energy_j"] for r in readings)
+        clocks = [r.gpu["sm_clock_mhz"] for r in batch.runs if "sm_clock_mhz" in r.gpu]
+        reasons = sorted({n for r in batch.runs for n in throttle_names(slowed_by(r.gpu))})
         rows.append([str(batch.batch_size), f"{energy / tokens:.4g} J/token" if tokens else "n/a",
                      f"{energy:.1f} J / {tokens} tokens / {len(readings)} runs",
                      f"{min(clocks):.0f} MHz" if clocks else "n/a", ", ".join(reasons) or "none"])
@@ -152,24 +162,24 @@ def energy_table(result: BenchmarkResult) -> str | None:
     return table(("Batch Size", "GPU energy", "Over", "Lowest SM clock", "Slowed by"), rows)
 
 
-def outputs_lines(result: BenchmarkResult) -> list[str]:
+def outputs_lines(result: BenchmarkResult | StoredResult) -> list[str]:
     """What each batch size generated (digest, first sequence's text); or that its runs disagreed."""
     lines = []
-    for batch in result.batches:
-        seen = observed(batch.samples) if batch.ok else None
-        if seen is None:
+    for batch in stored(result).batches:
+        seen = batch.outputs if batch.ok else None
+        if not seen:
             continue
-        if seen.outputs is None:
-            lines.append(f"outputs at batch size {batch.batch_size}: {seen.distinct} distinct over the runs "
+        if "digest" not in seen:
+            lines.append(f"outputs at batch size {batch.batch_size}: {seen.get('distinct')} distinct over the runs "
                          "(nondeterministic)")
             continue
-        text = seen.outputs.texts[0] if seen.outputs.texts else " ".join(map(str, seen.outputs.tokens[0]))
-        lines.append(f"outputs at batch size {batch.batch_size}: `{seen.outputs.digest[:19]}`, sequence 0: "
-                     f"{text[:80]!r}")
+        lines.append(f"outputs at batch size {batch.batch_size}: `{str(seen['digest'])[:19]}`, sequence 0: "
+                     f"{str(seen.get('sequence_0', ''))[:80]!r}")
     return lines
 
 
-def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
+def benchmark_section(result: BenchmarkResult | StoredResult, measured: str = "") -> str:
+    result = stored(result)
     split = result.splits_prefill
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
     extra = [t for t in (memory_table(result), energy_table(result)) if t]
@@ -177,7 +187,7 @@ def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
              *([f"Measured {measured} (UTC @ commit)."] if measured else []),
              parameters_table(result), latency,
              throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *extra]
-    notes += [f"run quality: {n}" for n in quality_notes(result)] + outputs_lines(result)
+    notes += [f"run quality: {n}" for n in result.run_quality] + outputs_lines(result)
     failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
     failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
                f"kept runs saw {b.foreign_load:.2f} foreign cores on average" for b in result.batches if b.retaken]
@@ -186,21 +196,21 @@ def benchmark_section(result: BenchmarkResult, measured: str = "") -> str:
     return "\n\n".join(parts)
 
 
-def _median(batch: BatchResult, metric: str) -> float | None:
-    values = values_by_metric(batch.samples).get(metric)
-    return float(sorted(values)[len(values) // 2]) if values else None
+def _median(batch: StoredBatch, metric: str) -> float | None:
+    values = batch.values().get(metric)
+    return float(np.median(values)) if values else None
 
 
-def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
+def grid_sections(results: Sequence[BenchmarkResult | StoredResult]) -> list[str]:
     """Seed 003's grids for each group: batch size x column (dtype, or model when dtypes agree)."""
-    groups: dict[str, list[BenchmarkResult]] = {}
-    for r in results:
+    groups: dict[str, list[StoredResult]] = {}
+    for r in map(stored, results):
         if r.group:
             groups.setdefault(r.group, []).append(r)
     sections = []
     for group, members in groups.items():
         dtypes = {m.backend.get("dtype") for m in members}
-        column_of: Callable[[BenchmarkResult], str] = (
+        column_of: Callable[[StoredResult], str] = (
             (lambda m: str(m.backend.get("dtype"))) if len(dtypes) == len(members)
             else (lambda m: f"{m.backend.get('model')} {m.backend.get('dtype')}"))
         # A backend's `variant` (a TGI server's shards and quantization) tells apart columns whose
@@ -208,38 +218,38 @@ def grid_sections(results: Sequence[BenchmarkResult]) -> list[str]:
         columns = [" ".join(filter(None, (column_of(m), m.backend.get("variant")))) for m in members]
         batch_sizes = sorted({b.batch_size for m in members for b in m.batches})
 
-        def cell(m: BenchmarkResult, bs: int, render: Callable[[BatchResult], str]) -> str:
+        def grid_cell(m: StoredResult, bs: int, render: Callable[[StoredBatch], str]) -> str:
             batch = m.batch(bs)
             if batch is None:
                 return ""
             return render(batch) if batch.ok else ("oom" if batch.oom else "error")
 
-        def speed(batch: BatchResult) -> str:
+        def speed(batch: StoredBatch) -> str:
             tps = _median(batch, "throughput_tokens_per_s") or float("nan")
-            return f"{tps:.2f} \\| {1000 / tps:.2f}"
+            return f"{tps:.2f} | {1000 / tps:.2f}"  # table() escapes the bar
 
-        def seconds(batch: BatchResult) -> str:
+        def seconds(batch: StoredBatch) -> str:
             e2e = _median(batch, "e2e_ms") or float("nan")
             return f"{e2e / 1000:.3f}"
 
         first = members[0]
         title = (f"## Sweep: {group} ({first.backend.get('model')}, sequence length "
                  f"{first.scenario['sequence_length']}, decode length {first.scenario['decode_length']}, "
-                 f"medians of {first.scenario['runs']} runs)")
-        speed_table = table(("batch_size", *columns), [[str(bs), *(cell(m, bs, speed) for m in members)]
+                 f"medians of {runs_taken(members)} runs)")
+        speed_table = table(("batch_size", *columns), [[str(bs), *(grid_cell(m, bs, speed) for m in members)]
                                                        for bs in batch_sizes])
-        sec_table = table(("batch_size", *columns), [[str(bs), *(cell(m, bs, seconds) for m in members)]
+        sec_table = table(("batch_size", *columns), [[str(bs), *(grid_cell(m, bs, seconds) for m in members)]
                                                      for bs in batch_sizes])
         sections.append(f"{title}\n\ntokens/sec | msec/token\n{speed_table}\n\nsec\n{sec_table}")
     return sections
 
 
-def runs_section(results: Sequence[BenchmarkResult]) -> str | None:
+def runs_section(results: Sequence[BenchmarkResult | StoredResult]) -> str | None:
     """Seed 004's view: one row per knob setting with prefill, decode, hit rate and tokens/s."""
     rows = []
-    for r in results:
+    for r in map(stored, results):
         for batch in r.batches:
-            if not batch.ok or "hit_rate" not in batch.samples[0].counters:
+            if not batch.ok or "hit_rate" not in batch.values():
                 continue
             knobs = ", ".join(f"{k}={v}" for k, v in sorted(r.scenario.get("knobs", {}).items())) or "defaults"
             rows.append([r.key, knobs, str(batch.batch_size),
@@ -253,16 +263,16 @@ def runs_section(results: Sequence[BenchmarkResult]) -> str | None:
                                           "hit_rate", "tokens/s"), rows)
 
 
-def pairs_section(results: Sequence[BenchmarkResult]) -> str | None:
+def pairs_section(results: Sequence[BenchmarkResult | StoredResult]) -> str | None:
     """Two policies measured side by side in each run (offload/paired.py): their decode tokens/s, how often
     the first won, and the paired ratio first / second with its 95% interval (judge/stats.py)."""
     from ..judge.stats import paired
 
     rows = []
-    for r in results:
+    for r in map(stored, results):
         pair = r.backend.get("pair")
         for batch in r.batches if pair else ():
-            values = values_by_metric(batch.samples) if batch.ok else {}
+            values = batch.values() if batch.ok else {}
             a, b = values.get("pair.a_decode_tokens_per_s"), values.get("pair.b_decode_tokens_per_s")
             if not a or not b or len(a) != len(b):
                 continue
@@ -295,7 +305,7 @@ def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
 def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     """The device's report from its (accumulated) JSON document: every benchmark measured on the device."""
     device, fp = str(document.get("device")), document.get("fingerprint") or {}
-    results = results_from_document(document)
+    results = [StoredResult.from_json(b) for b in document.get("benchmarks") or []]
     measured = {(b["nodeid"], b["key"]): measured_cell(b) for b in document.get("benchmarks") or []}
     parts = [f"# llmperf results: {device}", f"Written {document.get('created')}. Holds every benchmark measured on "
              "this device, the newest result of each; each says when and at which commit it was measured.",
@@ -316,19 +326,7 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
 
 def json_document(device: str, created: str, fp: Mapping[str, Any], settings: Mapping[str, Any],
                   results: Sequence[BenchmarkResult], outcomes: Sequence[Any], counts: Mapping[str, int]) -> dict:
-    benchmarks = []
-    for r in results:
-        batches = []
-        for b in r.batches:
-            per_metric = values_by_metric(b.samples)
-            batches.append({
-                "batch_size": b.batch_size, "status": b.status, "error": b.error, "warmups": b.warmups,
-                "foreign_load": b.foreign_load, "retaken": b.retaken,
-                "runs": [{**s.to_json(), "values": run_values(s)} for s in b.samples],
-                "summary": {m: summarize(v).to_json() for m, v in per_metric.items()},
-            })
-        benchmarks.append({"key": r.key, "nodeid": r.nodeid, "module": r.module, "group": r.group,
-                           "scenario": r.scenario, "backend": r.backend, "batches": batches})
+    """A session's JSON report: each benchmark as report/stored.py keeps it, the outcomes and verdict rows."""
     return {
         "schema_version": 1,
         "device": device,
@@ -338,11 +336,11 @@ def json_document(device: str, created: str, fp: Mapping[str, Any], settings: Ma
         "percentile_method": PERCENTILE_METHOD,
         "definitions": {m.name: {"unit": m.unit, "better": m.better, "definition": m.definition}
                         for m in METRICS.values()},
-        "benchmarks": benchmarks,
+        "benchmarks": [StoredResult.of(r).to_json() for r in results],
         "outcomes": [{"key": o.result.key, "nodeid": o.result.nodeid, "status": o.status,
                       "baseline": o.baseline_path, "messages": o.messages,
                       "software_drift": {k: list(v) for k, v in o.drift.items()},
-                      "reference": o.reference.to_json() if getattr(o, "reference", None) else None}
+                      "reference": reference_summary(o.reference) if getattr(o, "reference", None) else None}
                      for o in outcomes],
         "verdicts": [r.__dict__ for o in outcomes for r in o.rows],
         "counts": dict(counts),

@@ -34,7 +34,7 @@ class Series:
 
 @dataclass
 class Interval:
-    """Baseline vs now of one metric at one batch size: ratio now/baseline with its 95% CI."""
+    """Baseline vs now of one metric at one batch size: the estimated ratio now/baseline with its 95% CI."""
 
     label: str
     ratio: float
@@ -99,7 +99,7 @@ def sweep_figure(title: str, panels: Sequence[tuple[str, str, Sequence[Series]]]
 
 
 def ratio_figure(title: str, intervals: Sequence[Interval], salt: str) -> str:
-    """A forest plot: per row the ratio now/baseline and its 95% CI, coloured by verdict, with the
+    """A forest plot: per row the estimated ratio now/baseline and its 95% CI, coloured by verdict, with the
     threshold on the bad side (1 + rtol, or 1/(1 + rtol) for higher-is-better metrics)."""
     fig = Figure(figsize=(7.5, 1.0 + 0.28 * len(intervals)))
     ax = fig.subplots()
@@ -114,7 +114,8 @@ def ratio_figure(title: str, intervals: Sequence[Interval], salt: str) -> str:
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(ys, [iv.label for iv in intervals], fontsize=8)
     ax.set_ylim(-0.7, len(intervals) - 0.3)
-    ax.set_xlabel("ratio now / baseline (Hodges-Lehmann, 95% CI); red dotted: the regression threshold")
+    ax.set_xlabel("estimated ratio now / baseline (the gate's estimate, 95% CI); red dotted: the regression "
+                  "threshold")
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     for verdict, colour in VERDICT_COLOURS.items():
@@ -125,17 +126,18 @@ def ratio_figure(title: str, intervals: Sequence[Interval], salt: str) -> str:
 
 
 def history_figure(title: str, labels: Sequence[str],
-                   panels: Sequence[tuple[str, str, dict[int, list[float | None]]]], salt: str) -> str:
-    """Per panel (metric, unit, batch size -> value per point), a line per batch size over the points
-    (commits, oldest first); a benchmark with one point shows one point."""
+                   panels: Sequence[tuple[str, str, str, dict[int, list[float | None]]]], salt: str) -> str:
+    """Per panel (metric, title, unit, batch size -> value per point), a line per batch size over the points
+    (commits, oldest first); a benchmark with one point shows one point. Each line's SVG group has the id
+    `<salt>-<metric>-bs<batch size>`, its markers the plotted points."""
     fig = Figure(figsize=(4.2 * len(panels), 3.2))
     fig.suptitle(title, fontsize=10)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     xs = list(range(len(labels)))
-    for ax, (label, unit, lines) in zip(axes, panels):
+    for ax, (metric, label, unit, lines) in zip(axes, panels):
         for i, (bs, values) in enumerate(sorted(lines.items())):
             ax.plot(xs, [float("nan") if v is None else v for v in values], marker="o", markersize=4,
-                    color=f"C{i % 10}", label=f"bs {bs}")
+                    color=f"C{i % 10}", label=f"bs {bs}", gid=f"{salt}-{metric}-bs{bs}")
         ax.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
         ax.set_xlim(-0.5, len(labels) - 0.5)
         ax.set_title(label, fontsize=9)

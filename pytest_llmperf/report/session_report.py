@@ -16,7 +16,7 @@ from typing import Any
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import PytestLLMPerfWarning
-from . import accumulate, mermaid, throughput_log, verdict_table
+from . import accumulate, dashboards, mermaid, throughput_log, verdict_table
 from . import html as html_report
 from .markdown import json_document, markdown, write_atomic, write_json
 from .terminal import counts_line
@@ -46,6 +46,7 @@ def write_reports(session: Any) -> None:
         except OSError as exc:
             session.report_errors.append(f"llmperf: cannot write --llmperf-json={session.settings['json']}: {exc}. "
                                          "Give a writable file path")
+    dashboards.write_session_exports(session, report_dir, document)  # --llmperf-export
     if not session.report_errors:
         try:
             session.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..judge.quality import quality_notes
 from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, counts, failing, reason_of
-from .markdown import json_document, table
+from .markdown import json_document
+from .tables import table
 from .verdict_table import table_rows
 
 #: fail_on's word for a session that selected benchmarks and judged none.

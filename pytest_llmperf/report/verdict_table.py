@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .tables import table
 from ..measure.metrics import DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS
 
 HEADER = ("Test", "Metric", "Batch Size", "Baseline (median)", "Now (median)", "Ratio of medians",
@@ -119,7 +120,5 @@ def table_rows(document: Mapping[str, Any], *, with_measured: bool) -> tuple[tup
 
 
 def markdown_table(document: Mapping[str, Any], *, with_measured: bool = True) -> str:
-    from .markdown import table
-
     header, rows = table_rows(document, with_measured=with_measured)
     return table(header, rows) if rows else ""

@@ -1,0 +1,196 @@
+"""What the JSON report keeps of a measured benchmark, and what its markdown is rendered from.
+
+Per run: the worker process that took it, its value of every metric (6 significant digits), the tokens it
+generated, and its NVML readings and failed requests where it has them. Per batch size: the summary
+(percentiles of the runs), the status, and what the runs generated (digest and first sequence, or how many
+distinct outputs). Per benchmark: the run-quality notes. The raw timings a run is computed from (every
+token's arrival, every decode step, the generated ids) are not kept: the reports show percentiles and
+medians of the runs' values, the plots per-run values, and the gate reads the baselines, not the report.
+
+A report written before this format (raw runs) is read by rebuilding its runs (`RunSample`) and reducing
+them the same way, so an accumulated report shrinks as it is rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..judge.outputs import observed
+from ..judge.quality import quality_notes
+from ..measure.metrics import generated_tokens, run_values, summarize
+from ..measure.records import BatchResult, BenchmarkResult, RunSample
+
+SIGNIFICANT_DIGITS = 6  # a run's values vary by more than 1e-6 between runs; the tables print 4 digits
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+@dataclass
+class StoredRun:
+    """One run as the report keeps it."""
+
+    values: dict[str, float]  # metric -> value (run_values)
+    process: int = 0
+    tokens: int = 0  # generated tokens of the whole batch
+    gpu: dict[str, float] = field(default_factory=dict)  # NVML: energy, clocks, throttle reasons
+    failed_requests: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, sample: RunSample) -> StoredRun:
+        return cls({k: _rounded(v) for k, v in run_values(sample).items()}, sample.process, generated_tokens(sample),
+                   dict(sample.gpu), list(sample.failed_requests))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"process": self.process, "values": self.values, "tokens": self.tokens}
+        if self.gpu:
+            data["gpu"] = self.gpu
+        if self.failed_requests:
+            data["failed_requests"] = self.failed_requests
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StoredRun:
+        return cls(dict(data.get("values") or {}), int(data.get("process") or 0), int(data.get("tokens") or 0),
+                   dict(data.get("gpu") or {}), list(data.get("failed_requests") or []))
+
+
+@dataclass
+class StoredBatch:
+    """One batch size: its runs, or why it did not run; what its runs generated."""
+
+    batch_size: int
+    runs: list[StoredRun] = field(default_factory=list)
+    status: str = "ok"  # ok | oom | error
+    error: str | None = None
+    warmups: int = 0
+    foreign_load: float | None = None
+    retaken: int = 0
+    outputs: dict[str, Any] | None = None  # {"digest", "sequence_0"} when the runs agree, else {"distinct": n}
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and bool(self.runs)
+
+    @property
+    def oom(self) -> bool:
+        return self.status == "oom"
+
+    def values(self) -> dict[str, list[float]]:
+        """Per-run values of every metric that all runs measured, in run order (measure.metrics.values_by_metric)."""
+        if not self.runs:
+            return {}
+        names = set(self.runs[0].values).intersection(*(r.values for r in self.runs[1:]))
+        return {name: [r.values[name] for r in self.runs] for name in sorted(names)}
+
+    @classmethod
+    def of(cls, batch: BatchResult) -> StoredBatch:
+        seen = observed(batch.samples) if batch.ok else None
+        outputs = None
+        if seen is not None and seen.outputs is not None:
+            first = seen.outputs.texts[0] if seen.outputs.texts else " ".join(map(str, seen.outputs.tokens[0]))
+            outputs = {"digest": seen.outputs.digest, "sequence_0": first[:200]}
+        elif seen is not None:
+            outputs = {"distinct": seen.distinct}
+        return cls(batch.batch_size, [StoredRun.of(s) for s in batch.samples], batch.status, batch.error,
+                   batch.warmups, batch.foreign_load, batch.retaken, outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "status": self.status, "error": self.error, "warmups": self.warmups,
+                "foreign_load": self.foreign_load, "retaken": self.retaken, "outputs": self.outputs,
+                "runs": [r.to_json() for r in self.runs],
+                "summary": {m: summarize(v).to_json() for m, v in self.values().items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StoredBatch:
+        return cls(int(data["batch_size"]), [StoredRun.from_json(r) for r in data.get("runs") or []],
+                   str(data.get("status") or "ok"), data.get("error"), int(data.get("warmups") or 0),
+                   data.get("foreign_load"), int(data.get("retaken") or 0), data.get("outputs"))
+
+
+@dataclass
+class StoredResult:
+    """A measured benchmark as the report keeps it (the report's counterpart of measure.records.BenchmarkResult)."""
+
+    key: str
+    nodeid: str
+    module: str
+    scenario: dict[str, Any]
+    backend: dict[str, Any]
+    batches: list[StoredBatch]
+    group: str | None = None
+    splits_prefill: bool = False
+    run_quality: list[str] = field(default_factory=list)  # judge/quality.py's notes, made from the raw runs
+
+    def batch(self, batch_size: int) -> StoredBatch | None:
+        return next((b for b in self.batches if b.batch_size == batch_size), None)
+
+    @classmethod
+    def of(cls, result: BenchmarkResult) -> StoredResult:
+        return cls(result.key, result.nodeid, result.module, dict(result.scenario), dict(result.backend),
+                   [StoredBatch.of(b) for b in result.batches], result.group, result.splits_prefill,
+                   quality_notes(result))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "nodeid": self.nodeid, "module": self.module, "group": self.group,
+                "scenario": self.scenario, "backend": self.backend, "splits_prefill": self.splits_prefill,
+                "run_quality": self.run_quality, "batches": [b.to_json() for b in self.batches]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StoredResult:
+        """A report's benchmark entry; one written with raw runs is reduced from them."""
+        if _has_raw_runs(data):
+            return cls.of(raw_result(data))
+        return cls(str(data["key"]), str(data["nodeid"]), str(data.get("module") or ""),
+                   dict(data.get("scenario") or {}), dict(data.get("backend") or {}),
+                   [StoredBatch.from_json(b) for b in data.get("batches") or []], data.get("group"),
+                   bool(data.get("splits_prefill")), list(data.get("run_quality") or []))
+
+
+def stored(result: BenchmarkResult | StoredResult) -> StoredResult:
+    return result if isinstance(result, StoredResult) else StoredResult.of(result)
+
+
+def _has_raw_runs(data: Mapping[str, Any]) -> bool:
+    return any("token_times_ns" in run for b in data.get("batches") or [] for run in b.get("runs") or [])
+
+
+def raw_result(data: Mapping[str, Any]) -> BenchmarkResult:
+    """A benchmark entry of a report written with raw runs, as the record it was made from."""
+    names = {f.name for f in fields(RunSample)}
+    batches = [BatchResult(batch_size=int(b["batch_size"]),
+                           samples=[RunSample(**{k: v for k, v in run.items() if k in names})
+                                    for run in b.get("runs") or []],
+                           warmups=int(b.get("warmups") or 0), error=b.get("error"), oom=b.get("status") == "oom",
+                           foreign_load=b.get("foreign_load"), retaken=int(b.get("retaken") or 0))
+               for b in data.get("batches") or []]
+    return BenchmarkResult(key=data["key"], nodeid=data["nodeid"], module=data.get("module", ""),
+                           scenario=data.get("scenario") or {}, backend=data.get("backend") or {}, batches=batches,
+                           group=data.get("group"))
+
+
+def compact_entry(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A report's benchmark entry in this format, its other keys (e.g. `measured`) kept."""
+    if not _has_raw_runs(data):
+        return dict(data)
+    return {**data, **StoredResult.from_json(data).to_json()}
+
+
+def reference_summary(result: BenchmarkResult) -> dict[str, Any]:
+    """What the report keeps of an A/B comparison's reference side: per batch size its status, how many runs,
+    and the summary of its runs' values (the verdict rows hold its medians)."""
+    reduced = StoredResult.of(result)
+    return {"key": reduced.key, "nodeid": reduced.nodeid, "backend": reduced.backend,
+            "batches": [{"batch_size": b.batch_size, "status": b.status, "runs": len(b.runs),
+                         "summary": {m: summarize(v).to_json() for m, v in b.values().items()}}
+                        for b in reduced.batches]}
+
+
+def compact_reference(data: Any) -> Any:
+    """An outcome's `reference` of an older report (the reference side's raw result) as reference_summary."""
+    if isinstance(data, Mapping) and any("samples" in b for b in data.get("batches") or []):
+        return reference_summary(BenchmarkResult.from_json(dict(data)))
+    return data
