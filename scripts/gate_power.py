@@ -15,6 +15,7 @@ Run it in a clean checkout (the A/B mode compares the working tree with HEAD).
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ SLOWDOWN_CONFTEST = '''"""Written by scripts/gate_power.py: a {fraction:.0%} slo
 import functools
 import time
 
+import torch
 from transformers import BloomForCausalLM, LlamaForCausalLM
 
 
@@ -32,9 +34,14 @@ def _slowed(forward):
     # wraps: the backend (as transformers' generate) reads forward's signature to pass logits_to_keep=1
     @functools.wraps(forward)
     def slowed_forward(self, *args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cuda = ids is not None and ids.is_cuda  # on a GPU the forward returns before its kernels finish
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         out = forward(self, *args, **kwargs)
-        ids = kwargs.get("input_ids", args[0] if args else None)
+        if cuda:
+            torch.cuda.synchronize()
         if ids is not None and (ids.shape[1] > 1) == ({phase!r} == "prefill"):
             until = time.perf_counter() + {fraction!r} * (time.perf_counter() - start)
             while time.perf_counter() < until:
@@ -81,6 +88,13 @@ def regressed_metrics(report: dict) -> set[str]:
     return {row["metric"] for row in report.get("verdicts", []) if row["verdict"] == "regressed"}
 
 
+def processes_used(report: dict) -> int:
+    """The most worker processes per side any benchmark of the job took (its last look)."""
+    counts = [len({run.get("process") for run in batch.get("runs") or []})
+              for bench in report.get("benchmarks", []) for batch in bench.get("batches", [])]
+    return max(counts, default=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--test", default="benchmarks/test_seed000_prefill_decode.py::test_prefill_decode[llama]")
@@ -89,12 +103,13 @@ def main() -> None:
     parser.add_argument("--condition", action="append", default=[],
                         help="0 (unchanged) or PHASE:FRACTION, e.g. decode:0.10; repeatable")
     parser.add_argument("--out", default=None, help="directory for every job's JSON report (default: a temp dir)")
+    parser.add_argument("--device", default="cpu", help="the hardware target (--llmperf-device)")
     parser.add_argument("pytest_args", nargs="*", help="after --: options for every job, e.g. --llmperf-rtol=0.02")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="gate-power-"))
     out.mkdir(parents=True, exist_ok=True)
     test_dir = Path(args.test.split("::")[0]).parent
-    common = ["--llmperf-device=cpu", f"--llmperf-report-dir={out / 'reports'}", *args.pytest_args]
+    common = [f"--llmperf-device={args.device}", f"--llmperf-report-dir={out / 'reports'}", *args.pytest_args]
     if args.mode == "ab":
         common.append("--llmperf-compare=HEAD")
     else:
@@ -105,23 +120,24 @@ def main() -> None:
     summary = []
     for condition in args.condition or ["0"]:
         failed = named = 0
-        times = []
+        times, used = [], []
         with slowdown(test_dir, condition) as phase:
             for i in range(args.jobs):
                 name = condition.replace(":", "_")
                 code, report, seconds = job(args.test, common, out / f"{args.mode}_{name}_{i:02d}.json")
                 times.append(seconds)
+                used.append(processes_used(report))
                 metrics = regressed_metrics(report)
                 failed += code == 1
                 named += phase is not None and PHASE_METRICS[phase] in metrics
                 print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
-                      f"{seconds:.0f} s", flush=True)
-        summary.append((condition, failed, named, sorted(times)[len(times) // 2]))
-    print("\n| mode | condition | jobs | failed | named the slowed phase | median job time |")
-    print("|---|---|---|---|---|---|")
-    for condition, failed, named, median in summary:
+                      f"{used[-1]} processes per side, {seconds:.0f} s", flush=True)
+        summary.append((condition, failed, named, statistics.median(times), statistics.median(used)))
+    print("\n| mode | condition | jobs | failed | named the slowed phase | median processes per side | median job time |")
+    print("|---|---|---|---|---|---|---|")
+    for condition, failed, named, median, processes in summary:
         print(f"| {args.mode} | {condition} | {args.jobs} | {failed} ({failed / args.jobs:.0%}) | "
-              f"{named if condition not in ('0', 'none') else '-'} | {median:.0f} s |")
+              f"{named if condition not in ('0', 'none') else '-'} | {processes:g} | {median:.0f} s |")
 
 
 if __name__ == "__main__":
