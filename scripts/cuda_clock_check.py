@@ -40,7 +40,8 @@ def main() -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this compares our clock with CUDA events on a GPU")
-    path = resolve_model(args.model, cache_dir=Path(args.cache_dir) if args.cache_dir else None, build_device="cuda")
+    path = resolve_model(args.model, local_models={}, cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                         build_device="cuda")
     backend = HFBackend(path, name=args.model, dtype=args.dtype, device="cuda")
     spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     forward = backend.model.forward
