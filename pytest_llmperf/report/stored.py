@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from ..judge.outputs import observed
 from ..judge.quality import quality_notes
 from ..measure.metrics import generated_tokens, run_values, summarize
@@ -181,12 +183,22 @@ def compact_entry(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def reference_summary(result: BenchmarkResult) -> dict[str, Any]:
     """What the report keeps of an A/B comparison's reference side: per batch size its status, how many runs,
-    and the summary of its runs' values (the verdict rows hold its medians)."""
+    the summary of its runs' values, and each worker process's median per metric by process index (what the
+    gate paired with this side's processes: scripts/replay_gate.py replays the gate from them)."""
     reduced = StoredResult.of(result)
     return {"key": reduced.key, "nodeid": reduced.nodeid, "backend": reduced.backend,
             "batches": [{"batch_size": b.batch_size, "status": b.status, "runs": len(b.runs),
-                         "summary": {m: summarize(v).to_json() for m, v in b.values().items()}}
-                        for b in reduced.batches]}
+                         "summary": {m: summarize(v).to_json() for m, v in b.values().items()},
+                         "processes": _process_medians(b)} for b in reduced.batches]}
+
+
+def _process_medians(batch: StoredBatch) -> dict[str, dict[str, float]]:
+    """{metric: {process index: the median of that process's runs}}."""
+    found: dict[str, dict[int, list[float]]] = {}
+    for run in batch.runs:
+        for metric, value in run.values.items():
+            found.setdefault(metric, {}).setdefault(run.process, []).append(value)
+    return {m: {str(p): _rounded(float(np.median(v))) for p, v in sorted(per.items())} for m, per in sorted(found.items())}
 
 
 def compact_reference(data: Any) -> Any:
