@@ -20,7 +20,7 @@ tiny Mixtral, fast = slow = cpu, 7 of 32 experts resident, threads=1, batch 1, 1
   other configurations in the same process, so the machine's state at the time cancels).
 - pairs: ours (`makespan`, measured costs, live model) and Fiddler's policy (`fiddler`, 7/70) one after
   the other, the order alternating; decode tokens/s of each, the share of pairs ours wins, and the paired
-  Hodges-Lehmann ratio ours/Fiddler with its 95% bootstrap interval (pytest_llmperf.judge.gate).
+  paired ratio ours/Fiddler with its 95% interval (pytest_llmperf.judge.stats.paired).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, os.environ.get("OFFLOAD_COSTS_SOURCE") or str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.backends.models import make_prompt, resolve_model  # noqa: E402
-from pytest_llmperf.judge.gate import compare_paired  # noqa: E402
+from pytest_llmperf.judge.stats import paired  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadOptions  # noqa: E402
 from pytest_llmperf.offload.costs import LinearFit, measure_costs  # noqa: E402
 
@@ -272,11 +272,12 @@ def pairs(args: argparse.Namespace) -> None:
             ours.append(tps["ours-measured-costs"])
             fiddler.append(tps["fiddler-default"])
     ours_a, fid_a = np.array(ours), np.array(fiddler)
-    c = compare_paired("decode_tokens_per_s", 1, fid_a, ours_a, better="higher", rtol=0.0)
+    c = paired(fid_a, ours_a, better="higher")
+    low, high = c.interval()
     print(f"{args.pairs} interleaved pairs, {args.new} new tokens each: ours wins {int(np.sum(ours_a >= fid_a))}"
           f"/{args.pairs} (first 10: {int(np.sum(ours_a[:10] >= fid_a[:10]))}/10); medians ours "
           f"{np.median(ours_a):.1f}, Fiddler {np.median(fid_a):.1f} tokens/s; ratio ours/Fiddler "
-          f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}], Wilcoxon p(ours worse) {c.p_worse:.3f}")
+          f"{float(c.ratio()):.3f} [{float(low):.3f}, {float(high):.3f}], p(ours worse) {float(c.p_worse()):.3f}")
     for name, rows in what.items():
         prefill, cpu_calls, fetches = np.median(np.asarray(rows[2:]), axis=0)
         print(f"{name}: prefill {prefill:.2f} ms; per generation (prefill + decode) {cpu_calls:.0f} CPU experts, "

@@ -40,15 +40,18 @@ def needed(sigma: float, delta: float, alpha: float, power: float) -> int:
 
 
 def sides(report: dict):
-    """(label, benchmark) pairs: the measured side and, for an A/B comparison, the reference side."""
+    """(label, key, batch size, {metric: {process: [values]}}): the measured side's runs and, for an A/B
+    comparison, the reference side's per-process medians (one value a process: no within-process spread)."""
+    ab = any(o.get("reference") for o in report.get("outcomes", []))
     for bench in report["benchmarks"]:
-        yield "B" if any(o.get("reference") for o in report.get("outcomes", [])) else "", bench
+        for batch in bench["batches"]:
+            yield "B" if ab else "", bench["key"], batch["batch_size"], {
+                m: per_process(batch.get("runs", []), m) for m in GATED}
     for outcome in report.get("outcomes", []):
-        if outcome.get("reference"):
-            ref = outcome["reference"]
-            batches = [{"batch_size": b["batch_size"], "runs": [{**s, "values": None} for s in b["samples"]]}
-                       for b in ref["batches"]]
-            yield "A", {"key": ref["key"], "batches": batches, "raw": ref}
+        for batch in (outcome.get("reference") or {}).get("batches", []):
+            medians = batch.get("processes") or {}
+            yield "A", outcome["key"], batch["batch_size"], {
+                m: {int(p): [v] for p, v in medians.get(m, {}).items()} for m in GATED}
 
 
 def main() -> None:
@@ -57,25 +60,19 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.005, help="per-look alpha (default 0.005: 0.01 over 2 looks)")
     parser.add_argument("--power", type=float, default=0.95)
     args = parser.parse_args()
-    from pytest_llmperf.measure.metrics import run_values
-    from pytest_llmperf.measure.records import RunSample
-
     pooled: dict[tuple, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(dict))
     for i, path in enumerate(args.reports):
         report = json.load(open(path))
-        for side, bench in sides(report):
-            for batch in bench["batches"]:
-                runs = batch.get("runs", [])
-                runs = [r if r.get("values") else {**r, "values": run_values(RunSample.from_json(r))} for r in runs]
-                for metric in GATED:
-                    for process, values in per_process(runs, metric).items():
-                        pooled[(bench["key"], metric, batch["batch_size"])][side][(i, process)] = values
+        for side, key, batch_size, by_metric in sides(report):
+            for metric, processes in by_metric.items():
+                for process, values in processes.items():
+                    pooled[(key, metric, batch_size)][side][(i, process)] = values
     print(f"{'benchmark':<40} {'metric':<24} {'batch':>5} {'side':>4} {'procs':>5} {'within':>7} "
           f"{'between':>7}  N(5%) N(10%)")
     for (key, metric, bs), by_side in sorted(pooled.items()):
         for side, processes in sorted(by_side.items()):
             medians = [float(np.median(v)) for v in processes.values()]
-            within = float(np.median([log_cv(v) for v in processes.values()]))
+            within = float(np.nanmedian([log_cv(v) for v in processes.values()]))
             between = log_cv(medians)
             print(f"{key[:40]:<40} {metric:<24} {bs:>5} {side or '-':>4} {len(medians):>5} {within:>7.2%} "
                   f"{between:>7.2%}  {needed(between, 0.05, args.alpha, args.power):>5} "

@@ -115,6 +115,7 @@ class Outcome:
     changed: list[str] = field(default_factory=list)  # generated tokens that changed, failing (--llmperf-outputs)
     outputs_unchecked: bool = False  # outputs measured, but the baseline (or the ref) holds none to compare with
     warnings: list[str] = field(default_factory=list)  # said at the test's location, never failing it
+    baseline_created: str = ""  # when the stored baseline it was judged against was recorded (ISO 8601, UTC)
 
     @property
     def kind(self) -> Kind:

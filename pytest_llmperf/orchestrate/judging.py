@@ -114,7 +114,7 @@ def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference
         reference.label if ab else str(session.store.path_for(result.module))), reference=reference.side,
         changed=changed, outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
         drift={} if ab else software_drift(reference.entry.fingerprint, session.fingerprint),
-        warnings=[*warnings, *changed_warnings])
+        warnings=[*warnings, *changed_warnings], baseline_created="" if ab else reference.entry.created)
 
 
 def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -121,6 +122,9 @@ def summary_lines(session: Any) -> list[str]:
         lines.append(f"outputs not compared for {len(unchecked)} benchmark(s), whose baseline (or compared ref) holds "
                      f"no generated tokens (recorded before they were stored; --llmperf-update records them): "
                      + ", ".join(unchecked))
+    age = baseline_age(session.outcomes)
+    if age:
+        lines.append(age)
     drift = {k: v for o in session.outcomes for k, v in o.drift.items()}
     if drift:
         lines.append("software drift since the baselines: " +
@@ -132,6 +136,33 @@ def summary_lines(session: Any) -> list[str]:
         lines.append(f"re-run: {session.rerun()} (add --llmperf-update if the change is intended, then commit the "
                      "changed baselines/ files)")
     return lines
+
+
+def baseline_age(outcomes: Sequence[Outcome], now: datetime | None = None) -> str | None:
+    """How old the stored baselines judged against are: drift between sessions reads exactly like a slowdown,
+    so an old baseline is said (docs/noise.md; pull requests are better judged A/B, --llmperf-compare)."""
+    found = []
+    for outcome in outcomes:
+        try:
+            found.append((datetime.fromisoformat(outcome.baseline_created), outcome.result.key))
+        except ValueError:  # A/B, recorded, or a baseline without a date
+            continue
+    if not found:
+        return None
+    now = now or datetime.now(timezone.utc)
+    oldest, key = min(found)
+    newest = max(found)[0]
+    span = _ago(now - newest) + ("" if _ago(now - newest) == _ago(now - oldest) else f" to {_ago(now - oldest)}")
+    return (f"stored baselines recorded {span} ago (oldest: {key}, {oldest.date().isoformat()}); a baseline ages "
+            "by the runner's drift between sessions: judge pull requests A/B (--llmperf-compare)")
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = max(delta.total_seconds(), 0)
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return "seconds"
 
 
 def _spread(values: Sequence[int]) -> str:
