@@ -63,6 +63,42 @@ class Stream:
     prompt_tokens: int | None = None  # the prompt length the server reports having received
 
 
+class EventStream:
+    """Server-sent events (the WHATWG `text/event-stream` format) from bytes fed as they arrive.
+
+    `feed(chunk)` returns the `data` of every event the chunk completes (several `data:` lines of one event
+    joined by a newline; comments, `event:`, `id:` and events without data are dropped). Lines may end in
+    CRLF (sse-starlette, llama.cpp's server), LF (vLLM, TGI) or CR. Kept small because it runs for every
+    token: bytes throughout, one split per chunk.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""  # an unfinished line
+        self._data: list[bytes] = []  # the data lines of the event being read
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = (self._pending + chunk).splitlines(keepends=True)  # bytes.splitlines: CRLF, LF, CR only
+        # an unfinished last line waits, and so does one ending in CR: it may be the first half of a CRLF
+        self._pending = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+        events = []
+        for line in lines:
+            line = line.rstrip(b"\r\n")
+            if not line:  # a blank line ends the event
+                if self._data:
+                    events.append(b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+        return events
+
+    def close(self) -> list[bytes]:
+        """What the stream's end completes: the last line even without its newline (the event itself is
+        dropped, as the format says, unless a blank line ended it)."""
+        events = self.feed(b"\n") if self._pending else []
+        self._data = []
+        return events
+
+
 class RequestFailed(BackendError):
     """One request of a run failed while the server went on serving (a stream cut short, an error event)."""
 
