@@ -123,14 +123,22 @@ class BenchClient:
     `main` redoes for each call: load the tokenizer, open a session (every request connects anew), start an
     event loop (`--vllm-client cli` keeps that; docs/servers.md compares the two)."""
 
-    def __init__(self, url: str, model_dir: Path, concurrency: int, **lengths: int) -> None:
+    def __init__(self, url: str, model_dir: Path, concurrency: int, runs: int, seed: int, **lengths: int) -> None:
         import aiohttp
+        from vllm.benchmarks.datasets import get_samples
+        from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput
         from vllm.tokenizers import get_tokenizer
 
-        self.url, self.model_dir, self.concurrency, self.lengths = url, model_dir, concurrency, lengths
-        args = self._args(1, 0)
-        self.tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode,
-                                       trust_remote_code=args.trust_remote_code)
+        self.concurrency = concurrency
+        # every prompt is sampled here, as bench serve samples its run's before sending any: tokenizing between
+        # runs would put the tokenizer's threads on the cores while the server works on the next run
+        args = bench_args(url, model_dir, concurrency=concurrency, requests=runs * concurrency, seed=seed,
+                          result_dir=Path("."), **lengths)
+        tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode,
+                                  trust_remote_code=args.trust_remote_code)
+        self.inputs = [RequestFuncInput(prompt=r.prompt, api_url=f"{url}/v1/completions", prompt_len=r.prompt_len,
+                                        output_len=r.expected_output_len, model=MODEL, ignore_eos=True,
+                                        extra_body={"temperature": 0.0}) for r in get_samples(args, tokenizer)]
         self.loop = asyncio.new_event_loop()
 
         async def session() -> aiohttp.ClientSession:  # bench serve's (vllm/benchmarks/serve.py, benchmark())
@@ -142,20 +150,12 @@ class BenchClient:
 
         self.session = self.loop.run_until_complete(session())
 
-    def _args(self, requests: int, seed: int) -> argparse.Namespace:
-        return bench_args(self.url, self.model_dir, concurrency=self.concurrency, requests=requests, seed=seed,
-                          result_dir=Path("."), **self.lengths)
+    def run(self) -> dict[str, Any]:
+        """One run: the next `concurrency` prompts sent at once; the fields of bench serve's result that
+        vllm_requests reads."""
+        from vllm.benchmarks.lib.endpoint_request_func import async_request_openai_completions
 
-    def run(self, seed: int) -> dict[str, Any]:
-        """One run: `concurrency` prompts of its random dataset sent at once; the fields of bench serve's result
-        that vllm_requests reads."""
-        from vllm.benchmarks.datasets import get_samples
-        from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
-
-        args = self._args(self.concurrency, seed)
-        inputs = [RequestFuncInput(prompt=r.prompt, api_url=f"{self.url}/v1/completions", prompt_len=r.prompt_len,
-                                   output_len=r.expected_output_len, model=MODEL, ignore_eos=True,
-                                   extra_body={"temperature": 0.0}) for r in get_samples(args, self.tokenizer)]
+        inputs, self.inputs = self.inputs[:self.concurrency], self.inputs[self.concurrency:]
 
         async def run() -> tuple[list[Any], float]:
             start = time.perf_counter()
@@ -274,14 +274,15 @@ def main() -> None:
                                                                    for c in args.concurrency}
         load_at_start = os.getloadavg()
         lengths = {"input_len": args.input_len, "output_len": args.output_len}
-        clients = {c: BenchClient(server.url, model_dir, c, **lengths) for c in args.concurrency
-                   if args.vllm_client == "session" and args.load == "batch"}
+        clients = {c: BenchClient(server.url, model_dir, c, runs=args.rounds * args.requests + 3,
+                                  seed=random.randrange(1 << 30), **lengths)
+                   for c in args.concurrency if args.vllm_client == "session" and args.load == "batch"}
         for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
             ours(backend, concurrency=c, runs=3, **lengths)
             vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, seed=10_000 + c, result_dir=work,
                        **lengths)
-            for seed in range(3) if c in clients else ():
-                clients[c].run(seed)
+            for _ in range(3) if c in clients else ():
+                clients[c].run()
         for r in range(args.rounds):
             for c in args.concurrency:
                 n = args.requests * c
@@ -293,7 +294,7 @@ def main() -> None:
                         calls = [c] * args.requests if args.load == "batch" and (c > 1 or c in clients) else [n]
                         for requests in calls:
                             seed = random.randrange(1 << 30)
-                            result = clients[c].run(seed) if c in clients else vllm_bench(
+                            result = clients[c].run() if c in clients else vllm_bench(
                                 server.url, model_dir, concurrency=c, requests=requests, seed=seed, result_dir=work,
                                 ready_check=len(calls) == 1, **lengths)
                             for k, v in vllm_requests(result).items():
