@@ -287,42 +287,51 @@ def main() -> None:
                    for c in args.concurrency if args.vllm_client == "session" and args.load == "batch"}
         for c in args.concurrency:  # warm both paths up: the first requests compile and allocate
             ours(backend, concurrency=c, runs=3, **lengths)
-            vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, seed=10_000 + c, result_dir=work,
-                       **lengths)
             for _ in range(3) if c in clients else ():
                 clients[c].run()
+            if c not in clients:
+                vllm_bench(server.url, model_dir, concurrency=c, requests=2 * c, seed=10_000 + c, result_dir=work,
+                           **lengths)
+
+        def take_vllm(c: int, requests: int, ready_check: bool) -> None:
+            result = clients[c].run() if c in clients else vllm_bench(
+                server.url, model_dir, concurrency=c, requests=requests, seed=random.randrange(1 << 30),
+                result_dir=work, ready_check=ready_check, **lengths)
+            per = vllm_requests(result)
+            for k, x in per.items():
+                vllm_all[c][k] += x  # type: ignore[operator]
+            vllm_all[c]["tokens"] += result["total_output_tokens"]  # type: ignore[operator]
+            vllm_all[c]["seconds"] += result["duration"]  # type: ignore[operator]
+            if requests == c:  # one run of c prompts sent at once
+                spreads[c]["vllm"].append(spread_ms([t * 1000 for t in result["start_times"]]))
+                firsts = [(t + f) * 1000 for t, f in zip(result["start_times"], result["ttfts"])]
+                batching[c]["vllm"].append((prefill_groups(firsts, float(np.median(per["itl"]))),
+                                            float(np.median(per["tpot"]))))
+
+        def take_ours(c: int, runs: int) -> None:
+            samples = ours(backend, concurrency=c, runs=runs, **lengths)
+            ours_all[c] += samples
+            for sample in samples:
+                values = run_values(sample)
+                batching[c]["ours"].append((prefill_groups([t[0] / 1e6 for t in sample.token_times_ns],
+                                                           values["itl_ms"]), values["tpot_ms"]))
+
         for r in range(args.rounds):
             for c in args.concurrency:
+                if c in clients:  # one run each, alternating ABBA run by run: a busy machine's load moves within
+                    for i in range(args.requests):  # seconds, and a block of 20 runs takes 2-4 s
+                        for tool in ("vllm", "ours") if (r + c + i) % 2 == 0 else ("ours", "vllm"):
+                            take_vllm(c, c, False) if tool == "vllm" else take_ours(c, 1)
+                    continue
                 n = args.requests * c
-                order = ("vllm", "ours") if (r + c) % 2 == 0 else ("ours", "vllm")  # ABBA
-                for tool in order:
-                    if tool == "vllm":
-                        # one run of n requests; under --load batch, n/c runs of c prompts sent at once (with the
-                        # cli client at c > 1 only: at c = 1 its one run of n requests is that already)
-                        calls = [c] * args.requests if args.load == "batch" and (c > 1 or c in clients) else [n]
-                        for requests in calls:
-                            seed = random.randrange(1 << 30)
-                            result = clients[c].run() if c in clients else vllm_bench(
-                                server.url, model_dir, concurrency=c, requests=requests, seed=seed, result_dir=work,
-                                ready_check=len(calls) == 1, **lengths)
-                            for k, v in vllm_requests(result).items():
-                                vllm_all[c][k] += v  # type: ignore[operator]
-                            vllm_all[c]["tokens"] += result["total_output_tokens"]  # type: ignore[operator]
-                            vllm_all[c]["seconds"] += result["duration"]  # type: ignore[operator]
-                            if len(calls) > 1:
-                                spreads[c]["vllm"].append(spread_ms([t * 1000 for t in result["start_times"]]))
-                                per = vllm_requests(result)
-                                firsts = [(t + f) * 1000 for t, f in zip(result["start_times"], result["ttfts"])]
-                                batching[c]["vllm"].append((prefill_groups(firsts, float(np.median(per["itl"]))),
-                                                            float(np.median(per["tpot"]))))
-                    else:
-                        samples = ours(backend, concurrency=c, runs=args.requests, input_len=args.input_len,
-                                       output_len=args.output_len)
-                        ours_all[c] += samples
-                        for sample in samples:
-                            values = run_values(sample)
-                            batching[c]["ours"].append((prefill_groups([t[0] / 1e6 for t in sample.token_times_ns],
-                                                                      values["itl_ms"]), values["tpot_ms"]))
+                for tool in ("vllm", "ours") if (r + c) % 2 == 0 else ("ours", "vllm"):  # ABBA, by blocks
+                    if tool == "ours":
+                        take_ours(c, args.requests)
+                    elif args.load == "batch" and c > 1:  # the CLI: n/c runs of c prompts sent at once
+                        for _ in range(args.requests):
+                            take_vllm(c, c, False)
+                    else:  # one run of n requests (at c = 1 under --load batch, that is our load already)
+                        take_vllm(c, n, True)
             print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", flush=True)
         backend.close()
         for client in clients.values():
