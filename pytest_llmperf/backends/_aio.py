@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import gc
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -103,24 +105,41 @@ class RequestFailed(BackendError):
     """One request of a run failed while the server went on serving (a stream cut short, an error event)."""
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a run, as `timeit` turns it off: in a process that has loaded
+    torch and vLLM a full collection takes ~170 ms here, and one that fell inside a run held the client off the
+    socket while the server went on, so every token that came meanwhile got the collection's end as its time
+    (tox -e vllm saw 15 of 16 tokens stamped at one instant). Its previous state comes back after the run."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 async def run_concurrently(batch_size: int, clock: Clock,
                            one: Callable[[int, int], Awaitable[Stream]]) -> tuple[list[Stream | Exception], int]:
     """Start `batch_size` requests at once; each gets its index and the run's start time.
 
     Returns, in request order, each request's stream or the exception it failed with, and the run's
     end-to-end time (start to the end of the last request). A request that fails does not stop the others:
-    `completed` tells a run with some failed requests from one where the server answered none.
+    `completed` tells a run with some failed requests from one where the server answered none. The garbage
+    collector is paused for the run (`collector_paused`).
     """
-    start = clock()
-    tasks = [asyncio.ensure_future(one(i, start)) for i in range(batch_size)]
-    try:
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    except BaseException:  # cancelled (the run timed out): cancel every request
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    end = clock()
+    with collector_paused():
+        start = clock()
+        tasks = [asyncio.ensure_future(one(i, start)) for i in range(batch_size)]
+        try:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        except BaseException:  # cancelled (the run timed out): cancel every request
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        end = clock()
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # KeyboardInterrupt, SystemExit: never a failed request
