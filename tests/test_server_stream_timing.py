@@ -41,15 +41,15 @@ def test_an_event_the_stream_does_not_end_is_dropped():
 # -- where the times are taken -----------------------------------------------------------------------
 
 class Clock:
-    """An injected clock the scripted response moves: each reading gives `now` and is recorded."""
+    """An injected clock the scripted response moves; each reading gives `now`, then moves it on by 1 ns, so
+    that readings taken one after the other differ."""
 
     def __init__(self) -> None:
         self.now = 0
-        self.readings: list[int] = []
 
     def __call__(self) -> int:
-        self.readings.append(self.now)
-        return self.now
+        self.now += 1
+        return self.now - 1
 
 
 def chunk(i: int, *, last: bool = False) -> bytes:
@@ -107,7 +107,7 @@ def scripted_backend(monkeypatch, clock: Clock, make: Callable[[], ScriptedRespo
     return backend
 
 
-def test_the_send_is_stamped_before_the_post_and_each_token_at_the_read_that_brought_it(monkeypatch):
+def test_the_send_is_stamped_before_the_post_and_each_token_as_its_event_is_decoded(monkeypatch):
     clock = Clock()
     reads = [(5_000_000, chunk(0)), (9_000_000, chunk(1) + chunk(2, last=True)), (9_500_000, USAGE)]
     clock.now = 2_000_000
@@ -116,10 +116,12 @@ def test_the_send_is_stamped_before_the_post_and_each_token_at_the_read_that_bro
         sample = backend.generate(GenerationRequest(1, 4, 3, "a b c d"))
     finally:
         backend.close()
-    assert sample.sent_ns == [0]  # the run starts and the request is stamped at 2 ms, before the post
-    assert backend._session.posted_at == [2_000_000]  # type: ignore[attr-defined]
-    # times from the run's start: tokens 1 and 2 came in one read and share its time, parsing adds nothing
-    assert sample.token_times_ns == [[3_000_000, 7_000_000, 7_000_000]]
+    assert sample.sent_ns == [1]  # the run starts at 2 ms and its request is stamped next, before the post
+    assert backend._session.posted_at == [2_000_002]  # type: ignore[attr-defined]
+    # times from the run's start: each token when its event is decoded, right after its read; tokens 1 and 2
+    # came in one read and get their own times, in order, not the read's one time (a zero gap)
+    first, second, third = sample.token_times_ns[0]
+    assert 3_000_000 <= first < 3_000_010 and 7_000_000 <= second < third < 7_000_010
     assert sample.output_ids == [[100, 101, 102]] and sample.sequence_tokens == [3]
     body = backend._session.bodies[0]  # type: ignore[attr-defined]
     assert body["prompt"] == "a b c d" and body["ignore_eos"] is True and body["return_token_ids"] is True
@@ -137,7 +139,7 @@ def test_requests_of_a_run_send_one_body_encoded_once(monkeypatch):
     finally:
         backend.close()
     assert len(encoded) == 1 and len(backend._session.bodies) == 4  # type: ignore[attr-defined]
-    assert sample.sent_ns == [0, 1_000, 2_000, 3_000]  # each request stamped after the previous one's post
+    assert sample.sent_ns == [1, 1_002, 2_003, 3_004]  # each request stamped after the previous one's post
 
 
 def test_an_error_status_names_the_status_and_the_answer(monkeypatch):

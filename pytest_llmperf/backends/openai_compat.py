@@ -4,14 +4,14 @@ own event-stream reader (`_aio.EventStream`).
 
 The client's own work is kept out of what it measures (docs/servers.md, "The client"): a run's request
 body is encoded once and sent by each of its B requests; the event loop and its aiohttp session live
-for the backend's life, so connections are reused; a token is stamped when its bytes are read, before
-they are parsed. About 0.2 ms of CPU per request here (scripts/client_overhead.py), where the `openai`
-package's client, which this replaced, took 1.8-2.1 ms.
+for the backend's life, so connections are reused; a token is stamped as soon as its event is decoded,
+as vLLM's bench stamps it. 0.2-0.4 ms of CPU per request here (scripts/client_overhead.py), where the
+`openai` package's client, which this replaced, took 1.8-2.1 ms.
 
 One run of batch size B is B concurrent streamed requests. Per request, as vLLM's `bench serve` times it:
 - sent: the clock just before the request is posted; TTFT, E2EL are timed from it (metrics.py).
-- token arrivals: the read that brought a chunk (every event in one read shares its time); a chunk counts
-  where its choice carries token ids; without ids, completions: every chunk with a
+- token arrivals: the clock read right after the chunk's event is decoded (vLLM's bench reads it there); a
+  chunk counts where its choice carries token ids; without ids, completions: every chunk with a
   text (vLLM's rule: an empty text, a special token, counts too) except an empty one that only carries
   the finish reason (llama.cpp closes its streams so); chat: every chunk with non-empty `delta.content`
   (a role-only chunk is not a token). A server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
@@ -263,14 +263,11 @@ class OpenAICompatBackend(Backend):
                 raise ServerAnswered(response.status, f"{response.reason}: {text[:500]}", in_stream=False)
             events, chunks, ids = EventStream(), 0, []
             try:
-                # a token's time is the read that brought it, taken before any parsing (vLLM's bench stamps
-                # after decoding each event: the same instant but for its json.loads)
                 async for data in response.content.iter_any():
-                    now = clock() - start
                     for event in events.feed(data):
-                        chunks += self._take(event, now, stream, ids)
+                        chunks += self._take(event, start, stream, ids)
                 for event in events.close():
-                    chunks += self._take(event, clock() - start, stream, ids)
+                    chunks += self._take(event, start, stream, ids)
             except (ClientPayloadError, ClientConnectionError) as exc:  # the server went on; this stream broke
                 raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
                                     f"tokens: {type(exc).__name__}: {exc}") from exc
@@ -287,12 +284,16 @@ class OpenAICompatBackend(Backend):
             stream.server_tokens = chunks
         return stream
 
-    def _take(self, event: bytes, now: int, stream: Stream, ids: list[int]) -> int:
-        """Read one event into `stream` (a token arrived at `now` where it carries one); 1 for a chunk with
-        content (count_chunks counts those), else 0."""
+    def _take(self, event: bytes, start: int, stream: Stream, ids: list[int]) -> int:
+        """Read one event into `stream`; 1 for a chunk with content (count_chunks counts those), else 0.
+
+        A token's time is read as soon as its event is decoded, where vLLM's bench serve reads it: events that
+        came in one read get their own times, microseconds apart, in order (a server that fell behind and sent
+        several at once; stamping them with the read's one time gave zero gaps)."""
         if event == b"[DONE]":
             return 0
         data = json.loads(event)
+        now = self.clock() - start
         error = stream_error(data)
         if error is not None:
             raise error
