@@ -36,7 +36,8 @@ class Extra:
 HF = Extra("hf", ("torch", "transformers"), "torch and transformers", "pip install pytest-llmperf[hf]")
 TGI = Extra("tgi", ("huggingface_hub", "httpx2", "httpx"), "huggingface_hub (>= 2.0, on httpx2) and httpx",
             "pip install pytest-llmperf[tgi]")
-OPENAI = Extra("openai", ("openai", "httpx"), "the openai client and httpx", "pip install pytest-llmperf[openai]")
+OPENAI = Extra("openai", ("aiohttp", "httpx"), "aiohttp (the client) and httpx (health checks)",
+                "pip install pytest-llmperf[openai]")
 # google-jetstream's own requirements pull jax, flax and seqio: its stubs are installed without them.
 JETSTREAM = Extra("jetstream", ("grpc", "google.protobuf", "jetstream.core.proto.jetstream_pb2_grpc"),
                   "grpcio, protobuf and JetStream's gRPC stubs",

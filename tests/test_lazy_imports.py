@@ -20,7 +20,8 @@ CORE = {"psutil", "pytest_llmperf"}
 HEAVY = {"numpy", "scipy", "matplotlib", "torch", "transformers"}
 
 HF_MODULES = ("torch", "transformers", "tokenizers", "safetensors")
-EVERY_EXTRA = (*HF_MODULES, "huggingface_hub", "httpx", "httpx2", "openai", "grpc", "google.protobuf", "jetstream")
+EVERY_EXTRA = (*HF_MODULES, "huggingface_hub", "httpx", "httpx2", "openai", "aiohttp", "grpc", "google.protobuf",
+               "jetstream")
 
 RUNNER = """
 import importlib.abc, sys
@@ -109,10 +110,10 @@ def test_with_no_extra_installed_pytest_runs_and_each_backend_fixture_fails_nami
         "pip install pytest-llmperf[[]hf] (No module named 'torch')",
         "llmperf_tgi needs huggingface_hub (>= 2.0, on httpx2) and httpx: "
         "pip install pytest-llmperf[[]tgi] (No module named 'huggingface_hub')",
-        "llmperf_openai needs the openai client and httpx: "
-        "pip install pytest-llmperf[[]openai] (No module named 'openai')",
-        "llmperf_vllm needs the openai client and httpx: "
-        "pip install pytest-llmperf[[]openai] (No module named 'openai')",
+        "llmperf_openai needs aiohttp (the client) and httpx (health checks): "
+        "pip install pytest-llmperf[[]openai] (No module named 'aiohttp')",
+        "llmperf_vllm needs aiohttp (the client) and httpx (health checks): "
+        "pip install pytest-llmperf[[]openai] (No module named 'aiohttp')",
         "llmperf_jetstream needs grpcio, protobuf and JetStream's gRPC "
         "stubs: pip install pytest-llmperf[[]jetstream] && pip install --no-deps google-jetstream "
         "(No module named 'grpc')",

@@ -32,3 +32,32 @@ def test_timeout_cancels_the_coroutine_and_raises():
         assert loop.run(wait_cancelled(), timeout=15)
     finally:
         loop.close()
+
+
+def test_a_run_pauses_the_garbage_collector_and_gives_its_state_back():
+    import gc
+
+    from pytest_llmperf.backends._aio import Stream, run_concurrently
+    from pytest_llmperf.measure.clock import FakeClock
+
+    seen = []
+
+    async def one(index: int, start: int) -> Stream:
+        seen.append(gc.isenabled())
+        await asyncio.sleep(0)
+        seen.append(gc.isenabled())
+        return Stream()
+
+    loop = LoopThread("test")
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        results, e2e = loop.run(run_concurrently(2, FakeClock(step=5), one), timeout=10)
+        assert seen == [False] * 4 and gc.isenabled()  # off for the requests, back on after
+        assert len(results) == 2 and e2e == 5  # the injected clock: start at 5, end at 10
+        gc.disable()  # a caller that had turned it off keeps it off
+        loop.run(run_concurrently(1, FakeClock(), one), timeout=10)
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+        loop.close()

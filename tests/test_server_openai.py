@@ -138,7 +138,7 @@ def test_errors_name_the_server_and_the_fix(server):
     try:
         # TGI's /v1 routes validate inside the stream: 200, then an error event naming the status
         with pytest.raises(BackendError, match=r"request failed at batch size 1 \(HTTP 422, sent in the stream\): "
-                                               r"APIError: Input validation error: .*must be <= 1512"):
+                                               r"Input validation error: .*must be <= 1512"):
             backend.generate(GenerationRequest(1, 4, 1600, "a b c d"))
     finally:
         backend.close()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import gc
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,8 +65,59 @@ class Stream:
     prompt_tokens: int | None = None  # the prompt length the server reports having received
 
 
+class EventStream:
+    """Server-sent events (the WHATWG `text/event-stream` format) from bytes fed as they arrive.
+
+    `feed(chunk)` returns the `data` of every event the chunk completes (several `data:` lines of one event
+    joined by a newline; comments, `event:`, `id:` and events without data are dropped). Lines may end in
+    CRLF (sse-starlette, llama.cpp's server), LF (vLLM, TGI) or CR. Kept small because it runs for every
+    token: bytes throughout, one split per chunk.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""  # an unfinished line
+        self._data: list[bytes] = []  # the data lines of the event being read
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = (self._pending + chunk).splitlines(keepends=True)  # bytes.splitlines: CRLF, LF, CR only
+        # an unfinished last line waits, and so does one ending in CR: it may be the first half of a CRLF
+        self._pending = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+        events = []
+        for line in lines:
+            line = line.rstrip(b"\r\n")
+            if not line:  # a blank line ends the event
+                if self._data:
+                    events.append(b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+        return events
+
+    def close(self) -> list[bytes]:
+        """What the stream's end completes: the last line even without its newline (the event itself is
+        dropped, as the format says, unless a blank line ended it)."""
+        events = self.feed(b"\n") if self._pending else []
+        self._data = []
+        return events
+
+
 class RequestFailed(BackendError):
     """One request of a run failed while the server went on serving (a stream cut short, an error event)."""
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a run, as `timeit` turns it off: in a process that has loaded
+    torch and vLLM a full collection takes ~170 ms here, and one that fell inside a run held the client off the
+    socket while the server went on, so every token that came meanwhile got the collection's end as its time
+    (tox -e vllm saw 15 of 16 tokens stamped at one instant). Its previous state comes back after the run."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 async def run_concurrently(batch_size: int, clock: Clock,
@@ -73,18 +126,20 @@ async def run_concurrently(batch_size: int, clock: Clock,
 
     Returns, in request order, each request's stream or the exception it failed with, and the run's
     end-to-end time (start to the end of the last request). A request that fails does not stop the others:
-    `completed` tells a run with some failed requests from one where the server answered none.
+    `completed` tells a run with some failed requests from one where the server answered none. The garbage
+    collector is paused for the run (`collector_paused`).
     """
-    start = clock()
-    tasks = [asyncio.ensure_future(one(i, start)) for i in range(batch_size)]
-    try:
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    except BaseException:  # cancelled (the run timed out): cancel every request
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    end = clock()
+    with collector_paused():
+        start = clock()
+        tasks = [asyncio.ensure_future(one(i, start)) for i in range(batch_size)]
+        try:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        except BaseException:  # cancelled (the run timed out): cancel every request
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        end = clock()
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # KeyboardInterrupt, SystemExit: never a failed request

@@ -1,9 +1,17 @@
 """OpenAI-compatible servers (vLLM, SGLang, llama.cpp server, TGI's Messages API) over streaming
-`/v1/completions` or `/v1/chat/completions`, with the `openai` package's AsyncOpenAI client.
+`/v1/completions` or `/v1/chat/completions`, with aiohttp (the client vLLM's `bench serve` uses) and our
+own event-stream reader (`_aio.EventStream`).
+
+The client's own work is kept out of what it measures (docs/servers.md, "The client"): a run's request
+body is encoded once and sent by each of its B requests; the event loop and its aiohttp session live
+for the backend's life, so connections are reused; a token is stamped as soon as its event is decoded,
+as vLLM's bench stamps it. 0.2-0.4 ms of CPU per request here (scripts/client_overhead.py), where the
+`openai` package's client, which this replaced, took 1.8-2.1 ms.
 
 One run of batch size B is B concurrent streamed requests. Per request, as vLLM's `bench serve` times it:
-- sent: the clock just before the request is made; TTFT, E2EL are timed from it (metrics.py).
-- token arrivals: a chunk whose choice carries token ids; without ids, completions: every chunk with a
+- sent: the clock just before the request is posted; TTFT, E2EL are timed from it (metrics.py).
+- token arrivals: the clock read right after the chunk's event is decoded (vLLM's bench reads it there); a
+  chunk counts where its choice carries token ids; without ids, completions: every chunk with a
   text (vLLM's rule: an empty text, a special token, counts too) except an empty one that only carries
   the finish reason (llama.cpp closes its streams so); chat: every chunk with non-empty `delta.content`
   (a role-only chunk is not a token). A server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
@@ -31,20 +39,50 @@ the prompt's last `sequence_length` tokens; otherwise the prompt is sent as is, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, outputs_note, prompt_mismatch,
-                   run_concurrently, run_failed, sample_from)
 from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
+from ._aio import (EventStream, LoopThread, RequestFailed, Stream, check_survived, completed, outputs_note,
+                   prompt_mismatch, run_concurrently, run_failed, sample_from)
 
 if TYPE_CHECKING:
     from ..processes import ServerProcess
 
 FIXED_LENGTH = ("ignore_eos", "logit_bias", "none")
 APIS = ("completions", "chat")
+HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream", "Authorization": "Bearer EMPTY"}
+
+
+class ServerAnswered(Exception):
+    """The server answered a request with an error: an HTTP status, or an error event inside a 200 stream
+    (TGI validates there; vLLM reports a failure that way once the stream has begun)."""
+
+    def __init__(self, status: int | None, message: str, in_stream: bool) -> None:
+        super().__init__(message)
+        self.status = status
+        self.in_stream = in_stream
+
+    def where(self) -> str:
+        """` (HTTP 422)`, ` (HTTP 422, sent in the stream)`, or nothing where no status was given."""
+        if self.status is None:
+            return " (an error event in the stream)" if self.in_stream else ""
+        return f" (HTTP {self.status}{', sent in the stream' if self.in_stream else ''})"
+
+
+def stream_error(data: dict[str, Any]) -> ServerAnswered | None:
+    """The error an event carries (OpenAI's `{"error": {"message", "code"}}`, TGI's `http_status_code`)."""
+    error = data.get("error")
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        return ServerAnswered(None, str(error), in_stream=True)
+    status = error.get("http_status_code", error.get("code"))
+    return ServerAnswered(status if isinstance(status, int) else None, str(error.get("message", error)),
+                          in_stream=True)
 
 
 def is_token(api: str, content: str | None, finish_reason: str | None) -> bool:
@@ -75,7 +113,11 @@ class OpenAICompatBackend(Backend):
             raise BackendError(f"fixed_length must be one of {', '.join(FIXED_LENGTH)}, got {fixed_length!r}")
         if fixed_length == "logit_bias" and not eos_token_ids:
             raise BackendError("fixed_length='logit_bias' needs eos_token_ids (the end-of-sequence token ids)")
-        from openai import AsyncOpenAI
+        try:
+            import aiohttp
+        except ImportError as exc:
+            raise BackendError(f"the OpenAI-compatible backend needs aiohttp: pip install pytest-llmperf[openai] "
+                               f"({exc})") from exc
 
         self.url = url.rstrip("/")
         self.api = api
@@ -93,9 +135,16 @@ class OpenAICompatBackend(Backend):
         self.check_prompt_length = check_prompt_length
         self.deterministic_outputs = deterministic  # the user says greedy decoding on this server repeats itself
         self.model = model or self._served_model()
+        self._endpoint = f"{self.url}/v1/{'chat/completions' if api == 'chat' else 'completions'}"
         self._loop = LoopThread("openai")
-        self._client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key="EMPTY", timeout=request_timeout_s,
-                                   max_retries=0)
+
+        async def open_session() -> aiohttp.ClientSession:  # made on the loop that uses it
+            # no connection limit (a run of batch size B has B streams open at once), connections kept alive
+            # between runs, no proxy from the environment: a benchmark measures the server, not a proxy
+            return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                                         timeout=aiohttp.ClientTimeout(total=request_timeout_s))
+
+        self._session = self._loop.run(open_session())
         self.last_prompt_tokens: list[int | None] = []  # usage.prompt_tokens of the last run's requests
 
     # -- server ---------------------------------------------------------------------------------
@@ -127,8 +176,16 @@ class OpenAICompatBackend(Backend):
 
     # -- measurement ---------------------------------------------------------------------------
 
-    def _body(self, request: GenerationRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"stream_options": {"include_usage": True}}
+    def _body(self, request: GenerationRequest) -> bytes:
+        """The request body every request of the run sends, encoded once per run."""
+        body: dict[str, Any] = {"model": self.model, "max_tokens": request.decode_length, "temperature": 0.0,
+                                "stream": True, "stream_options": {"include_usage": True}}
+        if self.api == "chat":
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+        else:
+            body["prompt"] = request.prompt
+        if self.fixed_length == "logit_bias":
+            body["logit_bias"] = {str(t): -100 for t in self.eos_token_ids}
         if self.fixed_length == "ignore_eos":
             body.update(ignore_eos=True, min_tokens=request.decode_length)
         if self.truncate_prompt:
@@ -136,39 +193,34 @@ class OpenAICompatBackend(Backend):
         if self.token_ids:
             body["return_token_ids"] = True
         body.update(self.extra_body)
-        return body
+        return json.dumps(body).encode()
 
     def generate(self, request: GenerationRequest) -> RunSample:
         if self.process is not None:
             self.process.check_alive()
-        from openai import APIConnectionError, APIError, APIStatusError
+        from aiohttp import ClientConnectionError
 
         self.last_prompt_tokens = []
+        body = self._body(request)
         try:
             results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
-                                                           lambda i, t0: self._one(request, t0)),
+                                                           lambda i, t0: self._one(request, body, t0)),
                                           timeout=self.request_timeout_s + 30)
             streams, failed = completed(results)
         except RequestFailed as exc:
             raise run_failed(exc, self._where(), self.process, request.batch_size) from exc
         except BackendError:
             raise
-        except APIConnectionError as exc:
+        except ClientConnectionError as exc:  # before any answer: refused, reset (the server is down)
             self._raise_unreachable(exc)
             raise  # unreachable
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}"
+            text = str(exc) if isinstance(exc, ServerAnswered) else f"{type(exc).__name__}: {exc}"
             if "out of memory" in text.lower():
                 raise OutOfMemory(f"{self._where()}: out of memory at batch size {request.batch_size}: {text}") from exc
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
-            status = ""
-            if isinstance(exc, APIStatusError):
-                status = f" (HTTP {exc.status_code})"
-                text += f"; response: {exc.response.text[:500]}"
-            elif isinstance(exc, APIError) and isinstance(exc.body, dict) and exc.body.get("http_status_code"):
-                # TGI validates inside the stream: a 200 response whose error event names the status
-                status = f" (HTTP {exc.body['http_status_code']}, sent in the stream)"
+            status = exc.where() if isinstance(exc, ServerAnswered) else ""
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
                                f"{text}") from exc
         check_survived(failed, self.process)
@@ -199,51 +251,26 @@ class OpenAICompatBackend(Backend):
                                f"scenario asks for sequence_length={request.sequence_length}; {fix}, or "
                                f"check_prompt_length=False to measure the prompt as the server counts it")
 
-    async def _one(self, request: GenerationRequest, start: int) -> Stream:
-        import httpx
-        from openai import APIConnectionError
+    async def _one(self, request: GenerationRequest, body: bytes, start: int) -> Stream:
+        from aiohttp import ClientConnectionError, ClientPayloadError
 
         stream = Stream()
-        common: dict[str, Any] = {"model": self.model, "max_tokens": request.decode_length, "temperature": 0.0,
-                                  "stream": True, "extra_body": self._body(request)}
-        if self.fixed_length == "logit_bias":
-            common["logit_bias"] = {str(t): -100 for t in self.eos_token_ids}
-        stream.sent_ns = self.clock() - start  # vLLM's bench serve stamps its send here too: before the request
-        if self.api == "chat":
-            response = await self._client.chat.completions.create(
-                messages=[{"role": "user", "content": request.prompt}], **common)
-        else:
-            response = await self._client.completions.create(prompt=request.prompt, **common)
-        try:
-            return await self._read(request, response, stream, start)
-        except (httpx.TransportError, APIConnectionError) as exc:  # the server went on; this stream broke
-            raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} tokens: "
-                                f"{type(exc).__name__}: {exc}") from exc
-
-    async def _read(self, request: GenerationRequest, response: Any, stream: Stream, start: int) -> Stream:
-        chunks = 0
-        ids: list[int] = []
-        async for chunk in response:
-            now = self.clock() - start
-            for choice in (chunk.choices or [])[:1]:
-                content = choice.delta.content if self.api == "chat" else choice.text
-                chunk_ids = getattr(choice, "token_ids", None) or []
-                if chunk_ids or is_token(self.api, content, choice.finish_reason):
-                    stream.times_ns.append(now)
-                if content:
-                    chunks += 1
-                    stream.text += content
-                ids += chunk_ids
-                if choice.finish_reason:
-                    stream.finish_reason = choice.finish_reason
-            prompt_ids = getattr(chunk, "prompt_token_ids", None)
-            if prompt_ids is not None and stream.prompt_tokens is None:
-                stream.prompt_tokens = len(prompt_ids)
-            if chunk.usage is not None:
-                stream.server_tokens = int(chunk.usage.completion_tokens)
-                if chunk.usage.prompt_tokens is not None:
-                    stream.prompt_tokens = int(chunk.usage.prompt_tokens)
-                self.last_prompt_tokens.append(chunk.usage.prompt_tokens)
+        clock = self.clock
+        stream.sent_ns = clock() - start  # where vLLM's bench serve stamps its send: just before the POST
+        async with self._session.post(self._endpoint, data=body, headers=HEADERS) as response:
+            if response.status != 200:
+                text = await response.text()
+                raise ServerAnswered(response.status, f"{response.reason}: {text[:500]}", in_stream=False)
+            events, chunks, ids = EventStream(), 0, []
+            try:
+                async for data in response.content.iter_any():
+                    for event in events.feed(data):
+                        chunks += self._take(event, start, stream, ids)
+                for event in events.close():
+                    chunks += self._take(event, start, stream, ids)
+            except (ClientPayloadError, ClientConnectionError) as exc:  # the server went on; this stream broke
+                raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
+                                    f"tokens: {type(exc).__name__}: {exc}") from exc
         stream.token_ids = ids if self.token_ids else None
         if stream.finish_reason is None and (stream.server_tokens or chunks) < request.decode_length:
             raise RequestFailed(f"the stream ended after {stream.server_tokens or chunks} of {request.decode_length} "
@@ -256,6 +283,42 @@ class OpenAICompatBackend(Backend):
                                    "tokens are counted from usage. Pass count_chunks=True to count content chunks")
             stream.server_tokens = chunks
         return stream
+
+    def _take(self, event: bytes, start: int, stream: Stream, ids: list[int]) -> int:
+        """Read one event into `stream`; 1 for a chunk with content (count_chunks counts those), else 0.
+
+        A token's time is read as soon as its event is decoded, where vLLM's bench serve reads it: events that
+        came in one read get their own times, microseconds apart, in order (a server that fell behind and sent
+        several at once; stamping them with the read's one time gave zero gaps)."""
+        if event == b"[DONE]":
+            return 0
+        data = json.loads(event)
+        now = self.clock() - start
+        error = stream_error(data)
+        if error is not None:
+            raise error
+        content = None
+        for choice in (data.get("choices") or ())[:1]:
+            content = (choice.get("delta") or {}).get("content") if self.api == "chat" else choice.get("text")
+            chunk_ids = choice.get("token_ids") or ()
+            finish_reason = choice.get("finish_reason")
+            if chunk_ids or is_token(self.api, content, finish_reason):
+                stream.times_ns.append(now)
+            if content:
+                stream.text += content
+            ids += chunk_ids
+            if finish_reason:
+                stream.finish_reason = finish_reason
+        prompt_ids = data.get("prompt_token_ids")
+        if prompt_ids is not None and stream.prompt_tokens is None:
+            stream.prompt_tokens = len(prompt_ids)
+        usage = data.get("usage")
+        if usage:
+            stream.server_tokens = int(usage["completion_tokens"])
+            if usage.get("prompt_tokens") is not None:
+                stream.prompt_tokens = int(usage["prompt_tokens"])
+            self.last_prompt_tokens.append(usage.get("prompt_tokens"))
+        return 1 if content else 0
 
     # -- lifecycle and description --------------------------------------------------------------
 
@@ -287,7 +350,7 @@ class OpenAICompatBackend(Backend):
         if getattr(self, "_loop", None) is None:
             return
         try:
-            self._loop.run(self._client.close(), timeout=10)
+            self._loop.run(self._session.close(), timeout=10)
         except Exception:  # noqa: BLE001 - the server may be gone already
             pass
         self._loop.close()

@@ -29,7 +29,7 @@ def pytest_in(directory: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def main() -> int:
     problems = []
-    present = [m for m in ("torch", "transformers", "openai", "httpx", "grpc", "huggingface_hub")
+    present = [m for m in ("torch", "transformers", "aiohttp", "httpx", "grpc", "huggingface_hub")
                if importlib.util.find_spec(m) is not None]
     if present:
         problems.append(f"this env has {', '.join(present)}: it must have pytest-llmperf without extras")
