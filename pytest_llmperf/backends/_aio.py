@@ -43,9 +43,18 @@ class LoopThread:
             future.cancel()
             raise
 
-    def close(self) -> None:
+    def close(self, closing: Coroutine[Any, Any, Any] | None = None) -> None:
+        """Stop the loop, after running `closing` on it (a client session's close; its errors ignored: the
+        server may be gone already)."""
         if self.loop.is_closed():
+            if closing is not None:
+                closing.close()
             return
+        if closing is not None:
+            try:
+                self.run(closing, timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
@@ -156,6 +165,19 @@ def completed(results: list[Stream | Exception]) -> tuple[list[Stream], list[tup
     return streams, failed
 
 
+def run_batch(loop: LoopThread, clock: Clock, batch_size: int, one: Callable[[int, int], Awaitable[Stream]], *,
+              timeout: float, where: str, process: ServerProcess | None) -> tuple[list[Stream],
+                                                                                  list[tuple[int, Exception]], int]:
+    """Send one run's requests at once and wait for them: (the streams that completed, (index, exception) of the
+    requests that failed, the run's time in ns). A run whose every request broke raises run_failed's error."""
+    try:
+        results, e2e = loop.run(run_concurrently(batch_size, clock, one), timeout=timeout)
+        streams, failed = completed(results)
+    except RequestFailed as exc:
+        raise run_failed(exc, where, process, batch_size) from exc
+    return streams, failed, e2e
+
+
 def run_failed(exc: RequestFailed, where: str, process: ServerProcess | None, batch_size: int) -> BackendError:
     """The error for a run whose every request broke: the server died, or it cut them all."""
     if process is not None and process.exited_within(1.0):
@@ -203,3 +225,15 @@ def outputs_note(what: str, deterministic: bool) -> str:
     return what + ("; a change fails (deterministic=True)" if deterministic else
                    "; a change only warns: pass deterministic=True to the fixture where greedy decoding on this "
                    "server repeats itself")
+
+
+def unreachable(exc: BaseException, process: ServerProcess | None, where: str, source: str | None,
+                address: str = "the URL") -> BackendError:
+    """The error for a server that does not answer: the one we started died or hangs (with its log tail), or
+    nothing answers at the address the user gave."""
+    detail = exc.details() if hasattr(exc, "details") else str(exc)  # gRPC errors say it in details()
+    if process is not None:
+        state = "died" if process.exited_within(2.0) else "did not answer"
+        return BackendError(process.describe_failure(f"{state} ({type(exc).__name__}: {detail})"))
+    hint = f"check {address}, or unset it to let the fixture start a server" if source else "is the server running?"
+    return BackendError(f"cannot reach the {where}: {type(exc).__name__}: {detail}; {hint}")

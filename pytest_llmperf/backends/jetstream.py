@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import LoopThread, Stream, check_survived, completed, outputs_note, run_concurrently, sample_from
+from ._aio import (LoopThread, Stream, check_survived, completed, outputs_note, run_concurrently, sample_from,
+                   unreachable)
 from ..measure.backend import Backend, BackendError, GenerationRequest
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class JetStreamBackend(Backend):
         try:
             live = health_check(self.target, timeout_s=10)
         except Exception as exc:  # noqa: BLE001 - grpc raises RpcError subclasses and others
-            self._raise_unreachable(exc)
+            raise unreachable(exc, self.process, self._where(), self.source, 'the address (host:port)') from exc
         if not live:
             raise BackendError(f"{self._where()}: HealthCheck says the server is not live (is_live=false)")
         self._loop = LoopThread("jetstream")
@@ -100,16 +101,6 @@ class JetStreamBackend(Backend):
     def _where(self) -> str:
         return f"JetStream server at {self.target}" + (f" (from {self.source})" if self.source else "")
 
-    def _raise_unreachable(self, exc: BaseException) -> Any:
-        if self.process is not None:
-            if self.process.exited_within(2.0):
-                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__})")) from exc
-            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
-        hint = ("check the address (host:port), or unset it to let the fixture start a server" if self.source
-                else "is the server running?")
-        detail = exc.details() if hasattr(exc, "details") else str(exc)
-        raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {detail}; {hint}") from exc
-
     def generate(self, request: GenerationRequest) -> RunSample:
         import grpc
 
@@ -123,7 +114,7 @@ class JetStreamBackend(Backend):
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.UNAVAILABLE:
-                self._raise_unreachable(exc)
+                raise unreachable(exc, self.process, self._where(), self.source, 'the address (host:port)') from exc
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({code})")) from exc
             detail = exc.details() if hasattr(exc, "details") else str(exc)
@@ -180,9 +171,5 @@ class JetStreamBackend(Backend):
     def close(self) -> None:
         if getattr(self, "_loop", None) is None:
             return
-        try:
-            self._loop.run(self._channel.close(), timeout=10)
-        except Exception:  # noqa: BLE001
-            pass
-        self._loop.close()
+        self._loop.close(self._channel.close())
         self._loop = None  # type: ignore[assignment]

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..measure.clock import Clock
 from ..measure.records import RunSample
 from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
-from ._aio import (EventStream, LoopThread, RequestFailed, Stream, check_survived, completed, outputs_note,
-                   prompt_mismatch, run_concurrently, run_failed, sample_from)
+from ._aio import (EventStream, LoopThread, RequestFailed, Stream, check_survived, outputs_note, prompt_mismatch,
+                   run_batch, sample_from, unreachable)
 
 if TYPE_CHECKING:
     from ..processes import ServerProcess
@@ -160,19 +160,10 @@ class OpenAICompatBackend(Backend):
             response.raise_for_status()
             models = [m["id"] for m in response.json().get("data", [])]
         except (httpx.HTTPError, ValueError, KeyError, AttributeError) as exc:
-            self._raise_unreachable(exc)
+            raise unreachable(exc, self.process, self._where(), self.source) from exc
         if not models:
             raise BackendError(f"{self._where()}: GET /v1/models lists no model; pass model= explicitly")
         return models[0]
-
-    def _raise_unreachable(self, exc: BaseException) -> Any:
-        if self.process is not None:
-            if self.process.exited_within(2.0):
-                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
-            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
-        hint = ("check the URL, or unset it to let the fixture start a server" if self.source
-                else "is the server running?")
-        raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {exc}; {hint}") from exc
 
     # -- measurement ---------------------------------------------------------------------------
 
@@ -203,17 +194,14 @@ class OpenAICompatBackend(Backend):
         self.last_prompt_tokens = []
         body = self._body(request)
         try:
-            results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
-                                                           lambda i, t0: self._one(request, body, t0)),
-                                          timeout=self.request_timeout_s + 30)
-            streams, failed = completed(results)
-        except RequestFailed as exc:
-            raise run_failed(exc, self._where(), self.process, request.batch_size) from exc
+            streams, failed, e2e = run_batch(self._loop, self.clock, request.batch_size,
+                                             lambda i, t0: self._one(request, body, t0),
+                                             timeout=self.request_timeout_s + 30, where=self._where(),
+                                             process=self.process)
         except BackendError:
             raise
         except ClientConnectionError as exc:  # before any answer: refused, reset (the server is down)
-            self._raise_unreachable(exc)
-            raise  # unreachable
+            raise unreachable(exc, self.process, self._where(), self.source) from exc
         except Exception as exc:
             text = str(exc) if isinstance(exc, ServerAnswered) else f"{type(exc).__name__}: {exc}"
             if "out of memory" in text.lower():
@@ -349,9 +337,5 @@ class OpenAICompatBackend(Backend):
     def close(self) -> None:
         if getattr(self, "_loop", None) is None:
             return
-        try:
-            self._loop.run(self._session.close(), timeout=10)
-        except Exception:  # noqa: BLE001 - the server may be gone already
-            pass
-        self._loop.close()
+        self._loop.close(self._session.close())
         self._loop = None  # type: ignore[assignment]

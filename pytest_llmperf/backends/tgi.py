@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, RequestFailed, Stream, check_survived, completed, outputs_note, prompt_mismatch,
-                   run_concurrently, run_failed, sample_from)
+from ._aio import (LoopThread, RequestFailed, Stream, check_survived, outputs_note, prompt_mismatch, run_batch,
+                   sample_from, unreachable)
 from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 
 if TYPE_CHECKING:
@@ -185,20 +185,11 @@ class TGIBackend(Backend):
             response.raise_for_status()
             info = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            self._raise_unreachable(exc)
+            raise unreachable(exc, self.process, self._where(), self.source) from exc
         if not isinstance(info, dict) or "model_id" not in info:
             raise BackendError(f"{self._where()}: GET /info did not return TGI's Info (no model_id): {info!r:.200}. "
                                "Is this a text-generation-inference server?")
         return info
-
-    def _raise_unreachable(self, exc: BaseException) -> Any:
-        if self.process is not None:
-            if self.process.exited_within(2.0):
-                raise BackendError(self.process.describe_failure(f"died ({type(exc).__name__}: {exc})")) from exc
-            raise BackendError(self.process.describe_failure(f"did not answer ({type(exc).__name__}: {exc})")) from exc
-        hint = ("check the URL, or unset it to let the fixture start a server" if self.source
-                else "is the server running?")
-        raise BackendError(f"cannot reach the {self._where()}: {type(exc).__name__}: {exc}; {hint}") from exc
 
     # -- measurement ---------------------------------------------------------------------------
 
@@ -228,12 +219,10 @@ class TGIBackend(Backend):
             self.process.check_alive()
         self.check_limits(request)
         try:
-            results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
-                                                           lambda i, t0: self._one(request, i, t0)),
-                                          timeout=self.request_timeout_s + 30)
-            streams, failed = completed(results)
-        except RequestFailed as exc:
-            raise run_failed(exc, self._where(), self.process, request.batch_size) from exc
+            streams, failed, e2e = run_batch(self._loop, self.clock, request.batch_size,
+                                             lambda i, t0: self._one(request, i, t0),
+                                             timeout=self.request_timeout_s + 30, where=self._where(),
+                                             process=self.process)
         except BackendError:
             raise
         except Exception as exc:
@@ -244,7 +233,7 @@ class TGIBackend(Backend):
                 raise OutOfMemory(f"{self._where()}: out of memory at batch size {request.batch_size}: {text}") from exc
             answered = isinstance(exc, TextGenerationError)  # TGI sent an error (validation, overloaded, ...)
             if not answered and is_transport_error(exc):
-                self._raise_unreachable(exc)
+                raise unreachable(exc, self.process, self._where(), self.source) from exc
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
             raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}: {text}") from exc
@@ -324,11 +313,7 @@ class TGIBackend(Backend):
     def close(self) -> None:
         if getattr(self, "_loop", None) is None:
             return
-        try:
-            self._loop.run(self._client.close(), timeout=10)
-        except Exception:  # noqa: BLE001 - closing a client of a dead server may fail; nothing to keep
-            pass
-        self._loop.close()
+        self._loop.close(self._client.close())
         self._loop = None  # type: ignore[assignment]
 
 

@@ -6,7 +6,6 @@ resolves one option for the session; per-test settings add the marker on top in 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -15,172 +14,9 @@ from typing import Any
 
 import pytest
 
-from ..judge.baseline_layout import check_name
-from ..measure.allocator import MODES
+from . import option_values as parsers
 from .worker import worker_settings
-from ..measure.scenario import OUTPUT_MODES
 
-#: Outcomes `--llmperf-fail-on` may list: a benchmark's kind (judge/verdicts.py), or `unjudged`, a session that
-#: selected benchmarks and judged none of them (all refused, new, ungated, or skipped on this device).
-FAIL_ON_CHOICES = ("regressed", "missing", "inconclusive", "refused", "unjudged")
-DEFAULT_FAIL_ON = ("regressed", "missing", "inconclusive", "unjudged")
-
-
-def _bool(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    value = str(text).strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"expected true/false, got {text!r}")
-
-
-def _int(text: str | int, minimum: int) -> int:
-    if isinstance(text, bool) or isinstance(text, float):
-        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise ValueError(f"expected an integer >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
-    return value
-
-
-def _positive_int(text: str | int) -> int:
-    return _int(text, 1)
-
-
-def _non_negative_int(text: str | int) -> int:
-    return _int(text, 0)
-
-
-def _float(text: str | float, expected: str, *, allow_inf: bool = False) -> float:
-    """A finite number (NaN never: every comparison with it is false, so a NaN tolerance passes anything)."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected {expected}, got {text!r}")
-    try:
-        value = float(str(text).strip()) if isinstance(text, str) else float(text)
-    except ValueError:
-        raise ValueError(f"expected {expected}, got {text!r}") from None
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"expected {expected}, got {text!r}")
-    return value
-
-
-def _probability(text: str | float) -> float:
-    value = _float(text, "a number in (0, 1)")
-    if not 0 < value < 1:
-        raise ValueError(f"expected a number in (0, 1), got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str | float) -> float:
-    value = _float(text, "a number >= 0")
-    if value < 0:
-        raise ValueError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _load_limit(text: str | float) -> float:
-    """Cores other processes may use; `inf` switches the check off (a backend test on a shared machine)."""
-    value = _float(text, "a number of cores >= 0, or inf", allow_inf=True)
-    if value < 0:
-        raise ValueError(f"expected a number of cores >= 0, or inf, got {text!r}")
-    return value
-
-
-def _positive_float(text: str | float) -> float:
-    value = _float(text, "a number > 0")
-    if not value > 0:
-        raise ValueError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _threads(text: str | int) -> str | int:
-    """`auto` (1 on the cpu target, torch's own default on a GPU target) or a thread count >= 1."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return _int(text, 1)
-    except ValueError:
-        raise ValueError(f"expected auto or an integer >= 1, got {text!r}") from None
-
-
-def _fail_on(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """A comma list out of FAIL_ON_CHOICES, or `none`."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    names = [str(i).strip().lower() for i in items if str(i).strip()]
-    if names == ["none"]:
-        return ()
-    unknown = [n for n in names if n not in FAIL_ON_CHOICES]
-    if unknown or not names:
-        raise ValueError(f"expected a comma list out of {', '.join(FAIL_ON_CHOICES)} (or none), got {text!r}")
-    return tuple(n for n in FAIL_ON_CHOICES if n in names)
-
-
-def _url(text: str) -> str:
-    value = str(text).strip().rstrip("/")
-    if not value.startswith(("http://", "https://")):
-        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
-    return value
-
-
-def _string(text: str) -> str:
-    return str(text)
-
-
-def _plain_name(text: str) -> str:
-    """A device or machine name: it becomes a directory name, so never a path or '..'."""
-    return check_name(str(text).strip())
-
-
-def _malloc_mode(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in MODES:
-        raise ValueError(f"expected one of {', '.join(MODES)}, got {text!r}")
-    return value
-
-
-def _outputs_mode(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in OUTPUT_MODES:
-        raise ValueError(f"expected one of {', '.join(OUTPUT_MODES)}, got {text!r}")
-    return value
-
-
-def _rtol(text: str | float) -> float | str:
-    """`auto` (the measured default for the mode and target class) or a number >= 0."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
-    return _non_negative_float(text)
-
-
-def _export_formats(text: str | list[str]) -> tuple[str, ...]:
-    from ..report.dashboards import export_formats  # given only where a dashboard is fed: imported then
-
-    return export_formats(text)
-
-
-def _processes(text: str | int) -> int | str:
-    if str(text).strip().lower() == "auto":
-        return "auto"
-    return _positive_int(text)
-
-
-def _model_map(items: list[str] | str) -> dict[str, str]:
-    """`NAME=PATH` pairs (CLI repeated, ini one per line, env comma separated)."""
-    if isinstance(items, str):
-        items = [p for chunk in items.split(",") for p in chunk.split()]
-    mapping: dict[str, str] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"expected NAME=PATH, got {item!r}")
-        mapping[name.strip()] = path.strip()
-    return mapping
 
 
 @dataclass(frozen=True)
@@ -254,93 +90,93 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("device", "Hardware target the results belong to, e.g. cpu, a100, h100 (default: detected)",
-           _plain_name, metavar="NAME"),
+           parsers.plain_name, metavar="NAME"),
     Option("report_dir", "Directory for reports/<device>.md and .json (default: reports)",
-           _string, default="reports", metavar="DIR"),
-    Option("json", "Also write the JSON report to this path", _string, metavar="PATH"),
+           parsers.as_string, default="reports", metavar="DIR"),
+    Option("json", "Also write the JSON report to this path", parsers.as_string, metavar="PATH"),
     Option("baseline_dir", "Directory holding baselines/<device>/ (default: baselines beside the config file)",
-           _string, metavar="DIR"),
+           parsers.as_string, metavar="DIR"),
     Option("machine", "Name of this machine's baseline set, baselines/<device>/<machine>/ (default: on the cpu "
            "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
-           "baselines/<device>/). Give runners that share hardware one name", _plain_name, metavar="NAME"),
+           "baselines/<device>/). Give runners that share hardware one name", parsers.plain_name, metavar="NAME"),
     Option("runs", "Measured runs per batch size: in each worker process, whose median the gate tests; measured in "
-           "one process (--llmperf-processes=1), the runs of the first look (default: 10)", _positive_int, default=10,
+           "one process (--llmperf-processes=1), the runs of the first look (default: 10)", parsers.positive_int, default=10,
            metavar="N"),
     Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
-           _non_negative_int, default=1, metavar="N"),
+           parsers.non_negative_int, default=1, metavar="N"),
     Option("max_runs", "Measured in one process: most runs per batch size while a row is undecided, more added in "
            "doublings from --llmperf-runs (default: 30)",
-           _positive_int, default=30, metavar="N"),
+           parsers.positive_int, default=30, metavar="N"),
     Option("alpha", "Family-wise error rate of 'regressed': the chance that a job of unchanged code ends with a "
-           "regressed row, however many rows and looks it has (default: 0.01)", _probability,
+           "regressed row, however many rows and looks it has (default: 0.01)", parsers.probability,
            default=0.01, metavar="P"),
     Option("rtol", "Relative tolerance: a row regresses when its slowdown is credibly beyond it, and passes when "
            "shown to be within it; auto: 0.03 for A/B (--llmperf-compare), against stored baselines the measured "
-           "drift between sessions: 0.15 on the cpu target, 0.05 on GPU targets (default: auto)", _rtol,
+           "drift between sessions: 0.15 on the cpu target, 0.05 on GPU targets (default: auto)", parsers.rtol,
            default="auto", metavar="R|auto"),
     Option("max_load", "Retake a run during which other processes kept more than this many cores busy; "
-           "refuse to judge or record a batch that stayed busy; inf: never (default: 0.25)", _load_limit,
+           "refuse to judge or record a batch that stayed busy; inf: never (default: 0.25)", parsers.load_limit,
            default=0.25, metavar="CORES"),
     Option("threads", "torch threads while measuring in-process backends; auto = 1 on the cpu target (timings "
            "at 2 threads on a shared 2-core machine spread 2-3x wider, docs/noise.md), torch's default on a GPU "
-           "target; a marker's knobs={'threads': n} wins (default: auto)", _threads, default="auto",
+           "target; a marker's knobs={'threads': n} wins (default: auto)", parsers.threads, default="auto",
            metavar="auto|N"),
     Option("fail_on", "Outcomes that fail the run, a comma list out of regressed, missing, inconclusive, refused, "
            "unjudged (a session that selected benchmarks and judged none), or none "
-           "(default: regressed,missing,inconclusive,unjudged)", _fail_on,
-           default=DEFAULT_FAIL_ON, metavar="OUTCOMES"),
+           "(default: regressed,missing,inconclusive,unjudged)", parsers.fail_on,
+           default=parsers.DEFAULT_FAIL_ON, metavar="OUTCOMES"),
     Option("outputs", "What generated tokens that differ from the baseline's (or the compared ref's) do, where the "
            "backend reports them (in-process backends: greedy, fixed length): fail the test, warn, or off "
-           "(default: fail; a marker's outputs= wins)", _outputs_mode, default="fail", metavar="fail|warn|off"),
+           "(default: fail; a marker's outputs= wins)", parsers.outputs_mode, default="fail", metavar="fail|warn|off"),
     Option("memory_rtol", "Relative tolerance of peak memory (RSS, CUDA, GPU): a batch size whose median peak grew "
            "more than this and more than 16 MiB regressed; memory is nearly deterministic on a fixed shape, so it "
-           "is held to a tolerance, not a rank test (default: 0.1)", _non_negative_float, default=0.1, metavar="R"),
+           "is held to a tolerance, not a rank test (default: 0.1)", parsers.non_negative_float, default=0.1, metavar="R"),
     Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
-           "system leaves it (default: steady)", _malloc_mode, default="steady", metavar="steady|system"),
+           "system leaves it (default: steady)", parsers.malloc_mode, default="steady", metavar="steady|system"),
     Option("processes", "Worker processes per side at a benchmark's first look, each reduced to its medians; the "
-           "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)", _processes,
+           "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)", parsers.processes,
            default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a row is undecided; more are added in doublings "
            "from --llmperf-processes, for the batch sizes still undecided (default: 8 times --llmperf-processes)",
-           _positive_int, metavar="N"),
+           parsers.positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
-           "A/B in alternating worker processes, instead of against stored baselines", _string, metavar="REF"),
+           "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string, metavar="REF"),
     Option("worker_timeout", "Seconds one worker process may run before it is stopped as hung (default: 3600)",
-           _positive_float, default=3600.0, metavar="S"),
-    Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
+           parsers.positive_float, default=3600.0, metavar="S"),
+    Option("update", "Rewrite the baselines of the selected tests; they pass", parsers.boolean, default=False,
            flag=True),
-    Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
+    Option("update_missing", "Write baselines that are missing; leave existing ones alone", parsers.boolean,
            default=False, flag=True),
     Option("cache_dir", "Where the embedded default models are built and cached "
-           "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
+           "(default: $XDG_CACHE_HOME/pytest-llmperf)", parsers.as_string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
-           _model_map, default={}, ini_type="linelist", repeatable=True, metavar="NAME=PATH"),
+           parsers.model_map, default={}, ini_type="linelist", repeatable=True, metavar="NAME=PATH"),
     # Servers (pytest_llmperf/servers/fixtures.py): attach to a running server instead of starting one.
     Option("tgi_url", "Attach llmperf_tgi to this running TGI server instead of starting one, e.g. "
-           "http://127.0.0.1:8080", _url, metavar="URL"),
+           "http://127.0.0.1:8080", parsers.url, metavar="URL"),
     Option("tgi_launcher", "The text-generation-launcher program llmperf_tgi starts (default: from PATH)",
-           _string, default="text-generation-launcher", metavar="PATH"),
+           parsers.as_string, default="text-generation-launcher", metavar="PATH"),
     Option("openai_url", "Attach llmperf_openai and llmperf_vllm to this running OpenAI-compatible server "
-           "(base URL, without /v1)", _url, metavar="URL"),
+           "(base URL, without /v1)", parsers.url, metavar="URL"),
     Option("vllm_python", "The Python interpreter (of vLLM's own environment) llmperf_vllm starts vLLM with "
-           "(default: this one)", _string, metavar="PATH"),
+           "(default: this one)", parsers.as_string, metavar="PATH"),
     Option("jetstream_url", "Attach llmperf_jetstream to this running JetStream server, host:port",
-           _string, metavar="HOST:PORT"),
+           parsers.as_string, metavar="HOST:PORT"),
     Option("server_timeout", "Seconds a started server may take to become healthy (default: 600)",
-           _positive_float, default=600.0, ini_type="string", metavar="S"),
+           parsers.positive_float, default=600.0, ini_type="string", metavar="S"),
     # The offload engine (llmperf_offload); its fixture's keyword arguments take precedence.
     Option("offload_expert_budget_gb", "Offload engine: most GiB of experts kept on the fast device "
-           "(default: as many as fit after the reserve)", _non_negative_float, metavar="GB"),
+           "(default: as many as fit after the reserve)", parsers.non_negative_float, metavar="GB"),
     Option("offload_device_memory_gb", "Offload engine: size the budget as if the fast device had this many GiB, "
-           "e.g. 24 to emulate an RTX 3090 (default: its real free memory)", _non_negative_float, metavar="GB"),
+           "e.g. 24 to emulate an RTX 3090 (default: its real free memory)", parsers.non_negative_float, metavar="GB"),
     Option("offload_popularity", "Offload engine: expert popularity profile (JSON written by "
            "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
-           _string, metavar="PATH"),
+           parsers.as_string, metavar="PATH"),
     Option("export", "Also write files for benchmark dashboards into the report directory, a comma list out of "
            "github-action-benchmark (<device>.customSmallerIsBetter.json and .customBiggerIsBetter.json) and "
            "bencher (<device>.bmf.json, Bencher Metric Format), or none (default: none; docs/reports.md)",
-           _export_formats, default=(), metavar="FORMATS"),
+           parsers.export_formats, default=(), metavar="FORMATS"),
 )
 
 OPTIONS_BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}

@@ -32,18 +32,6 @@ FORMATS = ("github-action-benchmark", "bencher")
 UNITS = {"tokens/secs": "tokens/s"}
 
 
-def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
-    """`--llmperf-export`: a comma list out of FORMATS, or `none`."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    names = [str(i).strip().lower() for i in items if str(i).strip()]
-    if names == ["none"]:
-        return ()
-    unknown = [n for n in names if n not in FORMATS]
-    if unknown or not names:
-        raise ValueError(f"expected a comma list out of {', '.join(FORMATS)} (or none), got {text!r}")
-    return tuple(f for f in FORMATS if f in names)
-
-
 def unit_of(metric: str) -> str:
     unit = METRICS[metric].unit
     return UNITS.get(unit, unit)

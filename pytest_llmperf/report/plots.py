@@ -53,6 +53,14 @@ def _svg(fig: Figure, salt: str) -> str:
     return text[text.index("<svg"):]  # inline: no XML declaration or doctype
 
 
+def _panel(ax, title: str, unit: str) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """One panel's title, unit and grid; values from 0, so a change reads at its true size."""
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+
+
 def _batch_axis(ax, sizes: Sequence[int]) -> None:
     sizes = sorted(set(sizes))
     if len(sizes) > 2 and min(sizes) > 0:
@@ -86,10 +94,7 @@ def sweep_figure(title: str, panels: Sequence[tuple[str, str, Sequence[Series]]]
             sizes += s.batch_sizes + s.oom + s.failed
         if sizes:
             _batch_axis(ax, sizes)
-        ax.set_title(label, fontsize=9)
-        ax.set_ylabel(unit)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
+        _panel(ax, label, unit)
     handles, labels = axes[0].get_legend_handles_labels()
     if labels:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8,
@@ -140,10 +145,7 @@ def history_figure(title: str, labels: Sequence[str],
                     color=f"C{i % 10}", label=f"bs {bs}", gid=f"{salt}-{metric}-bs{bs}")
         ax.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
         ax.set_xlim(-0.5, len(labels) - 0.5)
-        ax.set_title(label, fontsize=9)
-        ax.set_ylabel(unit)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
+        _panel(ax, label, unit)
     handles, names = axes[0].get_legend_handles_labels()
     if names:
         axes[-1].legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

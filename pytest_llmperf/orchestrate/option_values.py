@@ -1,0 +1,176 @@
+"""Parsers of option values: each turns what the CLI, an ini key or the environment gave into a value, or raises
+ValueError with what was expected (orchestrate/options.py names the option in front of it)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ..judge.baseline_layout import check_name
+from ..measure.allocator import MODES
+from ..measure.scenario import OUTPUT_MODES
+
+#: Outcomes `--llmperf-fail-on` may list: a benchmark's kind (judge/verdicts.py), or `unjudged`, a session that
+#: selected benchmarks and judged none of them (all refused, new, ungated, or skipped on this device).
+FAIL_ON_CHOICES = ("regressed", "missing", "inconclusive", "refused", "unjudged")
+DEFAULT_FAIL_ON = ("regressed", "missing", "inconclusive", "unjudged")
+
+def boolean(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def integer(text: str | int, minimum: int) -> int:
+    if isinstance(text, bool) or isinstance(text, float):
+        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def positive_int(text: str | int) -> int:
+    return integer(text, 1)
+
+
+def non_negative_int(text: str | int) -> int:
+    return integer(text, 0)
+
+
+def number(text: str | float, expected: str, *, allow_inf: bool = False) -> float:
+    """A finite number (NaN never: every comparison with it is false, so a NaN tolerance passes anything)."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected {expected}, got {text!r}")
+    try:
+        value = float(str(text).strip()) if isinstance(text, str) else float(text)
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {text!r}") from None
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def probability(text: str | float) -> float:
+    value = number(text, "a number in (0, 1)")
+    if not 0 < value < 1:
+        raise ValueError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def non_negative_float(text: str | float) -> float:
+    value = number(text, "a number >= 0")
+    if value < 0:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def load_limit(text: str | float) -> float:
+    """Cores other processes may use; `inf` switches the check off (a backend test on a shared machine)."""
+    value = number(text, "a number of cores >= 0, or inf", allow_inf=True)
+    if value < 0:
+        raise ValueError(f"expected a number of cores >= 0, or inf, got {text!r}")
+    return value
+
+
+def positive_float(text: str | float) -> float:
+    value = number(text, "a number > 0")
+    if not value > 0:
+        raise ValueError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def threads(text: str | int) -> str | int:
+    """`auto` (1 on the cpu target, torch's own default on a GPU target) or a thread count >= 1."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return integer(text, 1)
+    except ValueError:
+        raise ValueError(f"expected auto or an integer >= 1, got {text!r}") from None
+
+
+def comma_list(text: str | Sequence[str], choices: Sequence[str]) -> tuple[str, ...]:
+    """A comma list out of `choices` (in their order), or `none`."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [str(i).strip().lower() for i in items if str(i).strip()]
+    if names == ["none"]:
+        return ()
+    unknown = [n for n in names if n not in choices]
+    if unknown or not names:
+        raise ValueError(f"expected a comma list out of {', '.join(choices)} (or none), got {text!r}")
+    return tuple(n for n in choices if n in names)
+
+
+def fail_on(text: str | Sequence[str]) -> tuple[str, ...]:
+    return comma_list(text, FAIL_ON_CHOICES)
+
+
+def url(text: str) -> str:
+    value = str(text).strip().rstrip("/")
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return value
+
+
+def as_string(text: str) -> str:
+    return str(text)
+
+
+def plain_name(text: str) -> str:
+    """A device or machine name: it becomes a directory name, so never a path or '..'."""
+    return check_name(str(text).strip())
+
+
+def malloc_mode(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in MODES:
+        raise ValueError(f"expected one of {', '.join(MODES)}, got {text!r}")
+    return value
+
+
+def outputs_mode(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in OUTPUT_MODES:
+        raise ValueError(f"expected one of {', '.join(OUTPUT_MODES)}, got {text!r}")
+    return value
+
+
+def rtol(text: str | float) -> float | str:
+    """`auto` (the measured default for the mode and target class) or a number >= 0."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    return non_negative_float(text)
+
+
+def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
+    from ..report.dashboards import FORMATS  # given only where a dashboard is fed: imported then
+
+    return comma_list(text, FORMATS)
+
+
+def processes(text: str | int) -> int | str:
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    return positive_int(text)
+
+
+def model_map(items: list[str] | str) -> dict[str, str]:
+    """`NAME=PATH` pairs (CLI repeated, ini one per line, env comma separated)."""
+    if isinstance(items, str):
+        items = [p for chunk in items.split(",") for p in chunk.split()]
+    mapping: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"expected NAME=PATH, got {item!r}")
+        mapping[name.strip()] = path.strip()
+    return mapping
