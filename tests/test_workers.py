@@ -322,3 +322,44 @@ def test_a_worktree_left_by_a_killed_run_is_removed_by_the_next_comparison(repo)
         # as after SIGKILL: nothing removes it on the way out
         worktree.remove_orphans(repo.path)
     assert not left.exists() and worktrees(repo) == [f"worktree {repo.path}"]
+
+
+LOOKS_ENGINE = """
+import os
+import numpy as np
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+
+class OneNoisyBatch(SimulatedBackend):
+    \"\"\"Steady at batch size 1; at batch size 2 each process is slowed by its own random factor (sd 30%).\"\"\"
+
+    def generate(self, request):
+        sample = super().generate(request)
+        if request.batch_size == 2:
+            factor = float(np.exp(np.random.default_rng().normal(0, 0.3)))  # another in every process, either side
+            sample.prefill_ns = int(sample.prefill_ns * factor)
+        return sample
+
+
+@pytest.mark.llmperf(batch_sizes=[1, 2], runs=3, warmups=0, metrics=["prefill_ms"])
+def test_engine(llmperf):
+    llmperf.measure(OneNoisyBatch(seed=0, noise=0.001))
+"""
+
+
+def test_a_later_look_measures_only_the_batch_sizes_still_undecided(repo):
+    repo.makepyfile(test_engine=LOOKS_ENGINE)
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "looks")
+    result = repo.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare", "HEAD",
+                            "--llmperf-processes=3", "--llmperf-max-processes=6", "--llmperf-max-load=inf",
+                            "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    report = json.loads((repo.path / "reports" / "cpu.json").read_text())
+    batches = {b["batch_size"]: b for b in report["benchmarks"][0]["batches"]}
+    processes = {bs: sorted({run["process"] for run in b["runs"]}) for bs, b in batches.items()}
+    assert processes[1] == [1, 2, 3]  # decided (pass) at the first look
+    assert processes[2] == [1, 2, 3, 4, 5, 6]  # undecided: three more rounds, of this batch size alone
+    verdicts = {r["batch_size"]: r["verdict"] for r in report["verdicts"]}
+    assert verdicts[1] == "pass" and verdicts[2] in ("pass", "inconclusive")  # (alpha is not spent on noise)
+    result.stdout.fnmatch_lines(["*process 6 of 6 on the working tree*"])
