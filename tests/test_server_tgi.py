@@ -26,12 +26,10 @@ def no_leaks():
 
 
 @pytest.fixture(scope="module")
-def tgi():
-    """A stand-in TGI (launcher + double) for the module, with a known cost model."""
-    import tempfile
-    from pathlib import Path
-
-    registry = ProcessRegistry(Path(tempfile.mkdtemp(prefix="llmperf-tgi-")))
+def tgi(tmp_path_factory):
+    """A stand-in TGI (launcher + double) for the module, with a known cost model (its log under pytest's
+    temporary directory, which pytest cleans, not left in /tmp)."""
+    registry = ProcessRegistry(tmp_path_factory.mktemp("tgi"))
     port = free_port()
     config = {"token_delay_ms": 5.0, "batch_factor": 0.0, "prefill_ms_per_token": 0.5}
     proc = registry.start("TGI", TGILauncherArgs(model_id="double/m").argv(str(LAUNCHER), host="127.0.0.1", port=port),
