@@ -277,11 +277,19 @@ def test_the_leak_check_finds_a_tagged_process_that_outlived_the_session(capsys)
     from .doubles import leaks
 
     tag = f"leak-check-test-{os.getpid()}"
-    straggler = psutil.Popen([PYTHON, "-c", "import time; time.sleep(60)"], env={**os.environ, "LLMPERF_LEAK_TAG": tag})
+    straggler = psutil.Popen(
+        [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        env={**os.environ, "LLMPERF_LEAK_TAG": tag},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        # Until the child has exec'd, /proc shows the parent's environment without the tag (CI saw that race).
+        assert straggler.stdout.readline() == "up\n"
         assert leaks.main([tag]) == 1
         assert str(straggler.pid) in capsys.readouterr().out
     finally:
         straggler.kill()
         straggler.wait()
+        straggler.stdout.close()
     assert leaks.main([tag]) == 0
