@@ -102,9 +102,9 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
         env.update(steady_malloc_env())
     started = time.monotonic()
     with open(log, "wb") as log_handle:
-        proc = subprocess.Popen(worker_command(nodeids, extra_args), cwd=side.root, stdout=log_handle,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent())
+        proc = subprocess.Popen(die_with_parent(worker_command(nodeids, extra_args), env=env, cwd=side.root),
+                                cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
