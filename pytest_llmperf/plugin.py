@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
+from .measure.scenario import MARKER_HELP, ScenarioError
 from .orchestrate.fixtures import llmperf, llmperf_hf  # noqa: F401  (fixtures)
+from .orchestrate.markers import marker_kwargs
 from .orchestrate.options import Settings, add_options
-from .orchestrate.session import SESSION_KEY, LLMPerfSession, check_output_paths, marker_devices
+from .orchestrate.session import MEASURED_KEY, SESSION_KEY, LLMPerfSession, check_output_paths, marker_devices
 from .orchestrate.worker import WorkerRecorder, worker_out
 from .offload.fixture import llmperf_offload  # noqa: F401
 from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
@@ -98,10 +99,8 @@ def _marker_problem(session: LLMPerfSession, item: pytest.Item) -> str | None:
     """Why a test's llmperf marker cannot work (a bad keyword, a schedule that could never fail), or None."""
     from .orchestrate.checks import check_test_settings
 
-    marker = item.get_closest_marker("llmperf")
     try:
-        kwargs = check_marker_kwargs(marker.args, marker.kwargs) if marker is not None else {}
-        check_test_settings(session, item, kwargs)
+        check_test_settings(session, item, marker_kwargs(item))
     except ScenarioError as exc:
         return str(exc)
     return None
@@ -119,6 +118,19 @@ def _is_planned(item: pytest.Item) -> bool:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if INVALID_MARKER_KEY in item.stash:
         pytest.fail(f"{item.nodeid}: {item.stash[INVALID_MARKER_KEY]}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A benchmark test that passed without calling llmperf.measure() measured and judged nothing: it fails."""
+    report = yield
+    if (call.when == "call" and report.passed and _is_llmperf(item) and MEASURED_KEY not in item.stash
+            and not getattr(item, "measured_elsewhere", False)):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: an llmperf benchmark test (its llmperf marker or fixture) that never "
+                           "called llmperf.measure(backend): nothing was measured or judged. Call it in the test, or "
+                           "drop the marker and the fixture")
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

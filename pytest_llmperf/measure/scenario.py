@@ -200,6 +200,22 @@ def check_metrics(metrics: Sequence[str] | None, known: Sequence[str], backend_k
                             f"(a typo would gate nothing); known: {', '.join(known)}")
 
 
+def check_rtol_metrics(per_metric: Mapping[str, float], known: Sequence[str], gated: Sequence[str],
+                       backend_kind: str) -> None:
+    """A tolerance for a metric that is not gated changes nothing: refuse it (a typo, or a metric that is not in
+    metrics=[...]), naming what is gated."""
+    names = [m for m in per_metric if m != "default"]
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        raise ScenarioError(f"rtol: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend (a typo would "
+                            f"leave the default tolerance in place); known: {', '.join(known)}")
+    ungated = [m for m in names if m not in gated]
+    if ungated:
+        raise ScenarioError(f"rtol names {', '.join(ungated)}, which this test does not gate (it gates "
+                            f"{', '.join(gated)}; peak memory is held to memory_rtol): add it to metrics=[...] or "
+                            "drop it from rtol")
+
+
 def build_scenario(settings: Mapping[str, Any]) -> Scenario:
     """Make a Scenario from resolved settings (marker > overrides > CLI > env > ini > default); every value is
     checked by type and range, never coerced. Whether its schedule can fail is orchestrate/checks.py's."""

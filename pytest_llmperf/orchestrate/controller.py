@@ -35,6 +35,7 @@ from ..measure.scenario import Scenario
 from . import judging, worktree
 from .checks import rows_expected
 from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
+from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
 from .session import LLMPerfSession
 
@@ -65,6 +66,8 @@ class Plan:
 
 class DeferredBenchmark(pytest.Item):
     """A benchmark test that worker processes measured: its turn in the test loop reports the decision."""
+
+    measured_elsewhere = True  # its test body ran in the workers (plugin.py's check for a measure() call)
 
     def __init__(self, *, original: pytest.Item, controller: ProcessController, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -256,8 +259,7 @@ class ProcessController:
         return max(count, 1)
 
     def _alpha(self, item: pytest.Item) -> float:
-        marker = item.get_closest_marker("llmperf")
-        return float(marker.kwargs.get("alpha", self.llm.settings["alpha"]) if marker else self.llm.settings["alpha"])
+        return float(marker_kwargs(item).get("alpha", self.llm.settings["alpha"]))
 
     def _collect(self, side: Side, items: list[pytest.Item]) -> set[str]:
         """The planned tests that exist on a side (a test added in the working tree is 'new')."""
@@ -329,8 +331,7 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     family = sum(rows_expected(item) for item in items)
     for item in items:
         first = llm.processes_for(item)
-        marker = item.get_closest_marker("llmperf")
-        what = (f"{item.nodeid}: marker processes={first}" if marker is not None and "processes" in marker.kwargs
+        what = (f"{item.nodeid}: marker processes={first}" if "processes" in marker_kwargs(item)
                 else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
         try:
             check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],
