@@ -25,6 +25,7 @@ from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_metrics, check_rtol_metrics
 from ..report import progress
 from . import judging
+from .deadline import Overtime, deadline
 from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
 from .session import MEASURED_KEY, LLMPerfSession
@@ -69,14 +70,22 @@ class Benchmark:
             wanted = self.session.recorder.batch_sizes(nodeid)
             if wanted is not None:
                 scenario = replace(scenario, batch_sizes=tuple(b for b in scenario.batch_sizes if b in wanted))
-        with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
-            result = runner.measure(backend, scenario, key=key, nodeid=nodeid, module=nodeid.split("::", 1)[0],
-                                    on_run=on_run)
-        self.results.append(result)
-        if self.session.recorder is not None:  # a worker process: the controller judges
-            self.session.recorder.record_result(nodeid, result)
-            return result
-        outcome = self._judge(result, scenario, backend)
+        # in this process nothing else stops a generate() that never returns (a worker's controller does)
+        timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
+        try:
+            with deadline(timeout):
+                with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
+                    result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
+                                            module=nodeid.split("::", 1)[0], on_run=on_run)
+                self.results.append(result)
+                if self.session.recorder is not None:  # a worker process: the controller judges
+                    self.session.recorder.record_result(nodeid, result)
+                    return result
+                outcome = self._judge(result, scenario, backend)
+        except Overtime:
+            pytest.fail(f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
+                        "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
+                        "returns? Raise the timeout if it is only slow", pytrace=False)
         self.session.outcomes.append(outcome)
         messages, said = judging.fail_messages(self.session, outcome)
         for text in said:
