@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pytest_llmperf.measure.scenario import Scenario
 from pytest_llmperf.orchestrate.options import OPTIONS
 
 BROKEN = """
@@ -105,3 +106,23 @@ def test_a_report_an_older_version_wrote_with_null_values_is_read_without_them(p
     assert batch["summary"]["prefill_ms"]["n"] == 3  # 5 runs less the two that held null values
     assert len(batch["runs"]) == 3 and all(None not in run["values"].values() for run in batch["runs"])
     assert "test_broken" in (project.path / "reports" / "cpu.md").read_text()
+
+
+
+def test_a_report_of_a_run_without_load_limit_leaves_later_sessions_whole(project, monkeypatch):
+    """T2: --llmperf-max-load=inf wrote max_load: null; every later session that did not measure that benchmark
+    again died in pytest_sessionfinish, and a regression lost its FAILURES text, summary and JUnit file."""
+    slow = "SimulatedBackend(decode_slowdown=float(__import__('os').environ.get('SLOW', '1')))"
+    project.makepyfile(test_x=BROKEN.format(change="pass").replace("Broken()", slow))
+    run(project, "--llmperf-update").assert_outcomes(passed=2)  # run() passes --llmperf-max-load=inf
+    report = json.loads((project.path / "reports" / "cpu.json").read_text())
+    assert [b["scenario"]["max_load"] for b in report["benchmarks"]] == [None, None]
+    assert Scenario.from_json(report["benchmarks"][0]["scenario"]).max_load == float("inf")  # null: no limit
+    monkeypatch.setenv("SLOW", "2")
+    result = project.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-memory-rtol=10",
+                               "--llmperf-max-load=1000", "-k", "test_broken", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*", "*llmperf: cpu*",
+                                 "*1 regressed*"])
+    assert_clean(result)
+    assert 'failures="1"' in (project.path / "junit.xml").read_text()

@@ -102,7 +102,8 @@ class Scenario:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Scenario:
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        # strict JSON writes an infinite max_load (--llmperf-max-load=inf) as null: no limit
+        values = {k: v for k, v in data.items() if k in known and not (k == "max_load" and v is None)}
         values["batch_sizes"] = tuple(values.get("batch_sizes", (1,)))
         values["metrics"] = tuple(values["metrics"]) if values.get("metrics") is not None else None
         return cls(**values)
