@@ -176,8 +176,9 @@ def _decided(result: BenchmarkResult, c: _Comparison, scenario: Scenario, schedu
         units = "runs" if c.unit == "runs" else "processes"
         note = f"undecided at the cap of {schedule.cap} {units} per side, {more} would decide it; {note}"
         if c.unit != "pairs" and len(c.reference) < len(c.current):  # more units now do not help a small baseline
-            note += (f"; the baseline's {len(c.reference)} {units} limit it: re-record it with more "
-                     "(--llmperf-update)")
+            more_of = "--llmperf-processes" if units == "processes" else "runs= or --llmperf-runs"
+            note += (f"; the baseline's {len(c.reference)} {units} limit it: re-record it with more ({more_of}, "
+                     "--llmperf-update)")
     return Row(result.key, result.nodeid, c.metric, c.batch_size, float(np.median(c.reference)),
                float(np.median(c.current)), float(estimate.ratio()), low, high, float(estimate.p_worse()),
                float(decision.p_adjusted), verdict, note, p_better=float(estimate.p_better()))

@@ -166,7 +166,9 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
             _expect(all(isinstance(k, str) and finite(v) for k, v in value.items()), name, value,
                     "a number >= 0 per metric name, e.g. {'prefill_ms': 0.1, 'default': 0.05}", where)
         else:
-            _expect(finite(value), name, value, "a finite number >= 0 (or a {metric: number} mapping)", where)
+            _expect(finite(value), name, value, "a finite number >= 0 (or a {metric: number} mapping)"
+                    + ("; auto is --llmperf-rtol's: leave rtol out to use the session's" if value == "auto" else ""),
+                    where)
     elif name == "metrics":
         _expect(isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, str) for m in value),
                 name, value, "a non-empty list of metric names, e.g. ['prefill_ms', 'decode_token_ms']", where)
