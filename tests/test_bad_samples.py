@@ -52,7 +52,9 @@ def assert_clean(result):
 
 @pytest.mark.parametrize(("change", "expected"), [
     ("s.decode_steps_ns = [float('nan')] * len(s.decode_steps_ns)",  # T3
-     "Broken.generate() returned decode_steps_ns=[nan, nan, nan, nan]...: expected finite times >= 0"),
+     "Broken.generate() returned decode_steps_ns=[nan, nan, nan, nan]...: expected a list of finite times >= 0"),
+    ("s.decode_steps_ns = None", "returned decode_steps_ns=[]...: expected a list of finite times >= 0"),
+    ("s.counters = None", "returned counters=None: expected a mapping of counter names to numbers"),
     ("s.prefill_ns = float('inf')", "returned prefill_ns=inf: expected a finite time > 0 in ns"),
     ("s.prefill_ns = 0; s.decode_steps_ns = [0] * len(s.decode_steps_ns); s.end_to_end_ns = 0",  # T4
      "returned end_to_end_ns=0: expected a finite time > 0 in ns"),

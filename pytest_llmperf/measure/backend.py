@@ -72,8 +72,10 @@ def sample_problem(sample: object, request: GenerationRequest) -> str | None:
         if (value is not None or name == "end_to_end_ns") and not _time(value, positive=positive):
             return f"{name}={value!r}: expected a finite time {'> 0' if positive else '>= 0'} in ns"
     steps = sample.decode_steps_ns
-    if not all(_time(t) for t in steps) or (steps and not sum(steps) > 0):
-        return f"decode_steps_ns={list(steps)[:4]!r}...: expected finite times >= 0 with a total > 0"
+    if not isinstance(steps, Sequence) or not all(_time(t) for t in steps) or (steps and not sum(steps) > 0):
+        return f"decode_steps_ns={list(steps or [])[:4]!r}...: expected a list of finite times >= 0, total > 0"
+    if not isinstance(sample.counters, Mapping):
+        return f"counters={sample.counters!r}: expected a mapping of counter names to numbers"
     for name, value in sample.counters.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"counter {name}={value!r}: expected a finite number"
