@@ -3,10 +3,14 @@
 `write_text_atomic` writes a temporary file in the target's directory and `os.replace`s it, so a reader
 or a crash sees the old file or the new one, never half of one. It writes through a symbolic link (the
 link stays a link), keeps an existing file's mode (a new file gets the umask's default, as `open` would
-give it), and removes its temporary file whatever interrupts it (Ctrl-C included).
+give it), and removes its temporary file whatever interrupts it (Ctrl-C included). It refuses
+(`WriteRefused`) a link to nothing (it would create a file wherever the link points, outside the project)
+and a read-only file (someone protected it: replacing it in its writable directory would be silent).
 
 `locked` serialises read-modify-write cycles between processes (two `--llmperf-update` runs of one
 module at once): an exclusive `fcntl.flock` on a lock file beside the target, removed again on release.
+Holding it, it removes the temporary files of the target that a writer killed mid-write (SIGKILL: no
+handler runs) left behind, and yields their paths, so the caller can say so.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -37,9 +42,36 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+class WriteRefused(OSError):
+    """A file that must not be written as asked (a link to nothing, a read-only file); the message says the fix."""
+
+
+def _temporary_pattern(name: str) -> re.Pattern[str]:
+    """The names of write_text_atomic's temporary files for `name` (tempfile.mkstemp's 8 random characters)."""
+    return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]{{8}}\.tmp")
+
+
+def check_writable(path: Path | str) -> Path:
+    """The file that writing `path` would replace (through a symlink: its target), or WriteRefused saying why
+    it must not be written."""
+    path = Path(path)
+    target = Path(os.path.realpath(path))
+    if path.is_symlink() and not target.exists():
+        raise WriteRefused(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; writing through "
+                           "it would create that file. Fix the link or remove it")
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        return target
+    if not mode & 0o222 or not os.access(target, os.W_OK):
+        raise WriteRefused(f"{target} is read-only (mode {mode:04o}), so it was not replaced. Make it writable "
+                           f"(chmod u+w {target}) to let pytest-llmperf write it")
+    return target
+
+
 def write_text_atomic(path: Path | str, text: str, *, fsync: bool = True) -> Path:
     """Replace the file at `path` (through a symlink: its target) with `text`; returns the file written."""
-    target = Path(os.path.realpath(path))
+    target = check_writable(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
@@ -61,13 +93,28 @@ def write_text_atomic(path: Path | str, text: str, *, fsync: bool = True) -> Pat
     return target
 
 
+def remove_left_temporaries(path: Path | str) -> list[Path]:
+    """Remove the temporary files of `path` that an interrupted writer left (call holding its lock)."""
+    target = Path(os.path.realpath(path))
+    pattern = _temporary_pattern(target.name)
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(target.parent):
+            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 @contextlib.contextmanager
-def locked(path: Path | str) -> Iterator[None]:
-    """Hold an exclusive lock for `path` (its lock file `.<name>.lock` beside it) while the block runs."""
+def locked(path: Path | str) -> Iterator[list[Path]]:
+    """Hold an exclusive lock for `path` (its lock file `.<name>.lock` beside it) while the block runs; yields the
+    temporary files of `path` a killed writer had left, removed (every writer of `path` holds this lock)."""
     target = Path(os.path.realpath(path))
     lock_path = target.parent / f".{target.name}.lock"
     if fcntl is None:
-        yield
+        yield []
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -86,7 +133,7 @@ def locked(path: Path | str) -> Iterator[None]:
             raise
         os.close(fd)
     try:
-        yield
+        yield remove_left_temporaries(target)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(lock_path)

@@ -11,16 +11,19 @@ from typing import Any
 
 import pytest
 
-from .measure.scenario import MARKER_HELP, ScenarioError, check_marker_kwargs
+from .measure.scenario import MARKER_HELP, ScenarioError
 from .orchestrate.fixtures import llmperf, llmperf_hf  # noqa: F401  (fixtures)
+from .orchestrate.markers import marker_kwargs
 from .orchestrate.options import Settings, add_options
-from .orchestrate.session import SESSION_KEY, LLMPerfSession, check_output_paths, marker_devices
+from .orchestrate.session import MEASURED_KEY, SESSION_KEY, LLMPerfSession, check_output_paths, marker_devices
 from .orchestrate.worker import WorkerRecorder, worker_out
+from .warning import PytestLLMPerfWarning
 from .offload.fixture import llmperf_offload  # noqa: F401
 from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
                                llmperf_vllm)
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
+OTHER_DEVICES_KEY = pytest.StashKey[bool]()  # skipped: its marker's devices do not include this one
 # Hooks of the exports (pytest-benchmark's records, JUnit properties) live in their own module.
 pytest_plugins = ("pytest_llmperf.orchestrate.export_hooks",)
 
@@ -87,24 +90,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.stash[INVALID_MARKER_KEY] = problem
             session.invalid_here += 1
             continue
+        wanted = marker_kwargs(item).get("processes")
+        if wanted not in (None, 1) and session.in_process:  # the option wins here: say so, not in silence
+            item.warn(PytestLLMPerfWarning(
+                f"llmperf: the marker's processes={wanted} is not used: --llmperf-processes=1 measures every benchmark "
+                "in this pytest process (its runs are the gate's units)"))
         devices = marker_devices(item)
         if devices is not None and session.device not in devices:
             session.skipped_here += 1
+            item.stash[OTHER_DEVICES_KEY] = True
             item.add_marker(pytest.mark.skip(
                 reason=f"llmperf: runs on {', '.join(devices)}; the current device is {session.device}"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count the benchmarks this session runs once -k, -m and the like have deselected theirs (the counts above saw
+    every collected test: `pytest -m 'not llmperf'` failed as a session that judged nothing)."""
+    llm = session.config.stash.get(SESSION_KEY, None)
+    if llm is None or hasattr(session.config, "workerinput"):
+        return
+    final = [item for item in session.items if _is_llmperf(item) or getattr(item, "measured_elsewhere", False)]
+    llm.selected = len(final)
+    llm.invalid_here = sum(INVALID_MARKER_KEY in item.stash for item in final)
+    llm.skipped_here = sum(OTHER_DEVICES_KEY in item.stash for item in final)
 
 
 def _marker_problem(session: LLMPerfSession, item: pytest.Item) -> str | None:
     """Why a test's llmperf marker cannot work (a bad keyword, a schedule that could never fail), or None."""
     from .orchestrate.checks import check_test_settings
 
-    marker = item.get_closest_marker("llmperf")
     try:
-        kwargs = check_marker_kwargs(marker.args, marker.kwargs) if marker is not None else {}
-        check_test_settings(session, item, kwargs)
+        check_test_settings(session, item, marker_kwargs(item))
     except ScenarioError as exc:
         return str(exc)
     return None
+
+
+def _runs_tests(config: pytest.Config) -> bool:
+    """The session runs test bodies (not --collect-only, --setup-only or --setup-plan)."""
+    option = config.option
+    return not (option.collectonly or getattr(option, "setuponly", False) or getattr(option, "setupplan", False))
 
 
 def _is_planned(item: pytest.Item) -> bool:
@@ -121,10 +147,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(f"{item.nodeid}: {item.stash[INVALID_MARKER_KEY]}", pytrace=False)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A benchmark test that passed without calling llmperf.measure() measured and judged nothing: it fails."""
+    report = yield
+    if (call.when == "call" and report.passed and _is_llmperf(item) and MEASURED_KEY not in item.stash
+            and not getattr(item, "measured_elsewhere", False)):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: an llmperf benchmark test (its llmperf marker or fixture) that never "
+                           "called llmperf.measure(backend): nothing was measured or judged. Call it in the test, or "
+                           "drop the marker and the fixture")
+    return report
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None or session.recorder is not None or not (session.outcomes or session.selected):
         return
+    if (exitstatus == pytest.ExitCode.USAGE_ERROR or not _runs_tests(config)) and not session.outcomes:
+        return  # refused before anything ran, or --collect-only: nothing was to be judged
     from .report.terminal import write_summary
 
     write_summary(terminalreporter, session)
@@ -140,7 +181,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     # A kind listed in --llmperf-fail-on fails its test; should a test have swallowed that failure, or nothing
     # have been judged at all, the session still exits non-zero (the pytest-cov way: set the status here).
-    if session.exitstatus == pytest.ExitCode.OK and session_fails(llm):
+    if session.exitstatus == pytest.ExitCode.OK and _runs_tests(session.config) and session_fails(llm):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if llm.outcomes:
         write_reports(llm)

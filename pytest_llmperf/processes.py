@@ -12,10 +12,10 @@ into a clean stop.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
+import errno
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -81,32 +81,48 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-PR_SET_PDEATHSIG = 1
 ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use|os error 98|errno 98", re.IGNORECASE)
 
 
-@functools.cache
-def die_with_parent() -> Callable[[], None] | None:
-    """Linux: a preexec_fn that has the server get SIGTERM if pytest itself is killed (even with
-    SIGKILL); None elsewhere.
+#: The few lines a child runs before the real program (Linux): ask the kernel for SIGTERM when its parent dies,
+#: then exec the program in this same process (same pid, same session). argv: parent pid, program path, argv.
+_DEATH_SIGNAL_SHIM = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(128 + int(signal.SIGTERM))  # the parent died before the call: as if the signal had come
+try:
+    os.execv(sys.argv[2], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write(f"cannot execute {sys.argv[2]}: {exc}\\n")
+    os._exit(127)
+"""
 
-    prctl is looked up here, in the parent: loading a library in the forked child can deadlock on
-    a loader lock another thread of pytest held at fork. The child only makes the call.
+
+def die_with_parent(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                    cwd: str | Path | None = None) -> list[str]:
+    """`argv` made to get SIGTERM if pytest itself dies (even by SIGKILL): on Linux, run through a short shim
+    that sets PR_SET_PDEATHSIG and execs the program; `argv` as it is elsewhere.
+
+    Not a `preexec_fn`: with one, subprocess must fork() instead of vfork(), and fork() runs the atfork
+    handlers of every library loaded here. gRPC's (the JetStream backend's channels, while their threads are
+    busy) then restart gRPC's pollers in the child, whose descriptors the child closes before exec: the child
+    aborted with "epoll_wait error: Bad file descriptor" or segfaulted, 89 of 300 spawns beside a streaming
+    channel (tests/test_server_jetstream.py). vfork() runs no atfork handler. A program that cannot be found
+    raises FileNotFoundError here, as Popen would.
     """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    signum = int(signal.SIGTERM)
-
-    def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
-        prctl(PR_SET_PDEATHSIG, signum)
-
-    return preexec
+    argv = [str(a) for a in argv]
+    if not sys.platform.startswith("linux") or not argv:
+        return argv
+    program = argv[0]
+    if os.sep in program:
+        found = program if os.path.isabs(program) else os.path.join(str(cwd or os.getcwd()), program)
+        found = found if os.access(found, os.X_OK) and os.path.isfile(found) else None
+    else:
+        found = shutil.which(program, path=(env if env is not None else os.environ).get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or executable", program)
+    return [sys.executable, "-I", "-S", "-c", _DEATH_SIGNAL_SHIM, str(os.getpid()), os.path.abspath(found), *argv]
 
 
 def session_members(sid: int) -> list[psutil.Process]:
@@ -289,9 +305,9 @@ class ProcessRegistry:
             log.flush()
             try:
                 proc.popen = subprocess.Popen(
-                    proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                    cwd=cwd, start_new_session=True,  # Ctrl-C reaches pytest only; we stop the server
-                    preexec_fn=die_with_parent())
+                    die_with_parent(proc.argv, env=full_env, cwd=cwd), stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
+                    start_new_session=True)  # Ctrl-C reaches pytest only; we stop the server
             except OSError as exc:
                 raise BackendError(f"cannot start the {name} server: {exc}.\n  command: {' '.join(proc.argv)}\n"
                                    f"  Is the program installed and on PATH?") from exc

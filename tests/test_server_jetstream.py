@@ -193,3 +193,46 @@ def test_fixture_bad_url_option(pytester, monkeypatch):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*JetStream: 'http://127.0.0.1:9000' (from --llmperf-jetstream-url) is not HOST:PORT*"])
     assert descendants() - before == set()
+
+
+def test_processes_started_while_a_grpc_stream_runs_start_clean(tmp_path_factory):
+    """A child started while this process's gRPC channel streams must not inherit gRPC: a child forked with a
+    preexec_fn ran gRPC's atfork handlers, restarted its pollers and then closed their descriptors before exec
+    ('epoll_wait error: Bad file descriptor', an abort or a segfault; 89 of 300 spawns). The JetStream double
+    that test_fixture_attach started died that way, on a busy machine."""
+    import threading
+
+    from pytest_llmperf.backends.jetstream import health_check
+    from pytest_llmperf.processes import ProcessRegistry
+
+    registry = ProcessRegistry(tmp_path_factory.mktemp("js-fork"))
+    port = free_port()
+    server = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port), "--config",
+                                          json.dumps({"token_delay_ms": 0.5})], url=f"grpc://127.0.0.1:{port}")
+    backend = None
+    stop = threading.Event()
+    try:
+        server.wait_ready(lambda: health_check(f"127.0.0.1:{port}"), 30)
+        backend = JetStreamBackend(f"127.0.0.1:{port}")
+
+        def stream() -> None:
+            while not stop.is_set():
+                backend.generate(GenerationRequest(2, 4, 8, "a b c d"))
+
+        streaming = threading.Thread(target=stream, daemon=True)
+        streaming.start()
+        broken = []
+        for i in range(60):
+            child = registry.start("child", [PYTHON, "-S", "-c", "pass"], url="none", log_name=f"child{i}")
+            code = child.popen.wait(timeout=30)
+            output = child.log_path.read_text().splitlines()[1:]  # the first line is the command
+            if code != 0 or output:
+                broken.append((code, output[:2]))
+            registry.stop(child)
+        assert broken == []
+    finally:
+        stop.set()
+        if backend is not None:
+            streaming.join(timeout=30)
+            backend.close()
+        registry.stop_all()

@@ -16,6 +16,9 @@ from typing import Any
 from ..measure.metrics import METRICS
 
 UNITS = ("process", "run")
+#: Units (worker processes, or runs of one process) a baseline's batch needs: the gate estimates their spread,
+#: and of one unit it cannot (its interval would be [0, inf]: every verdict inconclusive, whatever the slowdown).
+MIN_UNITS = 2
 
 
 def _where(key: str, batch: object = None, metric: str | None = None) -> str:
@@ -90,6 +93,19 @@ def check_raw_entry(key: str, data: Any) -> None:
             raise ValueError(f"{_where(key)}: errors: {exc}") from None
     if data.get("unit", "process") not in UNITS:
         raise ValueError(f"{_where(key)}: unit {data.get('unit')!r} is not one of {', '.join(UNITS)}")
+
+
+def too_few_units(key: str, unit: str, runs: Mapping[Any, Mapping[str, Any]]) -> str | None:
+    """Why a baseline's batches hold too few units to be compared with (fewer than MIN_UNITS), or None."""
+    for batch_size, metrics in sorted(runs.items()):
+        for per_process in metrics.values():
+            units = len(per_process) if unit == "process" else sum(len(v) for v in per_process)
+            if units < MIN_UNITS:
+                what = ("worker process" + ("es" if units != 1 else "")) if unit == "process" else \
+                    ("run" + ("s" if units != 1 else ""))
+                return (f"{_where(key, batch_size)}: the baseline holds {units} {what}; the gate needs at least "
+                        f"{MIN_UNITS} to estimate their spread")
+    return None
 
 
 def check_entry(entry: Any) -> None:

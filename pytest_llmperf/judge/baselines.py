@@ -12,15 +12,16 @@ compare, is never overwritten: the error names it, the entry, batch size and met
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..files import finite_or_null, locked, write_text_atomic
+from ..files import WriteRefused, finite_or_null, locked, write_text_atomic
 from .baseline_layout import module_file, other_sets, set_directory
 from .baseline_values import check_entry, check_raw_entry
 from ..measure.metrics import values_by_process
@@ -28,6 +29,11 @@ from ..measure.records import BenchmarkResult
 from .outputs import Outputs, outputs_by_batch
 
 SCHEMA_VERSION = 2
+#: What this version writes at each level of a file; anything else there is kept as it is (an update never drops
+#: a field it does not know: a person's notes, or what a newer version added).
+FILE_FIELDS = ("schema_version", "device", "machine", "module", "benchmarks")
+ENTRY_FIELDS = ("batches", "errors", "unit", "fingerprint", "scenario", "backend", "git_commit", "created")
+BATCH_FIELDS = ("runs", "processes", "foreign_load", "outputs")
 
 
 def stored_value(value: float) -> float:
@@ -59,6 +65,9 @@ class BaselineEntry:
     backend: dict[str, Any] = field(default_factory=dict)
     git_commit: str | None = None
     created: str = ""
+    # Fields this version does not know (a person's `comment`, a newer version's addition): kept as they are
+    extra: dict[str, Any] = field(default_factory=dict)
+    batch_extra: dict[int, dict[str, Any]] = field(default_factory=dict)  # the same, per batch size
 
     def process_values(self, batch_size: int) -> dict[str, list[float]]:
         return {m: process_medians(per_process) for m, per_process in self.runs.get(batch_size, {}).items()}
@@ -99,7 +108,9 @@ class BaselineEntry:
                 batches[str(bs)]["foreign_load"] = round(self.foreign_load[bs], 3)
             if bs in self.outputs:
                 batches[str(bs)]["outputs"] = self.outputs[bs].to_json()
-        return {"batches": batches, "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
+            batches[str(bs)] = {**self.batch_extra.get(bs, {}), **batches[str(bs)]}
+        return {**self.extra, "batches": batches,
+                "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
                 "unit": self.unit, "fingerprint": self.fingerprint, "scenario": self.scenario,
                 "backend": self.backend, "git_commit": self.git_commit, "created": self.created}
 
@@ -120,7 +131,17 @@ class BaselineEntry:
             backend=dict(data.get("backend", {})),
             git_commit=data.get("git_commit"),
             created=str(data.get("created", "")),
+            extra={k: v for k, v in data.items() if k not in ENTRY_FIELDS},
+            batch_extra={int(bs): extra for bs, batch in data["batches"].items()
+                         if (extra := {k: v for k, v in batch.items() if k not in BATCH_FIELDS})},
         )
+
+    def keeping_extras_of(self, old: BaselineEntry | None) -> BaselineEntry:
+        """This entry with the unknown fields of the entry it replaces (of its batch sizes that remain)."""
+        if old is None:
+            return self
+        return replace(self, extra={**old.extra, **self.extra},
+                       batch_extra={bs: old.batch_extra[bs] for bs in self.runs if bs in old.batch_extra})
 
 
 def _outputs(key: str, batch_size: str, data: Any) -> Outputs:
@@ -160,6 +181,7 @@ class BaselineStore:
         self._cache: dict[str, dict[str, BaselineEntry]] = {}
         self.dropped: dict[str, tuple[str, set[str]]] = {}  # schema-1 file -> (module, keys not re-recorded yet)
         self.pruned: dict[str, list[str]] = {}  # file -> stale keys removed by this run
+        self.cleared: list[Path] = []  # temporary files a killed writer had left, removed by this run
 
     @classmethod
     def at(cls, directory: Path | str) -> BaselineStore:
@@ -234,6 +256,10 @@ class BaselineStore:
 
     def _load(self, path: Path) -> dict[str, Any] | None:
         """The file's JSON document (None when it does not exist), checked up to its schema version."""
+        if path.is_symlink() and not path.exists():
+            raise BaselineError(f"baseline file {path} is a symbolic link to {os.readlink(path)}, which does not "
+                                "exist. Fix the link, or remove it and record the baselines with --llmperf-update "
+                                "(an update never writes through a link to nothing)")
         if not path.exists():
             return None
         fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
@@ -303,11 +329,11 @@ class BaselineStore:
         try:
             check_entry(entry)
         except ValueError as exc:
-            raise BaselineError(f"not written to {path}: {exc}; a measurement the gate cannot compare is never "
-                                "stored (the backend returned an impossible value). The file is unchanged") from None
+            raise BaselineError(f"not written to {path}: {exc}; a baseline the gate cannot compare with is never "
+                                "stored. The file is unchanged") from None
 
         def change(entries: dict[str, BaselineEntry]) -> None:
-            entries[entry.key] = entry
+            entries[entry.key] = entry.keeping_extras_of(entries.get(entry.key))
             if str(path) in self.dropped:
                 self.dropped[str(path)][1].discard(entry.key)
         return self._rewrite(module, change)
@@ -328,19 +354,28 @@ class BaselineStore:
     def _rewrite(self, module: str, change: Any) -> Path:
         path = self.path_for(module)
         try:
-            with locked(path):
+            with locked(path) as left:
+                self.cleared += left
                 entries = dict(self._read_for_update(path, module))  # re-read under the lock: keep what others wrote
                 change(entries)
-                document = {"schema_version": SCHEMA_VERSION, "device": self.device, "machine": self.machine,
-                            "module": module, "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
+                document = {**self._unknown_fields(path), "schema_version": SCHEMA_VERSION, "device": self.device,
+                            "machine": self.machine, "module": module,
+                            "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
                 # metadata such as the scenario's max_load=inf is null in strict JSON; values were checked above
                 text = json.dumps(finite_or_null(document), indent=1, sort_keys=True, allow_nan=False)
                 write_text_atomic(path, text + "\n")
+        except WriteRefused as exc:
+            raise BaselineError(f"baseline file not written: {exc}; the previous file is unchanged") from None
         except OSError as exc:
             raise BaselineError(f"cannot write baseline file {path}: {exc}; the previous file is unchanged. Make "
                                 "the directory writable or point --llmperf-baseline-dir elsewhere") from None
         self._cache[module] = entries
         return path
+
+    def _unknown_fields(self, path: Path) -> dict[str, Any]:
+        """The top-level fields of the file at `path` that this version does not write (kept by a rewrite)."""
+        data = self._load(path)
+        return {k: v for k, v in (data or {}).items() if k not in FILE_FIELDS}
 
     def dropped_entries(self) -> list[tuple[str, str, list[str]]]:
         """(file, module, keys): schema-1 entries an update dropped because their tests were not re-recorded."""

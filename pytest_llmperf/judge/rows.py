@@ -26,6 +26,8 @@ PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token
 UNIT_WORDS = {"process": "one value per worker process", "run": "runs of one process (--llmperf-processes=1)"}
 #: Peak memory must grow by more than this as well as by memory_rtol: allocator granularity on a small model.
 MEMORY_FLOOR_MIB = 16.0
+#: Metrics a run has only when it lasts long enough (measure/gpu.py): one a baseline lacks is not missing.
+RUN_LENGTH_METRICS = ("energy_j_per_token",)
 
 
 def phase_of(metric: str) -> str:
@@ -116,7 +118,11 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
                 rows.append(earlier[(metric, batch.batch_size)])
                 continue
             base = _reference_units(reference, batch.batch_size, metric)
-            if metric not in current or not base:  # e.g. prefill on a server, energy of short runs
+            if metric in current and not base and reference.side is None and metric not in RUN_LENGTH_METRICS:
+                rows.append(note_row(result, metric, batch.batch_size, Verdict.MISSING,
+                                     "the baseline holds no values of it (recorded before it was gated, or edited): "
+                                     "not compared"))
+            elif metric not in current or not base:  # e.g. prefill on a server, energy of short runs
                 side = "these runs" if metric not in current else "the baseline"
                 rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
                                      f"not measured in {side}: not gated"))
@@ -169,6 +175,10 @@ def _decided(result: BenchmarkResult, c: _Comparison, scenario: Scenario, schedu
         more = f"about {needed}" if needed < procedure.NEEDED_LIMIT else f"more than {procedure.NEEDED_LIMIT}"
         units = "runs" if c.unit == "runs" else "processes"
         note = f"undecided at the cap of {schedule.cap} {units} per side, {more} would decide it; {note}"
+        if c.unit != "pairs" and len(c.reference) < len(c.current):  # more units now do not help a small baseline
+            more_of = "--llmperf-processes" if units == "processes" else "runs= or --llmperf-runs"
+            note += (f"; the baseline's {len(c.reference)} {units} limit it: re-record it with more ({more_of}, "
+                     "--llmperf-update)")
     return Row(result.key, result.nodeid, c.metric, c.batch_size, float(np.median(c.reference)),
                float(np.median(c.current)), float(estimate.ratio()), low, high, float(estimate.p_worse()),
                float(decision.p_adjusted), verdict, note, p_better=float(estimate.p_better()))

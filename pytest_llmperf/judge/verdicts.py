@@ -33,6 +33,7 @@ class Verdict(_Word):
     INCONCLUSIVE = "inconclusive"  # the process cap was reached before the row was decided
     REFUSED = "refused"  # not compared: a busy machine or baseline, units that do not compare
     UNGATED = "ungated"  # a gated metric that could not be tested (not measured on one side, too few gaps)
+    MISSING = "missing"  # a gated metric this run measured and its stored baseline holds no values of
     NEW = "new"  # a batch size with no baseline
     OOM = "oom"  # a batch size with no baseline that ran out of memory
     ERROR = "error"  # a batch size with no baseline that failed
@@ -128,6 +129,8 @@ def kind_of(outcome: Outcome) -> Kind:
     if outcome.status != Status.COMPARED:
         return Kind(outcome.status.value)
     verdicts = {r.verdict for r in outcome.rows}
+    if Verdict.MISSING in verdicts and Verdict.REGRESSED not in verdicts and not outcome.changed:
+        return Kind.MISSING  # the baseline lacks a gated metric: as a missing baseline, whatever the others did
     if not verdicts & COMPARED:
         return Kind.NEW if verdicts and verdicts <= {Verdict.NEW, Verdict.OOM, Verdict.ERROR} else Kind.REFUSED
     if Verdict.REGRESSED in verdicts:
@@ -147,7 +150,7 @@ def reason_of(outcome: Outcome) -> str:
         return outcome.reason
     kind = kind_of(outcome)
     if kind == Kind.MISSING:
-        return "no baseline"
+        return "the baseline lacks gated metrics" if outcome.status == Status.COMPARED else "no baseline"
     if kind in (Kind.CREATED, Kind.UPDATED):
         return "baseline written"
     if kind == Kind.NEW:

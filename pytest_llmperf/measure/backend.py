@@ -10,8 +10,9 @@ Knobs (threads, tokenizer parallelism, engine settings) are applied around a mea
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,6 +41,61 @@ class BackendError(RuntimeError):
 
 class OutOfMemory(BackendError):
     """A run did not fit in memory; the sweep records it as `oom` and goes on."""
+
+
+class InvalidSample(BackendError):
+    """`generate` returned something that is not a measurement of the request: the batch fails with this."""
+
+
+def _time(value: object, *, positive: bool = False) -> bool:
+    """A duration or instant in ns: a finite real number >= 0 (> 0 where it divides)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > 0 if positive else value >= 0))
+
+
+def sample_problem(sample: object, request: GenerationRequest) -> str | None:
+    """What makes `sample` no measurement of `request`, or None."""
+    if not isinstance(sample, RunSample):
+        return f"{type(sample).__name__ if sample is not None else 'None'}, not a RunSample"
+    if sample.batch_size != request.batch_size:
+        return f"a RunSample of batch size {sample.batch_size!r} for a request of batch size {request.batch_size}"
+    if not isinstance(sample.token_times_ns, Sequence) or len(sample.token_times_ns) > request.batch_size:
+        return f"token_times_ns for more sequences than the batch size {request.batch_size}"
+    for s, times in enumerate(sample.token_times_ns):
+        if not isinstance(times, Sequence) or not all(_time(t) for t in times):
+            return f"token_times_ns[{s}] holding {list(times)[:4]!r}...: expected finite times >= 0"
+        if any(b < a for a, b in zip(times, times[1:])):
+            return f"token_times_ns[{s}] going backwards ({list(times)[:4]!r}...)"
+    checks = [("end_to_end_ns", sample.end_to_end_ns, True), ("prefill_ns", sample.prefill_ns, True),
+              ("tokenize_ns", sample.tokenize_ns, False), ("detokenize_ns", sample.detokenize_ns, False)]
+    for name, value, positive in checks:
+        if (value is not None or name == "end_to_end_ns") and not _time(value, positive=positive):
+            return f"{name}={value!r}: expected a finite time {'> 0' if positive else '>= 0'} in ns"
+    steps = sample.decode_steps_ns
+    if not isinstance(steps, Sequence) or not all(_time(t) for t in steps) or (steps and not sum(steps) > 0):
+        return f"decode_steps_ns={list(steps or [])[:4]!r}...: expected a list of finite times >= 0, total > 0"
+    if not isinstance(sample.counters, Mapping):
+        return f"counters={sample.counters!r}: expected a mapping of counter names to numbers"
+    for name, value in sample.counters.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"counter {name}={value!r}: expected a finite number"
+    generated = (sample.generated_tokens if sample.generated_tokens is not None
+                 else sum(len(t) for t in sample.token_times_ns))
+    if isinstance(generated, bool) or not isinstance(generated, int) or generated <= 0:
+        return (f"a run that generated {generated!r} tokens (asked: {request.batch_size} x {request.decode_length}): "
+                "no token, nothing to time")
+    return None
+
+
+def check_sample(sample: object, request: GenerationRequest, backend: object) -> RunSample:
+    """`sample` when it measures `request`; else InvalidSample naming the backend and what is wrong, so a NaN or
+    zero time, a missing return or a batch of another size fails its batch size with a line, never a traceback
+    or a value that reaches a baseline or a report."""
+    problem = sample_problem(sample, request)
+    if problem is not None:
+        raise InvalidSample(f"{type(backend).__name__}.generate() returned {problem}; a run is a RunSample of the "
+                            "request's batch size with finite times and a generated token")
+    return sample  # type: ignore[return-value]
 
 
 class Backend(ABC):

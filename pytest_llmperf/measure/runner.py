@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .load import LoadMeter
 from .gpu import GpuMeter, open_nvml
 from .memory import MemoryMeter
-from .backend import Backend, GenerationRequest, OutOfMemory
+from .backend import Backend, GenerationRequest, OutOfMemory, check_sample
 from .prompt import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
 from .scenario import Scenario
@@ -44,7 +44,7 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
     proceeds in the quiet gaps of a shared machine; past that the disturbed runs are kept and the
     load says so."""
     for _ in range(warmups):
-        backend.generate(request)
+        check_sample(backend.generate(request), request, backend)
     samples: list[RunSample] = []
     loads: list[float] = []
     retaken = 0
@@ -56,7 +56,7 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
             meter = LoadMeter()
             memory.start()
             gpu.start()
-            sample = backend.generate(request)
+            sample = check_sample(backend.generate(request), request, backend)
             sample.gpu = gpu.stop()
             sample.memory = memory.stop()
             load = meter.stop()

@@ -102,7 +102,8 @@ class Scenario:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Scenario:
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        # strict JSON writes an infinite max_load (--llmperf-max-load=inf) as null: no limit
+        values = {k: v for k, v in data.items() if k in known and not (k == "max_load" and v is None)}
         values["batch_sizes"] = tuple(values.get("batch_sizes", (1,)))
         values["metrics"] = tuple(values["metrics"]) if values.get("metrics") is not None else None
         return cls(**values)
@@ -165,7 +166,9 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
             _expect(all(isinstance(k, str) and finite(v) for k, v in value.items()), name, value,
                     "a number >= 0 per metric name, e.g. {'prefill_ms': 0.1, 'default': 0.05}", where)
         else:
-            _expect(finite(value), name, value, "a finite number >= 0 (or a {metric: number} mapping)", where)
+            _expect(finite(value), name, value, "a finite number >= 0 (or a {metric: number} mapping)"
+                    + ("; auto is --llmperf-rtol's: leave rtol out to use the session's" if value == "auto" else ""),
+                    where)
     elif name == "metrics":
         _expect(isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, str) for m in value),
                 name, value, "a non-empty list of metric names, e.g. ['prefill_ms', 'decode_token_ms']", where)
@@ -198,6 +201,22 @@ def check_metrics(metrics: Sequence[str] | None, known: Sequence[str], backend_k
     if unknown:
         raise ScenarioError(f"metrics: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend "
                             f"(a typo would gate nothing); known: {', '.join(known)}")
+
+
+def check_rtol_metrics(per_metric: Mapping[str, float], known: Sequence[str], gated: Sequence[str],
+                       backend_kind: str) -> None:
+    """A tolerance for a metric that is not gated changes nothing: refuse it (a typo, or a metric that is not in
+    metrics=[...]), naming what is gated."""
+    names = [m for m in per_metric if m != "default"]
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        raise ScenarioError(f"rtol: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend (a typo would "
+                            f"leave the default tolerance in place); known: {', '.join(known)}")
+    ungated = [m for m in names if m not in gated]
+    if ungated:
+        raise ScenarioError(f"rtol names {', '.join(ungated)}, which this test does not gate (it gates "
+                            f"{', '.join(gated)}; peak memory is held to memory_rtol): add it to metrics=[...] or "
+                            "drop it from rtol")
 
 
 def build_scenario(settings: Mapping[str, Any]) -> Scenario:

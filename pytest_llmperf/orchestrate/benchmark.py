@@ -20,13 +20,15 @@ from ..judge.rows import undecided_batches
 from ..judge.verdicts import Outcome
 from ..measure import runner
 from ..measure.backend import Backend
-from ..measure.metrics import METRICS
+from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.records import BenchmarkResult
-from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_marker_kwargs, check_metrics
+from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_metrics, check_rtol_metrics
 from ..report import progress
 from . import judging
+from .deadline import Overtime, deadline
+from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
-from .session import LLMPerfSession
+from .session import MEASURED_KEY, LLMPerfSession
 
 #: llmperf.measure() keywords besides the marker's own.
 OVERRIDES = ("batch_sizes", "sequence_length", "decode_length", "runs", "warmups", "max_runs", "alpha", "rtol",
@@ -39,8 +41,7 @@ class Benchmark:
     def __init__(self, session: LLMPerfSession, item: pytest.Item) -> None:
         self.session = session
         self.item = item
-        marker = item.get_closest_marker("llmperf")
-        self.marker_kwargs: dict[str, Any] = check_marker_kwargs(marker.args, marker.kwargs) if marker else {}
+        self.marker_kwargs: dict[str, Any] = marker_kwargs(item)
         self.results: list[BenchmarkResult] = []
 
     @property
@@ -58,6 +59,7 @@ class Benchmark:
     def measure(self, backend: Backend, *, name: str | None = None, **overrides: Any) -> BenchmarkResult:
         """Run this test's scenario on `backend` and gate it. Keyword overrides beat the marker."""
         __tracebackhide__ = True
+        self.item.stash[MEASURED_KEY] = True
         scenario = self._scenario(backend, overrides)
         nodeid = self.item.nodeid
         key = nodeid.split("::", 1)[1] if "::" in nodeid else self.item.name
@@ -68,14 +70,22 @@ class Benchmark:
             wanted = self.session.recorder.batch_sizes(nodeid)
             if wanted is not None:
                 scenario = replace(scenario, batch_sizes=tuple(b for b in scenario.batch_sizes if b in wanted))
-        with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
-            result = runner.measure(backend, scenario, key=key, nodeid=nodeid, module=nodeid.split("::", 1)[0],
-                                    on_run=on_run)
-        self.results.append(result)
-        if self.session.recorder is not None:  # a worker process: the controller judges
-            self.session.recorder.record_result(nodeid, result)
-            return result
-        outcome = self._judge(result, scenario, backend)
+        # in this process nothing else stops a generate() that never returns (a worker's controller does)
+        timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
+        try:
+            with deadline(timeout):
+                with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
+                    result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
+                                            module=nodeid.split("::", 1)[0], on_run=on_run)
+                self.results.append(result)
+                if self.session.recorder is not None:  # a worker process: the controller judges
+                    self.session.recorder.record_result(nodeid, result)
+                    return result
+                outcome = self._judge(result, scenario, backend)
+        except Overtime:
+            pytest.fail(f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
+                        "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
+                        "returns? Raise the timeout if it is only slow", pytrace=False)
         self.session.outcomes.append(outcome)
         messages, said = judging.fail_messages(self.session, outcome)
         for text in said:
@@ -97,7 +107,11 @@ class Benchmark:
             settings["knobs"] = {**settings.get("knobs", {}), "threads": threads}
         try:
             scenario = build_scenario(settings)
-            check_metrics(scenario.metrics, [*METRICS, *getattr(backend, "counters_better", {})], backend.kind)
+            known = [*METRICS, *getattr(backend, "counters_better", {})]
+            check_metrics(scenario.metrics, known, backend.kind)
+            gated = [m for m in gated_metrics(scenario.metrics, bool(getattr(backend, "splits_prefill", False)))
+                     if m not in MEMORY_METRICS]
+            check_rtol_metrics(scenario.rtol_per_metric, known, gated, backend.kind)
         except ScenarioError as exc:
             pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
         return scenario

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ..measure.scenario import ScenarioError, build_scenario
+from .markers import marker_kwargs
 from .session import LLMPerfSession
 
 #: Gated rows per batch size when a marker does not name its metrics (prefill, decode, throughput).
@@ -25,7 +26,7 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
     processes = kwargs.get("processes")
     if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
         raise ScenarioError(f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
-                            "(worker processes per side at the first look)")
+                            "(worker processes per side at the first look); leave it out for --llmperf-processes")
     settings = {k: v for k, v in session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
     scenario = build_scenario(settings)
     if not session.in_process or session.mode != "gate":
@@ -42,6 +43,5 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
 
 def rows_expected(item: pytest.Item) -> int:
     """Gated rows a test will have, as its marker says (DEFAULT_ROWS_PER_BATCH unless it names its metrics)."""
-    marker = item.get_closest_marker("llmperf")
-    kwargs = marker.kwargs if marker is not None else {}
+    kwargs = marker_kwargs(item)
     return len(kwargs.get("batch_sizes") or [1]) * len(kwargs.get("metrics") or range(DEFAULT_ROWS_PER_BATCH))

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,14 @@ from ..measure.scenario import Scenario
 from . import judging, worktree
 from .checks import rows_expected
 from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
+from .leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
+from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
 from .session import LLMPerfSession
+
+
+#: A first look expected to take longer than this is announced with its estimate (campaign_estimate).
+LONG_FIRST_LOOK_S = 15 * 60
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Plan:
 
 class DeferredBenchmark(pytest.Item):
     """A benchmark test that worker processes measured: its turn in the test loop reports the decision."""
+
+    measured_elsewhere = True  # its test body ran in the workers (plugin.py's check for a measure() call)
 
     def __init__(self, *, original: pytest.Item, controller: ProcessController, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -120,9 +128,11 @@ class ProcessController:
     # -- the campaign ---------------------------------------------------------------------------------
 
     def _campaign(self, items: list[pytest.Item]) -> None:
-        work_dir = Path(tempfile.mkdtemp(prefix="llmperf-workers-"))
-        keep = False
-        try:
+        left = remove_left_work_dirs()
+        self._say(left_behind_line("worker directories", left), left)
+        work_dir = Path(tempfile.mkdtemp(prefix=WORKERS_PREFIX))
+        try:  # removed whatever happens; a failed worker's log was kept in the report directory (manager.py)
+            claim(work_dir)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_sigterm_interrupts())
                 root = Path(self.config.rootpath)
@@ -132,13 +142,18 @@ class ProcessController:
                         ref = stack.enter_context(worktree.checkout(self.llm.settings["compare"], root))
                     except worktree.RefError as exc:
                         raise pytest.UsageError(f"llmperf: {exc}") from None
+                    self._say(left_behind_line("comparison worktrees", list(ref.cleared)), ref.cleared)
                     sides = [Side("A", ref.root, ref.label, ref.pythonpath), Side("B", root, "the working tree")]
                     self.llm.compared_to = ref.label
                     available["A"] = self._collect(sides[0], items)
-                keep = not self._rounds(items, sides, available, work_dir)
+                self._rounds(items, sides, available, work_dir)
         finally:
-            if not keep:  # a failed worker's log stays where its error message points
-                shutil.rmtree(work_dir, ignore_errors=True)
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    def _say(self, line: str, when: Any) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if when and reporter is not None:
+            reporter.write_line(line, yellow=True)
 
     def _rounds(self, items: list[pytest.Item], sides: list[Side], available: dict[str, set[str]],
                 work_dir: Path) -> bool:
@@ -172,6 +187,10 @@ class ProcessController:
                     target = max(plan.units for plan in self.plans.values())
                     reporter.write_line(f"llmperf: process {done} of {target} on {side.label}: {len(nodeids)} "
                                         f"test(s) in {run.seconds:.1f} s")
+            if done == 1 and reporter is not None:  # a long campaign says how long, once the first round is timed
+                said = campaign_estimate(sum(r[0].seconds for r in runs.values() if r), self.plans.values())
+                if said:
+                    reporter.write_line(said, yellow=True)
             for nodeid in [n for n, plan in due.items() if plan.units == done]:
                 self._look(self.plans[nodeid], sides, runs, available)
         return True
@@ -256,8 +275,7 @@ class ProcessController:
         return max(count, 1)
 
     def _alpha(self, item: pytest.Item) -> float:
-        marker = item.get_closest_marker("llmperf")
-        return float(marker.kwargs.get("alpha", self.llm.settings["alpha"]) if marker else self.llm.settings["alpha"])
+        return float(marker_kwargs(item).get("alpha", self.llm.settings["alpha"]))
 
     def _collect(self, side: Side, items: list[pytest.Item]) -> set[str]:
         """The planned tests that exist on a side (a test added in the working tree is 'new')."""
@@ -280,6 +298,22 @@ class ProcessController:
             elif arg.startswith(("-p", "--override-ini=", "--import-mode")) and len(arg) > 2:
                 keep.append(arg)
         return keep
+
+
+def campaign_estimate(round_s: float, plans: Iterable[Plan]) -> str | None:
+    """How long the campaign will take at the first round's pace, when its first look takes more than
+    LONG_FIRST_LOOK_S (--llmperf-processes=1000 ran 1000 rounds, about 50 minutes, without a word)."""
+    plans = list(plans)
+    if not plans:
+        return None
+    first = max(plan.schedule.looks[0] for plan in plans)
+    cap = max(plan.schedule.cap for plan in plans)
+    if round_s * first <= LONG_FIRST_LOOK_S:
+        return None
+    up_to = f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)" \
+        if cap > first else ""
+    return (f"llmperf: at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
+            f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly")
 
 
 def _decision(llm: LLMPerfSession, outcomes: list[Outcome]) -> Decision:
@@ -329,8 +363,7 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     family = sum(rows_expected(item) for item in items)
     for item in items:
         first = llm.processes_for(item)
-        marker = item.get_closest_marker("llmperf")
-        what = (f"{item.nodeid}: marker processes={first}" if marker is not None and "processes" in marker.kwargs
+        what = (f"{item.nodeid}: marker processes={first}" if "processes" in marker_kwargs(item)
                 else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
         try:
             check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],

@@ -90,6 +90,8 @@ class BaselineHygiene:
         store = self.llm.store
         lines = [f"pruned stale baseline entries from {path} (their tests no longer exist): {', '.join(keys)}"
                  for path, keys in sorted(store.pruned.items())]
+        lines += [f"removed {path}: a temporary file that an interrupted baseline write left (the file it was "
+                  "writing is whole)" for path in store.cleared]
         lines += [f"stale baseline entries in {store.path_for(module)} (their tests no longer exist in {module}): "
                   f"{', '.join(keys)}. Remove them with: {store.update_command(module)} (the whole module, "
                   "no -k)" for module, keys in sorted(self.stale.items())]

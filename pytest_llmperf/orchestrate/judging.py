@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.baseline_layout import machine_slug
+from ..judge.baseline_values import too_few_units
 from ..judge.environment import hardware_mismatch, software_drift
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
@@ -38,9 +39,14 @@ def record(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario,
     if errors:  # the user asked for a baseline and gets none: that fails the test
         return Outcome(result, Status.REFUSED, errors=errors, baseline_path=str(lookup.path),
                        reason="machine busy, baseline not written" if busy else "measurement failed, not written")
+    entry = BaselineEntry.of_result(result, fingerprint=session.fingerprint, created=now_iso())
+    small = too_few_units(entry.key, entry.unit, entry.runs)
+    if small:  # a baseline that could never decide a verdict
+        return Outcome(result, Status.REFUSED, errors=[f"not written to {lookup.path}: {small}. Record more runs (runs=, "
+                                                       "--llmperf-runs) or worker processes (--llmperf-processes)"],
+                       baseline_path=str(lookup.path), reason="too few runs, baseline not written")
     try:
-        session.store.write(result.module, BaselineEntry.of_result(result, fingerprint=session.fingerprint,
-                                                                   created=now_iso()))
+        session.store.write(result.module, entry)
     except BaselineError as exc:
         return Outcome(result, Status.REFUSED, errors=[str(exc)], baseline_path=str(lookup.path),
                        reason="baseline not written")
@@ -64,6 +70,11 @@ def stored_reference(session: LLMPerfSession, result: BenchmarkResult, lookup: L
         return Outcome(result, Status.MISSING, messages=[hint], baseline_path=path)
     mismatch = hardware_mismatch(lookup.entry.fingerprint, session.fingerprint)
     if mismatch is None:
+        small = too_few_units(lookup.entry.key, lookup.entry.unit, lookup.entry.runs)
+        if small:  # every verdict would be inconclusive: the baseline, not this run, lacks the units
+            return Outcome(result, Status.REFUSED, errors=[f"baseline {path}: {small}. Re-record it: "
+                                                           f"{session.rerun(result.nodeid, update=True)}"],
+                           baseline_path=path, reason="baseline too small")
         return Reference(lookup.entry, "the baseline")
     kind, was, now = mismatch
     # The hint names a set of this hardware's own: an update under the same name would replace the other
@@ -110,7 +121,13 @@ def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference
     warnings = [f"{result.key}: " + "; ".join(f"batch size {r.batch_size}: {r.note}" for r in refused)
                 + busy_hint(session, result, reference.entry, scenario.max_load)] if refused else []
     changed, changed_warnings = changed_outputs(result, rows, scenario.outputs, intended)
-    return Outcome(result, Status.COMPARED, rows=rows, messages=verdict_messages(rows, how, scenario), baseline_path=(
+    messages = verdict_messages(rows, how, scenario)
+    if not ab and any(r.verdict == Verdict.MISSING for r in rows) and not any(r.verdict == Verdict.REGRESSED
+                                                                              for r in rows):
+        messages = [*(row_message(r) for r in rows if r.verdict == Verdict.MISSING),
+                    f"Record the baseline again, with every metric the test gates: "
+                    f"{session.rerun(result.nodeid, update=True)}", *messages]
+    return Outcome(result, Status.COMPARED, rows=rows, messages=messages, baseline_path=(
         reference.label if ab else str(session.store.path_for(result.module))), reference=reference.side,
         changed=changed, outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
         drift={} if ab else software_drift(reference.entry.fingerprint, session.fingerprint),

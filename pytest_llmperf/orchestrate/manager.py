@@ -4,13 +4,16 @@ other half of the protocol; pyperf splits its manager and workers the same way).
 A worker is `python -m pytest NODEID...` run by the same interpreter in the same environment, in the
 root of one side of a comparison (the working tree, or a git worktree of the reference). Its output
 goes to a log whose tail is in every error; a worker that crashes, hangs past its deadline or reports
-nothing is stopped with its whole process tree and raised as a WorkerError naming the side.
+nothing is stopped with its whole process tree and raised as a WorkerError naming the side. Its whole log is
+kept in the report directory (`worker-logs/`, a CI job's artifact), so the temporary directory of the workers
+never outlives the campaign.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -102,16 +105,16 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
         env.update(steady_malloc_env())
     started = time.monotonic()
     with open(log, "wb") as log_handle:
-        proc = subprocess.Popen(worker_command(nodeids, extra_args), cwd=side.root, stdout=log_handle,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent())
+        proc = subprocess.Popen(die_with_parent(worker_command(nodeids, extra_args), env=env, cwd=side.root),
+                                cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             stop_tree(proc.pid, grace_s=5, session=True)
             proc.wait()
             raise WorkerError(f"worker process {index} on {side.label} did not finish within {timeout_s:g} s "
-                              f"(--llmperf-worker-timeout); it was stopped. Its log ({log}) ends with:\n"
+                              f"(--llmperf-worker-timeout); it was stopped. {_kept(log, settings)} ends with:\n"
                               f"{_indent(tail(log))}") from None
         except BaseException:  # Ctrl-C, or the controller failing: no worker outlives it
             stop_tree(proc.pid, grace_s=5, session=True)
@@ -123,9 +126,20 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     if code not in COMPLETE_EXIT_CODES or hello is None:
         why = (f"exited with code {code}" if code not in COMPLETE_EXIT_CODES else
                "reported nothing (does the pytest-llmperf it imports on that side support worker processes?)")
-        raise WorkerError(f"worker process {index} on {side.label} {why}. Its log ({log}) ends with:\n"
+        raise WorkerError(f"worker process {index} on {side.label} {why}. {_kept(log, settings)} ends with:\n"
                           f"{_indent(tail(log))}")
     return run
+
+
+def _kept(log: Path, settings: Mapping[str, Any]) -> str:
+    """A failed worker's log copied to <report dir>/worker-logs/ (the temporary directory goes); what to call it."""
+    kept = Path(str(settings.get("report_dir") or "reports")).resolve() / "worker-logs" / log.name
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, kept)
+    except OSError as exc:
+        return f"Its log could not be kept ({exc}); it"
+    return f"Its log ({kept})"
 
 
 def _read(out: Path, run: WorkerRun) -> dict[str, Any] | None:

@@ -142,8 +142,9 @@ OPTIONS: tuple[Option, ...] = (
            parsers.positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string, metavar="REF"),
-    Option("worker_timeout", "Seconds one worker process may run before it is stopped as hung (default: 3600)",
-           parsers.positive_float, default=3600.0, metavar="S"),
+    Option("worker_timeout", "Seconds a worker process (with --llmperf-processes=1: a benchmark's measurement) "
+           "may run before it is stopped as hung (default: 3600)", parsers.positive_float, default=3600.0,
+           metavar="S"),
     Option("update", "Rewrite the baselines of the selected tests; they pass", parsers.boolean, default=False,
            flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", parsers.boolean,

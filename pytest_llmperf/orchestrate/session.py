@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .hints import rerun_command
+from .markers import marker_kwargs
 from .options import Settings
 
 if TYPE_CHECKING:
@@ -104,8 +105,7 @@ class LLMPerfSession:
         return self.settings["max_processes"] or MAX_PROCESSES_FACTOR * self.processes
 
     def processes_for(self, item: pytest.Item) -> int:
-        marker = item.get_closest_marker("llmperf")
-        given = marker.kwargs.get("processes") if marker is not None else None
+        given = marker_kwargs(item).get("processes")
         return int(given) if given is not None else self.processes
 
     def worker_schedule(self, first: int, alpha: float, family: int = 1) -> Schedule:
@@ -155,6 +155,8 @@ class LLMPerfSession:
 
 
 SESSION_KEY = pytest.StashKey[LLMPerfSession]()
+#: Set on a test's item when it called llmperf.measure(): a benchmark test that never does measured nothing.
+MEASURED_KEY = pytest.StashKey[bool]()
 
 
 def _detect_device() -> str:
@@ -173,8 +175,7 @@ def check_output_paths(settings: Settings) -> None:
 
 
 def marker_devices(item: pytest.Item) -> list[str] | None:
-    marker = item.get_closest_marker("llmperf")
-    devices = marker.kwargs.get("devices") if marker is not None else None
+    devices = marker_kwargs(item).get("devices")
     if devices is None:
         return None
     return [devices] if isinstance(devices, str) else list(devices)

@@ -10,7 +10,6 @@ editable install of the working tree.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -18,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
+from .leftovers import claim, owner_gone
 
 
 class RefError(ValueError):
@@ -31,6 +30,7 @@ class Checkout:
     commit: str
     toplevel: Path  # the worktree's top directory
     root: Path  # the pytest rootdir's counterpart inside it
+    cleared: tuple[tuple[Path, int], ...] = ()  # worktrees a killed run left, removed first: (path, its pid)
 
     @property
     def label(self) -> str:
@@ -67,28 +67,24 @@ def resolve(ref: str, rootdir: Path) -> tuple[str, Path]:
 
 
 PREFIX = "llmperf-ref-"
-OWNER = "owner.pid"
 
 
-def remove_orphans(toplevel: Path) -> list[Path]:
+def remove_orphans(toplevel: Path) -> list[tuple[Path, int]]:
     """Remove our worktrees whose pytest process is gone (it was killed with SIGKILL, which no cleanup
-    survives), so they do not pile up in the repository's `git worktree list`."""
+    survives), so they do not pile up in the repository's `git worktree list`; (path, the pid that made it)."""
     removed = []
     listing = _git(["worktree", "list", "--porcelain"], toplevel)
     for line in listing.splitlines():
         path = Path(line.removeprefix("worktree ")) if line.startswith("worktree ") else None
         if path is None or not path.parent.name.startswith(PREFIX) or path.name != "ref":
             continue
-        try:
-            owner = int((path.parent / OWNER).read_text())
-        except (OSError, ValueError):
-            continue  # not one we can vouch for
-        if psutil.pid_exists(owner):
-            continue
+        owner = owner_gone(path.parent)
+        if owner is None:
+            continue  # running, or not one we can vouch for
         with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
             _git(["worktree", "remove", "--force", str(path)], toplevel)
         shutil.rmtree(path.parent, ignore_errors=True)
-        removed.append(path)
+        removed.append((path, owner))
     return removed
 
 
@@ -96,15 +92,16 @@ def remove_orphans(toplevel: Path) -> list[Path]:
 def checkout(ref: str, rootdir: Path) -> Iterator[Checkout]:
     """Check `ref` out into a temporary worktree for the duration of the block."""
     commit, toplevel = resolve(ref, rootdir)
+    cleared: list[tuple[Path, int]] = []
     with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
-        remove_orphans(toplevel)
+        cleared = remove_orphans(toplevel)
     parent = Path(tempfile.mkdtemp(prefix=PREFIX))
-    (parent / OWNER).write_text(str(os.getpid()))
+    claim(parent)
     path = parent / "ref"
     try:
         _git(["worktree", "add", "--detach", "--force", str(path), commit], toplevel)
         root = path / Path(rootdir).resolve().relative_to(toplevel.resolve())
-        yield Checkout(ref, commit, path, root)
+        yield Checkout(ref, commit, path, root, tuple(cleared))
     finally:
         with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
             _git(["worktree", "remove", "--force", str(path)], toplevel)

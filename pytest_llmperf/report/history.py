@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..judge.baselines import BaselineEntry
+from .stored import run_metric_values
 
 MAX_COMMITS = 30  # per baseline file: the recent history is what a reviewer looks at
 
@@ -137,9 +138,8 @@ def batch_medians(benchmark: Mapping[str, Any], metrics: Iterable[str]) -> dict[
             continue
         for metric in metrics:
             per_process: dict[Any, list[float]] = {}
-            for run in batch.get("runs") or []:
-                if metric in (run.get("values") or {}):
-                    per_process.setdefault(run.get("process", 0), []).append(run["values"][metric])
+            for process, value in run_metric_values(batch.get("runs"), metric):
+                per_process.setdefault(process, []).append(value)
             if per_process:
                 medians.setdefault(int(batch["batch_size"]), {})[metric] = float(
                     np.median([np.median(v) for v in per_process.values()]))

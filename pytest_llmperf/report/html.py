@@ -23,6 +23,7 @@ import numpy as np
 
 from . import history
 from .markdown import write_atomic
+from .stored import run_metric_values
 
 SPLIT_METRICS = ("prefill_ms", "decode_token_ms", "throughput_tokens_per_s")
 SERVER_METRICS = ("ttft_ms", "itl_ms", "throughput_tokens_per_s")
@@ -67,7 +68,7 @@ def _series(plots: Any, label: str, benchmark: Mapping[str, Any], metric: str) -
     for batch in sorted(benchmark.get("batches") or [], key=lambda b: b.get("batch_size", 0)):
         bs = int(batch.get("batch_size", 0))
         status = batch.get("status", "ok")
-        values = [r["values"][metric] for r in batch.get("runs") or [] if metric in (r.get("values") or {})]
+        values = [value for _, value in run_metric_values(batch.get("runs"), metric)]
         if status == "oom":
             s.oom.append(bs)
         elif status != "ok":

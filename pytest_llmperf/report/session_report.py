@@ -4,6 +4,11 @@ GitHub step summary.
 
 A report that cannot be written is one clear line after the verdicts (never a traceback hiding them), and
 fails a session that would otherwise pass; a step summary that cannot be appended is a warning line. `session` is the orchestrate layer's LLMPerfSession.
+
+Two sessions may end at once over one report directory (two jobs of one checkout): each reads the accumulated
+report and writes it back, so the whole of it holds one lock of the directory (files.locked), or one session's
+benchmarks would be lost from <device>.json and .md. Under that lock the temporary files a killed session left
+there are removed, and said.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import PytestLLMPerfWarning
@@ -25,6 +31,21 @@ from .terminal import counts_line
 def write_reports(session: Any) -> None:
     """Write the session's reports; their paths go to `session.written`, failures to `session.report_errors`."""
     report_dir = Path(session.settings["report_dir"])
+    try:
+        with locked(report_dir / "index.html"):  # the directory's lock: every report of every device is written under it
+            _write_reports(session, report_dir)
+            left = [t for name in sorted(os.listdir(report_dir)) if not name.startswith(".")
+                    for t in remove_left_temporaries(report_dir / name)]
+    except OSError as exc:  # the directory itself cannot be made or locked
+        session.report_errors.append(f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable "
+                                     "or set --llmperf-report-dir")
+        return
+    if left:
+        session.report_warnings.append(f"llmperf: removed {len(left)} temporary file(s) that an interrupted session "
+                                       f"left in {report_dir}: {', '.join(p.name for p in left)}")
+
+
+def _write_reports(session: Any, report_dir: Path) -> None:
     found = counts(session.outcomes)
     document = json_document(session.device, now_iso(), session.fingerprint, session.settings.values,
                              [o.result for o in session.outcomes], session.outcomes, found)

@@ -13,6 +13,7 @@ them the same way, so an accumulated report shrinks as it is rewritten.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..judge.outputs import observed
 from ..judge.quality import quality_notes
+from ..measure.backend import GenerationRequest, sample_problem
 from ..measure.metrics import generated_tokens, run_values, summarize
 from ..measure.records import BatchResult, BenchmarkResult, RunSample
 
@@ -29,6 +31,18 @@ SIGNIFICANT_DIGITS = 6  # a run's values vary by more than 1e-6 between runs; th
 
 def _rounded(value: float) -> float:
     return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+def is_value(value: Any) -> bool:
+    """A metric value a report can plot and summarise: a finite number. A report written before runs were checked
+    (measure/backend.py check_sample) may hold null where a backend returned NaN; such values are left out."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_metric_values(runs: Any, metric: str) -> list[tuple[Any, float]]:
+    """(process, value) of `metric` for each of a report batch's runs (JSON) that holds a finite value of it."""
+    return [(run.get("process", 0), float(run["values"][metric])) for run in runs or []
+            if isinstance(run, Mapping) and is_value((run.get("values") or {}).get(metric))]
 
 
 @dataclass
@@ -56,7 +70,8 @@ class StoredRun:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredRun:
-        return cls(dict(data.get("values") or {}), int(data.get("process") or 0), int(data.get("tokens") or 0),
+        values = {k: float(v) for k, v in (data.get("values") or {}).items() if is_value(v)}
+        return cls(values, int(data.get("process") or 0), int(data.get("tokens") or 0),
                    dict(data.get("gpu") or {}), list(data.get("failed_requests") or []))
 
 
@@ -108,7 +123,8 @@ class StoredBatch:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredBatch:
-        return cls(int(data["batch_size"]), [StoredRun.from_json(r) for r in data.get("runs") or []],
+        runs = [StoredRun.from_json(r) for r in data.get("runs") or [] if not _null_values(r)]
+        return cls(int(data["batch_size"]), runs,
                    str(data.get("status") or "ok"), data.get("error"), int(data.get("warmups") or 0),
                    data.get("foreign_load"), int(data.get("retaken") or 0), data.get("outputs"))
 
@@ -160,12 +176,18 @@ def _has_raw_runs(data: Mapping[str, Any]) -> bool:
     return any("token_times_ns" in run for b in data.get("batches") or [] for run in b.get("runs") or [])
 
 
+def _usable(sample: RunSample) -> bool:
+    """A raw run of an older report that is a measurement (one with a NaN time, written as null, is not)."""
+    return sample_problem(sample, GenerationRequest(sample.batch_size, 1, 1, "")) is None
+
+
 def raw_result(data: Mapping[str, Any]) -> BenchmarkResult:
-    """A benchmark entry of a report written with raw runs, as the record it was made from."""
+    """A benchmark entry of a report written with raw runs, as the record it was made from (its runs that
+    measured nothing, such as null times, left out)."""
     names = {f.name for f in fields(RunSample)}
     batches = [BatchResult(batch_size=int(b["batch_size"]),
-                           samples=[RunSample(**{k: v for k, v in run.items() if k in names})
-                                    for run in b.get("runs") or []],
+                           samples=[s for run in b.get("runs") or []
+                                    if _usable(s := RunSample(**{k: v for k, v in run.items() if k in names}))],
                            warmups=int(b.get("warmups") or 0), error=b.get("error"), oom=b.get("status") == "oom",
                            foreign_load=b.get("foreign_load"), retaken=int(b.get("retaken") or 0))
                for b in data.get("batches") or []]
@@ -174,9 +196,18 @@ def raw_result(data: Mapping[str, Any]) -> BenchmarkResult:
                            group=data.get("group"))
 
 
+def _null_values(run: Mapping[str, Any]) -> bool:
+    return any(not is_value(v) for v in (run.get("values") or {}).values())
+
+
+def _has_null_values(data: Mapping[str, Any]) -> bool:
+    return any(_null_values(run) for b in data.get("batches") or [] for run in b.get("runs") or [])
+
+
 def compact_entry(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A report's benchmark entry in this format, its other keys (e.g. `measured`) kept."""
-    if not _has_raw_runs(data):
+    """A report's benchmark entry in this format, its other keys (e.g. `measured`) kept; runs with null values
+    (NaN from a backend, before runs were checked) are left out, and the summaries are made again without them."""
+    if not _has_raw_runs(data) and not _has_null_values(data):
         return dict(data)
     return {**data, **StoredResult.from_json(data).to_json()}
 

@@ -1,0 +1,107 @@
+"""Runs that take long or never end: a campaign of many processes says how long it will take (S11); a generate()
+that hangs in the pytest process is stopped at --llmperf-worker-timeout, as a worker process is (S12)."""
+
+import signal
+
+import pytest
+
+from pytest_llmperf.judge.procedure import Schedule
+from pytest_llmperf.orchestrate import controller
+from pytest_llmperf.orchestrate.deadline import Overtime, deadline
+from pytest_llmperf.orchestrate.options import OPTIONS
+
+
+def plan(first, cap):
+    return controller.Plan(item=None, schedule=Schedule.doubling(first, cap, 0.01))
+
+
+def test_a_long_campaign_is_estimated_from_its_first_round():
+    line = controller.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
+    assert line == ("llmperf: at 3.0 s per round, the first look's 1000 rounds take about 50 min, up to 400 min if "
+                    "rows stay undecided (the cap, --llmperf-max-processes); fewer processes (--llmperf-processes) "
+                    "take less. Ctrl-C stops cleanly")
+    assert controller.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
+    assert "up to" not in controller.campaign_estimate(3.0, [plan(400, 400)])
+    assert controller.campaign_estimate(3.0, []) is None
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
+
+
+def test_the_estimate_is_said_after_the_first_round(project, monkeypatch):
+    monkeypatch.setattr(controller, "LONG_FIRST_LOOK_S", 0)  # every campaign is long
+    project.makepyfile(test_x="""
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=0)
+def test_engine(llmperf):
+    llmperf.measure(SimulatedBackend())
+""")
+    result = run(project, "--llmperf-processes=3", "--llmperf-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llmperf: process 1 of 3 *",
+                                 "llmperf: at * s per round, the first look's 3 rounds take about * min; fewer "
+                                 "processes (--llmperf-processes) take less. Ctrl-C stops cleanly",
+                                 "llmperf: process 2 of 3 *"])
+
+
+HANGS = """
+import time
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+class Hangs(SimulatedBackend):
+    def generate(self, request):
+        if self.calls >= 2:
+            try:
+                time.sleep(120)  # a hung server call; long enough to fail this test if nothing stops it
+            except Exception:  # and a backend that swallows errors
+                pass
+        return super().generate(request)
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=5, warmups=0)
+def test_hangs(llmperf):
+    llmperf.measure(Hangs())
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=5, warmups=0)
+def test_after(llmperf):
+    llmperf.measure(SimulatedBackend())
+"""
+
+
+def test_a_generate_that_hangs_in_this_process_is_stopped_at_the_worker_timeout(project):
+    project.makepyfile(test_x=HANGS)
+    result = run(project, "--llmperf-update", "--llmperf-worker-timeout=2")
+    result.assert_outcomes(failed=1, passed=1)  # the next benchmark still runs
+    result.stdout.fnmatch_lines(["*test_hangs: the measurement did not finish within 2 s (--llmperf-worker-timeout, "
+                                 "here for a benchmark measured in this pytest process), so it was stopped*"])
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_deadline_leaves_an_alarm_another_plugin_owns_alone():
+    def theirs(signum, frame):
+        raise AssertionError("not ours to fire")
+
+    previous = signal.signal(signal.SIGALRM, theirs)
+    try:
+        with deadline(0.01) as armed:
+            assert not armed
+        assert signal.getsignal(signal.SIGALRM) is theirs
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(Overtime):
+        with deadline(0.05) as armed:
+            assert armed
+            signal.pause()

@@ -1,0 +1,188 @@
+"""What a test's llmperf markers mean when there are several (S1), a tolerance for a metric that is not gated (S2),
+a benchmark test that never measures (S8) and a marker `processes` that is not a count (T1): each is used as
+documented or refused with a line naming it, never dropped in silence."""
+
+import json
+
+import pytest
+
+from pytest_llmperf.orchestrate.options import OPTIONS
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def run(pytester, *args):
+    # peak memory grows over pytester's in-process sessions: held to a tolerance that lets the timings speak
+    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf",
+                              "--llmperf-memory-rtol=10", *args)
+
+
+def assert_clean(result):
+    text = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text
+
+
+def stored(pytester):
+    """{key: {batch size: metrics}} of every baseline written."""
+    found = {}
+    for path in (pytester.path / "baselines").rglob("*.json"):
+        for key, entry in json.loads(path.read_text())["benchmarks"].items():
+            found[key] = {int(bs): sorted(batch["runs"]) for bs, batch in entry["batches"].items()}
+    return found
+
+
+MERGED = """
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+pytestmark = pytest.mark.llmperf(batch_sizes=[1, 2], runs=5, warmups=0)
+
+def test_module(llmperf):
+    llmperf.measure(SimulatedBackend())
+
+@pytest.mark.llmperf(metrics=["prefill_ms"])
+def test_own(llmperf):
+    llmperf.measure(SimulatedBackend())
+
+class TestClass:
+    pytestmark = pytest.mark.llmperf(batch_sizes=[4])
+
+    @pytest.mark.llmperf(metrics=["decode_token_ms"])
+    def test_method(self, llmperf):
+        llmperf.measure(SimulatedBackend())
+
+@pytest.mark.llmperf(batch_sizes=[2])
+@pytest.mark.parametrize("case", [1, pytest.param(3, marks=pytest.mark.llmperf(batch_sizes=[3]))])
+def test_case(llmperf, case):
+    llmperf.measure(SimulatedBackend())
+"""
+
+
+def test_markers_of_module_class_test_and_case_merge_the_nearest_winning(project):
+    project.makepyfile(test_x=MERGED)
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(passed=5)
+    assert_clean(result)
+    found = stored(project)
+    assert {key: sorted(batches) for key, batches in found.items()} == {
+        "test_module": [1, 2], "test_own": [1, 2], "TestClass::test_method": [4], "test_case[1]": [2],
+        "test_case[3]": [3]}
+    # the gated metrics of a nearer marker, the batch sizes of a farther one: each keyword from its nearest marker
+    gate = run(project)
+    gate.assert_outcomes(passed=5)
+    rows = {line.split("|")[1].strip() + ":" + line.split("|")[2].strip() for line in gate.stdout.lines
+            if line.startswith("| test") or line.startswith("| TestClass")}
+    assert {"test_own:prefill_ms", "TestClass::test_method:decode_token_ms"} <= rows
+    assert "test_own:decode_token_ms" not in rows
+
+
+def test_two_markers_on_one_test_that_disagree_are_refused_naming_both(project):
+    project.makepyfile(test_x="""
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(runs=5)
+@pytest.mark.llmperf(runs=10, warmups=0)
+def test_twice(llmperf):
+    llmperf.measure(SimulatedBackend())
+""")
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(errors=1)  # refused at setup: nothing measured
+    result.stdout.fnmatch_lines(["*two @pytest.mark.llmperf markers on the test give runs two values (* and *); "
+                                 "keep one of them*"])
+    assert stored(project) == {}
+    assert_clean(result)
+
+
+@pytest.mark.parametrize(("rtol", "expected"), [
+    ('{"decod_token_ms": 0.5}', "rtol: unknown metric(s) decod_token_ms for the simulated backend (a typo would "
+                                "leave the default tolerance in place); known: prefill_ms, decode_token_ms"),
+    ('{"decode_total_ms": 0.5, "default": 0.1}', "rtol names decode_total_ms, which this test does not gate (it gates "
+                                                 "prefill_ms, decode_token_ms, throughput_tokens_per_s;"),
+    ('{"peak_rss_mib": 0.5}', "rtol names peak_rss_mib, which this test does not gate"),
+])
+def test_a_tolerance_for_a_metric_that_is_not_gated_is_refused(project, rtol, expected):
+    project.makepyfile(test_x=f"""
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(runs=5, warmups=0, rtol={rtol})
+def test_tolerant(llmperf):
+    llmperf.measure(SimulatedBackend())
+""")
+    result = run(project, "--llmperf-update")
+    result.assert_outcomes(failed=1)
+    assert expected in result.stdout.str(), result.stdout.str()
+    assert stored(project) == {}
+    assert_clean(result)
+
+
+def test_a_tolerance_for_a_gated_metric_and_a_default_is_taken(project):
+    project.makepyfile(test_x="""
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(runs=5, warmups=0, rtol={"decode_token_ms": 0.5, "default": 0.1})
+def test_tolerant(llmperf):
+    llmperf.measure(SimulatedBackend())
+""")
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+
+
+NEVER_MEASURES = """
+import pytest
+
+@pytest.mark.llmperf(runs=5)
+def test_marked_only():
+    pass
+
+def test_fixture_only(llmperf):
+    assert llmperf.device == "cpu"
+
+@pytest.mark.llmperf(runs=5)
+def test_skips(llmperf):
+    pytest.skip("not on this machine")
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.mark.parametrize("processes", ["1", "3"])
+def test_a_benchmark_test_that_never_measures_fails_saying_so(project, monkeypatch, processes):
+    monkeypatch.setenv("LLMPERF_PROCESSES", processes)  # in this process, and in worker processes
+    project.makepyfile(test_x=NEVER_MEASURES)
+    result = run(project, "--llmperf-max-processes=6")
+    result.assert_outcomes(failed=2, skipped=1, passed=1)
+    result.stdout.fnmatch_lines(["*test_x.py::test_marked_only: an llmperf benchmark test (its llmperf marker or "
+                                 "fixture) that never called llmperf.measure(backend): nothing was measured or judged*"])
+    assert "test_x.py::test_fixture_only: an llmperf benchmark test" in result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert_clean(result)
+
+
+@pytest.mark.parametrize("processes", ['"2"', "'auto'"])
+def test_a_marker_processes_that_is_not_a_count_is_refused_with_worker_processes_too(project, monkeypatch, processes):
+    """T1: an INTERNALERROR (a str compared with an int) once; now the marker's test is refused at setup."""
+    monkeypatch.setenv("LLMPERF_PROCESSES", "3")
+    project.makepyfile(test_x=f"""
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(runs=5, processes={processes})
+def test_engine(llmperf):
+    llmperf.measure(SimulatedBackend())
+""")
+    result = run(project)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*processes={eval(processes)!r} is not valid: expected an integer >= 1*leave it out "
+                                 "for --llmperf-processes*"])
+    assert_clean(result)
