@@ -18,7 +18,7 @@ from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
 from .baseline_values import check_value
-from .baselines import BaselineEntry, process_medians, stored_value
+from .baseline_entry import BaselineEntry, process_medians, stored_value
 from .verdicts import COMPARED, Row, Verdict, note_row
 
 PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
@@ -81,11 +81,7 @@ def _reference_units(reference: Reference, batch_size: int, metric: str) -> dict
     side = reference.side.batch(batch_size) if reference.side is not None else None
     if side is not None and side.ok:
         return units_of(side)[1].get(metric, {})
-    entry = reference.entry
-    per_process = entry.runs.get(batch_size, {}).get(metric, [])
-    if entry.unit == "process":
-        return dict(enumerate(process_medians(per_process)))
-    return dict(enumerate(v for values in per_process for v in values))
+    return dict(enumerate(reference.entry.values.get(batch_size, {}).get(metric, [])))
 
 
 def _invalid(values: Sequence[float], metric: str) -> str | None:
@@ -105,7 +101,7 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
     comparisons: list[_Comparison] = []
     for batch in result.batches:
         rows += _batch_rows(result, batch, reference, scenario, max_load)
-        if not batch.ok or entry.runs.get(batch.batch_size) is None or any(
+        if not batch.ok or entry.values.get(batch.batch_size) is None or any(
                 r.batch_size == batch.batch_size and r.metric == "*" for r in rows):
             continue
         unit, current = units_of(batch)
@@ -179,10 +175,11 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
     """A batch size's rows that are not a gated metric's: outputs, why it is not compared, peak memory."""
     entry, rows = reference.entry, []
     if scenario.outputs != "off" and batch.ok:
-        found = outputs.check(entry.outputs.get(batch.batch_size), outputs.observed(batch.samples), reference.label)
+        found = outputs.check(_reference_outputs(reference, batch.batch_size), outputs.observed(batch.samples),
+                              reference.label)
         if found is not None:
             rows.append(note_row(result, outputs.OUTPUTS_METRIC, batch.batch_size, *found))
-    base = entry.runs.get(batch.batch_size)
+    base = entry.values.get(batch.batch_size)
     busy = busy_note(batch.foreign_load, entry.foreign_load.get(batch.batch_size), max_load)
     if busy and base is not None and batch.ok:
         return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED, busy)]
@@ -206,6 +203,15 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
             if row.verdict != Verdict.PASS:  # the report's memory table shows every value
                 rows.append(row)
     return rows
+
+
+def _reference_outputs(reference: Reference, batch_size: int) -> outputs.Outputs | str | None:
+    """The A side's outputs, ids and text (A/B), or the digest a stored baseline keeps."""
+    side = reference.side.batch(batch_size) if reference.side is not None else None
+    if side is not None and side.ok:
+        seen = outputs.observed(side.samples)
+        return seen.outputs if seen is not None and seen.outputs is not None else reference.entry.outputs.get(batch_size)
+    return reference.entry.outputs.get(batch_size)
 
 
 def memory_row(result: BenchmarkResult, batch_size: int, metric: str, baseline: Sequence[float],

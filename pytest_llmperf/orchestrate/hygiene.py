@@ -79,7 +79,7 @@ class BaselineHygiene:
             self.stale[module] = stale
         for path, module, keys in store.dropped_entries():
             warnings.warn(pytest.PytestWarning(
-                f"llmperf: baseline file {path} was rewritten as schema 2; the schema-1 entries of tests not "
+                f"llmperf: baseline file {path} was rewritten as schema 3; the schema-1 entries of tests not "
                 f"re-recorded in this run cannot be converted and were dropped: {', '.join(keys)}. Re-record them "
                 f"with: {store.update_command(module)}"))
 
