@@ -7,6 +7,7 @@ decision procedure (judge/stats.py, judge/procedure.py). A row decided at an ear
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +64,14 @@ class _Comparison:
     reference: list[float]
     current: list[float]
     unit: str
+
+
+def admitting(load: float) -> float:
+    """A --llmperf-max-load that admits `load` cores: 0.25 more, rounded up to 2 significant digits (rounding to
+    nearest could land below the load: 10.24 + 0.25 -> 10)."""
+    value = load + 0.25
+    scale = 10.0 ** (1 - math.floor(math.log10(value)))
+    return math.ceil(round(value * scale, 9)) / scale
 
 
 def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
@@ -128,8 +137,8 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
     for batch_size, reason in entry.errors.items():
         batch = result.batch(batch_size)
         if batch is not None and batch.ok:
-            rows.append(note_row(result, "*", batch_size, Verdict.IMPROVED, f"failed in the baseline ({reason}), "
-                                                                            "runs now"))
+            rows.append(note_row(result, "*", batch_size, Verdict.IMPROVED, f"runs now, failed in the baseline "
+                                                                            f"({reason})"))
     size = family if family is not None else len(comparisons) + len(earlier)
     rows += [_decided(result, c, scenario, schedule.with_family(size), final, counters_better)
              for c in comparisons]
@@ -193,9 +202,9 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
     unit, current = units_of(batch)
     if unit != entry.unit:
         return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED,
-                                f"the baseline holds {UNIT_WORDS[entry.unit]}, this run {UNIT_WORDS[unit]}: not "
-                                "comparable. Measure as the baseline was (--llmperf-processes) or re-record it with "
-                                "--llmperf-update")]
+                                f"not comparable: the baseline holds {UNIT_WORDS[entry.unit]}, this run "
+                                f"{UNIT_WORDS[unit]}. Measure as the baseline was (--llmperf-processes) or re-record "
+                                "it with --llmperf-update")]
     for metric in MEMORY_METRICS:
         base_values = list(_reference_units(reference, batch.batch_size, metric).values())
         if metric in current and base_values:

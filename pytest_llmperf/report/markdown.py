@@ -25,8 +25,8 @@ from ..measure.gpu import slowed_by, throttle_names
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, summarize
 from ..measure.records import BenchmarkResult
 from .stored import StoredBatch, StoredResult, reference_summary, stored
-from .tables import table
-from .verdict_table import markdown_table, measured_cell
+from .tables import cell, table
+from .verdict_table import markdown_table, measured_cell, note_details
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
@@ -320,7 +320,9 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     if pairs:
         parts.append(pairs)
     verdicts = markdown_table(document)
-    parts.append("## Verdicts\n\nThis session: " + counts_line + ("\n\n" + verdicts if verdicts else ""))
+    details = "\n".join(f"- {cell(line)}" for line in note_details(document))
+    parts.append("## Verdicts\n\nThis session: " + counts_line + ("\n\n" + verdicts if verdicts else "")
+                 + (f"\n\nIn full, the notes the table shortens:\n\n{details}" if details else ""))
     return "\n\n".join(parts) + "\n"
 
 
