@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.backends.simulated import SimulatedBackend
+from pytest_llmperf.judge.baseline_format import render
 from pytest_llmperf.judge.baselines import SCHEMA_VERSION, BaselineEntry, BaselineStore
 from pytest_llmperf.judge.environment import fingerprint
 from pytest_llmperf.measure import runner
@@ -95,6 +96,17 @@ def test_the_committed_sets_are_schema_3_and_read_by_the_store():
                 assert all(len(v) == len(entry.counts[bs]) for v in values.values())  # one median per process
         if "seed000" in path.name:
             assert len(path.read_text().splitlines()) <= 400
+
+
+def test_the_committed_seed_000_sets_at_two_batch_sizes_take_at_most_150_lines():
+    """Real data: two tests of the HF backend (14-16 metrics, 8 processes), cut to two batch sizes."""
+    for path in (ROOT / "baselines" / "cpu").glob("*/benchmarks/test_seed000_prefill_decode.json"):
+        data = json.loads(path.read_text())
+        assert len(data["benchmarks"]) == 2
+        for entry in data["benchmarks"].values():
+            for part in ("batches", "values"):
+                entry[part] = {bs: v for bs, v in entry[part].items() if bs in ("1", "2")}
+        assert len(render(data).splitlines()) <= 150, path
 
 
 def test_schema_2_is_reduced_to_what_the_gate_tests_by_the_one_parser():

@@ -30,7 +30,7 @@ from .verdict_table import markdown_table, measured_cell, note_details
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
-# Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and the README).
+# Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and docs/metrics.md).
 SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"),
                   ("Time per output token", "tpot_ms"), ("Decode (total)", "first_to_last_token_ms"),
                   ("End to end", "e2e_ms"))
@@ -310,7 +310,7 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     parts = [f"# llmperf results: {device}", f"Written {document.get('created')}. Holds every benchmark measured on "
              "this device, the newest result of each; each says when and at which commit it was measured.",
              "\n".join(environment_lines(fp, device)),
-             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: see the README."]
+             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: docs/metrics.md of pytest-llmperf."]
     parts += [benchmark_section(r, measured.get((r.nodeid, r.key), "")) for r in results]
     parts += grid_sections(results)
     runs = runs_section(results)
