@@ -21,10 +21,10 @@ from .outputs import Outputs, outputs_by_batch
 
 
 def stored_value(value: float) -> float:
-    """A value as the baseline file keeps it: 6 significant digits (a microsecond of a 1-second run; timings
-    scatter by far more). The gate compares current values through this too, so a deterministic counter (a hit
-    rate of 51/184) ties with its baseline exactly instead of differing in the last digit, which a rank test
-    reads as a complete shift."""
+    """A value as the baseline file keeps it: 6 significant digits (one part in a million; timings scatter by far
+    more). The gate compares current values through this too, so a deterministic counter (a hit rate of 51/184)
+    ties with its baseline exactly instead of differing in the last digit, which the gate would read as a
+    certain shift (both sides constant: no spread)."""
     return float(f"{value:.6g}")
 
 
