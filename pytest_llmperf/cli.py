@@ -1,6 +1,7 @@
 """`pytest-llmperf` / `python -m pytest_llmperf`: commands that work on reports after the tests ran.
 
     pytest-llmperf report FILE... [--out DIR]   merge several targets' reports/<device>.json into one
+    pytest-llmperf migrate-baselines DIR...     convert baseline files of schema 2 to schema 3, measuring nothing
 """
 
 from __future__ import annotations
@@ -23,14 +24,37 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a target's reports/<device>.json")
     report.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"directory for merged.md and merged.json (default: {DEFAULT_OUT})")
+    migrate = commands.add_parser(
+        "migrate-baselines", help="convert baseline files of an older schema to the current one, measuring nothing",
+        description="Convert the baseline files under each DIR (recursively) from schema 2 (every run of every "
+                    "process) to schema 3 (what the gate tests, one line per metric and batch size). Files already "
+                    "converted are left as they are. Commit the result.")
+    migrate.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="a baseline directory (or file)")
     return top
 
 
+def migrate_baselines(paths: Sequence[Path]) -> int:
+    from .judge.baseline_migration import migrate
+
+    done, errors = migrate(paths)
+    for m in done:
+        what = (f"converted: {m.entries} entries, {m.lines_before} -> {m.lines_after} lines" if m.converted
+                else "already in the current schema, left as it is")
+        print(f"{m.path}: {what}")
+    for text in errors:
+        print(f"pytest-llmperf migrate-baselines: error: {text}", file=sys.stderr)
+    converted = sum(m.converted for m in done)
+    print(f"{converted} file(s) converted, {len(done) - converted} already current, {len(errors)} left with an error")
+    return 2 if errors else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "migrate-baselines":
+        return migrate_baselines(args.paths)
     from .report.accumulate import ReportError
     from .report.cross_target import merge_reports
 
-    args = parser().parse_args(argv)
     try:
         merged = merge_reports(args.files, args.out)
     except ReportError as exc:

@@ -43,7 +43,7 @@ def test_unknown_schema_version(recorded):
     edit_baseline(recorded, lambda d: d.update(schema_version=99))
     result = run(recorded)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*has schema_version 99; this pytest-llmperf reads 2. Upgrade pytest-llmperf*"])
+    result.stdout.fnmatch_lines(["*has schema_version 99; this pytest-llmperf reads 3. Upgrade pytest-llmperf*"])
 
 
 def test_file_for_another_device(recorded):
@@ -116,7 +116,7 @@ def test_baseline_without_a_cpu_signature_is_not_compared(recorded):
 def test_write_is_atomic_and_sorted(tmp_path):
     store = BaselineStore(tmp_path, "cpu")
     for key in ("b", "a"):
-        store.write("tests/test_x.py", BaselineEntry(key, {1: {"prefill_ms": [[1.0, 2.0]]}}))
+        store.write("tests/test_x.py", BaselineEntry(key, {1: {"prefill_ms": [1.0, 2.0]}}, unit="run"))
     path = tmp_path / "cpu" / "tests" / "test_x.json"
     text = path.read_text()
     assert list(json.loads(text)["benchmarks"]) == ["a", "b"]
@@ -127,30 +127,37 @@ def test_write_is_atomic_and_sorted(tmp_path):
     assert path.read_text() == "garbage"
 
 
-# Schema 2 (per-process values), and schema-1 files.
+# Schema 3 (what the gate tests), and schema-1 files (schema 2: tests/test_baseline_schema.py).
 
-def test_schema_2_entry_round_trip_and_layout(tmp_path):
-    entry = BaselineEntry("k", {2: {"prefill_ms": [[1.0, 3.0, 2.0], [4.0, 5.0]], "hit_rate": [[0.0], [0.5]]}},
-                          errors={8: "oom: out of memory"}, foreign_load={2: 0.0312345})
+def test_schema_3_entry_round_trip_and_layout(tmp_path):
+    entry = BaselineEntry("k", {2: {"prefill_ms": [2.0, 4.5], "hit_rate": [0.0, 0.5]}}, counts={2: [3, 2]},
+                          errors={8: "oom: out of memory"}, foreign_load={2: 0.0312345}, outputs={2: "sha256:ab"})
     assert entry.process_values(2) == {"prefill_ms": [2.0, 4.5], "hit_rate": [0.0, 0.5]}
-    assert entry.batches == {2: {"prefill_ms": [1.0, 3.0, 2.0, 4.0, 5.0], "hit_rate": [0.0, 0.5]}}
     store = BaselineStore(tmp_path, "cpu", "m1")
     path = store.write("t.py", entry)
     assert path == tmp_path / "cpu" / "m1" / "t.json"
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2 and data["device"] == "cpu" and data["machine"] == "m1"
-    batch = data["benchmarks"]["k"]["batches"]["2"]
-    assert batch == {"runs": {"hit_rate": [[0.0], [0.5]], "prefill_ms": [[1.0, 3.0, 2.0], [4.0, 5.0]]},
-                     "processes": {"hit_rate": [0.0, 0.5], "prefill_ms": [2.0, 4.5]}, "foreign_load": 0.031}
-    assert data["benchmarks"]["k"]["unit"] == "process" and data["benchmarks"]["k"]["errors"] == {"8": "oom: out of memory"}
+    assert data["schema_version"] == 3 and data["device"] == "cpu" and data["machine"] == "m1"
+    stored = data["benchmarks"]["k"]
+    assert stored["batches"] == {"2": {"runs_per_process": [3, 2], "foreign_load": 0.031, "outputs": "sha256:ab"}}
+    assert stored["values"] == {"2": {"hit_rate": [0.0, 0.5], "prefill_ms": [2.0, 4.5]}}
+    assert stored["unit"] == "process" and stored["errors"] == {"8": "oom: out of memory"}
     back = BaselineStore(tmp_path, "cpu", "m1").get("t.py", "k")
-    assert back.runs == entry.runs and back.errors == entry.errors and back.foreign_load == {2: 0.031}
+    assert (back.values, back.counts, back.errors, back.foreign_load, back.outputs) == (
+        entry.values, entry.counts, entry.errors, {2: 0.031}, entry.outputs)
 
 
-def test_values_are_stored_with_10_significant_digits(tmp_path):
+def test_a_baseline_measured_in_one_process_keeps_its_runs(tmp_path):
+    entry = BaselineEntry("k", {1: {"prefill_ms": [3.0, 1.0, 2.0]}}, counts={1: [3]}, unit="run")
+    assert entry.process_values(1) == {"prefill_ms": [2.0]}  # the history's one point per process
+    BaselineStore(tmp_path, "cpu").write("t.py", entry)
+    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").values == {1: {"prefill_ms": [3.0, 1.0, 2.0]}}
+
+
+def test_values_are_stored_with_6_significant_digits(tmp_path):
     store = BaselineStore(tmp_path, "cpu")
-    store.write("t.py", BaselineEntry("k", {1: {"prefill_ms": [[1 / 3]]}}, unit="run"))
-    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").runs[1]["prefill_ms"] == [[0.3333333333]]
+    store.write("t.py", BaselineEntry("k", {1: {"prefill_ms": [1 / 3]}}, unit="run"))
+    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").values[1]["prefill_ms"] == [0.333333]
 
 
 SCHEMA_1 = {"schema_version": 1, "device": "cpu", "module": "test_engine.py", "benchmarks": {
@@ -176,8 +183,8 @@ def test_update_rewrites_a_schema_1_file_and_names_the_entries_it_dropped(record
     result = run(recorded, "--llmperf-update")
     result.assert_outcomes(passed=1)
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2 and list(data["benchmarks"]) == ["test_engine"]
-    result.stdout.fnmatch_lines([f"*baseline file {path} was rewritten as schema 2*cannot be converted and were "
+    assert data["schema_version"] == 3 and list(data["benchmarks"]) == ["test_engine"]
+    result.stdout.fnmatch_lines([f"*baseline file {path} was rewritten as schema 3*cannot be converted and were "
                                  "dropped: test_gone, test_other. Re-record them with: pytest test_engine.py*"])
     assert "test_engine," not in result.stdout.str()  # re-recorded: not dropped
     run(recorded).assert_outcomes(passed=1)
@@ -187,31 +194,40 @@ def test_update_rewrites_a_schema_1_file_and_names_the_entries_it_dropped(record
 
 def _set_prefill(value):
     def change(data):
-        data["benchmarks"]["test_engine"]["batches"]["1"]["runs"]["prefill_ms"] = value
+        data["benchmarks"]["test_engine"]["values"]["1"]["prefill_ms"] = value
     return change
 
 
 def _rename_batch(data):
-    batches = data["benchmarks"]["test_engine"]["batches"]
-    batches["-1"] = batches.pop("1")
+    for part in ("batches", "values"):
+        found = data["benchmarks"]["test_engine"][part]
+        found["-1"] = found.pop("1")
+
+
+def _values(batch_size):
+    return lambda d: d["benchmarks"]["test_engine"]["values"][batch_size]
 
 
 BAD_VALUES = {
-    "nan": (_set_prefill([[float("nan")] * 10]), "batch size 1, metric prefill_ms: value nan is not a finite number"),
-    "infinity": (_set_prefill([[float("inf")] * 10]), "metric prefill_ms: value inf is not a finite number"),
-    "zero": (_set_prefill([[0.0] * 10]), "metric prefill_ms: value 0.0 is not > 0 (a time must be positive)"),
-    "negative": (_set_prefill([[-5.0] * 10]), "metric prefill_ms: value -5.0 is not > 0"),
-    "boolean": (_set_prefill([[True] * 10]), "metric prefill_ms: value True is not a number"),
-    "string": (_set_prefill([["5"] * 10]), "metric prefill_ms: value '5' is not a number"),
-    "empty": (_set_prefill([]), "metric prefill_ms: expected a non-empty list of per-process lists"),
-    "empty process": (_set_prefill([[]]), "metric prefill_ms: a process holds no runs"),
-    "flat list (schema 1 shape)": (_set_prefill([1.0, 2.0]), "metric prefill_ms: a process holds no runs (1.0)"),
+    "nan": (_set_prefill([float("nan")] * 10), "batch size 1, metric prefill_ms: value nan is not a finite number"),
+    "infinity": (_set_prefill([float("inf")] * 10), "metric prefill_ms: value inf is not a finite number"),
+    "zero": (_set_prefill([0.0] * 10), "metric prefill_ms: value 0.0 is not > 0 (a time must be positive)"),
+    "negative": (_set_prefill([-5.0] * 10), "metric prefill_ms: value -5.0 is not > 0"),
+    "boolean": (_set_prefill([True] * 10), "metric prefill_ms: value True is not a number"),
+    "string": (_set_prefill(["5"] * 10), "metric prefill_ms: value '5' is not a number"),
+    "empty": (_set_prefill([]), "metric prefill_ms: expected a non-empty list of values"),
+    "nested list (schema 2 shape)": (_set_prefill([[1.0, 2.0]]), "metric prefill_ms: value [1.0, 2.0] is not a number"),
+    "fewer values than runs": (_set_prefill([1.0, 2.0]), "metric prefill_ms: 2 values for runs_per_process [10] (unit "
+                                                         "run): expected 10"),
+    "no values": (lambda d: d["benchmarks"]["test_engine"]["values"].pop("1"), "batch size 1: no values"),
+    "outputs not a digest": (lambda d: d["benchmarks"]["test_engine"]["batches"]["1"].update(outputs=[1, 2]),
+                             "batch size 1: outputs [1, 2] is not a digest (sha256:...)"),
     "batch -1": (_rename_batch, "entry 'test_engine': batch size '-1' is not an integer >= 1"),
-    "negative throughput": (lambda d: d["benchmarks"]["test_engine"]["batches"]["2"]["runs"].update(
-        throughput_tokens_per_s=[[-1.0]]), "batch size 2, metric throughput_tokens_per_s: value -1.0 is not > 0 "
-                                           "(a throughput must be positive)"),
-    "negative counter": (lambda d: d["benchmarks"]["test_engine"]["batches"]["2"]["runs"].update(
-        hit_rate=[[-0.5]]), "metric hit_rate: value -0.5 is negative (a counter is >= 0)"),
+    "negative throughput": (lambda d: _values("2")(d).update(throughput_tokens_per_s=[-1.0] * 10),
+                            "batch size 2, metric throughput_tokens_per_s: value -1.0 is not > 0 "
+                            "(a throughput must be positive)"),
+    "negative counter": (lambda d: _values("2")(d).update(hit_rate=[-0.5] * 10),
+                         "metric hit_rate: value -0.5 is negative (a counter is >= 0)"),
     "bad foreign_load": (lambda d: d["benchmarks"]["test_engine"]["batches"]["1"].update(foreign_load=float("nan")),
                          "batch size 1: foreign_load nan is not a finite number"),
     "unit": (lambda d: d["benchmarks"]["test_engine"].update(unit="thread"), "unit 'thread' is not one of"),
@@ -235,25 +251,25 @@ def test_a_bad_baseline_value_is_named_and_nothing_is_overwritten(recorded, case
 
 def test_a_zero_counter_is_a_valid_value(tmp_path):
     store = BaselineStore(tmp_path, "cpu")
-    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [[0.0, 0.0]], "prefill_ms": [[1.0, 1.5]]}}))
-    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").runs[1]["hit_rate"] == [[0.0, 0.0]]
+    store.write("t.py", BaselineEntry("k", {1: {"hit_rate": [0.0, 0.0], "prefill_ms": [1.0, 1.5]}}, unit="run"))
+    assert BaselineStore(tmp_path, "cpu").get("t.py", "k").values[1]["hit_rate"] == [0.0, 0.0]
 
 
 # ... and before a write: an impossible measurement is never stored.
 
-@pytest.mark.parametrize("runs, message", [
-    ({1: {"prefill_ms": [[-2.0, 1.0]]}}, "batch size 1, metric prefill_ms: value -2.0 is not > 0"),
-    ({1: {"decode_token_ms": [[float("nan")]]}}, "metric decode_token_ms: value nan is not a finite number"),
-    ({1: {"throughput_tokens_per_s": [[float("inf")]]}}, "value inf is not a finite number"),
-    ({1: {"e2e_ms": [[0.0]]}}, "metric e2e_ms: value 0.0 is not > 0"),
+@pytest.mark.parametrize("values, message", [
+    ({1: {"prefill_ms": [-2.0, 1.0]}}, "batch size 1, metric prefill_ms: value -2.0 is not > 0"),
+    ({1: {"decode_token_ms": [float("nan")]}}, "metric decode_token_ms: value nan is not a finite number"),
+    ({1: {"throughput_tokens_per_s": [float("inf")]}}, "value inf is not a finite number"),
+    ({1: {"e2e_ms": [0.0]}}, "metric e2e_ms: value 0.0 is not > 0"),
     ({1: {"e2e_ms": []}}, "metric e2e_ms: expected a non-empty list"),
-    ({0: {"e2e_ms": [[1.0]]}}, "batch size 0 is not an integer >= 1"),
+    ({0: {"e2e_ms": [1.0]}}, "batch size 0 is not an integer >= 1"),
 ], ids=["negative", "nan", "inf", "zero", "empty", "batch 0"])
-def test_an_impossible_measurement_is_not_written(tmp_path, runs, message):
+def test_an_impossible_measurement_is_not_written(tmp_path, values, message):
     store = BaselineStore(tmp_path, "cpu")
-    path = store.write("t.py", BaselineEntry("good", {1: {"e2e_ms": [[1.0]]}}))
+    path = store.write("t.py", BaselineEntry("good", {1: {"e2e_ms": [1.0]}}))
     before = path.read_bytes()
     with pytest.raises(BaselineError, match="not written to .*t.json: entry 'bad'") as info:
-        store.write("t.py", BaselineEntry("bad", runs))
+        store.write("t.py", BaselineEntry("bad", values))
     assert message in str(info.value) and "The file is unchanged" in str(info.value)
     assert path.read_bytes() == before

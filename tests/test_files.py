@@ -71,7 +71,7 @@ def _record(root, prefix, count, start):
     start.wait()
     store = BaselineStore(root, "cpu", "m")
     for i in range(count):
-        store.write("benchmarks/test_x.py", BaselineEntry(f"{prefix}{i}", {1: {"prefill_ms": [[1.0 + i]]}}, unit="run"))
+        store.write("benchmarks/test_x.py", BaselineEntry(f"{prefix}{i}", {1: {"prefill_ms": [1.0 + i]}}, unit="run"))
 
 
 def test_two_updates_of_one_module_at_once_both_land(tmp_path):
@@ -93,18 +93,18 @@ def test_two_updates_of_one_module_at_once_both_land(tmp_path):
 def test_a_baseline_that_is_a_symlink_is_written_through(tmp_path):
     store = BaselineStore(tmp_path / "baselines", "cpu", "m")
     shared = tmp_path / "shared.json"
-    store.write("t.py", BaselineEntry("a", {1: {"e2e_ms": [[1.0]]}}, unit="run"))
+    store.write("t.py", BaselineEntry("a", {1: {"e2e_ms": [1.0]}}, unit="run"))
     store.path_for("t.py").rename(shared)
     store.path_for("t.py").symlink_to(shared)
     shared.chmod(0o664)
-    BaselineStore(tmp_path / "baselines", "cpu", "m").write("t.py", BaselineEntry("b", {1: {"e2e_ms": [[2.0]]}}, unit="run"))
+    BaselineStore(tmp_path / "baselines", "cpu", "m").write("t.py", BaselineEntry("b", {1: {"e2e_ms": [2.0]}}, unit="run"))
     assert store.path_for("t.py").is_symlink()
     assert sorted(json.loads(shared.read_text())["benchmarks"]) == ["a", "b"]
     assert stat.S_IMODE(shared.stat().st_mode) == 0o664
 
 
 def test_a_script_opens_a_machines_set_by_its_directory(tmp_path):
-    BaselineStore(tmp_path, "cpu", "m1").write("b/t.py", BaselineEntry("k", {1: {"e2e_ms": [[1.0]]}}, unit="run"))
-    BaselineStore(tmp_path, "a100").write("b/t.py", BaselineEntry("k", {1: {"e2e_ms": [[2.0]]}}, unit="run"))
-    assert BaselineStore.at(tmp_path / "cpu" / "m1").get("b/t.py", "k").runs == {1: {"e2e_ms": [[1.0]]}}
-    assert BaselineStore.at(tmp_path / "a100").get("b/t.py", "k").runs == {1: {"e2e_ms": [[2.0]]}}
+    BaselineStore(tmp_path, "cpu", "m1").write("b/t.py", BaselineEntry("k", {1: {"e2e_ms": [1.0]}}, unit="run"))
+    BaselineStore(tmp_path, "a100").write("b/t.py", BaselineEntry("k", {1: {"e2e_ms": [2.0]}}, unit="run"))
+    assert BaselineStore.at(tmp_path / "cpu" / "m1").get("b/t.py", "k").values == {1: {"e2e_ms": [1.0]}}
+    assert BaselineStore.at(tmp_path / "a100").get("b/t.py", "k").values == {1: {"e2e_ms": [2.0]}}

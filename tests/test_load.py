@@ -47,7 +47,7 @@ def _rows(current_load, baseline_load, max_load=0.5):
     base = runner.measure(SimulatedBackend(seed=1), scenario, key="k", nodeid="t::k", module="t")
     now = runner.measure(SimulatedBackend(seed=2, decode_slowdown=2.0), scenario, key="k", nodeid="t::k", module="t")
     now.batches[0].foreign_load = current_load
-    runs = {m: [v] for m, v in values_by_metric(base.batches[0].samples).items()}  # one process
+    runs = values_by_metric(base.batches[0].samples)  # one process: its runs
     entry = BaselineEntry("k", {1: runs}, foreign_load={1: baseline_load}, unit="run")
     return judge_rows(now, Reference(entry, "the baseline"), scenario, splits_prefill=True,
                       schedule=Schedule((10,), 0.01), final=True, max_load=max_load)

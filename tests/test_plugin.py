@@ -62,10 +62,10 @@ def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeyp
 
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     stored = json.loads(baseline_file(project).read_text())
-    assert stored["schema_version"] == 2 and stored["device"] == "cpu"
+    assert stored["schema_version"] == 3 and stored["device"] == "cpu"
     entry = stored["benchmarks"]["test_engine"]
-    assert entry["unit"] == "run" and len(entry["batches"]["4"]["runs"]["prefill_ms"]) == 1  # one process
-    assert len(entry["batches"]["4"]["runs"]["prefill_ms"][0]) == 10
+    assert entry["unit"] == "run" and entry["batches"]["4"]["runs_per_process"] == [10]  # one process
+    assert len(entry["values"]["4"]["prefill_ms"]) == 10  # its runs
 
     monkeypatch.setenv("SIM_SEED", "1")
     result = run(project)

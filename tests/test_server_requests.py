@@ -62,15 +62,15 @@ def test_a_dropped_stream_is_a_failed_request_that_fails_the_test_and_is_never_s
 def test_changed_server_outputs_warn_unless_the_server_is_declared_deterministic(project, monkeypatch):
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     baseline = next(project.path.rglob("baselines/**/test_bench.json")).read_text()
-    assert '"digest": "sha256:' in baseline  # the server's token ids (return_token_ids), per batch size
+    assert '"outputs": "sha256:' in baseline  # the digest of the server's token ids (return_token_ids), per batch size
     run(project).assert_outcomes(passed=1)
     monkeypatch.setenv("DOUBLE_CONFIG", json.dumps({"output_salt": "changed"}))  # same prompt, other tokens
     warned = run(project)
     warned.assert_outcomes(passed=1)
-    warned.stdout.fnmatch_lines(["*outputs changed from the baseline: sequence 0 differs first at generated token *"
+    warned.stdout.fnmatch_lines(["*outputs changed from the baseline (its digest *); sequence 0 now reads *"
                                  "(not failing: the server is not declared deterministic; pass deterministic=True*"])
     monkeypatch.setenv("DETERMINISTIC", "1")
     failed = run(project)
     failed.assert_outcomes(failed=1)
-    failed.stdout.fnmatch_lines(["*test_server: batch size 2: outputs changed from the baseline: sequence 0 differs "
-                                 "first at generated token *; baseline '*', now '*'"])
+    failed.stdout.fnmatch_lines(["*test_server: batch size 2: outputs changed from the baseline (its digest "
+                                 "sha256:*, now sha256:*); sequence 0 now reads '*'"])

@@ -208,12 +208,12 @@ def test_busy_hints_say_what_to_run_instead_once_with_one_max_load():
     quiet = BaselineEntry("k", {}, foreign_load={1: 0.0})
     session = SimpleNamespace(threads=2)
     now = busy_hint(session, result, quiet, 0.25)
-    assert now.count("--llmperf-max-load=") == 1 and "--llmperf-max-load=1.4" in now
+    assert now.count("--llmperf-max-load=") == 1 and "--llmperf-max-load=1.5" in now  # 1.2 + 0.25, rounded up
     assert "--llmperf-threads=1" in now and "--llmperf-compare REF" in now
     assert "--llmperf-threads" not in busy_hint(SimpleNamespace(threads=1), result, quiet, 0.25)
     calm = BenchmarkResult("k", "t.py::k", "t.py", {}, {}, [BatchResult(1, foreign_load=0.0)])
     base = busy_hint(session, calm, BaselineEntry("k", {}, foreign_load={1: 0.9}), 0.25)
-    assert "--llmperf-update on a quiet machine" in base and "--llmperf-max-load=1.1" in base
+    assert "--llmperf-update on a quiet machine" in base and "--llmperf-max-load=1.2" in base
 
 
 def test_hints_repeat_the_baseline_dir_and_max_load(project, tmp_path):

@@ -151,8 +151,8 @@ def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
     stored = json.loads((repo.path / "baselines" / "cpu" / "runner" / "test_engine.json").read_text())
     entry = stored["benchmarks"]["test_engine"]
     assert entry["unit"] == "process"
-    assert len(entry["batches"]["1"]["runs"]["prefill_ms"]) == 5  # one list per process
-    assert len(entry["batches"]["1"]["processes"]["prefill_ms"]) == 5  # and its median
+    assert entry["batches"]["1"]["runs_per_process"] == [3] * 5  # the runs each process took
+    assert len(entry["values"]["1"]["prefill_ms"]) == 5  # and its median: what the gate tests
     run(repo, quiet).assert_outcomes(passed=1)
     write_speed(repo, prefill=1.2)
     result = run(repo, quiet)

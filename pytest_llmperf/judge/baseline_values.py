@@ -64,10 +64,56 @@ def check_runs(key: str, batch: object, metric: str, per_process: Any) -> None:
                 raise ValueError(f"{_where(key, batch, metric)}: value {problem}")
 
 
+def check_values(key: str, batch: object, metric: str, values: Any) -> None:
+    """What the gate tests (schema 3): a non-empty list of valid values, one per process or per run."""
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{_where(key, batch, metric)}: expected a non-empty list of values, got {values!r}")
+    for value in values:
+        problem = check_value(value, metric)
+        if problem:
+            raise ValueError(f"{_where(key, batch, metric)}: value {problem}")
+
+
+def check_counts(key: str, batch: object, counts: Any, values: Mapping[str, Any], unit: Any) -> None:
+    """Runs per process (schema 3): integers >= 1, one per process (unit process) or adding up to the runs (run)."""
+    if not isinstance(counts, list) or not counts or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+        raise ValueError(f"{_where(key, batch)}: runs_per_process must be a list of integers >= 1, got {counts!r}")
+    expected = sum(counts) if unit == "run" else len(counts)
+    for metric, found in values.items():
+        if len(found) != expected:
+            raise ValueError(f"{_where(key, batch, metric)}: {len(found)} values for runs_per_process {counts} "
+                             f"(unit {unit}): expected {expected}")
+
+
+def _check_raw_batch(key: str, text: str, batch: Any, values: Any, unit: Any) -> None:
+    """One batch size of an entry: schema 3 (its 'values' beside it), or schema 2 ('runs', one list per process)."""
+    if not isinstance(batch, Mapping):
+        raise ValueError(f"{_where(key, text)}: expected an object, got {type(batch).__name__}")
+    if "runs" in batch:  # schema 2
+        if not isinstance(batch["runs"], Mapping) or not batch["runs"]:
+            raise ValueError(f"{_where(key, text)}: expected {{'runs': {{metric: [[values]]}}}}")
+        for metric, per_process in batch["runs"].items():
+            check_runs(key, text, metric, per_process)
+        return
+    if not isinstance(values, Mapping) or not isinstance(values.get(text), Mapping) or not values[text]:
+        raise ValueError(f"{_where(key, text)}: no values ('values': {{{text!r}: {{metric: [values]}}}})")
+    for metric, found in values[text].items():
+        check_values(key, text, metric, found)
+    if batch.get("runs_per_process") is not None:
+        check_counts(key, text, batch["runs_per_process"], values[text], unit)
+    if batch.get("outputs") is not None and not (isinstance(batch["outputs"], str)
+                                                 and batch["outputs"].startswith("sha256:")):
+        raise ValueError(f"{_where(key, text)}: outputs {batch['outputs']!r} is not a digest (sha256:...)")
+
+
 def check_raw_entry(key: str, data: Any) -> None:
-    """A schema-2 entry as read from JSON, before it becomes a BaselineEntry."""
+    """An entry as read from JSON (schema 3, or schema 2 on its way to conversion), before it becomes a
+    BaselineEntry."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{_where(key)}: expected an object, got {type(data).__name__}")
+    if data.get("unit", "process") not in UNITS:
+        raise ValueError(f"{_where(key)}: unit {data.get('unit')!r} is not one of {', '.join(UNITS)}")
     batches = data.get("batches")
     if not isinstance(batches, Mapping):
         raise ValueError(f"{_where(key)}: 'batches' is missing or not an object")
@@ -76,13 +122,13 @@ def check_raw_entry(key: str, data: Any) -> None:
             check_batch_size(text)
         except ValueError as exc:
             raise ValueError(f"{_where(key)}: {exc}") from None
-        if not isinstance(batch, Mapping) or not isinstance(batch.get("runs"), Mapping) or not batch["runs"]:
-            raise ValueError(f"{_where(key, text)}: expected {{'runs': {{metric: [[values]]}}}}")
-        for metric, per_process in batch["runs"].items():
-            check_runs(key, text, metric, per_process)
+        _check_raw_batch(key, text, batch, data.get("values"), data.get("unit", "process"))
         load = batch.get("foreign_load")
         if load is not None and (check_value(load, "foreign_load") is not None):
             raise ValueError(f"{_where(key, text)}: foreign_load {check_value(load, 'foreign_load')}")
+    extra = sorted(set(data.get("values") or {}) - set(batches)) if isinstance(data.get("values"), Mapping) else []
+    if extra:
+        raise ValueError(f"{_where(key)}: values of batch size {extra[0]} that 'batches' does not list")
     errors = data.get("errors", {})
     if not isinstance(errors, Mapping):
         raise ValueError(f"{_where(key)}: 'errors' is not an object")
@@ -91,8 +137,6 @@ def check_raw_entry(key: str, data: Any) -> None:
             check_batch_size(text)
         except ValueError as exc:
             raise ValueError(f"{_where(key)}: errors: {exc}") from None
-    if data.get("unit", "process") not in UNITS:
-        raise ValueError(f"{_where(key)}: unit {data.get('unit')!r} is not one of {', '.join(UNITS)}")
 
 
 def too_few_units(key: str, unit: str, runs: Mapping[Any, Mapping[str, Any]]) -> str | None:
@@ -110,12 +154,13 @@ def too_few_units(key: str, unit: str, runs: Mapping[Any, Mapping[str, Any]]) ->
 
 def check_entry(entry: Any) -> None:
     """An entry about to be written (a BaselineEntry): the same rules, on the measured values."""
-    for batch_size, metrics in entry.runs.items():
+    for batch_size, metrics in entry.values.items():
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"{_where(entry.key)}: batch size {batch_size!r} is not an integer >= 1")
-        for metric, per_process in metrics.items():
-            check_runs(entry.key, batch_size, metric, [list(v) for v in per_process]
-                       if isinstance(per_process, (list, tuple)) else per_process)
+        for metric, values in metrics.items():
+            check_values(entry.key, batch_size, metric, list(values) if isinstance(values, (list, tuple)) else values)
+        if batch_size in entry.counts:
+            check_counts(entry.key, batch_size, list(entry.counts[batch_size]), metrics, entry.unit)
     for batch_size, load in entry.foreign_load.items():
         problem = check_value(load, "foreign_load")
         if problem:

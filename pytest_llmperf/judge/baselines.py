@@ -1,12 +1,15 @@
-"""Baselines on disk (schema 2): per benchmark key and batch size, the per-run values of every metric,
-one list per worker process, the per-process medians the gate tests, plus the environment fingerprint,
-git commit and date. Where the files lie: judge/baseline_layout.py (one set per device, and per machine
-on the cpu target).
+"""Baselines on disk (schema 3): the store that reads and writes one device's (and machine's) files. What an
+entry holds and the one parser of it: judge/baseline_entry.py (what the gate tests, one value per worker
+process or the runs of one process, the runs each process took, the outputs' digest, the fingerprint; the raw
+runs go to the report). Where the files lie: judge/baseline_layout.py. Their text, one line per metric and
+batch size, so a reviewer reads the diff: judge/baseline_format.py.
 
-Keys are sorted so diffs review well. Writes are atomic (pytest_llmperf/files.py) and hold a lock
-around re-read and replace, so two updates of one module at once both land; an update keeps the
-entries of tests that were not selected. A file that cannot be read, or holds values the gate cannot
-compare, is never overwritten: the error names it, the entry, batch size and metric, and the fix.
+Writes are atomic (pytest_llmperf/files.py) and hold a lock around re-read and replace, so two updates of one
+module at once both land; an update keeps the entries of tests that were not selected. A file that cannot be
+read, or holds values the gate cannot compare, is never overwritten: the error names it, the entry, batch size
+and metric, and the fix. A file of schema 2 (every run of every process) is never rewritten in passing, by a
+gate or an update: the error names the command that converts it without measuring (`pytest-llmperf
+migrate-baselines DIR`, judge/baseline_migration.py).
 """
 
 from __future__ import annotations
@@ -14,143 +17,30 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..files import WriteRefused, finite_or_null, locked, write_text_atomic
+from ..files import WriteRefused, locked, write_text_atomic
+from .baseline_entry import BaselineEntry, process_medians, stored_value
+from .baseline_format import render
 from .baseline_layout import module_file, other_sets, set_directory
 from .baseline_values import check_entry, check_raw_entry
-from ..measure.metrics import values_by_process
-from ..measure.records import BenchmarkResult
-from .outputs import Outputs, outputs_by_batch
 
-SCHEMA_VERSION = 2
-#: What this version writes at each level of a file; anything else there is kept as it is (an update never drops
-#: a field it does not know: a person's notes, or what a newer version added).
+__all__ = ["SCHEMA_VERSION", "BaselineEntry", "BaselineError", "BaselineStore", "Lookup", "process_medians",
+           "stored_value"]
+
+SCHEMA_VERSION = 3
+#: The command that converts files of an older schema, named wherever one is met.
+MIGRATE_COMMAND = "pytest-llmperf migrate-baselines"
+#: What this version writes at the top of a file; anything else there is kept as it is (an update never drops a
+#: field it does not know: a person's notes, or what a newer version added). Entries keep theirs likewise.
 FILE_FIELDS = ("schema_version", "device", "machine", "module", "benchmarks")
-ENTRY_FIELDS = ("batches", "errors", "unit", "fingerprint", "scenario", "backend", "git_commit", "created")
-BATCH_FIELDS = ("runs", "processes", "foreign_load", "outputs")
-
-
-def stored_value(value: float) -> float:
-    """A per-run value as the baseline file keeps it: 10 significant digits. The gate compares current
-    values through this too, so a deterministic counter (a hit rate of 51/184) ties with its baseline
-    exactly instead of differing in the 7th digit, which a rank test reads as a complete shift."""
-    return float(f"{value:.10g}")
 
 
 class BaselineError(Exception):
     """A baseline file or directory that cannot be used; the message names it and the fix."""
-
-
-def process_medians(runs: list[list[float]]) -> list[float]:
-    """One value per worker process: the median of its runs (the gate's unit)."""
-    return [float(np.median(values)) for values in runs if values]
-
-
-@dataclass
-class BaselineEntry:
-    key: str
-    runs: dict[int, dict[str, list[list[float]]]]  # batch size -> metric -> per-process lists of per-run values
-    errors: dict[int, str] = field(default_factory=dict)  # batch size -> why it did not run ("oom: ...")
-    foreign_load: dict[int, float] = field(default_factory=dict)  # batch size -> cores used by other processes
-    unit: str = "process"  # "run": measured in one process, the gate tests its runs
-    outputs: dict[int, Outputs] = field(default_factory=dict)  # batch size -> generated ids (judge/outputs.py)
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    scenario: dict[str, Any] = field(default_factory=dict)
-    backend: dict[str, Any] = field(default_factory=dict)
-    git_commit: str | None = None
-    created: str = ""
-    # Fields this version does not know (a person's `comment`, a newer version's addition): kept as they are
-    extra: dict[str, Any] = field(default_factory=dict)
-    batch_extra: dict[int, dict[str, Any]] = field(default_factory=dict)  # the same, per batch size
-
-    def process_values(self, batch_size: int) -> dict[str, list[float]]:
-        return {m: process_medians(per_process) for m, per_process in self.runs.get(batch_size, {}).items()}
-
-    @property
-    def batches(self) -> dict[int, dict[str, list[float]]]:
-        return {bs: {m: [v for values in per_process for v in values] for m, per_process in metrics.items()}
-                for bs, metrics in self.runs.items()}
-
-    @classmethod
-    def of_result(cls, result: BenchmarkResult, *, fingerprint: Mapping[str, Any] | None = None,
-                  created: str = "") -> BaselineEntry:
-        """What a measured benchmark stores as its baseline (and what an A/B comparison's A side is judged as)."""
-        fingerprint = dict(fingerprint or {})
-        return cls(
-            key=result.key,
-            runs={b.batch_size: values_by_process(b.samples) for b in result.batches if b.ok},
-            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
-            foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
-            unit="process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run",
-            outputs=outputs_by_batch(result.batches),
-            fingerprint=fingerprint,
-            scenario=result.scenario,
-            backend={k: v for k, v in result.backend.items() if k != "model_path"},
-            git_commit=(fingerprint.get("git") or {}).get("commit"),
-            created=created,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        batches: dict[str, Any] = {}
-        for bs, metrics in sorted(self.runs.items()):
-            batches[str(bs)] = {
-                "runs": {m: [[stored_value(v) for v in values] for values in per_process]
-                         for m, per_process in sorted(metrics.items())},
-                "processes": {m: [stored_value(v) for v in vals] for m, vals in sorted(self.process_values(bs).items())},
-            }
-            if bs in self.foreign_load:
-                batches[str(bs)]["foreign_load"] = round(self.foreign_load[bs], 3)
-            if bs in self.outputs:
-                batches[str(bs)]["outputs"] = self.outputs[bs].to_json()
-            batches[str(bs)] = {**self.batch_extra.get(bs, {}), **batches[str(bs)]}
-        return {**self.extra, "batches": batches,
-                "errors": {str(bs): msg for bs, msg in sorted(self.errors.items())},
-                "unit": self.unit, "fingerprint": self.fingerprint, "scenario": self.scenario,
-                "backend": self.backend, "git_commit": self.git_commit, "created": self.created}
-
-    @classmethod
-    def from_json(cls, key: str, data: Mapping[str, Any]) -> BaselineEntry:
-        return cls(
-            key=key,
-            runs={int(bs): {m: [[float(v) for v in values] for values in per_process]
-                            for m, per_process in batch["runs"].items()} for bs, batch in data["batches"].items()},
-            errors={int(bs): str(msg) for bs, msg in data.get("errors", {}).items()},
-            foreign_load={int(bs): float(batch["foreign_load"]) for bs, batch in data["batches"].items()
-                          if batch.get("foreign_load") is not None},
-            unit=str(data.get("unit", "process")),
-            outputs={int(bs): _outputs(key, bs, batch["outputs"]) for bs, batch in data["batches"].items()
-                     if batch.get("outputs") is not None},
-            fingerprint=dict(data.get("fingerprint", {})),
-            scenario=dict(data.get("scenario", {})),
-            backend=dict(data.get("backend", {})),
-            git_commit=data.get("git_commit"),
-            created=str(data.get("created", "")),
-            extra={k: v for k, v in data.items() if k not in ENTRY_FIELDS},
-            batch_extra={int(bs): extra for bs, batch in data["batches"].items()
-                         if (extra := {k: v for k, v in batch.items() if k not in BATCH_FIELDS})},
-        )
-
-    def keeping_extras_of(self, old: BaselineEntry | None) -> BaselineEntry:
-        """This entry with the unknown fields of the entry it replaces (of its batch sizes that remain)."""
-        if old is None:
-            return self
-        return replace(self, extra={**old.extra, **self.extra},
-                       batch_extra={bs: old.batch_extra[bs] for bs in self.runs if bs in old.batch_extra})
-
-
-def _outputs(key: str, batch_size: str, data: Any) -> Outputs:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"entry {key!r}, batch size {batch_size}: 'outputs' is not an object")
-    try:
-        return Outputs.from_json(data)
-    except ValueError as exc:
-        raise ValueError(f"entry {key!r}, batch size {batch_size}: {exc}") from None
 
 
 def now_iso() -> str:
@@ -176,7 +66,7 @@ class BaselineStore:
         self.root = Path(root)
         self.device = device
         self.machine = machine
-        self.updating = updating  # an update run: a schema-1 file reads as empty, and is rewritten as schema 2
+        self.updating = updating  # an update run: a schema-1 file reads as empty, and is rewritten as schema 3
         self.rerun = rerun or f"--llmperf-device={device}"  # the options a hint repeats
         self._cache: dict[str, dict[str, BaselineEntry]] = {}
         self.dropped: dict[str, tuple[str, set[str]]] = {}  # schema-1 file -> (module, keys not re-recorded yet)
@@ -272,7 +162,7 @@ class BaselineStore:
                                 "the file was left as it is") from None
         if not isinstance(data, dict) or "schema_version" not in data:
             raise BaselineError(f"baseline file {path} has no schema_version: not a pytest-llmperf baseline. {fix}")
-        if data["schema_version"] not in (1, SCHEMA_VERSION):
+        if data["schema_version"] not in (1, 2, SCHEMA_VERSION):
             raise BaselineError(
                 f"baseline file {path} has schema_version {data['schema_version']!r}; this pytest-llmperf reads "
                 f"{SCHEMA_VERSION}. Upgrade pytest-llmperf, or move the file away and re-record it with "
@@ -303,20 +193,30 @@ class BaselineStore:
         data = self._load(path)
         if data is None:
             return {}
+        self._refuse_old(path, data)
         if data["schema_version"] == 1 and self.updating:
             return {}
         if data["schema_version"] == 1:
             raise BaselineError(
                 f"baseline file {path} holds per-run values of one process (schema 1); this pytest-llmperf gates "
-                f"per-process values (schema 2) and cannot convert them. Re-record it on this machine: "
+                f"per-process values (schema {SCHEMA_VERSION}) and cannot convert them. Re-record it on this machine: "
                 f"{self.update_command(module)}")
         return self._entries_of(path, data)
+
+    def _refuse_old(self, path: Path, data: Mapping[str, Any]) -> None:
+        """A schema-2 file is converted by its own command, never rewritten in passing by a gate or an update."""
+        if data["schema_version"] == 2:
+            raise BaselineError(
+                f"baseline file {path} is in the format of schema 2 (every run of every process); this pytest-llmperf "
+                f"reads schema {SCHEMA_VERSION} (what the gate tests, one line per metric and batch size). Convert "
+                f"the set once, without measuring, and commit the result: {MIGRATE_COMMAND} {path.parent}")
 
     def _read_for_update(self, path: Path, module: str) -> dict[str, BaselineEntry]:
         """The entries to keep: a schema-1 file's cannot be kept; they are dropped, and named at the end."""
         data = self._load(path)
         if data is None:
             return {}
+        self._refuse_old(path, data)
         if data["schema_version"] == 1:
             old = data.get("benchmarks")
             self.dropped.setdefault(str(path), (module, set(old) if isinstance(old, Mapping) else set()))
@@ -358,12 +258,10 @@ class BaselineStore:
                 self.cleared += left
                 entries = dict(self._read_for_update(path, module))  # re-read under the lock: keep what others wrote
                 change(entries)
-                document = {**self._unknown_fields(path), "schema_version": SCHEMA_VERSION, "device": self.device,
-                            "machine": self.machine, "module": module,
-                            "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
+                document = {**self._unknown_fields(path), "schema_version": SCHEMA_VERSION, "device": self.device, "machine": self.machine,
+                            "module": module, "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
                 # metadata such as the scenario's max_load=inf is null in strict JSON; values were checked above
-                text = json.dumps(finite_or_null(document), indent=1, sort_keys=True, allow_nan=False)
-                write_text_atomic(path, text + "\n")
+                write_text_atomic(path, render(document))
         except WriteRefused as exc:
             raise BaselineError(f"baseline file not written: {exc}; the previous file is unchanged") from None
         except OSError as exc:

@@ -2,9 +2,9 @@
 
 A perf change that decodes faster by producing other tokens is not a speed-up. Backends that know
 their generated ids (the in-process ones: greedy decoding, fixed length) put them in each run's
-`RunSample.output_ids`; a batch size's outputs are those ids, the same in every run. The baseline keeps
-their digest (what is compared), and the ids and decoded text of every sequence (what a person reads
-when they differ: the first differing position and both strings).
+`RunSample.output_ids`; a batch size's outputs are those ids, the same in every run. A stored baseline keeps
+their digest (what is compared; the ids and text of a run are in its report); an A/B comparison has both sides'
+ids and text, so it says where they first differ and gives both strings.
 
 Runs that disagree among themselves (a nondeterministic kernel, sampling) have no outputs to compare:
 that is reported, never failed. `--llmperf-outputs` (marker `outputs=`) says what a change does:
@@ -128,22 +128,29 @@ def difference(baseline: Outputs, now: Outputs) -> str | None:
     return "token ids differ"  # unreachable while the digest covers exactly the ids
 
 
-def check(baseline: Outputs | None, current: Observed | None,
+def check(baseline: Outputs | str | None, current: Observed | None,
           reference_label: str = "the baseline") -> tuple[Verdict, str] | None:
     """(verdict, note) for the verdict table, or None when there is nothing to say: equal, or either side
-    has no outputs (`unchecked` says so once per benchmark)."""
+    has no outputs (`unchecked` says so once per benchmark). `baseline` is the reference's outputs, or the
+    digest a stored baseline keeps."""
     if current is None or baseline is None:
         return None
     if current.outputs is None:
         return Verdict.VARIES, (f"outputs differ between this run's runs ({current.distinct} distinct): nondeterministic, "
                         f"not compared with {reference_label}")
+    if isinstance(baseline, str):
+        if baseline == current.outputs.digest:
+            return None
+        now = current.outputs.texts[0] if current.outputs.texts else " ".join(map(str, current.outputs.tokens[0]))
+        return Verdict.CHANGED, (f"outputs changed from {reference_label} (its digest {baseline}, now "
+                                 f"{current.outputs.digest}); sequence 0 now reads {_quote(now)}")
     diff = difference(baseline, current.outputs)
     if diff is None:
         return None
     return Verdict.CHANGED, f"outputs changed from {reference_label}: {diff}"
 
 
-def unchecked(reference: Mapping[int, Outputs], batches: Sequence[BatchResult]) -> bool:
+def unchecked(reference: Mapping[int, Outputs | str], batches: Sequence[BatchResult]) -> bool:
     """The runs generated outputs the reference has none of to compare with (a baseline recorded before
     outputs were stored, or a compared ref whose code does not report them)."""
     return not reference and any(observed(b.samples) is not None for b in batches if b.ok)

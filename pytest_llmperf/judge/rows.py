@@ -7,6 +7,7 @@ decision procedure (judge/stats.py, judge/procedure.py). A row decided at an ear
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
 from .baseline_values import check_value
-from .baselines import BaselineEntry, process_medians, stored_value
+from .baseline_entry import BaselineEntry, process_medians, stored_value
 from .verdicts import COMPARED, Row, Verdict, note_row
 
 PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
@@ -67,6 +68,14 @@ class _Comparison:
     unit: str
 
 
+def admitting(load: float) -> float:
+    """A --llmperf-max-load that admits `load` cores: 0.25 more, rounded up to 2 significant digits (rounding to
+    nearest could land below the load: 10.24 + 0.25 -> 10)."""
+    value = load + 0.25
+    scale = 10.0 ** (1 - math.floor(math.log10(value)))
+    return math.ceil(round(value * scale, 9)) / scale
+
+
 def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
     """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
     if current_load is not None and current_load > max_load:
@@ -83,11 +92,7 @@ def _reference_units(reference: Reference, batch_size: int, metric: str) -> dict
     side = reference.side.batch(batch_size) if reference.side is not None else None
     if side is not None and side.ok:
         return units_of(side)[1].get(metric, {})
-    entry = reference.entry
-    per_process = entry.runs.get(batch_size, {}).get(metric, [])
-    if entry.unit == "process":
-        return dict(enumerate(process_medians(per_process)))
-    return dict(enumerate(v for values in per_process for v in values))
+    return dict(enumerate(reference.entry.values.get(batch_size, {}).get(metric, [])))
 
 
 def _invalid(values: Sequence[float], metric: str) -> str | None:
@@ -107,7 +112,7 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
     comparisons: list[_Comparison] = []
     for batch in result.batches:
         rows += _batch_rows(result, batch, reference, scenario, max_load)
-        if not batch.ok or entry.runs.get(batch.batch_size) is None or any(
+        if not batch.ok or entry.values.get(batch.batch_size) is None or any(
                 r.batch_size == batch.batch_size and r.metric == "*" for r in rows):
             continue
         unit, current = units_of(batch)
@@ -138,8 +143,8 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
     for batch_size, reason in entry.errors.items():
         batch = result.batch(batch_size)
         if batch is not None and batch.ok:
-            rows.append(note_row(result, "*", batch_size, Verdict.IMPROVED, f"failed in the baseline ({reason}), "
-                                                                            "runs now"))
+            rows.append(note_row(result, "*", batch_size, Verdict.IMPROVED, f"runs now, failed in the baseline "
+                                                                            f"({reason})"))
     size = family if family is not None else len(comparisons) + len(earlier)
     rows += [_decided(result, c, scenario, schedule.with_family(size), final, counters_better)
              for c in comparisons]
@@ -189,10 +194,11 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
     """A batch size's rows that are not a gated metric's: outputs, why it is not compared, peak memory."""
     entry, rows = reference.entry, []
     if scenario.outputs != "off" and batch.ok:
-        found = outputs.check(entry.outputs.get(batch.batch_size), outputs.observed(batch.samples), reference.label)
+        found = outputs.check(_reference_outputs(reference, batch.batch_size), outputs.observed(batch.samples),
+                              reference.label)
         if found is not None:
             rows.append(note_row(result, outputs.OUTPUTS_METRIC, batch.batch_size, *found))
-    base = entry.runs.get(batch.batch_size)
+    base = entry.values.get(batch.batch_size)
     busy = busy_note(batch.foreign_load, entry.foreign_load.get(batch.batch_size), max_load)
     if busy and base is not None and batch.ok:
         return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED, busy)]
@@ -206,9 +212,9 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
     unit, current = units_of(batch)
     if unit != entry.unit:
         return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED,
-                                f"the baseline holds {UNIT_WORDS[entry.unit]}, this run {UNIT_WORDS[unit]}: not "
-                                "comparable. Measure as the baseline was (--llmperf-processes) or re-record it with "
-                                "--llmperf-update")]
+                                f"not comparable: the baseline holds {UNIT_WORDS[entry.unit]}, this run "
+                                f"{UNIT_WORDS[unit]}. Measure as the baseline was (--llmperf-processes) or re-record "
+                                "it with --llmperf-update")]
     for metric in MEMORY_METRICS:
         base_values = list(_reference_units(reference, batch.batch_size, metric).values())
         if metric in current and base_values:
@@ -216,6 +222,15 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
             if row.verdict != Verdict.PASS:  # the report's memory table shows every value
                 rows.append(row)
     return rows
+
+
+def _reference_outputs(reference: Reference, batch_size: int) -> outputs.Outputs | str | None:
+    """The A side's outputs, ids and text (A/B), or the digest a stored baseline keeps."""
+    side = reference.side.batch(batch_size) if reference.side is not None else None
+    if side is not None and side.ok:
+        seen = outputs.observed(side.samples)
+        return seen.outputs if seen is not None and seen.outputs is not None else reference.entry.outputs.get(batch_size)
+    return reference.entry.outputs.get(batch_size)
 
 
 def memory_row(result: BenchmarkResult, batch_size: int, metric: str, baseline: Sequence[float],

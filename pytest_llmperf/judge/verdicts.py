@@ -162,7 +162,9 @@ def reason_of(outcome: Outcome) -> str:
         if not notes:
             return "nothing gated was measured" if any(r.verdict == Verdict.UNGATED for r in outcome.rows) \
                 else "refused"
-        return "baseline from a busy machine" if any("busy" in n for n in notes) else "not comparable"
+        # judge/rows.py words each refusal so that its head says why
+        return ("baseline from a busy machine" if any(n.startswith("baseline measured on a busy machine")
+                                                       for n in notes) else "not comparable")
     if kind == Kind.INCONCLUSIVE:
         return "undecided at the cap"
     return ""

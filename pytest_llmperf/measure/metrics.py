@@ -1,4 +1,4 @@
-"""Metric definitions (written once, here; the README's table repeats them) and per-run values.
+"""Metric definitions (written once, here; docs/metrics.md is made from them) and per-run values.
 
 The run is the unit of replication: every metric is reduced to one value per run, and the gate
 compares runs (or worker processes' medians of runs), never tokens. Definitions follow TGI's

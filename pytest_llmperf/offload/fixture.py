@@ -14,7 +14,9 @@ would not fit on the disk of the machines it runs on.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,6 +24,7 @@ import pytest
 from ..extras import HF, require
 from ..orchestrate.fixtures import SESSION_KEY, fail_unless_cuda
 from ..orchestrate.options import OPTIONS_BY_NAME
+from ..warning import current_test_file, warn_at
 
 if TYPE_CHECKING:
     from .backend import OffloadBackend
@@ -33,6 +36,18 @@ SESSION_OPTIONS = ("expert_budget_gb", "device_memory_gb", "popularity")
 def session_defaults(config: pytest.Config) -> dict[str, Any]:
     values = {name: OPTIONS_BY_NAME["offload_" + name].value(config) for name in SESSION_OPTIONS}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _relocated(caught: list[warnings.WarningMessage], test_file: Path | None) -> None:
+    """The engine's start-up warnings (a cost model measured on a busy machine, costs.py) again, located at the
+    test that started it rather than at the engine's own code; others as they were raised."""
+    from .costs import CostWarning
+
+    for w in caught:
+        if issubclass(w.category, CostWarning) and test_file is not None:
+            warn_at(f"llmperf_offload: {w.message}", test_file, 0, category=w.category)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 @pytest.fixture(scope="session")
@@ -49,9 +64,13 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
         from .experts import OffloadError
 
         try:
-            return _start(model, options)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                backend = _start(model, options)
         except (BackendError, ModelError, OffloadError) as exc:  # a user's mistake: one line, no traceback
             pytest.fail(f"llmperf_offload({model!r}): {exc}", pytrace=False)
+        _relocated(caught, current_test_file(request.config.rootpath))
+        return backend
 
     def _start(model: str, options: dict[str, Any]) -> OffloadBackend:
         from ..backends.models import CPU_SIZED, EMBEDDED, tokenizer_for

@@ -9,6 +9,7 @@ test with an actionable message where --llmperf-fail-on says so.
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,13 @@ class Benchmark:
                 scenario = replace(scenario, batch_sizes=tuple(b for b in scenario.batch_sizes if b in wanted))
         # in this process nothing else stops a generate() that never returns (a worker's controller does)
         timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
+        # a worker's progress goes to the controller, which shows it (report/campaign_progress.py)
+        shown = (nullcontext(self.session.recorder.on_run(nodeid, key, scenario.batch_sizes))
+                 if self.session.recorder is not None
+                 else progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes))
         try:
             with deadline(timeout):
-                with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
+                with shown as on_run:
                     result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
                                             module=nodeid.split("::", 1)[0], on_run=on_run)
                 self.results.append(result)

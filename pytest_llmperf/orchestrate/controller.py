@@ -32,6 +32,7 @@ from ..judge.rows import Reference, judge_rows, undecided_batches
 from ..judge.verdicts import COMPARED, Outcome, Verdict
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
+from ..report import campaign_progress
 from . import judging, worktree
 from .checks import rows_expected
 from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
@@ -109,6 +110,7 @@ class ProcessController:
         self.decisions: dict[str, Decision] = {}
         self.plans: dict[str, Plan] = {}
         self.family: int | None = None  # gated rows of the whole job, judged as one family
+        self.progress: campaign_progress.CampaignProgress | None = None  # live progress of the workers
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -128,6 +130,7 @@ class ProcessController:
     # -- the campaign ---------------------------------------------------------------------------------
 
     def _campaign(self, items: list[pytest.Item]) -> None:
+        self.progress = campaign_progress.campaign(self.config)
         left = remove_left_work_dirs()
         self._say(left_behind_line("worker directories", left), left)
         work_dir = Path(tempfile.mkdtemp(prefix=WORKERS_PREFIX))
@@ -138,6 +141,9 @@ class ProcessController:
                 root = Path(self.config.rootpath)
                 sides, available = [Side("", root, "the working tree")], {}
                 if self.llm.settings["compare"]:
+                    if self.progress is not None:  # a checkout and a collection can take seconds: say so first
+                        self.progress.say(f"checking out {self.llm.settings['compare']} into a git worktree and "
+                                          "collecting its tests (the A side)")
                     try:
                         ref = stack.enter_context(worktree.checkout(self.llm.settings["compare"], root))
                     except worktree.RefError as exc:
@@ -148,6 +154,8 @@ class ProcessController:
                     available["A"] = self._collect(sides[0], items)
                 self._rounds(items, sides, available, work_dir)
         finally:
+            if self.progress is not None:
+                self.progress.clear()
             shutil.rmtree(work_dir, ignore_errors=True)
 
     def _say(self, line: str, when: Any) -> None:
@@ -163,7 +171,7 @@ class ProcessController:
         runs: dict[str, list[WorkerRun]] = defaultdict(list)
         settings = {**self.llm.settings.values, "processes": 1, "compare": None, "json": None, "update": False,
                     "update_missing": False}
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        progress = self.progress
         done = 0
         while self.plans:
             done += 1
@@ -174,23 +182,23 @@ class ProcessController:
                 if not nodeids:
                     continue
                 sizes = {n: due[n].batch_sizes for n in nodeids if due[n].batch_sizes is not None}
+                if progress is not None:
+                    progress.started(side.label, done, max(plan.units for plan in self.plans.values()), len(nodeids))
                 try:
                     run = run_worker(side, done, nodeids, settings=settings, work_dir=work_dir,
                                      timeout_s=self.llm.settings["worker_timeout"], extra_args=self._passthrough_args(),
-                                     batch_sizes=sizes)
+                                     batch_sizes=sizes, on_records=progress.records if progress is not None else None)
                 except WorkerError as exc:
                     for nodeid in list(self.plans):
                         self.decisions[nodeid] = Decision(failure=f"llmperf: {exc}")
                     return False
                 runs[side.name].append(run)
-                if reporter is not None:
-                    target = max(plan.units for plan in self.plans.values())
-                    reporter.write_line(f"llmperf: process {done} of {target} on {side.label}: {len(nodeids)} "
-                                        f"test(s) in {run.seconds:.1f} s")
-            if done == 1 and reporter is not None:  # a long campaign says how long, once the first round is timed
+                if progress is not None:
+                    progress.done(run.seconds)
+            if done == 1 and progress is not None:  # a long campaign says how long, once the first round is timed
                 said = campaign_estimate(sum(r[0].seconds for r in runs.values() if r), self.plans.values())
                 if said:
-                    reporter.write_line(said, yellow=True)
+                    progress.say(said)
             for nodeid in [n for n, plan in due.items() if plan.units == done]:
                 self._look(self.plans[nodeid], sides, runs, available)
         return True
@@ -312,7 +320,7 @@ def campaign_estimate(round_s: float, plans: Iterable[Plan]) -> str | None:
         return None
     up_to = f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)" \
         if cap > first else ""
-    return (f"llmperf: at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
+    return (f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
             f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly")
 
 

@@ -9,13 +9,13 @@ deselected (`pytest benchmarks/test_x.py --llmperf-update`) removes them. A part
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ..judge.baseline_layout import key_of_test, stale_keys
+from ..warning import warn_at
 
 
 class BaselineHygiene:
@@ -75,13 +75,12 @@ class BaselineHygiene:
                     store.prune(module, stale)
                     continue
                 except BaselineError as exc:
-                    warnings.warn(pytest.PytestWarning(f"llmperf: stale entries not pruned: {exc}"))
+                    warn_at(f"llmperf: stale entries not pruned: {exc}", store.path_for(module))
             self.stale[module] = stale
         for path, module, keys in store.dropped_entries():
-            warnings.warn(pytest.PytestWarning(
-                f"llmperf: baseline file {path} was rewritten as schema 2; the schema-1 entries of tests not "
-                f"re-recorded in this run cannot be converted and were dropped: {', '.join(keys)}. Re-record them "
-                f"with: {store.update_command(module)}"))
+            warn_at(f"llmperf: baseline file {path} was rewritten as schema 3; the schema-1 entries of tests not "
+                    f"re-recorded in this run cannot be converted and were dropped: {', '.join(keys)}. Re-record them "
+                    f"with: {store.update_command(module)}", path)
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -17,7 +17,7 @@ from ..judge.environment import hardware_mismatch, software_drift
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
 from ..judge.quality import request_failures
-from ..judge.rows import Reference, judge_rows, outputs_messages, row_message
+from ..judge.rows import Reference, admitting, judge_rows, outputs_messages, row_message
 from ..judge.verdicts import Kind, Outcome, Row, Status, Verdict, reason_of
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
@@ -194,18 +194,18 @@ def busy_hint(session: LLMPerfSession, result: BenchmarkResult, entry: BaselineE
     then = [load for load in entry.foreign_load.values() if load > max_load]
     if now:
         threads = "" if session.threads == 1 else ", use fewer torch threads (--llmperf-threads=1)"
-        return (f". Re-run when the other work has stopped, allow it with --llmperf-max-load={max(now) + 0.25:.2g} "
+        return (f". Re-run when the other work has stopped, allow it with --llmperf-max-load={admitting(max(now)):g} "
                 f"(noisier verdicts){threads}, or measure base and change in one session (--llmperf-compare REF)")
     if then:
         return (f". Re-record the baseline with --llmperf-update on a quiet machine, or gate with "
-                f"--llmperf-max-load={max(then) + 0.25:.2g} to accept it")
+                f"--llmperf-max-load={admitting(max(then)):g} to accept it")
     return ""
 
 
 def busy_update_message(session: LLMPerfSession, result: BenchmarkResult, busy: list[str]) -> str:
     """Why an update was refused on a busy machine, and what to run instead."""
     worst = max(b.foreign_load or 0.0 for b in result.batches)
-    allow = session.rerun(result.nodeid, update=True, replace={"max_load": float(f"{worst + 0.25:.2g}")})
+    allow = session.rerun(result.nodeid, update=True, replace={"max_load": admitting(worst)})
     fewer = ("" if session.threads == 1 else "; or leave more of the machine to others with fewer torch threads: "
              + session.rerun(result.nodeid, update=True, replace={"threads": 1}))
     return (f"not written: a baseline measured on a busy machine would gate against noise ({'; '.join(busy)}). "

@@ -4,9 +4,10 @@ other half of the protocol; pyperf splits its manager and workers the same way).
 A worker is `python -m pytest NODEID...` run by the same interpreter in the same environment, in the
 root of one side of a comparison (the working tree, or a git worktree of the reference). Its output
 goes to a log whose tail is in every error; a worker that crashes, hangs past its deadline or reports
-nothing is stopped with its whole process tree and raised as a WorkerError naming the side. Its whole log is
-kept in the report directory (`worker-logs/`, a CI job's artifact), so the temporary directory of the workers
-never outlives the campaign.
+nothing is stopped with its whole process tree and raised as a WorkerError naming the side. While it runs, the
+records it appends are read every POLL_S and handed to the caller (live progress, report/campaign_progress.py).
+Its whole log is kept in the report directory (`worker-logs/`, a CI job's artifact), so the temporary directory
+of the workers never outlives the campaign.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 PROTOCOLS = (1, PROTOCOL)
 #: pytest's exit codes after which the worker's reports are complete: all passed, some failed.
 COMPLETE_EXIT_CODES = (0, 1)
+#: Seconds between two reads of a running worker's records.
+POLL_S = 0.5
+#: Called with the records a running worker appended since the last call (often none), every POLL_S.
+OnRecords = Callable[[list[dict[str, Any]]], None]
 
 
 class WorkerError(RuntimeError):
@@ -88,10 +93,54 @@ def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> li
             *extra_args]
 
 
+class RecordTail:
+    """The whole lines a running worker has appended to its records file since the last read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:  # not written yet
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+        return records
+
+
+def wait(proc: subprocess.Popen[bytes], timeout_s: float, on_records: OnRecords | None, tail: RecordTail,
+         clock: Callable[[], float] = time.monotonic) -> int:
+    """The worker's exit code; with `on_records`, its new records every POLL_S meanwhile. Past `timeout_s`,
+    subprocess.TimeoutExpired."""
+    deadline = clock() + timeout_s
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        try:
+            return proc.wait(timeout=min(POLL_S, left) if on_records is not None else left)
+        except subprocess.TimeoutExpired:
+            if on_records is not None:
+                on_records(tail.new())
+
+
 def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str] = (),
-               batch_sizes: Mapping[str, Sequence[int]] | None = None) -> WorkerRun:
-    """Run one worker to completion; raise WorkerError if it did not complete."""
+               batch_sizes: Mapping[str, Sequence[int]] | None = None,
+               on_records: OnRecords | None = None) -> WorkerRun:
+    """Run one worker to completion; raise WorkerError if it did not complete. `on_records` gets what it
+    appends while it runs (progress)."""
     tag = f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
@@ -109,7 +158,7 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
                                 cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = wait(proc, timeout_s, on_records, RecordTail(out))
         except subprocess.TimeoutExpired:
             stop_tree(proc.pid, grace_s=5, session=True)
             proc.wait()

@@ -3,26 +3,32 @@
 The controller (orchestrate/controller.py, through orchestrate/manager.py, the other half of this protocol)
 starts `python -m pytest NODEID...` with the environment variables below. In such a process `llmperf.measure()` measures as usual but, instead of
 judging, appends the result to the file `LLMPERF_WORKER_OUT` names; every test report (passed,
-failed, skipped, with its text) goes there too. One JSON object per line, so a worker that dies
-leaves every line it finished. pyperf splits its manager and workers the same way.
+failed, skipped, with its text) goes there too, and progress while it measures (a test started, run i of n of
+a batch size: at most one record every PROGRESS_EVERY_S, and each batch size's last run), which the manager
+reads while the worker runs (report/campaign_progress.py shows it). One JSON object per line, so a worker that
+dies leaves every line it finished. pyperf splits its manager and workers the same way.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..measure.records import BenchmarkResult
+from ..measure.records import BenchmarkResult, RunSample
 
 ENV_OUT = "LLMPERF_WORKER_OUT"
 ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
 ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (0 is "measured in-process")
 ENV_BATCHES = "LLMPERF_WORKER_BATCHES"  # JSON {nodeid: [batch sizes]}: measure only these (a later look)
-PROTOCOL = 2
+PROTOCOL = 2  # progress records ("start", "progress") are extra lines: a manager that does not know them skips them
+#: Seconds between two progress records of a worker (a fast backend finishes many runs a second).
+PROGRESS_EVERY_S = 1.0
 
 
 def worker_out() -> Path | None:
@@ -58,6 +64,27 @@ class WorkerRecorder:
             for sample in batch.samples:
                 sample.process = index
         self._write({"type": "result", "nodeid": nodeid, "result": result.to_json()})
+
+    def on_run(self, nodeid: str, key: str, batch_sizes: Sequence[int],
+               clock: Callable[[], float] = time.monotonic) -> Callable[[int, int, int, int, RunSample | None], None]:
+        """The runner's per-run callback (measure/runner.py RunCallback) in a worker: progress records for the
+        controller, between runs, never inside a timed one."""
+        sizes = list(batch_sizes)
+        last: list[float] = []
+
+        def progress(batch_size: int, kept: int, runs: int, retaken: int, sample: RunSample | None) -> None:
+            now = clock()
+            if kept < runs and last and now - last[0] < PROGRESS_EVERY_S:
+                return
+            last[:] = [now]
+            position = [sizes.index(batch_size) + 1, len(sizes)] if batch_size in sizes else None
+            self._write({"type": "progress", "nodeid": nodeid, "key": key, "batch_size": batch_size,
+                         "position": position, "run": kept, "runs": runs, "retaken": retaken})
+        return progress
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self._write({"type": "start", "nodeid": nodeid})
 
     def batch_sizes(self, nodeid: str) -> set[int] | None:
         """The batch sizes of a test this worker measures, when the controller named them (None: all)."""

@@ -72,17 +72,21 @@ def _file_versions(path: Path, cache: dict[Path, Versions]) -> Versions:
     return versions
 
 
-def entry_medians(key: str, data: Mapping[str, Any], batch_sizes: Iterable[int],
-                  metrics: Iterable[str]) -> dict[int, dict[str, float]] | None:
-    """Per batch size and metric, the median of a baseline entry's per-process medians; None when the
-    entry is in a format the store's parser does not read (e.g. an old schema in the history)."""
+def parsed_entry(key: str, data: Mapping[str, Any]) -> BaselineEntry | None:
+    """A committed version's entry read by the store's own parser; None when it is in a format the parser
+    does not read (e.g. an old schema in the history)."""
     try:
-        entry = BaselineEntry.from_json(key, data)
-        per_batch = {bs: entry.process_values(bs) for bs in batch_sizes}
+        return BaselineEntry.from_json(key, data)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def entry_medians(entry: BaselineEntry, batch_sizes: Iterable[int],
+                  metrics: Iterable[str]) -> dict[int, dict[str, float]]:
+    """Per batch size and metric, the median of a baseline entry's per-process medians."""
     medians: dict[int, dict[str, float]] = {}
-    for bs, values in per_batch.items():
+    for bs in batch_sizes:
+        values = entry.process_values(bs)
         for metric in metrics:
             if values.get(metric):
                 medians.setdefault(bs, {})[metric] = float(np.median(values[metric]))
@@ -96,19 +100,18 @@ def baseline_points(baseline_file: Path, key: str, batch_sizes: Iterable[int], m
     points: list[Point] = []
     seen: set[str] = set()
     for commit, when, data in _file_versions(baseline_file, cache):
-        entry = (data.get("benchmarks") or {}).get(key)
-        if not isinstance(entry, dict):
+        raw = (data.get("benchmarks") or {}).get(key)
+        entry = parsed_entry(key, raw) if isinstance(raw, dict) else None
+        if entry is None:
             continue
-        stamp = f"{entry.get('git_commit')}|{entry.get('created')}"
+        stamp = f"{entry.git_commit}|{entry.created}"
         if stamp in seen:  # the file changed for another benchmark
             continue
         seen.add(stamp)
-        medians = entry_medians(key, entry, batch_sizes, metrics)
-        if medians is None:
-            continue
-        measured_at = str(entry.get("git_commit") or commit)[:7]
-        created = str(entry.get("created") or when)
-        points.append(Point(f"{measured_at} {_day_time(created)} baseline", created, medians))
+        measured_at = str(entry.git_commit or commit)[:7]
+        created = entry.created or when
+        points.append(Point(f"{measured_at} {_day_time(created)} baseline", created,
+                            entry_medians(entry, batch_sizes, metrics)))
     return points
 
 

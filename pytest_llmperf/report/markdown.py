@@ -25,12 +25,12 @@ from ..measure.gpu import slowed_by, throttle_names
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, summarize
 from ..measure.records import BenchmarkResult
 from .stored import StoredBatch, StoredResult, reference_summary, stored
-from .tables import table
-from .verdict_table import markdown_table, measured_cell
+from .tables import cell, table
+from .verdict_table import markdown_table, measured_cell, note_details
 
 SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
-# Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and the README).
+# Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and docs/metrics.md).
 SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"),
                   ("Time per output token", "tpot_ms"), ("Decode (total)", "first_to_last_token_ms"),
                   ("End to end", "e2e_ms"))
@@ -310,7 +310,7 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     parts = [f"# llmperf results: {device}", f"Written {document.get('created')}. Holds every benchmark measured on "
              "this device, the newest result of each; each says when and at which commit it was measured.",
              "\n".join(environment_lines(fp, device)),
-             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: see the README."]
+             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: docs/metrics.md of pytest-llmperf."]
     parts += [benchmark_section(r, measured.get((r.nodeid, r.key), "")) for r in results]
     parts += grid_sections(results)
     runs = runs_section(results)
@@ -320,7 +320,9 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     if pairs:
         parts.append(pairs)
     verdicts = markdown_table(document)
-    parts.append("## Verdicts\n\nThis session: " + counts_line + ("\n\n" + verdicts if verdicts else ""))
+    details = "\n".join(f"- {cell(line)}" for line in note_details(document))
+    parts.append("## Verdicts\n\nThis session: " + counts_line + ("\n\n" + verdicts if verdicts else "")
+                 + (f"\n\nIn full, the notes the table shortens:\n\n{details}" if details else ""))
     return "\n\n".join(parts) + "\n"
 
 

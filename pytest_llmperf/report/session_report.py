@@ -14,14 +14,13 @@ there are removed, and said.
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
 from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
-from ..warning import PytestLLMPerfWarning
+from ..warning import warn_at
 from . import accumulate, dashboards, mermaid, throughput_log, verdict_table
 from . import html as html_report
 from .markdown import json_document, markdown, write_atomic, write_json
@@ -52,7 +51,7 @@ def _write_reports(session: Any, report_dir: Path) -> None:
     paths = [report_dir / f"{session.device}.md", report_dir / f"{session.device}.json"]
     doc, warning = accumulate.update_report(paths[1], document)  # every benchmark measured on the device
     if warning:
-        warnings.warn(PytestLLMPerfWarning(f"llmperf report: {warning}"), stacklevel=1)
+        warn_at(f"llmperf report: {warning}", paths[1])
     try:
         write_atomic(paths[0], markdown(doc, counts_line(found)))
         write_json(paths[1], doc)

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..judge.quality import quality_notes
-from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, counts, failing, reason_of
+from ..judge.rows import admitting
+from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, Verdict, counts, failing, reason_of
 from .markdown import json_document
 from .tables import table
 from .verdict_table import table_rows
@@ -113,6 +114,9 @@ def summary_lines(session: Any) -> list[str]:
     lines = table(header, rows).splitlines() if rows else []
     found = counts(session.outcomes)
     lines.append(counts_line(found))
+    busy = busy_line(session)
+    if busy:
+        lines.append(busy)
     lines += [f"run quality: {o.result.key}: {note}" for o in session.outcomes for note in quality_notes(o.result)]
     used = getattr(session, "processes_used", [])
     if used:
@@ -163,6 +167,19 @@ def _ago(delta: timedelta) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return "seconds"
+
+
+def busy_line(session: Any) -> str | None:
+    """One --llmperf-max-load that admits every batch size refused because the machine is busy now (each test's
+    warning names its own), so a re-run needs one value."""
+    loads = [batch.foreign_load for o in session.outcomes for r in o.rows
+             if r.verdict == Verdict.REFUSED and r.note.startswith("machine busy")
+             and (batch := o.result.batch(r.batch_size)) is not None and batch.foreign_load is not None]
+    if not loads:
+        return None
+    return (f"machine busy: {len(loads)} batch size(s) refused, other processes used up to {max(loads):.2f} cores. "
+            f"Re-run when the other work has stopped, or accept the load for all of them (noisier verdicts): "
+            f"{session.rerun(replace={'max_load': admitting(max(loads))})}")
 
 
 def _spread(values: Sequence[int]) -> str:

@@ -7,6 +7,10 @@ worse" for a throughput); the gate's estimate of the same ratio (judge/stats.py:
 log values) sits beside it with its 95% interval, and the one-sided p with its adjustment for the family of rows
 and looks (judge/procedure.py). An "improved" row shows the p-value of the improving direction. Benchmarks that were
 created, updated, refused or missing (no comparison) show the medians measured now.
+
+A verdict cell is at most CELL_LIMIT characters: the verdict and the head of its note (up to its first '; ',
+' (' or '. '; notes are worded so their head says what happened). The whole note is in the test's failure text
+or warning, and under the markdown table (`note_details`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from typing import Any
 
 from .tables import table
 from ..measure.metrics import DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS
+
+#: The most characters of a verdict cell (issue 22: a refusal cell was ~330 characters).
+CELL_LIMIT = 120
+_HEAD_ENDS = ("; ", " (", ". ")
 
 HEADER = ("Test", "Metric", "Batch Size", "Baseline (median)", "Now (median)", "Ratio of medians",
           "Ratio estimate [95% CI]", "p (adjusted)", "Verdict")
@@ -100,10 +108,36 @@ def cells(row: Mapping[str, Any], definitions: Mapping[str, Any] | None = None) 
         p = f"{row['p_better']:.2g} (improving)"
     else:
         p = "" if row.get("p_value") is None else f"{row['p_value']:.2g} ({row['p_adjusted']:.2g})"
-    note = str(row.get("note") or "")
-    verdict = str(row.get("verdict") or "") + (f": {note}" if note and not note.startswith("n=") else "")
+    verdict = verdict_cell(str(row.get("verdict") or ""), str(row.get("note") or ""))
     return [str(row.get("key") or ""), metric, str(row.get("batch_size") or ""), _value(base, unit),
             _value(now, unit), ratio, hl, p, verdict]
+
+
+def shown_note(note: str) -> str:
+    """What a cell shows of a row's note: nothing for the numbers' own note (n=...), else its head."""
+    if not note or note.startswith("n="):
+        return ""
+    cuts = [i for i in (note.find(end) for end in _HEAD_ENDS) if i > 0]
+    return note[:min(cuts)] if cuts else note
+
+
+def verdict_cell(verdict: str, note: str) -> str:
+    """`verdict: head of the note`, at most CELL_LIMIT characters."""
+    head = shown_note(note)
+    text = f"{verdict}: {head}" if head else verdict
+    return text if len(text) <= CELL_LIMIT else text[:CELL_LIMIT - 1] + "…"
+
+
+def note_details(document: Mapping[str, Any]) -> list[str]:
+    """The whole note of every row whose cell shows only its head, one line each, in the table's order."""
+    details = []
+    for row in document_rows(document):
+        note, verdict = str(row.get("note") or ""), str(row.get("verdict") or "")
+        if shown_note(note) and verdict_cell(verdict, note) != f"{verdict}: {note}":
+            where = f"{row.get('key')}, {'batch size' if row.get('metric') == '*' else row.get('metric')}"
+            details.append(f"{where}{'' if row.get('metric') == '*' else ' at batch size'} {row.get('batch_size')}: "
+                           f"{row.get('verdict')}: {note}")
+    return details
 
 
 def measured_cell(row: Mapping[str, Any]) -> str:

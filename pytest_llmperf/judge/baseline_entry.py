@@ -1,0 +1,164 @@
+"""One benchmark's baseline as the gate reads it (schema 3), and the one parser of a stored entry.
+
+Per batch size: what the gate tests (each worker process's median of its runs, or the runs when one process
+measured them), the runs each process took, the load other processes put on the machine and the digest of the
+generated tokens; per entry the fingerprint, scenario, backend and date. `from_json` reads schema 3 and
+reduces a schema-2 entry (every run of every process) to it, so the store, its migration
+(judge/baseline_migration.py) and readers of committed versions (report/history.py) read entries one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..measure.metrics import values_by_process
+from ..measure.records import BenchmarkResult
+from .outputs import Outputs, outputs_by_batch
+
+
+def stored_value(value: float) -> float:
+    """A value as the baseline file keeps it: 6 significant digits (one part in a million; timings scatter by far
+    more). The gate compares current values through this too, so a deterministic counter (a hit rate of 51/184)
+    ties with its baseline exactly instead of differing in the last digit, which the gate would read as a
+    certain shift (both sides constant: no spread)."""
+    return float(f"{value:.6g}")
+
+
+def process_medians(runs: list[list[float]]) -> list[float]:
+    """One value per worker process: the median of its runs (the gate's unit)."""
+    return [float(np.median(values)) for values in runs if values]
+
+
+@dataclass
+class BaselineEntry:
+    key: str
+    # batch size -> metric -> what the gate tests: each worker process's median of its runs (unit "process"),
+    # or the runs of the one process that measured them (unit "run")
+    values: dict[int, dict[str, list[float]]]
+    counts: dict[int, list[int]] = field(default_factory=dict)  # batch size -> runs each process took
+    errors: dict[int, str] = field(default_factory=dict)  # batch size -> why it did not run ("oom: ...")
+    foreign_load: dict[int, float] = field(default_factory=dict)  # batch size -> cores used by other processes
+    unit: str = "process"  # "run": measured in one process, the gate tests its runs
+    outputs: dict[int, str] = field(default_factory=dict)  # batch size -> digest of its generated ids
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    scenario: dict[str, Any] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
+    git_commit: str | None = None
+    created: str = ""
+
+    def process_values(self, batch_size: int) -> dict[str, list[float]]:
+        """One value per worker process and metric (measured in one process: the median of its runs)."""
+        values = self.values.get(batch_size, {})
+        if self.unit == "run":
+            return {m: [float(np.median(v))] for m, v in values.items() if v}
+        return {m: list(v) for m, v in values.items()}
+
+    @classmethod
+    def of_result(cls, result: BenchmarkResult, *, fingerprint: Mapping[str, Any] | None = None,
+                  created: str = "") -> BaselineEntry:
+        """What a measured benchmark stores as its baseline (and what an A/B comparison's A side is judged as)."""
+        fingerprint = dict(fingerprint or {})
+        unit = "process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run"
+        values, counts = {}, {}
+        for batch in result.batches:
+            if batch.ok:
+                per_process = values_by_process(batch.samples)
+                values[batch.batch_size] = _reduced(per_process, unit)
+                counts[batch.batch_size] = [sum(s.process == p for s in batch.samples) for p in batch.processes]
+        return cls(
+            key=result.key,
+            values=values,
+            counts=counts,
+            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
+            foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
+            unit=unit,
+            outputs={bs: o.digest for bs, o in outputs_by_batch(result.batches).items()},
+            fingerprint=fingerprint,
+            scenario=result.scenario,
+            backend={k: v for k, v in result.backend.items() if k != "model_path"},
+            git_commit=(fingerprint.get("git") or {}).get("commit"),
+            created=created,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Schema 3: per batch size what was measured about it (`batches`) and what the gate tests (`values`);
+        the commit is the fingerprint's."""
+        batches: dict[str, Any] = {}
+        for bs in sorted(self.values):
+            batch: dict[str, Any] = {}
+            if bs in self.counts:
+                batch["runs_per_process"] = list(self.counts[bs])
+            if bs in self.foreign_load:
+                batch["foreign_load"] = round(self.foreign_load[bs], 3)
+            if bs in self.outputs:
+                batch["outputs"] = self.outputs[bs]
+            batches[str(bs)] = batch
+        values = {str(bs): {m: [stored_value(v) for v in vals] for m, vals in metrics.items()}
+                  for bs, metrics in sorted(self.values.items())}
+        fingerprint = dict(self.fingerprint)
+        if self.git_commit and not (fingerprint.get("git") or {}).get("commit"):
+            fingerprint["git"] = {**(fingerprint.get("git") or {}), "commit": self.git_commit}
+        data = {"batches": batches, "values": values, "unit": self.unit, "fingerprint": fingerprint,
+                "scenario": self.scenario, "backend": self.backend, "created": self.created}
+        if self.errors:
+            data["errors"] = {str(bs): msg for bs, msg in sorted(self.errors.items())}
+        return data
+
+    @classmethod
+    def from_json(cls, key: str, data: Mapping[str, Any]) -> BaselineEntry:
+        """An entry of schema 3, or of schema 2 (per-run values, one list per process) reduced to schema 3's."""
+        unit = str(data.get("unit", "process"))
+        values: dict[int, dict[str, list[float]]] = {}
+        counts: dict[int, list[int]] = {}
+        outputs: dict[int, str] = {}
+        for text, metrics in (data.get("values") or {}).items():  # schema 3
+            values[int(text)] = {m: [float(v) for v in vals] for m, vals in metrics.items()}
+        for text, batch in data["batches"].items():
+            bs = int(text)
+            if batch.get("runs_per_process") is not None:
+                counts[bs] = [int(n) for n in batch["runs_per_process"]]
+            if "runs" in batch:  # schema 2: per-run values, one list per process
+                per_process = {m: [[float(v) for v in run] for run in runs] for m, runs in batch["runs"].items()}
+                values[bs] = _reduced(per_process, unit)
+                counts[bs] = [len(runs) for runs in next(iter(per_process.values()), [])]
+            elif bs not in values:  # e.g. schema 1's per-run lists, in a history
+                raise ValueError(f"entry {key!r}, batch size {bs}: no values")
+            if isinstance(batch.get("outputs"), str):
+                outputs[bs] = batch["outputs"]
+            elif batch.get("outputs") is not None:  # schema 2 kept the ids and text; the digest is what is compared
+                outputs[bs] = _outputs(key, text, batch["outputs"]).digest
+        return cls(
+            key=key,
+            values=values,
+            counts=counts,
+            errors={int(bs): str(msg) for bs, msg in data.get("errors", {}).items()},
+            foreign_load={int(bs): float(batch["foreign_load"]) for bs, batch in data["batches"].items()
+                          if batch.get("foreign_load") is not None},
+            unit=unit,
+            outputs=outputs,
+            fingerprint=dict(data.get("fingerprint", {})),
+            scenario=dict(data.get("scenario", {})),
+            backend=dict(data.get("backend", {})),
+            git_commit=data.get("git_commit") or ((data.get("fingerprint") or {}).get("git") or {}).get("commit"),
+            created=str(data.get("created", "")),
+        )
+
+
+def _reduced(per_process: Mapping[str, list[list[float]]], unit: str) -> dict[str, list[float]]:
+    """What the gate tests from per-run values, one list per process: the medians, or one process's runs."""
+    if unit == "run":
+        return {m: [v for run in runs for v in run] for m, runs in per_process.items()}
+    return {m: process_medians(runs) for m, runs in per_process.items()}
+
+
+def _outputs(key: str, batch_size: str, data: Any) -> Outputs:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"entry {key!r}, batch size {batch_size}: 'outputs' is not an object")
+    try:
+        return Outputs.from_json(data)
+    except ValueError as exc:
+        raise ValueError(f"entry {key!r}, batch size {batch_size}: {exc}") from None

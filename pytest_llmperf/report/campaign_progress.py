@@ -1,0 +1,182 @@
+"""Live progress of worker processes: what the controlling pytest process shows while its workers measure.
+
+Each worker appends progress records to its JSONL file (orchestrate/worker.py: a test started, run i of n of a
+batch size); the manager's wait loop reads them every fraction of a second (orchestrate/manager.py) and hands
+them here, with the time. What is shown, by where output goes:
+
+| where                  | while a worker runs                                              | when it is done        |
+|------------------------|------------------------------------------------------------------|------------------------|
+| terminal (tty)         | one status line, rewritten in place: side, process i of N, test, | a line per process:    |
+|                        | batch size, run i of n, seconds since the process started        | its tests and seconds  |
+| CI log (not a tty)     | the same as a line at least every LINE_EVERY_S seconds           | the same line          |
+| CI log with -q         | nothing                                                           | the same line          |
+
+So a log never goes more than LINE_EVERY_S (plus one poll) without a line while workers run, including the
+seconds a worker spends importing torch or loading a model before its first run. Times come from an injected
+clock; the output goes through an `Output` (the terminal reporter's, or a test's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pytest
+
+#: Not a tty: a line at least this often while a worker runs (issue 22: no silence longer than 10 s).
+LINE_EVERY_S = 8.0
+#: A tty: the status line is rewritten at most this often.
+STATUS_EVERY_S = 0.25
+
+
+class Output(Protocol):
+    def line(self, text: str) -> None:
+        """A line that stays."""
+
+    def status(self, text: str) -> None:
+        """Replace the status line with `text` ("" erases it)."""
+
+
+@dataclass
+class WorkerState:
+    """What one running worker process is doing, as far as its records tell."""
+
+    side: str  # "the working tree", "origin/main (abc1234)"
+    index: int
+    total: int
+    tests: int
+    started: float
+    test: str = ""
+    batch_size: int | None = None
+    position: tuple[int, int] | None = None  # the batch size's place among the test's batch sizes
+    run: int = 0
+    runs: int = 0
+    retaken: int = 0
+
+    def update(self, record: Mapping[str, Any]) -> None:
+        if record.get("type") == "start":
+            self.test = _name(str(record.get("nodeid", "")))
+            self.batch_size, self.position, self.run, self.runs, self.retaken = None, None, 0, 0, 0
+        elif record.get("type") == "progress":
+            self.test = str(record.get("key") or _name(str(record.get("nodeid", ""))))
+            self.batch_size = int(record["batch_size"])
+            position = record.get("position")
+            self.position = (int(position[0]), int(position[1])) if position else None
+            self.run, self.runs, self.retaken = int(record["run"]), int(record["runs"]), int(record.get("retaken", 0))
+
+    def describe(self, now: float) -> str:
+        parts = [f"process {self.index} of {self.total} on {self.side}"]
+        if self.test:
+            parts.append(self.test)
+        if self.batch_size is None:
+            parts.append("starting" if not self.test else "loading")
+        else:
+            where = f" ({self.position[0]}/{self.position[1]})" if self.position else ""
+            parts.append(f"batch size {self.batch_size}{where}, run {self.run}/{self.runs}")
+            if self.retaken:
+                parts.append(f"{self.retaken} retaken (busy)")
+        return ", ".join(parts) + f", {now - self.started:.0f} s"
+
+
+def _name(nodeid: str) -> str:
+    return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+
+
+@dataclass
+class CampaignProgress:
+    """Progress of a campaign of worker processes, one worker at a time."""
+
+    out: Output
+    isatty: bool
+    verbosity: int
+    clock: Callable[[], float] = time.monotonic
+    worker: WorkerState | None = None
+    _last_line: float | None = None
+    _last_status: float | None = None
+    _shown: str = field(default="", repr=False)
+
+    def say(self, text: str) -> None:
+        """A line of the campaign's own (a worktree checked out, a ref's tests collected)."""
+        self.clear()
+        self.out.line(f"llmperf: {text}")
+        self._last_line = self.clock()
+
+    def started(self, side: str, index: int, total: int, tests: int) -> None:
+        now = self.clock()
+        self.worker = WorkerState(side, index, total, tests, now)
+        if self._last_line is None:
+            self._last_line = now  # the first periodic line comes LINE_EVERY_S after the campaign starts
+        self.tick()
+
+    def records(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """The worker's new records (possibly none): update what it is doing, and show it when due."""
+        if self.worker is None:
+            return
+        for record in records:
+            self.worker.update(record)
+        self.tick()
+
+    def tick(self) -> None:
+        if self.worker is None:
+            return
+        now = self.clock()
+        text = self.worker.describe(now)
+        if self.isatty:
+            if self._last_status is None or now - self._last_status >= STATUS_EVERY_S:
+                self._last_status = now
+                self._shown = text
+                self.out.status(f"llmperf: {text}")
+        elif self.verbosity >= 0 and (self._last_line is None or now - self._last_line >= LINE_EVERY_S):
+            self._last_line = now
+            self.out.line(f"llmperf: {text}")
+
+    def done(self, seconds: float) -> None:
+        """The worker finished: its line, which stays."""
+        if self.worker is None:
+            return
+        worker = self.worker
+        self.worker = None
+        self.say(f"process {worker.index} of {worker.total} on {worker.side}: {worker.tests} test(s) in "
+                 f"{seconds:.1f} s")
+
+    def clear(self) -> None:
+        """Erase the status line (a tty), e.g. before a failed worker's error or at the campaign's end."""
+        if self._shown:
+            self.out.status("")
+            self._shown = ""
+            self._last_status = None
+
+
+class TerminalOutput:
+    """`Output` through pytest's terminal reporter; capture is suspended around each write."""
+
+    def __init__(self, reporter: Any, capture: Any) -> None:
+        self.reporter = reporter
+        self.capture = capture
+        self._width = 0
+
+    def _uncaptured(self) -> Any:
+        return self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext()
+
+    def line(self, text: str) -> None:
+        with self._uncaptured():
+            self.reporter.write_line(text)
+
+    def status(self, text: str) -> None:
+        tw = self.reporter._tw
+        text = text[:max(tw.fullwidth - 1, 10)]
+        with self._uncaptured():
+            tw.write("\r" + text + " " * max(self._width - len(text), 0) + ("\r" if not text else ""), flush=True)
+        self._width = len(text)
+
+
+def campaign(config: pytest.Config) -> CampaignProgress | None:
+    """The campaign's progress on pytest's terminal, or None without a terminal reporter (`-p no:terminal`)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return None
+    return CampaignProgress(TerminalOutput(reporter, config.pluginmanager.get_plugin("capturemanager")),
+                            isatty=bool(reporter.isatty()), verbosity=config.get_verbosity())

@@ -1,0 +1,74 @@
+"""The reference pages stay true: the pages made from the code are what the code makes today, and the figures the
+hand-written pages state are the code's constants (a change of one fails here until the page says it)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_llmperf.judge import procedure, stats
+from pytest_llmperf.judge.rows import MEMORY_FLOOR_MIB
+from pytest_llmperf.judge.verdicts import JUDGED, NOT_JUDGED
+from pytest_llmperf.orchestrate import worker
+from pytest_llmperf.orchestrate.options import DEFAULT_FAIL_ON, OPTIONS_BY_NAME
+from pytest_llmperf.orchestrate.session import DEFAULT_PROCESSES, DEFAULT_RTOL
+from pytest_llmperf.report import campaign_progress
+from pytest_llmperf.report.verdict_table import CELL_LIMIT
+from tests.server_helpers import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def page(name):
+    return " ".join((DOCS / name).read_text().split())  # figures may wrap across lines
+
+
+@pytest.mark.parametrize("name", ["options.md", "metrics.md"])
+def test_the_pages_made_from_the_code_are_current(name):
+    reference = load_script("reference_docs")
+    expected = {path.name: make for path, make in reference.PAGES.items()}[name]()
+    assert (DOCS / name).read_text() == expected, f"docs/{name} is stale: run python scripts/reference_docs.py"
+
+
+def test_every_option_and_marker_keyword_is_on_the_options_page():
+    text = (DOCS / "options.md").read_text()
+    for option in OPTIONS_BY_NAME.values():
+        assert f"`{option.cli}" in text and f"`{option.ini}`" in text and f"`{option.env}`" in text
+
+
+def test_the_gate_page_states_the_codes_figures():
+    text = page("gate.md")
+    assert f"more than {stats.OUTLIER_Z:g} robust standard deviations" in text
+    assert f"from {stats.SCREEN_MIN} units on" in text
+    assert f"the {stats.TRIM:.0%}-trimmed mean" in text
+    assert f"the {1 - procedure.DECISION_LEVEL:.0%} lower bound" in text
+    assert f"{1 - procedure.DECISION_LEVEL:.0%} upper bound" in text
+    assert f"at a per-unit noise of {procedure.REFERENCE_NOISE:.0%}" in text
+    assert (f"`auto` is {DEFAULT_RTOL['ab']:g} for A/B, and against stored baselines the drift measured between "
+            f"sessions: {DEFAULT_RTOL['cpu']:g} on the cpu target, {DEFAULT_RTOL['gpu']:g} on GPU targets") in text
+    assert f"by more than {MEMORY_FLOOR_MIB:g} MiB" in text
+    assert f"(default {OPTIONS_BY_NAME['memory_rtol'].default:.0%})" in text
+    assert f"the default, `{','.join(DEFAULT_FAIL_ON)}`" in text
+    assert f"A cell is at most {CELL_LIMIT} characters" in text
+
+
+def test_the_workers_page_states_the_progress_figures():
+    text = page("workers.md")
+    assert f"a line at least every {campaign_progress.LINE_EVERY_S:g} s" in text
+    assert worker.PROGRESS_EVERY_S == 1.0 and "at most one record a second" in text
+
+
+def test_the_readme_states_the_defaults_and_the_kinds():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert DEFAULT_PROCESSES["cpu"] == DEFAULT_PROCESSES["gpu"]
+    assert f"fresh worker processes ({DEFAULT_PROCESSES['cpu']} per side by default" in text
+    assert f"(`--llmperf-fail-on={','.join(DEFAULT_FAIL_ON)}`)" in text
+    judged, not_judged = (", ".join(map(str, kinds)) for kinds in (JUDGED, NOT_JUDGED))
+    assert f"{judged} (judged); {not_judged} (not judged)" in text
+
+
+def test_every_link_between_the_pages_resolves():
+    for path in [ROOT / "README.md", *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.name} links {target}"
