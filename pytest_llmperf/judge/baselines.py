@@ -23,6 +23,7 @@ import numpy as np
 from ..files import finite_or_null, locked, write_text_atomic
 from .baseline_layout import module_file, other_sets, set_directory
 from .baseline_values import check_entry, check_raw_entry
+from ..measure.instructions import count_table
 from ..measure.metrics import values_by_process
 from ..measure.records import BenchmarkResult
 from .outputs import Outputs, outputs_by_batch
@@ -75,7 +76,8 @@ class BaselineEntry:
         fingerprint = dict(fingerprint or {})
         return cls(
             key=result.key,
-            runs={b.batch_size: values_by_process(b.samples) for b in result.batches if b.ok},
+            runs={b.batch_size: {**values_by_process(b.samples), **count_table(b.counted)}  # counted: instructions
+                  for b in result.batches if b.ok},
             errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.ok},
             foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
             unit="process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run",

@@ -32,7 +32,7 @@ from ..judge.rows import Reference, judge_rows, undecided_batches
 from ..judge.verdicts import COMPARED, Outcome, Verdict
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
-from . import judging, worktree
+from . import counting, judging, worktree
 from .checks import rows_expected
 from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
 from ..warning import PytestLLMPerfWarning
@@ -101,6 +101,7 @@ class ProcessController:
         self.decisions: dict[str, Decision] = {}
         self.plans: dict[str, Plan] = {}
         self.family: int | None = None  # gated rows of the whole job, judged as one family
+        self.counted: dict[str, list[WorkerRun]] = {}  # counting workers by side (orchestrate/counting.py)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -135,7 +136,7 @@ class ProcessController:
                     sides = [Side("A", ref.root, ref.label, ref.pythonpath), Side("B", root, "the working tree")]
                     self.llm.compared_to = ref.label
                     available["A"] = self._collect(sides[0], items)
-                keep = not self._rounds(items, sides, available, work_dir)
+                keep = not (self._count(items, sides, work_dir) and self._rounds(items, sides, available, work_dir))
         finally:
             if not keep:  # a failed worker's log stays where its error message points
                 shutil.rmtree(work_dir, ignore_errors=True)
@@ -174,6 +175,19 @@ class ProcessController:
                                         f"test(s) in {run.seconds:.1f} s")
             for nodeid in [n for n, plan in due.items() if plan.units == done]:
                 self._look(self.plans[nodeid], sides, runs, available)
+        return True
+
+    def _count(self, items: list[pytest.Item], sides: list[Side], work_dir: Path) -> bool:
+        """Count instructions of the tests that ask for them (orchestrate/counting.py); False when a counting worker
+        failed (its log is kept)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        try:
+            self.counted = counting.campaign(self.llm, items, sides, work_dir, self._passthrough_args(),
+                                             reporter.write_line if reporter is not None else None)
+        except WorkerError as exc:
+            for item in items:
+                self.decisions[item.nodeid] = Decision(failure=f"llmperf: counting instructions: {exc}")
+            return False
         return True
 
     def _look(self, plan: Plan, sides: list[Side], runs: dict[str, list[WorkerRun]],
@@ -225,11 +239,14 @@ class ProcessController:
         if not self.llm.settings["compare"]:
             return judging.stored_reference(self.llm, result, self.llm.store.lookup(result.module, result.key))
         side = _by_key(result.nodeid, runs["A"]).get(result.key)
+        if side is not None:
+            side = counting.attach(side, self.counted.get("A", []), sides[0].label)
         return judging.ab_reference(result, side, sides[0].label, exists_on_a=result.nodeid in available.get("A", ()))
 
     def _outcome(self, plan: Plan, merged: BenchmarkResult, sides: list[Side], runs: dict[str, list[WorkerRun]],
                  available: dict[str, set[str]], final: bool) -> Outcome:
         """Record the benchmark (update modes), or judge it at this look."""
+        merged = counting.attach(merged, self.counted.get(sides[-1].name, []), sides[-1].label)
         scenario = Scenario.from_json(merged.scenario)
         if self.llm.mode != "gate" and not self.llm.settings["compare"]:
             lookup = self.llm.store.lookup(merged.module, merged.key)

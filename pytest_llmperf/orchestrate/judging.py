@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.baseline_layout import machine_slug
 from ..judge.environment import hardware_mismatch, software_drift
+from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
 from ..judge.quality import request_failures
@@ -100,6 +101,7 @@ def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference
                       final=final, max_load=float("inf") if ab else scenario.max_load,
                       counters_better=result.counters_better, previous=previous.rows if previous else (),
                       family=family)
+    rows += instruction_rows(result, reference.entry, scenario, reference.label)  # counted under callgrind
     if ab:
         how = f"compared with {reference.label} in alternating worker processes (--llmperf-compare)"
         intended = how

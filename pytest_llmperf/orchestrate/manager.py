@@ -26,7 +26,7 @@ from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
 #: Protocols this manager reads: a side of an A/B comparison may import an older pytest-llmperf (this repository's
 #: own benchmarks import the plugin of the side they measure); protocol 1 ignores ENV_BATCHES (measures all).
-PROTOCOLS = (1, PROTOCOL)
+PROTOCOLS = (1, 2, PROTOCOL)
 #: pytest's exit codes after which the worker's reports are complete: all passed, some failed.
 COMPLETE_EXIT_CODES = (0, 1)
 
@@ -67,6 +67,7 @@ class WorkerRun:
     measured: list[Measured] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    counts: bool = False  # a counting worker that counted (its hello said so)
 
     def failures(self, nodeid: str) -> list[dict[str, Any]]:
         return [r for r in self.reports if r["nodeid"] == nodeid and r["outcome"] == "failed"]
@@ -87,9 +88,11 @@ def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> li
 
 def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str] = (),
-               batch_sizes: Mapping[str, Sequence[int]] | None = None) -> WorkerRun:
-    """Run one worker to completion; raise WorkerError if it did not complete."""
-    tag = f"{side.name or 'worker'}{index}"
+               batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
+               wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> WorkerRun:
+    """Run one worker to completion; raise WorkerError if it did not complete. `wrapper` goes before its command
+    and `environ` into its environment (a counting worker under valgrind: orchestrate/counting.py)."""
+    tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
     out.unlink(missing_ok=True)
@@ -100,9 +103,10 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
         env[ENV_BATCHES] = json.dumps({nodeid: list(sizes) for nodeid, sizes in batch_sizes.items()})
     if settings.get("malloc") == "steady":
         env.update(steady_malloc_env())
+    env.update(environ or {})
     started = time.monotonic()
     with open(log, "wb") as log_handle:
-        proc = subprocess.Popen(worker_command(nodeids, extra_args), cwd=side.root, stdout=log_handle,
+        proc = subprocess.Popen([*wrapper, *worker_command(nodeids, extra_args)], cwd=side.root, stdout=log_handle,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent())
         try:
@@ -141,6 +145,7 @@ def _read(out: Path, run: WorkerRun) -> dict[str, Any] | None:
             continue
         if record.get("type") == "hello" and record.get("protocol") in PROTOCOLS:
             hello = record
+            run.counts = bool(record.get("counts"))
         elif record.get("type") == "result":
             result = BenchmarkResult.from_json(record["result"])
             if record.get("counters_better") and not result.counters_better:  # protocol 1 sent them beside it

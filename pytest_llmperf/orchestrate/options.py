@@ -253,10 +253,10 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("device", "Hardware target the results belong to, e.g. cpu, a100, h100 (default: detected)",
-           _plain_name, metavar="NAME"),
-    Option("report_dir", "Directory for reports/<device>.md and .json (default: reports)",
-           _string, default="reports", metavar="DIR"),
+    Option("device", "Hardware target the results belong to, e.g. cpu, a100, h100 (default: detected)", _plain_name,
+           metavar="NAME"),
+    Option("report_dir", "Directory for reports/<device>.md and .json (default: reports)", _string, default="reports",
+           metavar="DIR"),
     Option("json", "Also write the JSON report to this path", _string, metavar="PATH"),
     Option("baseline_dir", "Directory holding baselines/<device>/ (default: baselines beside the config file)",
            _string, metavar="DIR"),
@@ -266,11 +266,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("runs", "Measured runs per batch size: in each worker process, whose median the gate tests; measured in "
            "one process (--llmperf-processes=1), the runs of the first look (default: 10)", _positive_int, default=10,
            metavar="N"),
-    Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
-           _non_negative_int, default=1, metavar="N"),
+    Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)", _non_negative_int, default=1,
+           metavar="N"),
     Option("max_runs", "Measured in one process: most runs per batch size while a row is undecided, more added in "
-           "doublings from --llmperf-runs (default: 30)",
-           _positive_int, default=30, metavar="N"),
+           "doublings from --llmperf-runs (default: 30)", _positive_int, default=30, metavar="N"),
     Option("alpha", "Family-wise error rate of 'regressed': the chance that a job of unchanged code ends with a "
            "regressed row, however many rows and looks it has (default: 0.01)", _probability,
            default=0.01, metavar="P"),
@@ -304,14 +303,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_processes", "Most worker processes per side while a row is undecided; more are added in doublings "
            "from --llmperf-processes, for the batch sizes still undecided (default: 8 times --llmperf-processes)",
            _positive_int, metavar="N"),
-    Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
-           "A/B in alternating worker processes, instead of against stored baselines", _string, metavar="REF"),
+    Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, A/B in "
+           "alternating worker processes, instead of against stored baselines", _string, metavar="REF"),
     Option("worker_timeout", "Seconds one worker process may run before it is stopped as hung (default: 3600)",
            _positive_float, default=3600.0, metavar="S"),
-    Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False,
-           flag=True),
-    Option("update_missing", "Write baselines that are missing; leave existing ones alone", _bool,
-           default=False, flag=True),
+    Option("update", "Rewrite the baselines of the selected tests; they pass", _bool, default=False, flag=True),
+    Option("update_missing", "Write missing baselines; leave existing ones alone", _bool, default=False, flag=True),
+    Option("instructions", "Also count the instructions of prefill and decode (cpu target, in-process backends): one "
+           "process per side under valgrind's callgrind, compared to a tolerance; a marker's instructions= wins "
+           "(docs/instructions.md)", _bool, default=False, flag=True),
     Option("cache_dir", "Where the embedded default models are built and cached "
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", _string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
