@@ -111,12 +111,13 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
 
 
 def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
-          work_dir: Path, timeout_s: float, extra_args: Sequence[str] = ()) -> dict[str, list[WorkerRun]]:
+          work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
+          batch_sizes: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[WorkerRun]]:
     """Run `processes` counting workers per side, two at a time (one per core); a WorkerError if one failed."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args)
-                   for side, index in jobs]
+        futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
+                               batch_sizes) for side, index in jobs]
         done = [future.result() for future in futures]
     runs: dict[str, list[WorkerRun]] = {side.name: [] for side in sides}
     for run in done:
@@ -125,12 +126,13 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
 
 
 def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
-               timeout_s: float, extra_args: Sequence[str]) -> WorkerRun:
+               timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
     wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
     return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
-                      extra_args=extra_args, tag=tag, wrapper=wrapper, environ={**COUNTING_ENV, ENV_COUNT: str(out)})
+                      extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
+                      environ={**COUNTING_ENV, ENV_COUNT: str(out)})
 
 
 def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> BenchmarkResult:
