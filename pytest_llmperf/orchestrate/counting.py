@@ -126,7 +126,8 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
 
 
 def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
-               timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None) -> WorkerRun:
+               timeout_s: float, extra_args: Sequence[str],
+               batch_sizes: Mapping[str, Sequence[int]] | None) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
     wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
