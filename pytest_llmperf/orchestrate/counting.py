@@ -16,6 +16,7 @@ MKL's AVX2 path under valgrind, 0.01 s in the compatible one; docs/instructions.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ import pytest
 
 from ..measure.instructions import platform_problem
 from ..measure.records import BenchmarkResult
+from ..processes import stop_tree
 from .manager import Side, WorkerError, WorkerRun, run_worker
 from .session import LLMPerfSession
 from .worker import ENV_COUNT
@@ -115,10 +117,18 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
           batch_sizes: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[WorkerRun]]:
     """Run `processes` counting workers per side, two at a time (one per core); a WorkerError if one failed."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
+    running: list[subprocess.Popen[bytes]] = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
-                               batch_sizes) for side, index in jobs]
-        done = [future.result() for future in futures]
+                               batch_sizes, running.append) for side, index in jobs]
+        try:
+            done = [future.result() for future in futures]
+        except BaseException:  # Ctrl-C, SIGTERM or a failed worker: none of them outlives the controller
+            for future in futures:
+                future.cancel()
+            for proc in running:
+                stop_tree(proc.pid, grace_s=5, session=True)
+            raise
     runs: dict[str, list[WorkerRun]] = {side.name: [] for side in sides}
     for run in done:
         runs[run.side.name].append(run)
@@ -126,14 +136,14 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
 
 
 def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
-               timeout_s: float, extra_args: Sequence[str],
-               batch_sizes: Mapping[str, Sequence[int]] | None) -> WorkerRun:
+               timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None,
+               started: Callable[[subprocess.Popen[bytes]], None]) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
     wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
     return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
                       extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
-                      environ={**COUNTING_ENV, ENV_COUNT: str(out)})
+                      environ={**COUNTING_ENV, ENV_COUNT: str(out)}, started=started)
 
 
 def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> BenchmarkResult:

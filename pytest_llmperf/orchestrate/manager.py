@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,9 +89,11 @@ def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> li
 def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str] = (),
                batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
-               wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> WorkerRun:
+               wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+               started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> WorkerRun:
     """Run one worker to completion; raise WorkerError if it did not complete. `wrapper` goes before its command
-    and `environ` into its environment (a counting worker under valgrind: orchestrate/counting.py)."""
+    and `environ` into its environment; `started` gets its process (counting workers under valgrind, run from
+    threads: orchestrate/counting.py stops them when the controller is interrupted)."""
     tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
@@ -109,6 +111,8 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
         proc = subprocess.Popen([*wrapper, *worker_command(nodeids, extra_args)], cwd=side.root, stdout=log_handle,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent())
+        if started is not None:
+            started(proc)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
