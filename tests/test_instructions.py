@@ -246,3 +246,30 @@ def test_the_json_report_keeps_each_counted_run_beside_the_timed_ones():
     assert kept["batches"][0]["counts"] == {"decode_step_instructions": [7.0, 8.0]}
     assert StoredResult.from_json(kept).batches[0].counts == {"decode_step_instructions": [7.0, 8.0]}
     assert "counts" not in StoredResult.of(result_with()).to_json()["batches"][0]  # nothing counted, nothing said
+
+
+def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monkeypatch):
+    import subprocess
+    import time
+
+    from pytest_llmperf.orchestrate.manager import WorkerError
+
+    started = []
+
+    def fake_count_one(side, index, nodeids, settings, work_dir, timeout_s, extra_args, batch_sizes, on_start):
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        started.append(proc)
+        on_start(proc)
+        if side.name == "A":
+            time.sleep(0.5)  # the other side's worker is running by now
+            raise WorkerError("worker process 1 on HEAD exited with code 2")
+        proc.wait()
+        raise WorkerError("stopped")
+
+    monkeypatch.setattr(counting, "_count_one", fake_count_one)
+    sides = [Side("A", tmp_path, "HEAD"), Side("B", tmp_path, "the working tree")]
+    begun = time.monotonic()
+    with pytest.raises(WorkerError, match="on HEAD exited with code 2"):
+        counting.count(sides, ["m.py::t"], processes=1, settings={}, work_dir=tmp_path, timeout_s=60)
+    assert time.monotonic() - begun < 30  # not the 60 s the other worker would have run
+    assert len(started) == 2 and all(proc.poll() is not None for proc in started)
