@@ -137,13 +137,13 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
 
 def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None,
-               started: Callable[[subprocess.Popen[bytes]], None]) -> WorkerRun:
+               on_start: Callable[[subprocess.Popen[bytes]], None]) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
     wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
     return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
                       extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
-                      environ={**COUNTING_ENV, ENV_COUNT: str(out)}, started=started)
+                      environ={**COUNTING_ENV, ENV_COUNT: str(out)}, on_start=on_start)
 
 
 def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> BenchmarkResult:

@@ -90,9 +90,9 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
                timeout_s: float, extra_args: Sequence[str] = (),
                batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
                wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-               started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> WorkerRun:
+               on_start: Callable[[subprocess.Popen[bytes]], None] | None = None) -> WorkerRun:
     """Run one worker to completion; raise WorkerError if it did not complete. `wrapper` goes before its command
-    and `environ` into its environment; `started` gets its process (counting workers under valgrind, run from
+    and `environ` into its environment; `on_start` gets its process (counting workers under valgrind, run from
     threads: orchestrate/counting.py stops them when the controller is interrupted)."""
     tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
@@ -111,8 +111,8 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
         proc = subprocess.Popen([*wrapper, *worker_command(nodeids, extra_args)], cwd=side.root, stdout=log_handle,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent())
-        if started is not None:
-            started(proc)
+        if on_start is not None:
+            on_start(proc)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
