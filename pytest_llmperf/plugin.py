@@ -47,6 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from .orchestrate.controller import ProcessController
 
         config.pluginmanager.register(ProcessController(config, llm, _is_planned), "llmperf-controller")
+    if settings["instructions"]:
+        from .orchestrate.counting import check_setup
+
+        check_setup(llm)
     from .orchestrate.hygiene import BaselineHygiene
 
     config.pluginmanager.register(BaselineHygiene(config, llm), "llmperf-baselines")

@@ -43,6 +43,7 @@ def cuda_missing(origin: str, torch: Any) -> str:
 class HFBackend(Backend):
     kind = "hf"
     splits_prefill: ClassVar[bool] = True
+    clocked_in_process: ClassVar[bool] = True
     knob_names: ClassVar[tuple[str, ...]] = ("threads", "tokenizers_parallelism")
 
     def __init__(self, model_path: str | Path, *, name: str | None = None, dtype: str = "fp32",

@@ -10,14 +10,21 @@ reduces a schema-2 entry (every run of every process) to it, so the store, its m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from ..measure.instructions import count_table
 from ..measure.metrics import values_by_process
 from ..measure.records import BenchmarkResult
 from .outputs import Outputs, outputs_by_batch
+
+
+#: What this version writes in an entry and in a batch size's record; anything else there is kept as it is (an
+#: update never drops a field it does not know). Schema 2's fields are read and converted, never kept.
+ENTRY_FIELDS = ("batches", "values", "errors", "unit", "fingerprint", "scenario", "backend", "git_commit", "created")
+BATCH_FIELDS = ("runs_per_process", "foreign_load", "outputs", "runs", "processes")
 
 
 def stored_value(value: float) -> float:
@@ -49,6 +56,9 @@ class BaselineEntry:
     backend: dict[str, Any] = field(default_factory=dict)
     git_commit: str | None = None
     created: str = ""
+    # Fields this version does not know (a person's `comment`, a newer version's addition): kept as they are
+    extra: dict[str, Any] = field(default_factory=dict)
+    batch_extra: dict[int, dict[str, Any]] = field(default_factory=dict)  # the same, per batch size
 
     def process_values(self, batch_size: int) -> dict[str, list[float]]:
         """One value per worker process and metric (measured in one process: the median of its runs)."""
@@ -67,7 +77,9 @@ class BaselineEntry:
         for batch in result.batches:
             if batch.ok:
                 per_process = values_by_process(batch.samples)
-                values[batch.batch_size] = _reduced(per_process, unit)
+                # instruction counts (counting workers, --llmperf-instructions): each counting process's median
+                values[batch.batch_size] = {**_reduced(per_process, unit), **_reduced(count_table(batch.counted),
+                                                                                      "process")}
                 counts[batch.batch_size] = [sum(s.process == p for s in batch.samples) for p in batch.processes]
         return cls(
             key=result.key,
@@ -89,7 +101,7 @@ class BaselineEntry:
         the commit is the fingerprint's."""
         batches: dict[str, Any] = {}
         for bs in sorted(self.values):
-            batch: dict[str, Any] = {}
+            batch: dict[str, Any] = dict(self.batch_extra.get(bs, {}))
             if bs in self.counts:
                 batch["runs_per_process"] = list(self.counts[bs])
             if bs in self.foreign_load:
@@ -102,7 +114,7 @@ class BaselineEntry:
         fingerprint = dict(self.fingerprint)
         if self.git_commit and not (fingerprint.get("git") or {}).get("commit"):
             fingerprint["git"] = {**(fingerprint.get("git") or {}), "commit": self.git_commit}
-        data = {"batches": batches, "values": values, "unit": self.unit, "fingerprint": fingerprint,
+        data = {**self.extra, "batches": batches, "values": values, "unit": self.unit, "fingerprint": fingerprint,
                 "scenario": self.scenario, "backend": self.backend, "created": self.created}
         if self.errors:
             data["errors"] = {str(bs): msg for bs, msg in sorted(self.errors.items())}
@@ -145,7 +157,17 @@ class BaselineEntry:
             backend=dict(data.get("backend", {})),
             git_commit=data.get("git_commit") or ((data.get("fingerprint") or {}).get("git") or {}).get("commit"),
             created=str(data.get("created", "")),
+            extra={k: v for k, v in data.items() if k not in ENTRY_FIELDS},
+            batch_extra={int(bs): extra for bs, batch in data["batches"].items()
+                         if (extra := {k: v for k, v in batch.items() if k not in BATCH_FIELDS})},
         )
+
+    def keeping_extras_of(self, old: BaselineEntry | None) -> BaselineEntry:
+        """This entry with the unknown fields of the entry it replaces (of its batch sizes that remain)."""
+        if old is None:
+            return self
+        return replace(self, extra={**old.extra, **self.extra},
+                       batch_extra={bs: old.batch_extra[bs] for bs in self.values if bs in old.batch_extra})
 
 
 def _reduced(per_process: Mapping[str, list[list[float]]], unit: str) -> dict[str, list[float]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..measure.instructions import INSTRUCTION_METRICS
 from ..measure.metrics import (MEMORY_METRICS, METRICS, TAIL_MIN_GAPS, gaps_per_run, gated_metrics, metric_better,
                                values_by_process)
 from ..measure.records import BatchResult, BenchmarkResult
@@ -20,6 +21,7 @@ from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
 from .baseline_values import check_value
 from .baseline_entry import BaselineEntry, process_medians, stored_value
+from .instructions import count_message
 from .verdicts import COMPARED, Row, Verdict, note_row
 
 PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
@@ -117,8 +119,8 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
             continue
         unit, current = units_of(batch)
         for metric in gated_metrics(scenario.metrics, splits_prefill):
-            if metric in MEMORY_METRICS:
-                continue  # _batch_rows holds them to a tolerance
+            if metric in MEMORY_METRICS or metric in INSTRUCTION_METRICS:
+                continue  # held to a tolerance: _batch_rows (memory), judge/instructions.py (counts)
             if (metric, batch.batch_size) in earlier:
                 rows.append(earlier[(metric, batch.batch_size)])
                 continue
@@ -265,6 +267,8 @@ def row_message(row: Row) -> str:
     if row.metric == "*" or row.ratio is None or row.verdict == Verdict.INVALID:
         where = f"{row.metric} at batch size {row.batch_size}" if row.metric != "*" else f"batch size {row.batch_size}"
         return f"{where}: {row.verdict}: {row.note}"
+    if row.metric in INSTRUCTION_METRICS:
+        return count_message(row)
     unit = unit_of(row.metric)
     if row.metric in MEMORY_METRICS:
         return (f"{row.metric} (peak memory) at batch size {row.batch_size} regressed: baseline median "

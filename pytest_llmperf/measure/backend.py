@@ -104,6 +104,9 @@ class Backend(ABC):
     kind: ClassVar[str] = "backend"
     #: True when `generate` fills `prefill_ns` and `decode_steps_ns` (an in-process engine).
     splits_prefill: ClassVar[bool] = False
+    #: True when `generate` times every phase with `self.clock` in this process (an in-process engine), so that a
+    #: counting process can swap the clock for an instruction counter (measure/instructions.py).
+    clocked_in_process: ClassVar[bool] = False
     #: Knob names `apply_knobs` accepts.
     knob_names: ClassVar[tuple[str, ...]] = ()
     #: For each counter `generate` reports in `RunSample.counters` (e.g. an offload hit rate): "lower" or

@@ -77,6 +77,15 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in (
     Metric("energy_j_per_token", "J/token", "lower", "GPU energy over the run (NVML's total energy counter, all "
                                                      "GPUs) / generated tokens of the batch; runs of 1 s or more."),
     Metric("sm_clock_mhz", "MHz", "higher", "Lowest SM clock of the GPUs at the end of the run (NVML)."),
+    # Counted under callgrind in a counting process (measure/instructions.py, --llmperf-instructions): the host's
+    # work, the same in every process; held to a tolerance (judge/instructions.py).
+    Metric("prefill_instructions", "instructions", "lower", "Instructions executed by the pytest process during "
+                                                            "prefill, counted under callgrind."),
+    Metric("decode_step_instructions", "instructions", "lower", "Instructions per decode step: decode total / "
+                                                                "decode steps, counted under callgrind."),
+    Metric("e2e_instructions_per_token", "instructions", "lower", "Instructions of the whole run (tokenization to "
+                                                                  "the last token) / generated tokens of the batch, "
+                                                                  "counted under callgrind."),
 )}
 
 #: Memory metrics: gated by a tolerance (judge/verdicts.py), always, where both sides measured them.

@@ -40,6 +40,7 @@ class RunSample:
     sent_ns: list[int] | None = None  # per sequence, when its request was sent (None: all at the run's start)
     sequence_tokens: list[int] | None = None  # per sequence, the generated tokens the server counted
     failed_requests: list[str] = field(default_factory=list)  # requests of the run that failed (not timed), why
+    instructions: dict[str, float] = field(default_factory=dict)  # a run counted under callgrind (instructions.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +61,7 @@ class RunSample:
             "sent_ns": self.sent_ns,
             "sequence_tokens": self.sequence_tokens,
             "failed_requests": self.failed_requests,
+            **({"instructions": self.instructions} if self.instructions else {}),
         }
 
     @classmethod
@@ -80,6 +82,10 @@ class BatchResult:
     skipped: bool = False  # not attempted because a smaller batch already ran out of memory
     foreign_load: float | None = None  # cores other processes kept busy during the kept runs (mean)
     retaken: int = 0  # runs discarded and taken again because the machine was busy
+    # Runs counted under callgrind by counting processes (measure/instructions.py), kept apart from the timed runs;
+    # count_error: why this batch size was not counted
+    counted: list[RunSample] = field(default_factory=list)
+    count_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -91,13 +97,14 @@ class BatchResult:
         return sorted({s.process for s in self.samples})
 
     def to_json(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "samples"},
-                "samples": [s.to_json() for s in self.samples]}
+        return {**{k: v for k, v in asdict(self).items() if k not in ("samples", "counted")},
+                "samples": [s.to_json() for s in self.samples], "counted": [s.to_json() for s in self.counted]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BatchResult:
-        names = {f.name for f in fields(cls)} - {"samples"}
+        names = {f.name for f in fields(cls)} - {"samples", "counted"}
         return cls(samples=[RunSample.from_json(s) for s in data.get("samples", [])],
+                   counted=[RunSample.from_json(s) for s in data.get("counted") or []],
                    **{k: v for k, v in data.items() if k in names})
 
     @property
@@ -157,5 +164,7 @@ class BenchmarkResult:
             loads = [b.foreign_load for b in found if b.foreign_load is not None]
             batches.append(BatchResult(batch_size, samples=[s for b in found for s in b.samples], warmups=found[0].warmups,
                                        foreign_load=sum(loads) / len(loads) if loads else None,
-                                       retaken=sum(b.retaken for b in found)))
+                                       retaken=sum(b.retaken for b in found),
+                                       counted=[s for b in found for s in b.counted],
+                                       count_error=next((b.count_error for b in found if b.count_error), None)))
         return replace(first, scenario={**first.scenario, "processes": len(parts)}, batches=batches)

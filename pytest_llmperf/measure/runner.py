@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .instructions import InstructionClock, counted_runs
 from .load import LoadMeter
 from .gpu import GpuMeter, open_nvml
 from .memory import MemoryMeter
@@ -73,9 +74,12 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
 
 
 def measure_batch(backend: Backend, scenario: Scenario, batch_size: int,
-                  on_run: RunCallback | None = None) -> BatchResult:
+                  on_run: RunCallback | None = None, counter: InstructionClock | None = None) -> BatchResult:
     request = request_for(scenario, batch_size)
     try:
+        if counter is not None:  # a counting process: instructions, not time (measure/instructions.py)
+            return BatchResult(batch_size, warmups=scenario.warmups,
+                               counted=counted_runs(backend, request, scenario.runs, scenario.warmups, counter))
         runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load, on_run)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
@@ -86,7 +90,7 @@ def measure_batch(backend: Backend, scenario: Scenario, batch_size: int,
 
 
 def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str,
-            on_run: RunCallback | None = None) -> BenchmarkResult:
+            on_run: RunCallback | None = None, counter: InstructionClock | None = None) -> BenchmarkResult:
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()
@@ -96,7 +100,7 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                 batches.append(BatchResult(batch_size, error=f"not run: batch size {oom_at} ran out of memory",
                                            oom=True, skipped=True))
                 continue
-            result = measure_batch(backend, scenario, batch_size, on_run)
+            result = measure_batch(backend, scenario, batch_size, on_run, counter)
             if result.oom and oom_at is None:
                 oom_at = batch_size
             batches.append(result)

@@ -32,6 +32,7 @@ def llmperf_marker(
     processes: int | None = None,
     outputs: str | None = None,
     memory_rtol: float | None = None,
+    instructions: bool | None = None,
 ) -> dict[str, Any]:
     """The signature of `@pytest.mark.llmperf(...)`; calling it validates the keywords."""
     return {k: v for k, v in locals().items() if v is not None}
@@ -41,9 +42,9 @@ MARKER_KEYWORDS = tuple(inspect.signature(llmperf_marker).parameters)
 MARKER_HELP = (
     "llmperf(batch_sizes=[1], sequence_length=, decode_length=, runs=, warmups=, max_runs=, alpha=, "
     "rtol=float|{metric: float}, metrics=[...], knobs={...}, group=, stop_after_oom=, max_load=, devices=[...], "
-    "processes=, outputs=fail|warn|off, memory_rtol=): an LLM inference benchmark; `devices` lists the hardware "
-    "targets it runs on, `processes` the worker processes that measure it, `outputs` what a change of the "
-    "generated tokens does, `memory_rtol` how much peak memory may grow"
+    "processes=, outputs=fail|warn|off, memory_rtol=, instructions=): an LLM inference benchmark; `devices` lists the "
+    "hardware targets it runs on, `processes` the worker processes that measure it, `outputs` what a change of the "
+    "generated tokens does, `memory_rtol` how much peak memory may grow, `instructions` whether to count them"
 )
 
 
@@ -180,7 +181,7 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
                     "an integer >= 1", where)
     elif name == "group":
         _expect(value is None or isinstance(value, str), name, value, "a string", where)
-    elif name == "stop_after_oom":
+    elif name in ("stop_after_oom", "instructions"):
         _expect(isinstance(value, bool), name, value, "True or False", where)
     elif name == "max_load":
         _expect(_is_number(value) and value >= 0, name, value, "a number of cores >= 0 (float('inf'): no limit)",

@@ -37,6 +37,7 @@ class OffloadBackend(Backend):
 
     kind = "offload"
     splits_prefill: ClassVar[bool] = True
+    clocked_in_process: ClassVar[bool] = True
     knob_names: ClassVar[tuple[str, ...]] = ("latency_cpu", "latency_gpu", "threads", "tokenizers_parallelism",
                                              "schedule")
     #: Which way is better for each counter, so the gate can judge them like latency.

@@ -21,8 +21,9 @@ from ..judge.rows import undecided_batches
 from ..judge.verdicts import Outcome
 from ..measure import runner
 from ..measure.backend import Backend
+from ..measure.instructions import COUNTED_RUNS, not_counted
 from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
-from ..measure.records import BenchmarkResult
+from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_metrics, check_rtol_metrics
 from ..report import progress
 from . import judging
@@ -71,6 +72,9 @@ class Benchmark:
             wanted = self.session.recorder.batch_sizes(nodeid)
             if wanted is not None:
                 scenario = replace(scenario, batch_sizes=tuple(b for b in scenario.batch_sizes if b in wanted))
+        counter = self.session.recorder.counter if self.session.recorder is not None else None
+        if counter is not None:  # a counting worker: a few runs, counted (measure/instructions.py)
+            scenario = replace(scenario, runs=COUNTED_RUNS, warmups=max(scenario.warmups, 1))
         # in this process nothing else stops a generate() that never returns (a worker's controller does)
         timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
         # a worker's progress goes to the controller, which shows it (report/campaign_progress.py)
@@ -79,9 +83,15 @@ class Benchmark:
                  else progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes))
         try:
             with deadline(timeout):
-                with shown as on_run:
-                    result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
-                                            module=nodeid.split("::", 1)[0], on_run=on_run)
+                if counter is not None and not backend.clocked_in_process:
+                    result = BenchmarkResult(key=key, nodeid=nodeid, module=nodeid.split("::", 1)[0],
+                                             scenario=scenario.to_json(), backend=backend.describe(),
+                                             batches=[BatchResult(b, count_error=not_counted(backend))
+                                                      for b in scenario.batch_sizes], group=scenario.group)
+                else:
+                    with shown as on_run:
+                        result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
+                                                module=nodeid.split("::", 1)[0], on_run=on_run, counter=counter)
                 self.results.append(result)
                 if self.session.recorder is not None:  # a worker process: the controller judges
                     self.session.recorder.record_result(nodeid, result)

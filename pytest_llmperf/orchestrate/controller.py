@@ -33,7 +33,7 @@ from ..judge.verdicts import COMPARED, Outcome, Verdict
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 from ..report import campaign_progress
-from . import judging, worktree
+from . import counting, judging, worktree
 from .checks import rows_expected
 from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
 from .leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
@@ -111,6 +111,7 @@ class ProcessController:
         self.plans: dict[str, Plan] = {}
         self.family: int | None = None  # gated rows of the whole job, judged as one family
         self.progress: campaign_progress.CampaignProgress | None = None  # live progress of the workers
+        self.counted: dict[str, list[WorkerRun]] = {}  # counting workers by side (orchestrate/counting.py)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -152,7 +153,8 @@ class ProcessController:
                     sides = [Side("A", ref.root, ref.label, ref.pythonpath), Side("B", root, "the working tree")]
                     self.llm.compared_to = ref.label
                     available["A"] = self._collect(sides[0], items)
-                self._rounds(items, sides, available, work_dir)
+                if self._count(items, sides, work_dir):  # False: a counting worker failed, each test says so
+                    self._rounds(items, sides, available, work_dir)
         finally:
             if self.progress is not None:
                 self.progress.clear()
@@ -201,6 +203,19 @@ class ProcessController:
                     progress.say(said)
             for nodeid in [n for n, plan in due.items() if plan.units == done]:
                 self._look(self.plans[nodeid], sides, runs, available)
+        return True
+
+    def _count(self, items: list[pytest.Item], sides: list[Side], work_dir: Path) -> bool:
+        """Count instructions of the tests that ask for them (orchestrate/counting.py); False when a counting worker
+        failed (its log is kept)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        try:
+            self.counted = counting.campaign(self.llm, items, sides, work_dir, self._passthrough_args(),
+                                             reporter.write_line if reporter is not None else None)
+        except WorkerError as exc:
+            for item in items:
+                self.decisions[item.nodeid] = Decision(failure=f"llmperf: counting instructions: {exc}")
+            return False
         return True
 
     def _look(self, plan: Plan, sides: list[Side], runs: dict[str, list[WorkerRun]],
@@ -252,11 +267,14 @@ class ProcessController:
         if not self.llm.settings["compare"]:
             return judging.stored_reference(self.llm, result, self.llm.store.lookup(result.module, result.key))
         side = _by_key(result.nodeid, runs["A"]).get(result.key)
+        if side is not None:
+            side = counting.attach(side, self.counted.get("A", []), sides[0].label)
         return judging.ab_reference(result, side, sides[0].label, exists_on_a=result.nodeid in available.get("A", ()))
 
     def _outcome(self, plan: Plan, merged: BenchmarkResult, sides: list[Side], runs: dict[str, list[WorkerRun]],
                  available: dict[str, set[str]], final: bool) -> Outcome:
         """Record the benchmark (update modes), or judge it at this look."""
+        merged = counting.attach(merged, self.counted.get(sides[-1].name, []), sides[-1].label)
         scenario = Scenario.from_json(merged.scenario)
         if self.llm.mode != "gate" and not self.llm.settings["compare"]:
             lookup = self.llm.store.lookup(merged.module, merged.key)

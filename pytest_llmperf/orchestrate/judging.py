@@ -14,6 +14,7 @@ from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.baseline_layout import machine_slug
 from ..judge.baseline_values import too_few_units
 from ..judge.environment import hardware_mismatch, software_drift
+from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
 from ..judge.quality import request_failures
@@ -40,7 +41,7 @@ def record(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario,
         return Outcome(result, Status.REFUSED, errors=errors, baseline_path=str(lookup.path),
                        reason="machine busy, baseline not written" if busy else "measurement failed, not written")
     entry = BaselineEntry.of_result(result, fingerprint=session.fingerprint, created=now_iso())
-    small = too_few_units(entry.key, entry.unit, entry.runs)
+    small = too_few_units(entry.key, entry.unit, entry.values)
     if small:  # a baseline that could never decide a verdict
         return Outcome(result, Status.REFUSED, errors=[f"not written to {lookup.path}: {small}. Record more runs (runs=, "
                                                        "--llmperf-runs) or worker processes (--llmperf-processes)"],
@@ -70,7 +71,7 @@ def stored_reference(session: LLMPerfSession, result: BenchmarkResult, lookup: L
         return Outcome(result, Status.MISSING, messages=[hint], baseline_path=path)
     mismatch = hardware_mismatch(lookup.entry.fingerprint, session.fingerprint)
     if mismatch is None:
-        small = too_few_units(lookup.entry.key, lookup.entry.unit, lookup.entry.runs)
+        small = too_few_units(lookup.entry.key, lookup.entry.unit, lookup.entry.values)
         if small:  # every verdict would be inconclusive: the baseline, not this run, lacks the units
             return Outcome(result, Status.REFUSED, errors=[f"baseline {path}: {small}. Re-record it: "
                                                            f"{session.rerun(result.nodeid, update=True)}"],
@@ -111,6 +112,7 @@ def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference
                       final=final, max_load=float("inf") if ab else scenario.max_load,
                       counters_better=result.counters_better, previous=previous.rows if previous else (),
                       family=family)
+    rows += instruction_rows(result, reference.entry, scenario, reference.label)  # counted under callgrind
     if ab:
         how = f"compared with {reference.label} in alternating worker processes (--llmperf-compare)"
         intended = how

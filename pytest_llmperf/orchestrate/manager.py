@@ -30,7 +30,7 @@ from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
 #: Protocols this manager reads: a side of an A/B comparison may import an older pytest-llmperf (this repository's
 #: own benchmarks import the plugin of the side they measure); protocol 1 ignores ENV_BATCHES (measures all).
-PROTOCOLS = (1, PROTOCOL)
+PROTOCOLS = (1, 2, PROTOCOL)
 #: pytest's exit codes after which the worker's reports are complete: all passed, some failed.
 COMPLETE_EXIT_CODES = (0, 1)
 #: Seconds between two reads of a running worker's records.
@@ -75,6 +75,7 @@ class WorkerRun:
     measured: list[Measured] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    counts: bool = False  # a counting worker that counted (its hello said so)
 
     def failures(self, nodeid: str) -> list[dict[str, Any]]:
         return [r for r in self.reports if r["nodeid"] == nodeid and r["outcome"] == "failed"]
@@ -137,11 +138,15 @@ def wait(proc: subprocess.Popen[bytes], timeout_s: float, on_records: OnRecords 
 
 def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str] = (),
-               batch_sizes: Mapping[str, Sequence[int]] | None = None,
+               batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
+               wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+               on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
                on_records: OnRecords | None = None) -> WorkerRun:
     """Run one worker to completion; raise WorkerError if it did not complete. `on_records` gets what it
-    appends while it runs (progress)."""
-    tag = f"{side.name or 'worker'}{index}"
+    appends while it runs (progress). `wrapper` goes before its command and `environ` into its environment;
+    `on_start` gets its process (counting workers under valgrind, run from threads: orchestrate/counting.py
+    stops them when the controller is interrupted)."""
+    tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
     out.unlink(missing_ok=True)
@@ -152,11 +157,15 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
         env[ENV_BATCHES] = json.dumps({nodeid: list(sizes) for nodeid, sizes in batch_sizes.items()})
     if settings.get("malloc") == "steady":
         env.update(steady_malloc_env())
+    env.update(environ or {})
     started = time.monotonic()
     with open(log, "wb") as log_handle:
-        proc = subprocess.Popen(die_with_parent(worker_command(nodeids, extra_args), env=env, cwd=side.root),
+        proc = subprocess.Popen(die_with_parent([*wrapper, *worker_command(nodeids, extra_args)], env=env,
+                                                cwd=side.root),
                                 cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
+        if on_start is not None:
+            on_start(proc)
         try:
             code = wait(proc, timeout_s, on_records, RecordTail(out))
         except subprocess.TimeoutExpired:
@@ -204,6 +213,7 @@ def _read(out: Path, run: WorkerRun) -> dict[str, Any] | None:
             continue
         if record.get("type") == "hello" and record.get("protocol") in PROTOCOLS:
             hello = record
+            run.counts = bool(record.get("counts"))
         elif record.get("type") == "result":
             result = BenchmarkResult.from_json(record["result"])
             if record.get("counters_better") and not result.counters_better:  # protocol 1 sent them beside it

@@ -149,6 +149,9 @@ OPTIONS: tuple[Option, ...] = (
            flag=True),
     Option("update_missing", "Write baselines that are missing; leave existing ones alone", parsers.boolean,
            default=False, flag=True),
+    Option("instructions", "Also count the instructions of prefill and decode (cpu target, in-process backends): one "
+           "process per side under valgrind's callgrind, compared to a tolerance; a marker's instructions= wins "
+           "(docs/instructions.md)", parsers.boolean, default=False, flag=True),
     Option("cache_dir", "Where the embedded default models are built and cached "
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", parsers.as_string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",

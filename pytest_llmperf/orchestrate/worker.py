@@ -20,13 +20,17 @@ from typing import Any
 
 import pytest
 
+from ..measure.instructions import ClientRequests, CountingError, InstructionClock
 from ..measure.records import BenchmarkResult, RunSample
 
 ENV_OUT = "LLMPERF_WORKER_OUT"
 ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
 ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (0 is "measured in-process")
 ENV_BATCHES = "LLMPERF_WORKER_BATCHES"  # JSON {nodeid: [batch sizes]}: measure only these (a later look)
-PROTOCOL = 2  # progress records ("start", "progress") are extra lines: a manager that does not know them skips them
+ENV_COUNT = "LLMPERF_WORKER_COUNT"  # a counting worker under callgrind (orchestrate/counting.py): its out file
+#: 2: progress records ("start", "progress") as extra lines, which a manager that does not know them skips;
+#: 3: counting workers (ENV_COUNT)
+PROTOCOL = 3
 #: Seconds between two progress records of a worker (a fast backend finishes many runs a second).
 PROGRESS_EVERY_S = 1.0
 
@@ -46,13 +50,29 @@ def process_index() -> int:
     return int(os.environ.get(ENV_PROCESS, "1"))
 
 
+def counting_clock() -> InstructionClock | None:
+    """In a counting worker, the instruction clock its benchmarks are measured with; else None."""
+    out = os.environ.get(ENV_COUNT)
+    if not out:
+        return None
+    try:
+        requests = ClientRequests()
+    except CountingError as exc:
+        raise pytest.UsageError(f"llmperf: {exc}") from None
+    if not requests.running_on_valgrind():
+        raise pytest.UsageError(f"llmperf: {ENV_COUNT} is set, but this process does not run under valgrind")
+    return InstructionClock(requests, Path(out))
+
+
 class WorkerRecorder:
     """A plugin registered only in workers: writes results and test reports to the controller's file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.counter = counting_clock()  # a counting worker: instructions instead of time
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
-        self._write({"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "process": process_index()})
+        self._write({"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "process": process_index(),
+                     "counts": self.counter is not None})
 
     def _write(self, record: dict[str, Any]) -> None:
         self._handle.write(json.dumps(record) + "\n")
@@ -61,7 +81,7 @@ class WorkerRecorder:
     def record_result(self, nodeid: str, result: BenchmarkResult) -> None:
         index = process_index()
         for batch in result.batches:
-            for sample in batch.samples:
+            for sample in [*batch.samples, *batch.counted]:
                 sample.process = index
         self._write({"type": "result", "nodeid": nodeid, "result": result.to_json()})
 

@@ -23,6 +23,7 @@ import numpy as np
 from ..judge.outputs import observed
 from ..judge.quality import quality_notes
 from ..measure.backend import GenerationRequest, sample_problem
+from ..measure.instructions import count_table
 from ..measure.metrics import generated_tokens, run_values, summarize
 from ..measure.records import BatchResult, BenchmarkResult, RunSample
 
@@ -87,6 +88,7 @@ class StoredBatch:
     foreign_load: float | None = None
     retaken: int = 0
     outputs: dict[str, Any] | None = None  # {"digest", "sequence_0"} when the runs agree, else {"distinct": n}
+    counts: dict[str, list[float]] = field(default_factory=dict)  # instructions of each counted run (instructions.py)
 
     @property
     def ok(self) -> bool:
@@ -112,21 +114,24 @@ class StoredBatch:
             outputs = {"digest": seen.outputs.digest, "sequence_0": first[:200]}
         elif seen is not None:
             outputs = {"distinct": seen.distinct}
+        counts = {m: [v for values in runs for v in values] for m, runs in count_table(batch.counted).items()}
         return cls(batch.batch_size, [StoredRun.of(s) for s in batch.samples], batch.status, batch.error,
-                   batch.warmups, batch.foreign_load, batch.retaken, outputs)
+                   batch.warmups, batch.foreign_load, batch.retaken, outputs, counts)
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "status": self.status, "error": self.error, "warmups": self.warmups,
                 "foreign_load": self.foreign_load, "retaken": self.retaken, "outputs": self.outputs,
                 "runs": [r.to_json() for r in self.runs],
-                "summary": {m: summarize(v).to_json() for m, v in self.values().items()}}
+                "summary": {m: summarize(v).to_json() for m, v in self.values().items()},
+                **({"counts": self.counts} if self.counts else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredBatch:
         runs = [StoredRun.from_json(r) for r in data.get("runs") or [] if not _null_values(r)]
         return cls(int(data["batch_size"]), runs,
                    str(data.get("status") or "ok"), data.get("error"), int(data.get("warmups") or 0),
-                   data.get("foreign_load"), int(data.get("retaken") or 0), data.get("outputs"))
+                   data.get("foreign_load"), int(data.get("retaken") or 0), data.get("outputs"),
+                   {str(m): [float(v) for v in values] for m, values in (data.get("counts") or {}).items()})
 
 
 @dataclass

@@ -1,0 +1,169 @@
+"""Counting workers: the benchmarks that ask for instruction counts, run once per side under callgrind.
+
+How they fit the campaign (orchestrate/controller.py): before the timing rounds, the controller starts one
+counting worker per side, `valgrind --tool=callgrind --instr-atstart=no python -m pytest NODEID...` (A/B: the
+ref's and the working tree's at once, one per core), and attaches their counted runs to each side's timed
+result. A count is the same in every process, so these rows are decided at the first look, however many timing
+rounds follow; an update records BASELINE_PROCESSES of them, so that the baseline holds their spread.
+
+What the counting process measures is its own host-side work: start-up and warmups run uninstrumented (valgrind's
+base cost), instrumentation starts at the first counted run (measure/instructions.py). Its environment fixes what
+would make a count differ between processes or cost hours under valgrind: Python's hash seed, one thread, and
+MKL's compatible code path (valgrind 3.19 emulates AVX2's FMA slowly: one 128x384x384 matmul took 1.8 s in
+MKL's AVX2 path under valgrind, 0.01 s in the compatible one; docs/instructions.md).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..measure.instructions import platform_problem
+from ..measure.records import BenchmarkResult
+from ..processes import stop_tree
+from .manager import Side, WorkerError, WorkerRun, run_worker
+from .session import LLMPerfSession
+from .worker import ENV_COUNT
+
+VALGRIND_ARGS = ("--tool=callgrind", "--instr-atstart=no", "--dump-line=no")
+COUNTING_ENV = {"PYTHONHASHSEED": "0", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false"}
+#: Counting processes an update records per benchmark: their spread goes into the baseline.
+BASELINE_PROCESSES = 3
+INSTALL_HINT = ("install it: apt-get install valgrind (Debian, Ubuntu), dnf install valgrind (Fedora), "
+                "or drop --llmperf-instructions")
+
+
+def wants_instructions(item: pytest.Item, option: bool) -> bool:
+    """A test counts instructions when its marker says instructions=True, or --llmperf-instructions is given and
+    its marker does not say instructions=False."""
+    marker = item.get_closest_marker("llmperf")
+    given = marker.kwargs.get("instructions") if marker is not None else None
+    return bool(option if given is None else given)
+
+
+def check_setup(llm: LLMPerfSession) -> None:
+    """Refuse --llmperf-instructions up front where it cannot count: a UsageError naming the fix."""
+    if llm.device != "cpu":
+        problem = (f"instructions are counted on the cpu target only (callgrind sees the host's instructions, not "
+                   f"a GPU's); this session measures --llmperf-device={llm.device}")
+    elif llm.in_process:
+        problem = ("instructions are counted in a worker process under valgrind; --llmperf-processes=1 measures in "
+                   "this process: give --llmperf-processes=2 or more, or compare with --llmperf-compare REF")
+    else:
+        problem = setup_problem()
+    if problem is not None:
+        raise pytest.UsageError(f"llmperf: --llmperf-instructions: {problem}")
+
+
+def setup_problem(which: Any = shutil.which, torch_supported: Any = None) -> str | None:
+    """Why instructions cannot be counted on this machine (valgrind missing, a platform torch or we cannot count
+    on), said before anything runs; None when they can."""
+    problem = platform_problem()
+    if problem is not None:
+        return problem
+    if which("valgrind") is None:
+        return f"instruction counts are taken under valgrind (callgrind), which is not installed here; {INSTALL_HINT}"
+    supported = torch_supported() if torch_supported is not None else _torch_supports_valgrind()
+    if supported is False:
+        return ("torch says this platform does not support valgrind (torch._C._valgrind_supported_platform() is "
+                "False): its build cannot run under callgrind here; drop --llmperf-instructions")
+    return None
+
+
+def _torch_supports_valgrind() -> bool | None:
+    """torch's own answer, where torch is installed (None: no torch, nothing to ask)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    check = getattr(torch._C, "_valgrind_supported_platform", None)
+    return bool(check()) if check is not None else None
+
+
+def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[Side], work_dir: Path,
+             extra_args: Sequence[str], say: Callable[[str], None] | None) -> dict[str, list[WorkerRun]]:
+    """The counting workers of a campaign, by side: none when no test asks for instructions; a WorkerError when
+    one failed."""
+    nodeids = [item.nodeid for item in items if wants_instructions(item, llm.settings["instructions"])]
+    if not nodeids or llm.device != "cpu":
+        return {}
+    problem = setup_problem()  # asked by a marker only: not checked at configure time
+    if problem is not None:
+        raise WorkerError(problem)
+    settings = {**llm.settings.values, "processes": 1, "compare": None, "json": None, "update": False,
+                "update_missing": False}
+    processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings["compare"] else 1
+    started = time.monotonic()
+    runs = count(sides, nodeids, processes=processes, settings=settings, work_dir=work_dir,
+                 timeout_s=llm.settings["worker_timeout"], extra_args=extra_args)
+    if say is not None:
+        where = " and ".join(side.label for side in sides)
+        say(f"llmperf: counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
+            f"test(s) in {time.monotonic() - started:.0f} s")
+    return runs
+
+
+def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
+          work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
+          batch_sizes: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[WorkerRun]]:
+    """Run `processes` counting workers per side, two at a time (one per core); a WorkerError if one failed."""
+    jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
+    running: list[subprocess.Popen[bytes]] = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
+                               batch_sizes, running.append) for side, index in jobs]
+        try:
+            done = [future.result() for future in futures]
+        except BaseException:  # Ctrl-C, SIGTERM or a failed worker: none of them outlives the controller
+            for future in futures:
+                future.cancel()
+            for proc in running:
+                stop_tree(proc.pid, grace_s=5, session=True)
+            raise
+    runs: dict[str, list[WorkerRun]] = {side.name: [] for side in sides}
+    for run in done:
+        runs[run.side.name].append(run)
+    return runs
+
+
+def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
+               timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None,
+               on_start: Callable[[subprocess.Popen[bytes]], None]) -> WorkerRun:
+    tag = f"count-{side.name or 'worker'}{index}"
+    out = work_dir / f"{tag}.callgrind"
+    wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
+    return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
+                      extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
+                      environ={**COUNTING_ENV, ENV_COUNT: str(out)}, on_start=on_start)
+
+
+def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> BenchmarkResult:
+    """`result` with the runs its side's counting workers counted, or, per batch size, why there are none."""
+    if not runs:
+        return result
+    parts = [m.result for run in runs for m in run.measured if m.nodeid == result.nodeid and m.result.key == result.key]
+    why = None
+    if not all(run.counts for run in runs):
+        why = f"instructions not counted on {label}: its pytest-llmperf does not count them"
+    elif not parts:
+        failed = "; ".join(r["text"].strip().splitlines()[-1] for run in runs for r in run.failures(result.nodeid)
+                           if r["text"].strip())
+        why = f"instructions not counted: the counting process on {label} measured nothing" + (
+            f" ({failed})" if failed else "")
+    batches = []
+    for batch in result.batches:
+        found = [b for part in parts if (b := part.batch(batch.batch_size)) is not None]
+        error = why or next((b.count_error or b.error for b in found if b.count_error or b.error), None)
+        counted = [s for b in found for s in b.counted] if error is None else []
+        batches.append(replace(batch, counted=counted, count_error=error or (
+            None if counted else f"instructions not counted on {label}: no counted run of this batch size")))
+    return replace(result, batches=batches)

@@ -1,0 +1,275 @@
+"""Instruction counts (--llmperf-instructions): the counted runs with an injected instruction clock, the gate of a
+count, how counting workers' runs join their side's result and the baseline, and the clear errors. The real
+valgrind path (client requests, dumps, a counting worker per side) is tests/test_instructions_valgrind.py."""
+
+import json
+
+import pytest
+
+from pytest_llmperf.judge.baselines import BaselineEntry, BaselineStore
+from pytest_llmperf.judge.instructions import DEFAULT_RTOL, count_row, instruction_rows, spread
+from pytest_llmperf.judge.rows import row_message
+from pytest_llmperf.judge.verdicts import Verdict
+from pytest_llmperf.measure.backend import Backend, GenerationRequest
+from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.instructions import (INSTRUCTION_METRICS, count_table, count_values, counted_runs,
+                                                 not_counted, platform_problem)
+from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
+from pytest_llmperf.measure.scenario import Scenario, ScenarioError, check_marker_kwargs
+from pytest_llmperf.orchestrate import counting
+from pytest_llmperf.orchestrate.manager import Measured, Side, WorkerRun
+from pytest_llmperf.orchestrate.options import OPTIONS
+
+REQUEST = GenerationRequest(batch_size=2, sequence_length=8, decode_length=4, prompt="x")
+
+
+class Stepped(Backend):
+    """An in-process engine that times its phases with self.clock, as the HF backend does."""
+
+    kind = "stepped"
+    splits_prefill = True
+    clocked_in_process = True
+
+    def generate(self, request):
+        clock = self.clock
+        start = clock()
+        tokenized = clock()
+        times = [clock()]
+        for _ in range(request.decode_length - 1):
+            times.append(clock())
+        end = clock()
+        rel = [t - start for t in times]
+        return RunSample(batch_size=request.batch_size, token_times_ns=[rel] * request.batch_size,
+                         end_to_end_ns=end - start, tokenize_ns=tokenized - start, prefill_ns=times[0] - tokenized,
+                         decode_steps_ns=[b - a for a, b in zip(times, times[1:])],
+                         generated_tokens=request.batch_size * request.decode_length)
+
+    def describe(self):
+        return {"backend": self.kind}
+
+
+class FakeCounter(FakeClock):
+    """An InstructionClock's interface over scripted readings: what counted_runs drives."""
+
+    def __init__(self, ticks):
+        super().__init__(ticks)
+        self.starts = 0
+        self.resets = 0
+
+    def start(self):
+        self.starts += 1
+
+    def reset(self):
+        self.resets += 1
+
+
+def test_counted_runs_turn_clock_readings_into_instructions_and_restore_the_timing_clock():
+    backend = Stepped(clock=FakeClock(step=1000))
+    timing = backend.clock
+    # a settling run (dropped), then two: start 0, tokenized 10, prefill ends 110, decode steps of 7, 7 and 10, end 140
+    readings = [0, 10, 999, 1000, 1001, 1002, 1003] + [0, 10, 110, 117, 124, 134, 140] * 2
+    counter = FakeCounter(readings)
+    samples = counted_runs(backend, REQUEST, runs=2, warmups=1, clock=counter, settling=1)
+    assert backend.clock is timing and timing.now == 7000  # the warmup ran on the timing clock
+    assert counter.starts == 1 and counter.resets == 3
+    assert [s.instructions for s in samples] == [{"prefill_instructions": 100.0, "decode_step_instructions": 8.0,
+                                                  "e2e_instructions_per_token": 140 / 8}] * 2
+    assert all(s.end_to_end_ns == 0 and s.token_times_ns == [] for s in samples)  # never read as times
+
+
+def test_count_values_leave_out_what_a_backend_did_not_split():
+    server_like = RunSample(batch_size=1, token_times_ns=[[5, 9]], end_to_end_ns=9, generated_tokens=2)
+    assert count_values(server_like) == {"e2e_instructions_per_token": 4.5}
+
+
+def counted(values, process=1, metric="decode_step_instructions"):
+    return [RunSample(batch_size=1, token_times_ns=[], end_to_end_ns=0, process=process,
+                      instructions={metric: v}) for v in values]
+
+
+def result_with(counted_runs=(), count_error=None):
+    sample = RunSample(batch_size=1, token_times_ns=[[1, 2]], end_to_end_ns=2, prefill_ns=1, decode_steps_ns=[1])
+    batch = BatchResult(1, samples=[sample], counted=list(counted_runs), count_error=count_error)
+    return BenchmarkResult(key="t", nodeid="m.py::t", module="m.py", scenario={}, backend={}, batches=[batch])
+
+
+@pytest.mark.parametrize("now, verdict", [(1_002_000, Verdict.PASS), (1_010_000, Verdict.REGRESSED),
+                                          (990_000, Verdict.IMPROVED), (1_004_900, Verdict.PASS)])
+def test_a_count_is_held_to_its_tolerance(now, verdict):
+    row = count_row(result_with(), 1, "decode_step_instructions", [[1_000_000, 1_000_100]], [[now, now]], 0.005)
+    assert row.verdict == verdict
+    assert row.ratio == pytest.approx(now / 1_000_050)
+    assert row.note.startswith("instructions (callgrind): within 0.50%")
+
+
+def test_a_count_that_varies_more_than_the_tolerance_is_refused_with_its_spread():
+    row = count_row(result_with(), 1, "decode_step_instructions", [[1_000_000], [1_006_000]], [[1_000_000]], 0.005)
+    assert row.verdict == Verdict.REFUSED
+    assert "counts vary by 0.60% between runs and processes, more than the tolerance (0.50%)" in row.note
+    assert "n=2/1 processes" in row.note
+    assert spread([1.0, 1.003]) == pytest.approx(0.003 / 1.0015)
+    within = count_row(result_with(), 1, "decode_step_instructions", [[1_000_000], [1_004_000]], [[1_000_000]], 0.005)
+    assert within.verdict == Verdict.PASS  # the measured spread of unchanged code (0.39%) stays comparable
+
+
+def test_the_failure_names_the_count_its_phase_and_the_signal():
+    row = count_row(result_with(), 1, "decode_step_instructions", [[26_000_000]], [[26_260_000]], 0.005)
+    text = row_message(row)
+    assert text.startswith("decode_step_instructions (decode, instructions counted under callgrind) at batch size 1 "
+                           "regressed: reference 26,000,000, now 26,260,000 instructions (+1.00%")
+
+
+def test_rows_say_why_a_batch_was_not_counted_and_when_the_reference_holds_no_counts():
+    entry = BaselineEntry(key="t", runs={1: {"decode_step_instructions": [[100.0]]}})
+    rows = instruction_rows(result_with(count_error="instructions not counted: the tgi backend works in a server"),
+                            entry, Scenario(), "the baseline")
+    assert [(r.metric, r.verdict, r.note) for r in rows] == [
+        ("instructions", Verdict.UNGATED, "instructions not counted: the tgi backend works in a server")]
+    rows = instruction_rows(result_with(counted([100.0, 100.0])), BaselineEntry(key="t", runs={1: {}}), Scenario(),
+                            "HEAD (abc)")
+    assert rows[0].verdict == Verdict.UNGATED and "HEAD (abc) holds no counts" in rows[0].note
+    assert instruction_rows(result_with(), entry, Scenario(), "the baseline") == []  # not asked to count
+
+
+def test_a_marker_tolerance_for_a_count_wins_over_the_default():
+    entry = BaselineEntry(key="t", runs={1: {"decode_step_instructions": [[100.0, 100.0]]}})
+    current = result_with(counted([101.0, 101.0]))
+    assert instruction_rows(current, entry, Scenario(), "b")[0].verdict == Verdict.REGRESSED
+    loose = Scenario(rtol_per_metric={"decode_step_instructions": 0.02})
+    assert instruction_rows(current, entry, loose, "b")[0].verdict == Verdict.PASS
+    assert DEFAULT_RTOL == 0.005
+
+
+def test_a_baseline_keeps_the_counts_of_each_process_and_gates_against_them(tmp_path):
+    runs = counted([500.0, 500.0], 1) + counted([501.0, 501.0], 2) + counted([500.5, 500.5], 3)
+    store = BaselineStore(tmp_path, "cpu", updating=True)
+    store.write("m.py", BaselineEntry.of_result(result_with(runs), created="now"))
+    data = json.loads(store.path_for("m.py").read_text())
+    assert data["benchmarks"]["t"]["batches"]["1"]["runs"]["decode_step_instructions"] == [
+        [500.0, 500.0], [501.0, 501.0], [500.5, 500.5]]
+    entry = BaselineStore(tmp_path, "cpu").get("m.py", "t")
+    assert entry.runs[1]["decode_step_instructions"] == count_table(runs)["decode_step_instructions"]
+    assert "decode_token_ms" in entry.runs[1]  # beside the timed runs
+    row, = instruction_rows(result_with(counted([510.0, 510.0])), entry, Scenario(), "the baseline")
+    assert row.verdict == Verdict.REGRESSED and "n=3/1 processes, 6/2 runs" in row.note
+
+
+def measured(result, nodeid="m.py::t"):
+    return Measured(nodeid, result)
+
+
+def test_counting_workers_runs_join_the_timed_result_of_their_side():
+    side = Side("B", counting.Path("."), "the working tree")
+    count_part = BenchmarkResult(key="t", nodeid="m.py::t", module="m.py", scenario={}, backend={},
+                                 batches=[BatchResult(1, counted=counted([7.0, 7.0]))])
+    run = WorkerRun(side, 1, measured=[measured(count_part)], counts=True)
+    joined = counting.attach(result_with(), [run], side.label)
+    assert [s.instructions for s in joined.batches[0].counted] == [{"decode_step_instructions": 7.0}] * 2
+    assert joined.batches[0].samples == result_with().batches[0].samples  # the timed runs stay as they were
+    old = WorkerRun(side, 1, measured=[measured(count_part)], counts=False)
+    assert counting.attach(result_with(), [old], "HEAD (abc)").batches[0].count_error == (
+        "instructions not counted on HEAD (abc): its pytest-llmperf does not count them")
+    failed = WorkerRun(side, 1, reports=[{"nodeid": "m.py::t", "outcome": "failed", "when": "call",
+                                          "text": "Traceback\nRuntimeError: boom"}], counts=True)
+    assert counting.attach(result_with(), [failed], "the working tree").batches[0].count_error == (
+        "instructions not counted: the counting process on the working tree measured nothing (RuntimeError: boom)")
+    assert counting.attach(result_with(), [], "x") == result_with()  # nothing asked to count
+
+
+def test_a_server_backend_is_said_not_counted():
+    class Server(Backend):
+        kind = "tgi"
+
+        def generate(self, request):
+            raise AssertionError
+
+        def describe(self):
+            return {}
+
+    assert not_counted(Server()) == ("instructions not counted: the tgi backend works in a server process, which "
+                                     "callgrind does not see (only the pytest process is counted)")
+
+
+def test_setup_problems_name_the_fix():
+    assert "apt-get install valgrind" in counting.setup_problem(which=lambda name: None)
+    unsupported = counting.setup_problem(which=lambda name: "/usr/bin/valgrind", torch_supported=lambda: False)
+    assert "torch._C._valgrind_supported_platform() is False" in unsupported
+    assert counting.setup_problem(which=lambda name: "/usr/bin/valgrind", torch_supported=lambda: True) is None
+    assert platform_problem("aarch64", "Linux") == ("instruction counts are taken on x86-64 Linux (callgrind's client "
+                                                    "requests are issued from x86-64 code); this machine is Linux "
+                                                    "aarch64")
+
+
+def test_the_marker_keyword_is_checked():
+    assert check_marker_kwargs((), {"instructions": True}) == {"instructions": True}
+    with pytest.raises(ScenarioError, match="instructions='yes' is not valid: expected True or False"):
+        check_marker_kwargs((), {"instructions": "yes"})
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_it="import pytest\n\n@pytest.mark.llmperf\ndef test_it(llmperf):\n    pass\n")
+    return pytester
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--llmperf-device=a100",), "instructions are counted on the cpu target only"),
+    (("--llmperf-device=cpu", "--llmperf-processes=1"), "--llmperf-processes=1 measures in this process"),
+])
+def test_settings_that_cannot_count_are_refused_up_front(project, args, said):
+    result = project.runpytest("--llmperf-instructions", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*llmperf: --llmperf-instructions: *{said}*"])
+
+
+def test_valgrind_missing_is_refused_with_how_to_install_it(project, monkeypatch):
+    monkeypatch.setenv("PATH", str(project.path))  # no valgrind on it
+    monkeypatch.setenv("LLMPERF_INSTRUCTIONS", "1")  # the environment twin of the option
+    result = project.runpytest_inprocess("--llmperf-device=cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*not installed here; install it: apt-get install valgrind (Debian, Ubuntu)*"])
+
+
+def test_instruction_metrics_are_defined_with_their_unit():
+    from pytest_llmperf.measure.metrics import METRICS
+
+    assert all(METRICS[m].unit == "instructions" and METRICS[m].better == "lower" for m in INSTRUCTION_METRICS)
+
+
+def test_the_json_report_keeps_each_counted_run_beside_the_timed_ones():
+    from pytest_llmperf.report.stored import StoredResult
+
+    kept = StoredResult.of(result_with(counted([7.0], 1) + counted([8.0], 2))).to_json()
+    assert kept["batches"][0]["counts"] == {"decode_step_instructions": [7.0, 8.0]}
+    assert StoredResult.from_json(kept).batches[0].counts == {"decode_step_instructions": [7.0, 8.0]}
+    assert "counts" not in StoredResult.of(result_with()).to_json()["batches"][0]  # nothing counted, nothing said
+
+
+def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monkeypatch):
+    import subprocess
+    import time
+
+    from pytest_llmperf.orchestrate.manager import WorkerError
+
+    started = []
+
+    def fake_count_one(side, index, nodeids, settings, work_dir, timeout_s, extra_args, batch_sizes, on_start):
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        started.append(proc)
+        on_start(proc)
+        if side.name == "A":
+            time.sleep(0.5)  # the other side's worker is running by now
+            raise WorkerError("worker process 1 on HEAD exited with code 2")
+        proc.wait()
+        raise WorkerError("stopped")
+
+    monkeypatch.setattr(counting, "_count_one", fake_count_one)
+    sides = [Side("A", tmp_path, "HEAD"), Side("B", tmp_path, "the working tree")]
+    begun = time.monotonic()
+    with pytest.raises(WorkerError, match="on HEAD exited with code 2"):
+        counting.count(sides, ["m.py::t"], processes=1, settings={}, work_dir=tmp_path, timeout_s=60)
+    assert time.monotonic() - begun < 30  # not the 60 s the other worker would have run
+    assert len(started) == 2 and all(proc.poll() is not None for proc in started)
