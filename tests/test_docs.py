@@ -10,7 +10,8 @@ from pytest_llmperf.judge import procedure, stats
 from pytest_llmperf.judge.rows import MEMORY_FLOOR_MIB
 from pytest_llmperf.judge.verdicts import JUDGED, NOT_JUDGED
 from pytest_llmperf.orchestrate import worker
-from pytest_llmperf.orchestrate.options import DEFAULT_FAIL_ON, OPTIONS_BY_NAME
+from pytest_llmperf.orchestrate.option_values import DEFAULT_FAIL_ON
+from pytest_llmperf.orchestrate.options import OPTIONS_BY_NAME
 from pytest_llmperf.orchestrate.session import DEFAULT_PROCESSES, DEFAULT_RTOL
 from pytest_llmperf.report import campaign_progress
 from pytest_llmperf.report.verdict_table import CELL_LIMIT
