@@ -61,10 +61,13 @@ def assert_clean(result):
 
 
 def keep_runs(count):
+    """Keep the first `count` runs of the one process that measured each batch size (unit "run", schema 3)."""
     def change(data):
         for entry in data["benchmarks"].values():
-            for batch in entry["batches"].values():
-                batch["runs"] = {m: [values[0][:count]] for m, values in batch["runs"].items()}
+            assert entry["unit"] == "run"
+            for bs, values in entry["values"].items():
+                entry["values"][bs] = {m: runs[:count] for m, runs in values.items()}
+                entry["batches"][bs]["runs_per_process"] = [count]
     return change
 
 
@@ -105,10 +108,9 @@ def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, mon
     run(project, "--llmperf-update").assert_outcomes(passed=2)
 
     def drop(data):
-        batch = data["benchmarks"]["test_a"]["batches"]["1"]
-        for name in ("runs", "processes"):
-            batch[name].pop("decode_token_ms")
-            batch[name].pop("throughput_tokens_per_s")
+        values = data["benchmarks"]["test_a"]["values"]["1"]
+        values.pop("decode_token_ms")
+        values.pop("throughput_tokens_per_s")
     edit(baseline(project), drop)
     monkeypatch.setenv("SLOW", "2")
     result = run(project, "-k", "test_a")

@@ -109,7 +109,8 @@ def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_s
             on_run(batch_size, run, 10, 0, None)
     recorder.close()
     records = [json.loads(line) for line in (tmp_path / "w.jsonl").read_text().splitlines()]
-    assert records[0] == {"type": "hello", "protocol": worker.PROTOCOL, "pid": records[0]["pid"], "process": 2}
+    assert records[0] == {"type": "hello", "protocol": worker.PROTOCOL, "pid": records[0]["pid"], "process": 2,
+                          "counts": False}
     progress = records[1:]
     assert [(r["batch_size"], r["run"]) for r in progress] == [(1, 1), (1, 5), (1, 9), (1, 10), (4, 4), (4, 8),
                                                                (4, 10)]

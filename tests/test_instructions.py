@@ -120,19 +120,19 @@ def test_the_failure_names_the_count_its_phase_and_the_signal():
 
 
 def test_rows_say_why_a_batch_was_not_counted_and_when_the_reference_holds_no_counts():
-    entry = BaselineEntry(key="t", runs={1: {"decode_step_instructions": [[100.0]]}})
+    entry = BaselineEntry(key="t", values={1: {"decode_step_instructions": [100.0]}})
     rows = instruction_rows(result_with(count_error="instructions not counted: the tgi backend works in a server"),
                             entry, Scenario(), "the baseline")
     assert [(r.metric, r.verdict, r.note) for r in rows] == [
         ("instructions", Verdict.UNGATED, "instructions not counted: the tgi backend works in a server")]
-    rows = instruction_rows(result_with(counted([100.0, 100.0])), BaselineEntry(key="t", runs={1: {}}), Scenario(),
+    rows = instruction_rows(result_with(counted([100.0, 100.0])), BaselineEntry(key="t", values={1: {}}), Scenario(),
                             "HEAD (abc)")
     assert rows[0].verdict == Verdict.UNGATED and "HEAD (abc) holds no counts" in rows[0].note
     assert instruction_rows(result_with(), entry, Scenario(), "the baseline") == []  # not asked to count
 
 
 def test_a_marker_tolerance_for_a_count_wins_over_the_default():
-    entry = BaselineEntry(key="t", runs={1: {"decode_step_instructions": [[100.0, 100.0]]}})
+    entry = BaselineEntry(key="t", values={1: {"decode_step_instructions": [100.0]}})
     current = result_with(counted([101.0, 101.0]))
     assert instruction_rows(current, entry, Scenario(), "b")[0].verdict == Verdict.REGRESSED
     loose = Scenario(rtol_per_metric={"decode_step_instructions": 0.02})
@@ -145,13 +145,18 @@ def test_a_baseline_keeps_the_counts_of_each_process_and_gates_against_them(tmp_
     store = BaselineStore(tmp_path, "cpu", updating=True)
     store.write("m.py", BaselineEntry.of_result(result_with(runs), created="now"))
     data = json.loads(store.path_for("m.py").read_text())
-    assert data["benchmarks"]["t"]["batches"]["1"]["runs"]["decode_step_instructions"] == [
-        [500.0, 500.0], [501.0, 501.0], [500.5, 500.5]]
+    # each counting process's median, beside the timed values (schema 3)
+    assert data["benchmarks"]["t"]["values"]["1"]["decode_step_instructions"] == [500.0, 501.0, 500.5]
     entry = BaselineStore(tmp_path, "cpu").get("m.py", "t")
-    assert entry.runs[1]["decode_step_instructions"] == count_table(runs)["decode_step_instructions"]
-    assert "decode_token_ms" in entry.runs[1]  # beside the timed runs
+    assert entry.values[1]["decode_step_instructions"] == [500.0, 501.0, 500.5]
+    assert "decode_token_ms" in entry.values[1]
     row, = instruction_rows(result_with(counted([510.0, 510.0])), entry, Scenario(), "the baseline")
-    assert row.verdict == Verdict.REGRESSED and "n=3/1 processes, 6/2 runs" in row.note
+    assert row.verdict == Verdict.REGRESSED and "n=3/1 processes, 3/2 runs" in row.note
+    spread_out = result_with(counted([500.0, 500.0], 1) + counted([520.0, 520.0], 2))
+    store.write("m.py", BaselineEntry.of_result(spread_out, created="now"))
+    row, = instruction_rows(result_with(counted([500.0, 500.0])), BaselineStore(tmp_path, "cpu").get("m.py", "t"),
+                            Scenario(), "the baseline")
+    assert row.verdict == Verdict.REFUSED  # the stored processes spread 4%: their spread is kept and checked
 
 
 def measured(result, nodeid="m.py::t"):

@@ -127,4 +127,6 @@ def test_ab_counts_catch_two_percent_more_decode_work_and_pass_the_unchanged_pre
         "*decode_step_instructions (decode, instructions counted under callgrind) at batch size 1 regressed: "
         "reference *, now * instructions (+*%*"])
     result.stdout.no_fnmatch_line("*prefill_instructions*regressed*")
-    result.stdout.fnmatch_lines(["*prefill_instructions*pass*instructions (callgrind): within 0.50%*"])
+    result.stdout.fnmatch_lines(["| test_loop | prefill_instructions *| pass: instructions *|"])  # the note's head
+    notes = (pytester.path / "reports" / "cpu.md").read_text()
+    assert "test_loop, prefill_instructions at batch size 1: pass: instructions (callgrind): within 0.50%" in notes

@@ -17,7 +17,7 @@ def plan(first, cap):
 
 def test_a_long_campaign_is_estimated_from_its_first_round():
     line = controller.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
-    assert line == ("llmperf: at 3.0 s per round, the first look's 1000 rounds take about 50 min, up to 400 min if "
+    assert line == ("at 3.0 s per round, the first look's 1000 rounds take about 50 min, up to 400 min if "
                     "rows stay undecided (the cap, --llmperf-max-processes); fewer processes (--llmperf-processes) "
                     "take less. Ctrl-C stops cleanly")
     assert controller.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce

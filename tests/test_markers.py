@@ -35,7 +35,7 @@ def stored(pytester):
     found = {}
     for path in (pytester.path / "baselines").rglob("*.json"):
         for key, entry in json.loads(path.read_text())["benchmarks"].items():
-            found[key] = {int(bs): sorted(batch["runs"]) for bs, batch in entry["batches"].items()}
+            found[key] = {int(bs): sorted(values) for bs, values in entry["values"].items()}
     return found
 
 

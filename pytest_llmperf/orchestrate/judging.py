@@ -140,9 +140,9 @@ def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[
     """What a regressed or inconclusive benchmark says (its test fails with it where --llmperf-fail-on lists
     its kind); invalid values always fail."""
     regressed = [row_message(r) for r in rows if r.verdict == Verdict.REGRESSED]
-    if regressed:
-        return [*regressed, how]
     inconclusive = [row_message(r) for r in rows if r.verdict == Verdict.INCONCLUSIVE]
+    if regressed:  # the inconclusive rows too: the table's cell holds only the head of their note
+        return [*regressed, *inconclusive, how]
     if inconclusive:
         return [*inconclusive, "Measure more units where a row stays undecided (--llmperf-max-processes, or "
                                "max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)"]

@@ -22,6 +22,7 @@ import pytest
 
 from ..measure.instructions import ClientRequests, CountingError, InstructionClock
 from ..measure.records import BenchmarkResult, RunSample
+from ..measure.runner import RunCallback
 
 ENV_OUT = "LLMPERF_WORKER_OUT"
 ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
@@ -86,9 +87,13 @@ class WorkerRecorder:
         self._write({"type": "result", "nodeid": nodeid, "result": result.to_json()})
 
     def on_run(self, nodeid: str, key: str, batch_sizes: Sequence[int],
-               clock: Callable[[], float] = time.monotonic) -> Callable[[int, int, int, int, RunSample | None], None]:
+               clock: Callable[[], float] = time.monotonic) -> RunCallback | None:
         """The runner's per-run callback (measure/runner.py RunCallback) in a worker: progress records for the
-        controller, between runs, never inside a timed one."""
+        controller, between runs, never inside a timed one. None in a counting worker: a record written or not
+        by the wall clock shifts the allocations, so the collector would run inside a counted run on one side
+        and not on the other (a prefill counted 1.2% apart between two sides of unchanged code)."""
+        if self.counter is not None:
+            return None
         sizes = list(batch_sizes)
         last: list[float] = []
 
