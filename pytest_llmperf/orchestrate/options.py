@@ -111,7 +111,7 @@ OPTIONS: tuple[Option, ...] = (
            "regressed row, however many rows and looks it has (default: 0.01)", parsers.probability,
            default=0.01, metavar="P"),
     Option("rtol", "Relative tolerance: a row regresses when its slowdown is credibly beyond it, and passes when "
-           "shown to be within it; auto: 0.03 for A/B (--llmperf-compare), against stored baselines the measured "
+           "shown to be within it; auto: 0.05 for A/B (--llmperf-compare), against stored baselines the measured "
            "drift between sessions: 0.15 on the cpu target, 0.05 on GPU targets (default: auto)", parsers.rtol,
            default="auto", metavar="R|auto"),
     Option("max_load", "Retake a run during which other processes kept more than this many cores busy; "
@@ -138,7 +138,7 @@ OPTIONS: tuple[Option, ...] = (
            "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)", parsers.processes,
            default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a row is undecided; more are added in doublings "
-           "from --llmperf-processes, for the batch sizes still undecided (default: 8 times --llmperf-processes)",
+           "from --llmperf-processes, for the batch sizes still undecided (default: 4 times --llmperf-processes)",
            parsers.positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string, metavar="REF"),
