@@ -133,7 +133,8 @@ def main() -> None:
                 print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
                       f"{used[-1]} processes per side, {seconds:.0f} s", flush=True)
         summary.append((condition, failed, named, statistics.median(times), statistics.median(used)))
-    print("\n| mode | condition | jobs | failed | named the slowed phase | median processes per side | median job time |")
+    print("\n| mode | condition | jobs | failed | named the slowed phase | median processes per side "
+          "| median job time |")
     print("|---|---|---|---|---|---|---|")
     for condition, failed, named, median, processes in summary:
         print(f"| {args.mode} | {condition} | {args.jobs} | {failed} ({failed / args.jobs:.0%}) | "

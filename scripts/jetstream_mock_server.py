@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if not jax.__version__.startswith("0.4."):
             raise SystemExit(f"jetstream_mock_server: jax {jax.__version__} is installed; JetStream 0.2.2's "
-                             "orchestrator calls jax.tree_map, removed in jax 0.6: pip install jax==0.4.38 jaxlib==0.4.38")
+                             "orchestrator calls jax.tree_map, removed in jax 0.6: "
+                             "pip install jax==0.4.38 jaxlib==0.4.38")
         from jetstream.core import server_lib
         from jetstream.core.implementations.mock import config as mock_config
         from jetstream.engine import mock_engine

@@ -354,8 +354,8 @@ def main() -> None:
         # pooled as bench serve pools: every generated token over every run's wall time, a ratio of sums
         pooled_tps = sum(x.generated_tokens or 0 for x in samples) / (sum(x.end_to_end_ns for x in samples) / 1e9)
         rows.append((c, "output tok/s / throughput_tokens_per_s", a, b, pooled_tps))
-        rows.append((c, "ITL mean (vLLM) / itl_ms", float(np.mean(v["itl"])), float(np.median([x["itl_ms"] for x in o])),
-                     float(np.mean(pooled["itl"]))))
+        rows.append((c, "ITL mean (vLLM) / itl_ms", float(np.mean(v["itl"])),
+                     float(np.median([x["itl_ms"] for x in o])), float(np.mean(pooled["itl"]))))
         spreads[c]["ours"] = [spread_ms([t / 1e6 for t in x.sent_ns or [0]]) for x in samples]
         figures[c] = {"vllm_requests": len(v["ttft"]), "our_runs": len(o),
                       "send_spread_ms_median": {k: float(np.median(x)) if x else None for k, x in spreads[c].items()},
@@ -388,7 +388,8 @@ def main() -> None:
                       f"{groups_summary(figures[c]['prefill_groups'][tool])}; median TPOT: "
                       + ", ".join(f"{g}: {t:.2f} ms" for g, t in by.items()))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "counts": figures, "vllm": {str(c): vllm_all[c] for c in vllm_all},
+        args.json.write_text(json.dumps({"rows": rows, "counts": figures,
+                                         "vllm": {str(c): vllm_all[c] for c in vllm_all},
                                          "ours": {str(c): [x.to_json() for x in ours_all[c]] for c in ours_all}},
                                         indent=1))
 

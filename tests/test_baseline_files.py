@@ -189,7 +189,8 @@ def test_temporary_files_a_killed_write_left_are_removed_and_said(project):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*removed 1 temporary file(s) that an interrupted session left in *reports: "
                                  ".cpu.json.k1ll3d_y.tmp*",
-                                 f"*removed {left_baseline}: a temporary file that an interrupted baseline write left*"])
+                                 f"*removed {left_baseline}: a temporary file that an interrupted "
+                                 "baseline write left*"])
     assert not left_baseline.exists() and not left_report.exists() and not stale_lock.exists()
     assert unrelated.exists()  # not a name of ours
 

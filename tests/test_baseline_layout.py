@@ -47,7 +47,8 @@ def test_each_machine_keeps_its_own_set_and_is_compared_only_with_it(project):
     text = " ".join(result.stdout.str().split())
     assert "this machine (runner) has no baselines for it yet; the sets of laptop under" in text
     assert "are compared only on their own machines" in text
-    assert re.search(r"pytest '?test_engine.py::test_engine'? --llmperf-device=cpu .*--llmperf-machine=runner.* --llmperf-update",
+    assert re.search(r"pytest '?test_engine.py::test_engine'? --llmperf-device=cpu "
+                     r".*--llmperf-machine=runner.* --llmperf-update",
                      text)  # the hint repeats the options given (hints.py)
     # Following the hint records the runner's set, leaves the laptop's alone, and then gates.
     run(project, "--llmperf-machine=runner", "--llmperf-update").assert_outcomes(passed=1)
@@ -107,6 +108,7 @@ def test_entries_of_tests_that_no_longer_exist_are_reported_and_pruned_by_a_whol
     assert "test_second" in json.loads(path.read_text())["benchmarks"]
     # The whole module updated: pruned, and said so.
     result = run(project, "--llmperf-update", "test_engine.py")
-    result.stdout.fnmatch_lines([f"pruned stale baseline entries from {path} (their tests no longer exist): test_second"])
+    result.stdout.fnmatch_lines([f"pruned stale baseline entries from {path} (their tests no longer exist): "
+                                 "test_second"])
     assert list(json.loads(path.read_text())["benchmarks"]) == ["test_engine"]
     assert "stale" not in run(project).stdout.str()

@@ -47,7 +47,8 @@ def record(directory, seed, commit, created, keys=("test_a", "test_b")):
     store = BaselineStore(directory, "cpu", "m1")
     stamp = {**fingerprint(ROOT), "git": {"commit": commit, "dirty": False}}
     for key in keys:
-        path = store.write("test_x.py", BaselineEntry.of_result(measured(key, seed), fingerprint=stamp, created=created))
+        path = store.write("test_x.py", BaselineEntry.of_result(measured(key, seed), fingerprint=stamp,
+                                                                created=created))
     return path
 
 

@@ -74,7 +74,8 @@ def test_baseline_from_another_gpu_is_refused_with_both_names(recorded):
         gpus=[{"name": "NVIDIA A100-SXM4-80GB", "driver": "550"}]))
     result = run(recorded)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*was measured on GPU 'NVIDIA A100-SXM4-80GB', this machine has 'no GPU'; not compared*"])
+    result.stdout.fnmatch_lines(["*was measured on GPU 'NVIDIA A100-SXM4-80GB', this machine has 'no GPU'; "
+                                 "not compared*"])
 
 
 def test_baseline_from_another_cpu_warns_and_counts_as_refused(recorded):

@@ -15,7 +15,8 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 @pytest.mark.llmperf(batch_sizes=[1], runs=int(os.environ.get("SIM_RUNS", "10")), warmups=0,
                      metrics=["prefill_ms"])
 def test_engine(llmperf):
-    llmperf.measure(SimulatedBackend(seed=int(os.environ.get("SIM_SEED", "0")), noise=float(os.environ.get("SIM_NOISE", "0.02")),
+    llmperf.measure(SimulatedBackend(seed=int(os.environ.get("SIM_SEED", "0")),
+                                     noise=float(os.environ.get("SIM_NOISE", "0.02")),
                                      prefill_slowdown=float(os.environ.get("SIM_PREFILL", "1"))))
 
 def test_other():

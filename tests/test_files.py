@@ -97,7 +97,8 @@ def test_a_baseline_that_is_a_symlink_is_written_through(tmp_path):
     store.path_for("t.py").rename(shared)
     store.path_for("t.py").symlink_to(shared)
     shared.chmod(0o664)
-    BaselineStore(tmp_path / "baselines", "cpu", "m").write("t.py", BaselineEntry("b", {1: {"e2e_ms": [2.0]}}, unit="run"))
+    BaselineStore(tmp_path / "baselines", "cpu", "m").write("t.py",
+                                                            BaselineEntry("b", {1: {"e2e_ms": [2.0]}}, unit="run"))
     assert store.path_for("t.py").is_symlink()
     assert sorted(json.loads(shared.read_text())["benchmarks"]) == ["a", "b"]
     assert stat.S_IMODE(shared.stat().st_mode) == 0o664

@@ -122,7 +122,8 @@ def test_a_gpu_benchmark_records_energy_and_memory_and_gates_200_mb_more_vram(pr
             assert v["sm_clock_mhz"] > 0 and v.get("energy_j_per_token", 1) > 0
             assert v["cuda_peak_allocated_mib"] > 0 and v["gpu_used_mib"] > v["cuda_peak_allocated_mib"]
     markdown = (project.path / "reports" / f"{document['device']}.md").read_text()
-    assert re.search(r"\| CUDA allocated \(torch\) +\| 1 ", markdown) and re.search(r"\| 1 +\| [0-9.]+ J/token", markdown)
+    assert (re.search(r"\| CUDA allocated \(torch\) +\| 1 ", markdown)
+            and re.search(r"\| 1 +\| [0-9.]+ J/token", markdown))
     fingerprint = document["fingerprint"]
     assert fingerprint["gpus"] and fingerprint["cuda"], fingerprint
 

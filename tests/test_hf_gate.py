@@ -31,7 +31,8 @@ from transformers import LlamaForCausalLM  # noqa: E402, F401
 BENCHMARK = """
 import pytest
 
-@pytest.mark.llmperf(batch_sizes=[2], sequence_length=64, decode_length=8, runs=20, max_runs=40, warmups=2, knobs={"threads": 1})
+@pytest.mark.llmperf(batch_sizes=[2], sequence_length=64, decode_length=8, runs=20, max_runs=40, warmups=2,
+                     knobs={"threads": 1})
 def test_llama(llmperf, llmperf_hf):
     llmperf.measure(llmperf_hf("tiny-llama"))
 """

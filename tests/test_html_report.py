@@ -101,9 +101,10 @@ def test_index_html_renders_its_plots_in_chromium_offline(project, monkeypatch, 
             page.on("request", lambda r: requests.append(r.url))
             page.goto(index.as_uri(), wait_until="load")
             figures = page.evaluate("""() => [...document.querySelectorAll('figure.plot')].map(f => {
-                const svg = f.querySelector('svg'); const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
-                const drawn = svg ? [...svg.querySelectorAll('path')].filter(p => (p.getAttribute('d') || '').length > 20
-                                                                            && p.getBBox().width > 0) : [];
+                const svg = f.querySelector('svg');
+                const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+                const drawn = svg ? [...svg.querySelectorAll('path')]
+                    .filter(p => (p.getAttribute('d') || '').length > 20 && p.getBBox().width > 0) : [];
                 return {cls: f.className, width: box.width, height: box.height, paths: drawn.length,
                         text: svg ? svg.textContent : ''}; })""")
             screenshot = tmp_path / "index.png"

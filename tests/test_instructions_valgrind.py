@@ -89,19 +89,21 @@ class Loop(Backend):
             times.append(clock())
         rel = [t - start for t in times]
         return RunSample(batch_size=request.batch_size, token_times_ns=[rel] * request.batch_size,
-                         end_to_end_ns=rel[-1], prefill_ns=rel[0], decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])],
+                         end_to_end_ns=rel[-1], prefill_ns=rel[0],
+                         decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])],
                          generated_tokens=request.batch_size * request.decode_length)
 
     def describe(self):
         return {"backend": "loop", "model": "loop"}
 
 
-@pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=1, decode_length=4, metrics=["decode_token_ms"], instructions=True)
+@pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=1, decode_length=4, metrics=["decode_token_ms"],
+                     instructions=True)
 def test_loop(llmperf):
     llmperf.measure(Loop())
 """
-WORK = "PREFILL = 30000\nDECODE = {decode}\n\ndef spin(n):\n    total = 0\n    for i in range(n):\n        total += i\n" \
-       "    return total\n"
+WORK = "PREFILL = 30000\nDECODE = {decode}\n\ndef spin(n):\n    total = 0\n    for i in range(n):\n" \
+       "        total += i\n    return total\n"
 
 
 def git(pytester, *args):

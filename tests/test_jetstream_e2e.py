@@ -66,7 +66,8 @@ def test_the_launcher_shrinks_the_fake_work_and_refuses_code_without_the_literal
 
     for name in ("prefill", "generate"):
         wrapped = getattr(mock_engine.TestEngine, name).__wrapped__
-        setattr(Engine, name, types.SimpleNamespace(__wrapped__=types.FunctionType(wrapped.__code__, wrapped.__globals__)))
+        setattr(Engine, name,
+                types.SimpleNamespace(__wrapped__=types.FunctionType(wrapped.__code__, wrapped.__globals__)))
     assert launcher.shrink_fake_work(Engine, 16) == ["prefill", "generate"]
     for name in ("prefill", "generate"):
         consts = getattr(Engine, name).__wrapped__.__code__.co_consts
@@ -96,7 +97,8 @@ def probes() -> dict[str, tuple[object, list[tuple[int, bool]]]]:
 
     return {  # name: (request, the frames JetStream sends)
         "text": (text("a b c", 6), [(1, True)] * 6 + [(0, False)]),
-        "token ids": (pb2.DecodeRequest(max_tokens=6, token_content=pb2.DecodeRequest.TokenContent(token_ids=[5, 6, 7])),
+        "token ids": (pb2.DecodeRequest(max_tokens=6,
+                                        token_content=pb2.DecodeRequest.TokenContent(token_ids=[5, 6, 7])),
                       [(1, False)] * 6 + [(0, False)]),
         "prompt over max_prefill_length": (text("x " * 40, 4), [(1, True)] * 4 + [(0, False)]),
         "max_tokens=0": (text("a", 0), [(0, False)]),
@@ -109,7 +111,8 @@ def test_the_double_frames_decode_as_the_real_server_does(mock, tmp_path):
     registry = ProcessRegistry(tmp_path)
     port = free_port()
     double = registry.start("JetStream double", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port), "--config",
-                                                 json.dumps({"max_prefill_length": 32})], url=f"grpc://127.0.0.1:{port}")
+                                                 json.dumps({"max_prefill_length": 32})],
+                            url=f"grpc://127.0.0.1:{port}")
     try:
         double.wait_ready(lambda: health_check(f"127.0.0.1:{port}"), 30)
         doubled = {name: frames(f"127.0.0.1:{port}", request) for name, (request, _) in probes().items()}

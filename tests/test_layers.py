@@ -58,7 +58,8 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
                 candidate = f"{target}.{alias.name}" if target else alias.name
                 found.add(candidate if candidate in known else target)
         elif isinstance(node, ast.Import):
-            found |= {a.name.removeprefix("pytest_llmperf.") for a in node.names if a.name.startswith("pytest_llmperf.")}
+            found |= {a.name.removeprefix("pytest_llmperf.") for a in node.names
+                      if a.name.startswith("pytest_llmperf.")}
     return {m for m in found if m in known and m != module}
 
 

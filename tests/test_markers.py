@@ -163,7 +163,8 @@ def test_a_benchmark_test_that_never_measures_fails_saying_so(project, monkeypat
     result = run(project, "--llmperf-max-processes=6")
     result.assert_outcomes(failed=2, skipped=1, passed=1)
     result.stdout.fnmatch_lines(["*test_x.py::test_marked_only: an llmperf benchmark test (its llmperf marker or "
-                                 "fixture) that never called llmperf.measure(backend): nothing was measured or judged*"])
+                                 "fixture) that never called llmperf.measure(backend): "
+                                 "nothing was measured or judged*"])
     assert "test_x.py::test_fixture_only: an llmperf benchmark test" in result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert_clean(result)

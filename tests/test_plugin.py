@@ -56,7 +56,8 @@ def baseline_file(pytester):
 def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeypatch):
     result = run(project)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*no baseline for test_engine in *baselines/cpu/{machine_slug(cpu_identity())}/test_engine.json (device cpu)*",
+    result.stdout.fnmatch_lines([f"*no baseline for test_engine in *baselines/cpu/{machine_slug(cpu_identity())}/"
+                                 "test_engine.json (device cpu)*",
                                  "*--llmperf-device=cpu --llmperf-max-load=1000 --llmperf-update*"])
     assert not baseline_file(project).exists()
 

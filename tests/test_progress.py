@@ -181,7 +181,8 @@ def test_verbose_prints_a_line_per_batch_size_then_the_result_on_the_tests_line(
     result = run(project, "-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([*BATCH_LINES, "test_engine.py::test_engine PASSED*"], consecutive=True)
-    result.stdout.no_fnmatch_line("llmperf test_engine: batch size 4*")  # oom: no runs, no progress line (the report says oom)
+    # oom: no runs, no progress line (the report says oom)
+    result.stdout.no_fnmatch_line("llmperf test_engine: batch size 4*")
 
 
 def test_default_without_a_tty_prints_a_line_per_batch_size_and_the_dot_after_the_file(project):

@@ -183,5 +183,6 @@ def test_a_noisy_benchmark_says_so_in_the_summary_and_the_report(pytester, monke
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=1", "--llmperf-max-load=inf",
                                 "--llmperf-update", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["run quality: test_engine: * at batch size 1: runs within a process scatter by a robust CV of *"])
+    result.stdout.fnmatch_lines(["run quality: test_engine: * at batch size 1: runs within a process scatter by a "
+                                 "robust CV of *"])
     assert "- run quality: " in (pytester.path / "reports" / "cpu.md").read_text()

@@ -68,7 +68,8 @@ def test_dies(llmperf_jetstream):
     cmd = CMD[:-1] + [json.dumps({{"exit_after_requests": 1}})]
     server = llmperf_jetstream(cmd, **SEED)
     server.generate(GenerationRequest(1, 8, 2, "a b c"))
-    with pytest.raises(BackendError, match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_requests"):
+    with pytest.raises(BackendError,
+                       match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_requests"):
         server.generate(GenerationRequest(1, 8, 2, "a b c"))
 
 def test_long_prompt_is_cut_not_refused(llmperf_jetstream):
@@ -82,11 +83,13 @@ def test_dies_mid_stream(llmperf_jetstream):
     # JetStream's server SIGKILLs itself when one of its threads raises, after some tokens were streamed
     cmd = CMD[:-1] + [json.dumps({{"exit_after_tokens": 3, "token_delay_ms": 20}})]
     server = llmperf_jetstream(cmd, **SEED)
-    with pytest.raises(BackendError, match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_tokens=3"):
+    with pytest.raises(BackendError,
+                       match=r"(?s)JetStream server at grpc://127.0.0.1:\\d+ (died|has exited).*exit_after_tokens=3"):
         server.generate(GenerationRequest(1, 8, 6, "a b c"))
 
 def test_wont_start(llmperf_jetstream):
-    with pytest.raises(BackendError, match=r"(?s)exited before it became healthy \\(exit code 1\\).*failed to load checkpoint"):
+    with pytest.raises(BackendError,
+                       match=r"(?s)exited before it became healthy \\(exit code 1\\).*failed to load checkpoint"):
         llmperf_jetstream([sys.executable, {str(JETSTREAM_DOUBLE)!r}, "--port", "{{port}}", "--fail"])
 """
 
@@ -105,7 +108,8 @@ def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):
 
     registry = ProcessRegistry(tmp_path_factory.mktemp("js"))
     port = free_port()
-    proc = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port)], url=f"grpc://127.0.0.1:{port}")
+    proc = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port)],
+                          url=f"grpc://127.0.0.1:{port}")
     try:
         proc.wait_ready(lambda: health_check(f"127.0.0.1:{port}"), 30)
         clean_env(monkeypatch)
@@ -128,7 +132,8 @@ def test_updating_a_jetstream_baseline_adds_a_row_to_the_dated_log(pytester, mon
 
     registry = ProcessRegistry(tmp_path_factory.mktemp("js-log"))
     port = free_port()
-    proc = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port)], url=f"grpc://127.0.0.1:{port}")
+    proc = registry.start("JetStream", [PYTHON, str(JETSTREAM_DOUBLE), "--port", str(port)],
+                          url=f"grpc://127.0.0.1:{port}")
     try:
         proc.wait_ready(lambda: health_check(f"127.0.0.1:{port}"), 30)
         clean_env(monkeypatch)
@@ -191,7 +196,8 @@ def test_fixture_bad_url_option(pytester, monkeypatch):
                                  "--llmperf-jetstream-url)*check the address (host:port)*"])
     result = run_inner(pytester, "--llmperf-jetstream-url=http://127.0.0.1:9000")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*JetStream: 'http://127.0.0.1:9000' (from --llmperf-jetstream-url) is not HOST:PORT*"])
+    result.stdout.fnmatch_lines(["*JetStream: 'http://127.0.0.1:9000' (from --llmperf-jetstream-url) "
+                                 "is not HOST:PORT*"])
     assert descendants() - before == set()
 
 

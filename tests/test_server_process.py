@@ -71,7 +71,8 @@ def test_start_ready_and_stop_whole_tree(registry, tmp_path, monkeypatch):
 
 def test_exits_before_healthy_error_has_exit_code_and_log_tail(registry, tmp_path):
     port = free_port()
-    proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}", env={"LLMPERF_TGI_DOUBLE_MODE": "exit"})
+    proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}",
+                          env={"LLMPERF_TGI_DOUBLE_MODE": "exit"})
     with pytest.raises(BackendError) as info:
         proc.wait_ready(health(port), timeout_s=30)
     text = str(info.value)
@@ -96,7 +97,8 @@ def test_sigkill_after_grace_when_sigterm_is_ignored(registry, tmp_path):
     pidfile = tmp_path / "pids"
     port = free_port()
     proc = registry.start("TGI", launcher(port, "--num-shard", "2"), url=f"http://127.0.0.1:{port}", grace_s=1.0,
-                          env={"LLMPERF_TGI_DOUBLE_MODE": "ignore-sigterm", "LLMPERF_TGI_DOUBLE_PID_FILE": str(pidfile)})
+                          env={"LLMPERF_TGI_DOUBLE_MODE": "ignore-sigterm",
+                               "LLMPERF_TGI_DOUBLE_PID_FILE": str(pidfile)})
     proc.wait_ready(health(port), timeout_s=30)
     pids = read_pids(pidfile)
     started = time.monotonic()
@@ -169,7 +171,8 @@ def test_a_port_in_time_wait_is_not_taken():
 
 def test_stop_after_reaping_never_signals_a_reused_pid(registry):
     port = free_port()
-    proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}", env={"LLMPERF_TGI_DOUBLE_MODE": "exit"})
+    proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}",
+                          env={"LLMPERF_TGI_DOUBLE_MODE": "exit"})
     assert proc.exited_within(30)  # reaped: its pid number is free for the kernel to hand out again
     # Stand-in for the kernel reusing the number: a bystander session leader now has "that" pid.
     bystander = psutil.Popen([PYTHON, "-c", "import time; time.sleep(60)"], start_new_session=True)

@@ -354,7 +354,8 @@ def test_stand_in_launcher_checks_the_limits_as_the_launcher_does(tmp_path):
 
 def test_launcher_argv_has_the_seed_arguments_and_per_server_ports():
     args = seed_launcher_args("bigscience/bloomz-7b1-mt", num_shard=2, quantize="bitsandbytes")
-    argv = args.argv("tgl", host="127.0.0.1", port=8080, prometheus_port=9001, shard_uds_path="/tmp/x", master_port=29501)
+    argv = args.argv("tgl", host="127.0.0.1", port=8080, prometheus_port=9001, shard_uds_path="/tmp/x",
+                     master_port=29501)
     text = " ".join(argv)
     assert text.startswith("tgl --model-id bigscience/bloomz-7b1-mt --hostname 127.0.0.1 --port 8080 "
                            "--prometheus-port 9001 --shard-uds-path /tmp/x --master-port 29501")
@@ -431,7 +432,8 @@ def test_fixture_server_dying_mid_run_is_reported_with_its_log(project, monkeypa
     monkeypatch.setenv("LLMPERF_TGI_DOUBLE_MODE", "exit-after:1")
     result = run_inner(project)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*TGI server at http://127.0.0.1:* died*", "*router: exiting after * requests (exit_after_requests)*"])
+    result.stdout.fnmatch_lines(["*TGI server at http://127.0.0.1:* died*",
+                                 "*router: exiting after * requests (exit_after_requests)*"])
     assert_gone(read_pids(tmp_path / "pids"), within_s=2)
 
 

@@ -24,9 +24,9 @@ LONG_OUTPUT = "t" + " t".join(str(i) for i in range(100, 160))
 NOTES = {  # as judge/rows.py and judge/outputs.py word them, at their longest
     "busy now": busy_note(12.345, None, 0.25),
     "busy baseline": busy_note(None, 12.345, 0.25),
-    "not comparable": ("not comparable: the baseline holds one value per worker process, this run runs of one process "
-                       "(--llmperf-processes=1). Measure as the baseline was (--llmperf-processes) or re-record it with "
-                       "--llmperf-update"),
+    "not comparable": ("not comparable: the baseline holds one value per worker process, this run runs of one "
+                       "process (--llmperf-processes=1). Measure as the baseline was (--llmperf-processes) or "
+                       "re-record it with --llmperf-update"),
     "inconclusive": "undecided at the cap of 64 processes per side, more than 1000 would decide it; n=64/64 processes",
     "outputs A/B": (f"outputs changed from origin/main (abc1234): sequence 0 differs first at generated token 3 "
                     f"(id 103 -> 104); baseline '{LONG_OUTPUT}', now '{LONG_OUTPUT}'"),

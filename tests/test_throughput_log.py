@@ -7,7 +7,8 @@ import json
 import pytest
 
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
-from pytest_llmperf.report.throughput_log import ThroughputRow, append_row, append_rows, log_paths, read_log, render_table
+from pytest_llmperf.report.throughput_log import (ThroughputRow, append_row, append_rows, log_paths, read_log,
+                                                  render_table)
 from pytest_llmperf.report.throughput_log import rows_from_result
 
 ROW = ThroughputRow("2024-04-24", "TPU v5e-8", "bfloat16", 128, 2048, 1024, 1024, 8249.4)

@@ -37,8 +37,8 @@ def test_vllm_streams_fixed_length_with_server_counts(vllm, record_property):
         for s in samples:
             assert s.generated_tokens == bs * DECODE  # usage.completion_tokens, ignore_eos honoured
             # One arrival per content chunk. vLLM sends one token per chunk, but merges tokens that are ready
-            # when a busy machine delays the stream (15 chunks for 16 tokens, seen here while other work ran); ITL is then per
-            # chunk, as vLLM's own bench serve measures it. Tokens are counted from usage, above.
+            # when a busy machine delays the stream (15 chunks for 16 tokens, seen here while other work ran); ITL is
+            # then per chunk, as vLLM's own bench serve measures it. Tokens are counted from usage, above.
             assert all(2 <= len(t) <= DECODE for t in s.token_times_ns), [len(t) for t in s.token_times_ns]
             assert all(t == sorted(t) for t in s.token_times_ns)
             assert s.end_to_end_ns >= max(t[-1] for t in s.token_times_ns)

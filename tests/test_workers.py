@@ -48,8 +48,8 @@ def test_engine(llmperf, engine):
 """
 SPEED = ("SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\nCHANGED_FROM = {changed}\n\n"
          "def before_measuring():\n    {hook}\n")
-ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05", "--llmperf-processes=5",
-        "--llmperf-max-processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05",
+        "--llmperf-processes=5", "--llmperf-max-processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
 def write_speed(pytester, *, prefill=1.0, decode=1.0, seed=0, hook="pass", changed=None):

@@ -14,8 +14,8 @@ One run of batch size B is B concurrent streamed requests. Per request, as vLLM'
   chunk counts where its choice carries token ids; without ids, completions: every chunk with a
   text (vLLM's rule: an empty text, a special token, counts too) except an empty one that only carries
   the finish reason (llama.cpp closes its streams so); chat: every chunk with non-empty `delta.content`
-  (a role-only chunk is not a token). A server that packs several tokens in a chunk gives fewer arrivals than tokens, and its ITL is
-  then per chunk, as in vLLM's own `bench serve`. ITL excludes the first token.
+  (a role-only chunk is not a token). A server that packs several tokens in a chunk gives fewer arrivals than
+  tokens, and its ITL is then per chunk, as in vLLM's own `bench serve`. ITL excludes the first token.
 - generated tokens: `usage.completion_tokens` of the final chunk (`stream_options.include_usage`),
   not the chunk count. A server that sends no usage is an error unless `count_chunks=True`.
 - the prompt the server received: `usage.prompt_tokens`, checked against `sequence_length` (a
@@ -102,7 +102,8 @@ class OpenAICompatBackend(Backend):
 
     def __init__(self, url: str, *, model: str | None = None, api: str = "completions",
                  fixed_length: str = "ignore_eos", eos_token_ids: Sequence[int] = (), truncate_prompt: bool = False,
-                 count_chunks: bool = False, server_name: str = "OpenAI-compatible", process: ServerProcess | None = None,
+                 count_chunks: bool = False, server_name: str = "OpenAI-compatible",
+                 process: ServerProcess | None = None,
                  extra_body: Mapping[str, Any] | None = None, request_timeout_s: float = 600.0, source: str = "",
                  describe_extra: Mapping[str, Any] | None = None, token_ids: bool = False,
                  check_prompt_length: bool = True, deterministic: bool = False, clock: Clock | None = None) -> None:
@@ -321,7 +322,8 @@ class OpenAICompatBackend(Backend):
             "url": self.url,
             "api": f"/v1/{'chat/completions' if self.api == 'chat' else 'completions'} (streaming)",
             "device": "server",
-            "token_count": "chunk count (server sends no usage)" if self.count_chunks else "server usage.completion_tokens",
+            "token_count": ("chunk count (server sends no usage)" if self.count_chunks
+                            else "server usage.completion_tokens"),
             "output_length": length,
             "input_length": ("truncate_prompt_tokens=sequence_length" if self.truncate_prompt else "prompt sent as is")
                             + (", unchecked" if not self.check_prompt_length else

@@ -61,7 +61,8 @@ def other_sets(device_dir: Path, machine: str, module: str) -> list[str]:
     if not device_dir.is_dir():
         return []
     return sorted(d.name for d in device_dir.iterdir()
-                  if d.is_dir() and d.name != machine and NAME.fullmatch(d.name) and (d / module_file(module)).is_file())
+                  if d.is_dir() and d.name != machine and NAME.fullmatch(d.name)
+                  and (d / module_file(module)).is_file())
 
 
 def key_of_test(nodeid: str) -> str:

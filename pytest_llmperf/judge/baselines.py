@@ -258,8 +258,9 @@ class BaselineStore:
                 self.cleared += left
                 entries = dict(self._read_for_update(path, module))  # re-read under the lock: keep what others wrote
                 change(entries)
-                document = {**self._unknown_fields(path), "schema_version": SCHEMA_VERSION, "device": self.device, "machine": self.machine,
-                            "module": module, "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
+                document = {**self._unknown_fields(path), "schema_version": SCHEMA_VERSION, "device": self.device,
+                            "machine": self.machine, "module": module,
+                            "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
                 # metadata such as the scenario's max_load=inf is null in strict JSON; values were checked above
                 write_text_atomic(path, render(document))
         except WriteRefused as exc:

@@ -136,8 +136,8 @@ def check(baseline: Outputs | str | None, current: Observed | None,
     if current is None or baseline is None:
         return None
     if current.outputs is None:
-        return Verdict.VARIES, (f"outputs differ between this run's runs ({current.distinct} distinct): nondeterministic, "
-                        f"not compared with {reference_label}")
+        return Verdict.VARIES, (f"outputs differ between this run's runs ({current.distinct} distinct): "
+                        f"nondeterministic, not compared with {reference_label}")
     if isinstance(baseline, str):
         if baseline == current.outputs.digest:
             return None

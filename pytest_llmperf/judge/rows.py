@@ -231,7 +231,8 @@ def _reference_outputs(reference: Reference, batch_size: int) -> outputs.Outputs
     side = reference.side.batch(batch_size) if reference.side is not None else None
     if side is not None and side.ok:
         seen = outputs.observed(side.samples)
-        return seen.outputs if seen is not None and seen.outputs is not None else reference.entry.outputs.get(batch_size)
+        return (seen.outputs if seen is not None and seen.outputs is not None
+                else reference.entry.outputs.get(batch_size))
     return reference.entry.outputs.get(batch_size)
 
 

@@ -37,7 +37,8 @@ class Metric:
 METRICS: Mapping[str, Metric] = {m.name: m for m in (
     Metric("prefill_ms", "ms", "lower", "One forward pass over the whole batch of prompts (in-process backends)."),
     Metric("decode_token_ms", "ms", "lower", "Decode (token): decode total / number of decode steps, per run."),
-    Metric("decode_total_ms", "ms", "lower", "Decode (total): all decode steps after prefill; decode length - 1 steps."),
+    Metric("decode_total_ms", "ms", "lower", "Decode (total): all decode steps after prefill; "
+                                             "decode length - 1 steps."),
     Metric("ttft_ms", "ms", "lower", "Time to first token: first token's arrival - the request's own send "
                                      "(tokenization included); median over the run's requests."),
     Metric("itl_ms", "ms", "lower", "Inter-token latency: gap between successive token arrivals of a request, "

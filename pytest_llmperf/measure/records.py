@@ -162,7 +162,8 @@ class BenchmarkResult:
                 batches.append(replace(failed, samples=[]))
                 continue
             loads = [b.foreign_load for b in found if b.foreign_load is not None]
-            batches.append(BatchResult(batch_size, samples=[s for b in found for s in b.samples], warmups=found[0].warmups,
+            batches.append(BatchResult(batch_size, samples=[s for b in found for s in b.samples],
+                                       warmups=found[0].warmups,
                                        foreign_load=sum(loads) / len(loads) if loads else None,
                                        retaken=sum(b.retaken for b in found),
                                        counted=[s for b in found for s in b.counted],

@@ -77,7 +77,8 @@ class Scenario:
     memory_rtol: float = 0.1  # peak memory may grow this much (and MEMORY_FLOOR_MIB) before it regressed
 
     def __post_init__(self) -> None:
-        if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in self.batch_sizes):
+        if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
+                                       for b in self.batch_sizes):
             raise ScenarioError(f"batch_sizes must be positive integers, got {list(self.batch_sizes)}")
         if self.sequence_length < 1:
             raise ScenarioError(f"sequence_length must be >= 1, got {self.sequence_length}")
@@ -211,8 +212,8 @@ def check_rtol_metrics(per_metric: Mapping[str, float], known: Sequence[str], ga
     names = [m for m in per_metric if m != "default"]
     unknown = [m for m in names if m not in known]
     if unknown:
-        raise ScenarioError(f"rtol: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend (a typo would "
-                            f"leave the default tolerance in place); known: {', '.join(known)}")
+        raise ScenarioError(f"rtol: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend (a typo "
+                            f"would leave the default tolerance in place); known: {', '.join(known)}")
     ungated = [m for m in names if m not in gated]
     if ungated:
         raise ScenarioError(f"rtol names {', '.join(ungated)}, which this test does not gate (it gates "

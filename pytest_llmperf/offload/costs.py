@@ -263,7 +263,8 @@ def measure_costs(*, slow_weights: tuple[Any, Any], fast_device: str, act: Calla
     cpu_ms, copy_ms, gpu_ms = est[:k], float(est[k]), est[k + 1:]
     bandwidth = expert_bytes / (copy_ms / 1000.0) if copy_ms > 0 else math.inf
     cpu, gpu = LinearFit.fit(token_counts, cpu_ms), LinearFit.fit(token_counts, gpu_ms)
-    calibration = Calibration(rounds=len(samples), estimator=f"{ESTIMATE_PERCENTILE}th percentile of interleaved rounds",
+    calibration = Calibration(rounds=len(samples),
+                              estimator=f"{ESTIMATE_PERCENTILE}th percentile of interleaved rounds",
                               spread=spread(samples), fit_error=max(relative_fit_error(cpu), relative_fit_error(gpu)),
                               foreign_cores=load.foreign_cores, sibling_cores=load.sibling_cores,
                               seconds=load.wall_s)

@@ -2,8 +2,8 @@
 
 Every keyword is checked by type and range (measure/scenario.py); `processes` must be an integer >= 1; and a
 test measured in this process must be able to fail: its runs' schedule (runs, doubling to max_runs) has to
-let a slowdown to twice its tolerance be called regressed (judge/procedure.py). Worker schedules are checked by the controller,
-which knows the whole job's family of rows.
+let a slowdown to twice its tolerance be called regressed (judge/procedure.py). Worker schedules are checked by
+the controller, which knows the whole job's family of rows.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
     rows = len(scenario.batch_sizes) * len(scenario.metrics or range(DEFAULT_ROWS_PER_BATCH))
     schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha, rows)
     try:
-        check_can_fail(schedule, scenario.rtol, paired=False, what=f"runs={scenario.runs}, max_runs={scenario.max_runs}")
+        check_can_fail(schedule, scenario.rtol, paired=False,
+                       what=f"runs={scenario.runs}, max_runs={scenario.max_runs}")
     except SettingError as exc:
         raise ScenarioError(str(exc)) from None
 

@@ -43,8 +43,9 @@ def record(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario,
     entry = BaselineEntry.of_result(result, fingerprint=session.fingerprint, created=now_iso())
     small = too_few_units(entry.key, entry.unit, entry.values)
     if small:  # a baseline that could never decide a verdict
-        return Outcome(result, Status.REFUSED, errors=[f"not written to {lookup.path}: {small}. Record more runs (runs=, "
-                                                       "--llmperf-runs) or worker processes (--llmperf-processes)"],
+        return Outcome(result, Status.REFUSED,
+                       errors=[f"not written to {lookup.path}: {small}. Record more runs (runs=, "
+                               "--llmperf-runs) or worker processes (--llmperf-processes)"],
                        baseline_path=str(lookup.path), reason="too few runs, baseline not written")
     try:
         session.store.write(result.module, entry)

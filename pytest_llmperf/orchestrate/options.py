@@ -51,9 +51,11 @@ class Option:
         if self.flag:
             group.addoption(self.cli, action="store_true", default=None, dest=self.dest, help=help_text)
         elif self.repeatable:
-            group.addoption(self.cli, action="append", default=None, dest=self.dest, metavar=self.metavar, help=help_text)
+            group.addoption(self.cli, action="append", default=None, dest=self.dest, metavar=self.metavar,
+                            help=help_text)
         else:
-            group.addoption(self.cli, action="store", default=None, dest=self.dest, metavar=self.metavar, help=help_text)
+            group.addoption(self.cli, action="store", default=None, dest=self.dest, metavar=self.metavar,
+                            help=help_text)
         parser.addini(self.ini, help=self.help, type=self.ini_type, default=None)  # type: ignore[arg-type]
 
     def value(self, config: pytest.Config) -> Any:
@@ -100,8 +102,8 @@ OPTIONS: tuple[Option, ...] = (
            "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
            "baselines/<device>/). Give runners that share hardware one name", parsers.plain_name, metavar="NAME"),
     Option("runs", "Measured runs per batch size: in each worker process, whose median the gate tests; measured in "
-           "one process (--llmperf-processes=1), the runs of the first look (default: 10)", parsers.positive_int, default=10,
-           metavar="N"),
+           "one process (--llmperf-processes=1), the runs of the first look (default: 10)", parsers.positive_int,
+           default=10, metavar="N"),
     Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
            parsers.non_negative_int, default=1, metavar="N"),
     Option("max_runs", "Measured in one process: most runs per batch size while a row is undecided, more added in "
@@ -130,18 +132,20 @@ OPTIONS: tuple[Option, ...] = (
            "(default: fail; a marker's outputs= wins)", parsers.outputs_mode, default="fail", metavar="fail|warn|off"),
     Option("memory_rtol", "Relative tolerance of peak memory (RSS, CUDA, GPU): a batch size whose median peak grew "
            "more than this and more than 16 MiB regressed; memory is nearly deterministic on a fixed shape, so it "
-           "is held to a tolerance, not a rank test (default: 0.1)", parsers.non_negative_float, default=0.1, metavar="R"),
+           "is held to a tolerance, not a rank test (default: 0.1)", parsers.non_negative_float, default=0.1,
+           metavar="R"),
     Option("malloc", "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
            "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
            "system leaves it (default: steady)", parsers.malloc_mode, default="steady", metavar="steady|system"),
     Option("processes", "Worker processes per side at a benchmark's first look, each reduced to its medians; the "
-           "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)", parsers.processes,
-           default="auto", metavar="N|auto"),
+           "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)",
+           parsers.processes, default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a row is undecided; more are added in doublings "
            "from --llmperf-processes, for the batch sizes still undecided (default: 4 times --llmperf-processes)",
            parsers.positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
-           "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string, metavar="REF"),
+           "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string,
+           metavar="REF"),
     Option("worker_timeout", "Seconds a worker process (with --llmperf-processes=1: a benchmark's measurement) "
            "may run before it is stopped as hung (default: 3600)", parsers.positive_float, default=3600.0,
            metavar="S"),

@@ -1,12 +1,12 @@
 """The worker's half of worker processes: measure, and report to the controlling pytest process.
 
-The controller (orchestrate/controller.py, through orchestrate/manager.py, the other half of this protocol)
-starts `python -m pytest NODEID...` with the environment variables below. In such a process `llmperf.measure()` measures as usual but, instead of
-judging, appends the result to the file `LLMPERF_WORKER_OUT` names; every test report (passed,
-failed, skipped, with its text) goes there too, and progress while it measures (a test started, run i of n of
-a batch size: at most one record every PROGRESS_EVERY_S, and each batch size's last run), which the manager
-reads while the worker runs (report/campaign_progress.py shows it). One JSON object per line, so a worker that
-dies leaves every line it finished. pyperf splits its manager and workers the same way.
+The controller (orchestrate/controller.py, through orchestrate/manager.py, the other half of this protocol) starts
+`python -m pytest NODEID...` with the environment variables below. In such a process `llmperf.measure()` measures
+as usual but, instead of judging, appends the result to the file `LLMPERF_WORKER_OUT` names; every test report
+(passed, failed, skipped, with its text) goes there too, and progress while it measures (a test started, run i of n
+of a batch size: at most one record every PROGRESS_EVERY_S, and each batch size's last run), which the manager
+reads while the worker runs (report/campaign_progress.py shows it). One JSON object per line, so a worker that dies
+leaves every line it finished. pyperf splits its manager and workers the same way.
 """
 
 from __future__ import annotations

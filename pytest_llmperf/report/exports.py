@@ -104,8 +104,8 @@ def _num(value: float | None) -> str:
 
 def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
     """(name, value) pairs for JUnit <property> elements, each named `llmperf <test id> ...`: the outcome
-    (its kind, judge/verdicts.py: passed, regressed, inconclusive, refused, missing, created..., as the summary counts it)
-    and why nothing was judged; per row the medians (with units), the ratio of the medians, the gate's HL
+    (its kind, judge/verdicts.py: passed, regressed, inconclusive, refused, missing, created..., as the summary
+    counts it) and why nothing was judged; per row the medians (with units), the ratio of the medians, the gate's HL
     ratio with its 95% CI, and the verdict; without rows, the medians measured now."""
     props: list[tuple[str, str]] = []
     for outcome in outcomes:

@@ -122,8 +122,8 @@ def sweep_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
 
 def _rtol(benchmark: Mapping[str, Any] | None, document: Mapping[str, Any], metric: str) -> float | None:
     scenario = (benchmark or {}).get("scenario") or {}
-    value = (scenario.get("rtol_per_metric") or {}).get(metric, scenario.get("rtol",
-                                                                           (document.get("settings") or {}).get("rtol")))
+    value = (scenario.get("rtol_per_metric") or {}).get(
+        metric, scenario.get("rtol", (document.get("settings") or {}).get("rtol")))
     return float(value) if isinstance(value, (int, float)) else None
 
 

@@ -28,7 +28,8 @@ from .stored import StoredBatch, StoredResult, reference_summary, stored
 from .tables import cell, table
 from .verdict_table import markdown_table, measured_cell, note_details
 
-SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"), ("Decode (total)", "decode_total_ms"))
+SPLIT_LATENCY = (("Prefill", "prefill_ms"), ("Decode (token)", "decode_token_ms"),
+                 ("Decode (total)", "decode_total_ms"))
 SPLIT_THROUGHPUT = (("Prefill", "prefill_tokens_per_s"), ("Decode", "decode_tokens_per_s"))
 # Servers: seed 000's shape from token arrivals (metric definitions in metrics.py and docs/metrics.md).
 SERVER_LATENCY = (("Time to first token", "ttft_ms"), ("Inter-token latency", "itl_ms"),
@@ -286,8 +287,9 @@ def pairs_section(results: Sequence[BenchmarkResult | StoredResult]) -> str | No
         return None
     return ("## Policy pairs\n\nEach run measured both policies in the same process, one right after the other, "
             "the order alternating. Ratio: first / second decode tokens/s, the 20%-trimmed mean of the runs' log "
-            "ratios with its 95% interval (Yuen).\n\n" + table(("Test", "Policies", "Batch Size", "Pairs", "first tokens/s",
-                                                    "second tokens/s", "ratio [95% CI]", "first >= second"), rows))
+            "ratios with its 95% interval (Yuen).\n\n" + table(("Test", "Policies", "Batch Size", "Pairs",
+                                                    "first tokens/s", "second tokens/s", "ratio [95% CI]",
+                                                    "first >= second"), rows))
 
 
 def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
@@ -310,7 +312,8 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     parts = [f"# llmperf results: {device}", f"Written {document.get('created')}. Holds every benchmark measured on "
              "this device, the newest result of each; each says when and at which commit it was measured.",
              "\n".join(environment_lines(fp, device)),
-             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. Metric definitions: docs/metrics.md of pytest-llmperf."]
+             f"Percentiles: numpy.percentile, method '{PERCENTILE_METHOD}'. "
+             "Metric definitions: docs/metrics.md of pytest-llmperf."]
     parts += [benchmark_section(r, measured.get((r.nodeid, r.key), "")) for r in results]
     parts += grid_sections(results)
     runs = runs_section(results)

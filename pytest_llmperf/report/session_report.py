@@ -3,7 +3,8 @@
 GitHub step summary.
 
 A report that cannot be written is one clear line after the verdicts (never a traceback hiding them), and
-fails a session that would otherwise pass; a step summary that cannot be appended is a warning line. `session` is the orchestrate layer's LLMPerfSession.
+fails a session that would otherwise pass; a step summary that cannot be appended is a warning line. `session` is
+the orchestrate layer's LLMPerfSession.
 
 Two sessions may end at once over one report directory (two jobs of one checkout): each reads the accumulated
 report and writes it back, so the whole of it holds one lock of the directory (files.locked), or one session's
@@ -31,7 +32,8 @@ def write_reports(session: Any) -> None:
     """Write the session's reports; their paths go to `session.written`, failures to `session.report_errors`."""
     report_dir = Path(session.settings["report_dir"])
     try:
-        with locked(report_dir / "index.html"):  # the directory's lock: every report of every device is written under it
+        # the directory's lock: every report of every device is written under it
+        with locked(report_dir / "index.html"):
             _write_reports(session, report_dir)
             left = [t for name in sorted(os.listdir(report_dir)) if not name.startswith(".")
                     for t in remove_left_temporaries(report_dir / name)]

@@ -234,7 +234,8 @@ def _process_medians(batch: StoredBatch) -> dict[str, dict[str, float]]:
     for run in batch.runs:
         for metric, value in run.values.items():
             found.setdefault(metric, {}).setdefault(run.process, []).append(value)
-    return {m: {str(p): _rounded(float(np.median(v))) for p, v in sorted(per.items())} for m, per in sorted(found.items())}
+    return {m: {str(p): _rounded(float(np.median(v))) for p, v in sorted(per.items())}
+            for m, per in sorted(found.items())}
 
 
 def compact_reference(data: Any) -> Any:

@@ -29,7 +29,8 @@ def header_lines(session: Any) -> list[str]:
     return [
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
         f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']:g}"
-        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s['malloc']}, threads={session.threads_text()}, "
+        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s['malloc']}, "
+        f"threads={session.threads_text()}, "
         f"fail_on={','.join(s['fail_on']) or 'none'}",
         f"llmperf: {_measured_how(session)}",
         f"llmperf: baselines={session.baseline_set}, reports={s['report_dir']}",

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture(scope="session")
-def llmperf_tgi(request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry) -> Iterator[Callable[..., TGIBackend]]:
+def llmperf_tgi(request: pytest.FixtureRequest,
+                llmperf_servers: ProcessRegistry) -> Iterator[Callable[..., TGIBackend]]:
     """Start `text-generation-launcher` (or attach with --llmperf-tgi-url) and return a TGI backend.
 
     `llmperf_tgi(model_id="bigscience/bloomz-7b1-mt", num_shard=2, quantize="bitsandbytes",

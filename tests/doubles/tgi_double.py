@@ -202,7 +202,8 @@ class Handler(BaseHTTPRequestHandler):
                 "version": "3.3.6-double", "sha": None, "docker_label": None})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [
-                {"id": state.config["model_id"], "object": "model", "created": 0, "owned_by": state.config["model_id"]}]})
+                {"id": state.config["model_id"], "object": "model", "created": 0,
+                 "owned_by": state.config["model_id"]}]})
         elif self.path == "/_double/stats":
             with state.lock:
                 self._json(200, {"requests": state.requests, "active": state.active, "config": state.config})
