@@ -21,3 +21,18 @@ def _measure_in_process(monkeypatch):
     """The suite's pytester runs measure in-process unless a test asks for worker processes
     (tests/test_workers.py): the default on the cpu target spawns workers, which these tests do not test."""
     monkeypatch.setenv("LLMPERF_PROCESSES", "1")
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    """A pytester project as a new user's is: no LLMPERF_* variable or GitHub step summary inherited from the
+    environment that runs the suite, an empty pytest.ini, measured in-process. A test file
+    adds its own files by overriding it: `def project(project): project.makepyfile(...); return project`."""
+    from pytest_llmperf.orchestrate.options import OPTIONS
+
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # cleared with the other options above
+    pytester.makeini("[pytest]\n")
+    return pytester

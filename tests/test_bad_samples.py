@@ -7,7 +7,6 @@ import json
 import pytest
 
 from pytest_llmperf.measure.scenario import Scenario
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 BROKEN = """
 import pytest
@@ -27,16 +26,6 @@ def test_broken(llmperf):
 def test_fine(llmperf):
     llmperf.measure(SimulatedBackend())
 """
-
-
-@pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
-    pytester.makeini("[pytest]\n")
-    return pytester
 
 
 def run(pytester, *args):

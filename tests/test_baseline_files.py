@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE = """
 import os
@@ -29,15 +28,11 @@ def test_b(llmperf):
 
 
 @pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    for name in ("GITHUB_STEP_SUMMARY", "SLOW", "SLOW_PREFILL"):
+def project(project, monkeypatch):
+    for name in ("SLOW", "SLOW_PREFILL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
-    pytester.makeini("[pytest]\n")
-    pytester.makepyfile(test_x=ENGINE)
-    return pytester
+    project.makepyfile(test_x=ENGINE)
+    return project
 
 
 def run(pytester, *args):

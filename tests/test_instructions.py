@@ -12,13 +12,12 @@ from pytest_llmperf.judge.rows import row_message
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure.backend import Backend, GenerationRequest
 from pytest_llmperf.measure.clock import FakeClock
-from pytest_llmperf.measure.instructions import (INSTRUCTION_METRICS, count_table, count_values, counted_runs,
+from pytest_llmperf.measure.instructions import (INSTRUCTION_METRICS, count_values, counted_runs,
                                                  not_counted, platform_problem)
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
 from pytest_llmperf.measure.scenario import Scenario, ScenarioError, check_marker_kwargs
 from pytest_llmperf.orchestrate import counting
 from pytest_llmperf.orchestrate.manager import Measured, Side, WorkerRun
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 REQUEST = GenerationRequest(batch_size=2, sequence_length=8, decode_length=4, prompt="x")
 
@@ -212,12 +211,10 @@ def test_the_marker_keyword_is_checked():
 
 
 @pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    pytester.makeini("[pytest]\n")
-    pytester.makepyfile(test_it="import pytest\n\n@pytest.mark.llmperf\ndef test_it(llmperf):\n    pass\n")
-    return pytester
+def project(project, monkeypatch):
+    monkeypatch.delenv("LLMPERF_PROCESSES")  # the default processes: counting needs workers
+    project.makepyfile(test_it="import pytest\n\n@pytest.mark.llmperf\ndef test_it(llmperf):\n    pass\n")
+    return project
 
 
 @pytest.mark.parametrize("args, said", [

@@ -8,7 +8,6 @@ import pytest
 from pytest_llmperf.judge.procedure import Schedule
 from pytest_llmperf.orchestrate import controller
 from pytest_llmperf.orchestrate.deadline import Overtime, deadline
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 
 def plan(first, cap):
@@ -23,16 +22,6 @@ def test_a_long_campaign_is_estimated_from_its_first_round():
     assert controller.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
     assert "up to" not in controller.campaign_estimate(3.0, [plan(400, 400)])
     assert controller.campaign_estimate(3.0, []) is None
-
-
-@pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
-    pytester.makeini("[pytest]\n")
-    return pytester
 
 
 def run(pytester, *args):

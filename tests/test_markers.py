@@ -6,18 +6,6 @@ import json
 
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
-
-
-@pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
-    pytester.makeini("[pytest]\n")
-    return pytester
-
 
 def run(pytester, *args):
     # peak memory grows over pytester's in-process sessions: held to a tolerance that lets the timings speak

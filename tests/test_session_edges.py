@@ -4,7 +4,6 @@ the session cannot honour. Found in a hostile pass over main since b97fdd0 (issu
 
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 TESTS = """
 import pytest
@@ -37,16 +36,6 @@ def test_xpass_strict(llmperf):
 def test_xpass(llmperf):
     llmperf.measure(SimulatedBackend())
 """
-
-
-@pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
-    pytester.makeini("[pytest]\n")
-    return pytester
 
 
 def run(pytester, *args):

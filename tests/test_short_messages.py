@@ -17,7 +17,6 @@ from pytest_llmperf.measure.records import BenchmarkResult
 from pytest_llmperf.measure.scenario import Scenario
 from pytest_llmperf.offload.costs import CostWarning
 from pytest_llmperf.offload.fixture import _relocated
-from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.report.verdict_table import CELL_LIMIT, cells, note_details
 
 LONG_OUTPUT = "t" + " t".join(str(i) for i in range(100, 160))
@@ -132,14 +131,10 @@ runner.take_runs = take_runs
 
 
 @pytest.fixture
-def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
-    pytester.makeini("[pytest]\n")
-    pytester.makepyfile(test_engine=ENGINE)
-    pytester.makeconftest(CONFTEST)
-    return pytester
+def project(project):
+    project.makepyfile(test_engine=ENGINE)
+    project.makeconftest(CONFTEST)
+    return project
 
 
 def gate(pytester, *args):
