@@ -211,9 +211,9 @@ class BaselineStore:
                 f"reads schema {SCHEMA_VERSION} (what the gate tests, one line per metric and batch size). Convert "
                 f"the set once, without measuring, and commit the result: {MIGRATE_COMMAND} {path.parent}")
 
-    def _read_for_update(self, path: Path, module: str) -> dict[str, BaselineEntry]:
-        """The entries to keep: a schema-1 file's cannot be kept; they are dropped, and named at the end."""
-        data = self._load(path)
+    def _read_for_update(self, path: Path, module: str, data: Mapping[str, Any] | None) -> dict[str, BaselineEntry]:
+        """The entries of the file's document `data` to keep: a schema-1 file's cannot be kept; they are dropped,
+        and named at the end."""
         if data is None:
             return {}
         self._refuse_old(path, data)
@@ -256,9 +256,12 @@ class BaselineStore:
         try:
             with locked(path) as left:
                 self.cleared += left
-                entries = dict(self._read_for_update(path, module))  # re-read under the lock: keep what others wrote
+                data = self._load(path)  # re-read under the lock: keep what others wrote
+                entries = dict(self._read_for_update(path, module, data))
                 change(entries)
-                document = {**self._unknown_fields(path), "schema_version": SCHEMA_VERSION, "device": self.device,
+                # top-level fields this version does not write are kept (a person's notes, a newer version's)
+                unknown = {k: v for k, v in (data or {}).items() if k not in FILE_FIELDS}
+                document = {**unknown, "schema_version": SCHEMA_VERSION, "device": self.device,
                             "machine": self.machine, "module": module,
                             "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
                 # metadata such as the scenario's max_load=inf is null in strict JSON; values were checked above
@@ -270,11 +273,6 @@ class BaselineStore:
                                 "the directory writable or point --llmperf-baseline-dir elsewhere") from None
         self._cache[module] = entries
         return path
-
-    def _unknown_fields(self, path: Path) -> dict[str, Any]:
-        """The top-level fields of the file at `path` that this version does not write (kept by a rewrite)."""
-        data = self._load(path)
-        return {k: v for k, v in (data or {}).items() if k not in FILE_FIELDS}
 
     def dropped_entries(self) -> list[tuple[str, str, list[str]]]:
         """(file, module, keys): schema-1 entries an update dropped because their tests were not re-recorded."""
