@@ -157,7 +157,9 @@ def test_junit_says_refused_when_every_row_was_refused(project):  # noqa: F811
 def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, monkeypatch):  # noqa: F811
     monkeypatch.setenv("LLMPERF_PROCESSES", "2")
     xml = project.path / "workers.xml"
-    run(project, "--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=1)
+    # the call's duration alone: by default a testcase's time also holds its setup and teardown (a few ms here,
+    # which a loaded machine pushed past the tolerance below)
+    run(project, "--llmperf-update", f"--junitxml={xml}", "-o", "junit_duration_report=call").assert_outcomes(passed=1)
     case = next(valid_xunit2(xml).iter("testcase"))
     report = json.loads((project.path / "reports" / "cpu.json").read_text())
     runs = [r for b in report["benchmarks"][0]["batches"] for r in b["runs"]]
