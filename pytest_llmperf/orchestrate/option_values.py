@@ -157,7 +157,8 @@ def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
     return comma_list(text, FORMATS)
 
 
-def processes(text: str | int) -> int | str:
+def auto_or_positive_int(text: str | int) -> int | str:
+    """`auto` (decided by the session for its mode and target) or an integer >= 1."""
     if str(text).strip().lower() == "auto":
         return "auto"
     return positive_int(text)

@@ -102,8 +102,8 @@ OPTIONS: tuple[Option, ...] = (
            "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
            "baselines/<device>/). Give runners that share hardware one name", parsers.plain_name, metavar="NAME"),
     Option("runs", "Measured runs per batch size: in each worker process, whose median the gate tests; measured in "
-           "one process (--llmperf-processes=1), the runs of the first look (default: 10)", parsers.positive_int,
-           default=10, metavar="N"),
+           "one process (--llmperf-processes=1), the runs of the first look (default: auto, 3 per worker process, "
+           "10 in one process)", parsers.auto_or_positive_int, default="auto", metavar="N|auto"),
     Option("warmups", "Warmup runs per batch size, measured and discarded (default: 1)",
            parsers.non_negative_int, default=1, metavar="N"),
     Option("max_runs", "Measured in one process: most runs per batch size while a row is undecided, more added in "
@@ -139,7 +139,7 @@ OPTIONS: tuple[Option, ...] = (
            "system leaves it (default: steady)", parsers.malloc_mode, default="steady", metavar="steady|system"),
     Option("processes", "Worker processes per side at a benchmark's first look, each reduced to its medians; the "
            "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)",
-           parsers.processes, default="auto", metavar="N|auto"),
+           parsers.auto_or_positive_int, default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a row is undecided; more are added in doublings "
            "from --llmperf-processes, for the batch sizes still undecided (default: 4 times --llmperf-processes)",
            parsers.positive_int, metavar="N"),

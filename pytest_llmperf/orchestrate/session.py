@@ -32,13 +32,17 @@ MAX_PROCESSES_FACTOR = 4
 #: a few percent from job to job (seed 000 on a shared 2-core VM: -1.7% to +4.8%, docs/noise.md), so 0.05; a
 #: stored baseline ages by the drift between sessions, measured per target class.
 DEFAULT_RTOL = {"ab": 0.05, "cpu": 0.15, "gpu": 0.05}
+#: --llmperf-runs when auto. In worker processes the gate tests per-process medians, whose spread is the
+#: processes' (seed 000, 30 rows of 16-process A/A jobs: the medians of 3 runs spread as those of 5, ratio 1.00;
+#: docs/noise.md), so a process takes pyperf's 3 values; measured in one process the runs are the units, so 10.
+DEFAULT_RUNS = {"workers": 3, "in_process": 10}
 
 
 class LLMPerfSession:
     def __init__(self, settings: Settings) -> None:
         self.device_given = settings["device"] is not None
         self.device: str = settings["device"] or _detect_device()
-        self.settings = settings.resolved(rtol=self.default_rtol(settings))
+        self.settings = settings.resolved(rtol=self.default_rtol(settings), runs=self.default_runs(settings))
         #: How an `auto` rtol was resolved, for the report header (None: given).
         self.rtol_auto: str | None = None
         if settings["rtol"] == "auto":
@@ -61,6 +65,13 @@ class LLMPerfSession:
         if settings["rtol"] != "auto":
             return float(settings["rtol"])
         return DEFAULT_RTOL["ab" if settings["compare"] else self.target_class]
+
+    def default_runs(self, settings: Settings) -> int:
+        """--llmperf-runs, or when auto the measured default for worker processes or for one process."""
+        if settings["runs"] != "auto":
+            return int(settings["runs"])
+        in_one = not settings["compare"] and settings["processes"] != "auto" and int(settings["processes"]) == 1
+        return DEFAULT_RUNS["in_process" if in_one else "workers"]
 
     @property
     def target_class(self) -> str:
