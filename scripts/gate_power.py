@@ -53,7 +53,37 @@ def _slowed(forward):
 for cls in (LlamaForCausalLM, BloomForCausalLM):
     cls.forward = _slowed(cls.forward)
 '''
-PHASE_METRICS = {"prefill": "prefill_ms", "decode": "decode_token_ms"}
+# Host-side changes of fixed size per decode step, for the signals' table (docs/instructions.md): `work:N` runs N
+# iterations of a Python loop (the same instructions in every process: what instruction counts see), `sleep:S`
+# sleeps S seconds (wall time only).
+STEP_CHANGE_CONFTEST = '''"""Written by scripts/gate_power.py: {kind} {amount} per decode step. Remove me."""
+import functools
+import time
+
+from transformers import BloomForCausalLM, LlamaForCausalLM
+
+
+def _changed(forward):
+    @functools.wraps(forward)  # the backend reads forward's signature to pass logits_to_keep=1
+    def changed_forward(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] == 1:
+            if {kind!r} == "sleep":
+                time.sleep({amount!r})
+            else:
+                total = 0
+                for i in range({amount!r}):
+                    total += i * i
+        return out
+    return changed_forward
+
+
+for cls in (LlamaForCausalLM, BloomForCausalLM):
+    cls.forward = _changed(cls.forward)
+'''
+PHASE_METRICS = {"prefill": "prefill_ms", "decode": "decode_token_ms", "work": "decode_step_instructions",
+                 "sleep": "decode_token_ms"}
 
 
 @contextlib.contextmanager
@@ -64,8 +94,12 @@ def slowdown(test_dir: Path, condition: str):
         return
     if path.exists():
         raise SystemExit(f"{path} exists: this script writes its own conftest there; move it away first")
-    phase, fraction = condition.split(":")
-    path.write_text(SLOWDOWN_CONFTEST.format(phase=phase, fraction=float(fraction)))
+    phase, amount = condition.split(":")
+    if phase in ("work", "sleep"):
+        size = int(amount) if phase == "work" else float(amount)
+        path.write_text(STEP_CHANGE_CONFTEST.format(kind=phase, amount=size))
+    else:
+        path.write_text(SLOWDOWN_CONFTEST.format(phase=phase, fraction=float(amount)))
     try:
         yield phase
     finally:
@@ -88,6 +122,13 @@ def regressed_metrics(report: dict) -> set[str]:
     return {row["metric"] for row in report.get("verdicts", []) if row["verdict"] == "regressed"}
 
 
+def decode_ratios(report: dict) -> str:
+    """The decode rows' estimated ratios (now / reference) at batch size 1: wall time and instructions."""
+    found = {row["metric"]: row.get("ratio") for row in report.get("verdicts", [])
+             if row.get("batch_size") == 1 and row["metric"] in ("decode_token_ms", "decode_step_instructions")}
+    return ", ".join(f"{m} x{r:.4f}" for m, r in sorted(found.items()) if isinstance(r, (int, float)))
+
+
 def processes_used(report: dict) -> int:
     """The most worker processes per side any benchmark of the job took (its last look)."""
     counts = [len({run.get("process") for run in batch.get("runs") or []})
@@ -101,7 +142,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=("ab", "stored"), default="ab")
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--condition", action="append", default=[],
-                        help="0 (unchanged) or PHASE:FRACTION, e.g. decode:0.10; repeatable")
+                        help="0 (unchanged); PHASE:FRACTION, e.g. decode:0.10 (a busy-wait of that share of each "
+                        "forward pass); work:N (N Python loop iterations per decode step) or sleep:S (S seconds per "
+                        "decode step); repeatable")
     parser.add_argument("--out", default=None, help="directory for every job's JSON report (default: a temp dir)")
     parser.add_argument("--device", default="cpu", help="the hardware target (--llmperf-device)")
     parser.add_argument("pytest_args", nargs="*", help="after --: options for every job, e.g. --llmperf-rtol=0.02")
@@ -131,7 +174,7 @@ def main() -> None:
                 failed += code == 1
                 named += phase is not None and PHASE_METRICS[phase] in metrics
                 print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
-                      f"{used[-1]} processes per side, {seconds:.0f} s", flush=True)
+                      f"{used[-1]} processes per side, {seconds:.0f} s; {decode_ratios(report)}", flush=True)
         summary.append((condition, failed, named, statistics.median(times), statistics.median(used)))
     print("\n| mode | condition | jobs | failed | named the slowed phase | median processes per side "
           "| median job time |")

@@ -45,6 +45,7 @@ class LLMPerfSession:
         self.settings = settings.resolved(rtol=self.default_rtol(settings), runs=self.default_runs(settings))
         #: How an `auto` rtol was resolved, for the report header (None: given).
         self.rtol_auto: str | None = None
+        self.runs_auto = settings["runs"] == "auto"  # said in the header: 3 per worker process, 10 in one process
         if settings["rtol"] == "auto":
             self.rtol_auto = ("auto: A/B" if settings["compare"] else
                               f"auto: stored baselines on a {self.target_class} target")

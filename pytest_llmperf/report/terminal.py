@@ -28,7 +28,8 @@ def header_lines(session: Any) -> list[str]:
     s = session.settings
     return [
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
-        f"runs={s['runs']}, warmups={s['warmups']}, max_runs={s['max_runs']}, alpha={s['alpha']}, rtol={s['rtol']:g}"
+        f"runs={s['runs']}{' (auto)' if session.runs_auto else ''}, warmups={s['warmups']}, max_runs={s['max_runs']}, "
+        f"alpha={s['alpha']}, rtol={s['rtol']:g}"
         f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s['malloc']}, "
         f"threads={session.threads_text()}, "
         f"fail_on={','.join(s['fail_on']) or 'none'}",

@@ -1,0 +1,55 @@
+"""`--llmperf-runs` auto: 3 runs in each worker process (the gate tests per-process medians, whose spread is the
+processes'; docs/noise.md), 10 when one process measures (its runs are the gate's units); the header says which."""
+
+import json
+from collections import Counter
+
+import pytest
+
+TEST = """
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[1], warmups=0)
+def test_engine(llmperf):
+    llmperf.measure(SimulatedBackend())
+"""
+
+
+@pytest.fixture
+def project(project):
+    project.makepyfile(test_engine=TEST)
+    return project
+
+
+def runs_per_process(project, *args):
+    result = project.runpytest("--llmperf-device=cpu", "--llmperf-update", "-p", "no:cacheprovider",
+                               "--llmperf-json=out.json", *args)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    report = json.loads((project.path / "out.json").read_text())
+    (batch,) = report["benchmarks"][0]["batches"]
+    return result, Counter(run["process"] for run in batch["runs"])
+
+
+def test_auto_takes_three_runs_in_each_worker_process(project):
+    result, runs = runs_per_process(project, "--llmperf-processes=2")
+    assert sorted(runs.values()) == [3, 3]
+    result.stdout.fnmatch_lines(["llmperf: device=cpu (given), mode=update, runs=3 (auto), warmups=1*"])
+
+
+def test_auto_takes_ten_runs_in_one_process(project):
+    result, runs = runs_per_process(project, "--llmperf-processes=1")
+    assert list(runs.values()) == [10]
+    result.stdout.fnmatch_lines(["*runs=10 (auto), *"])
+
+
+def test_a_given_number_of_runs_is_taken_in_every_worker_process(project):
+    result, runs = runs_per_process(project, "--llmperf-processes=2", "--llmperf-runs=4")
+    assert sorted(runs.values()) == [4, 4]
+    result.stdout.fnmatch_lines(["*mode=update, runs=4, warmups*"])
+
+
+def test_runs_auto_or_a_positive_integer(project):
+    result = project.runpytest("--llmperf-device=cpu", "--llmperf-runs=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-runs*"])
