@@ -49,7 +49,9 @@ def test_the_main_job_compares_with_head_and_needs_no_stored_baseline():
 def test_the_main_job_judges_on_a_machine_without_baselines_and_writes_the_tables(user_repo):
     result = user_repo.runpytest("benchmarks", *bench_command(), "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
-    result.stdout.fnmatch_lines(["*the working tree against HEAD (A/B*", "llmperf: judged 1 of 1 benchmarks"])
+    result.stdout.fnmatch_lines(["*the working tree against HEAD (A/B*",
+                                 "llmperf: baselines=none (A/B: both sides measured here), reports=*",
+                                 "llmperf: judged 1 of 1 benchmarks"])
     assert not (user_repo.path / "baselines").exists()
     table = (user_repo.path / "reports" / "cpu.md").read_text()
     assert "## benchmarks/test_engine.py::test_engine" in table

@@ -34,7 +34,8 @@ def header_lines(session: Any) -> list[str]:
         f"threads={session.threads_text()}, "
         f"fail_on={','.join(s['fail_on']) or 'none'}",
         f"llmperf: {_measured_how(session)}",
-        f"llmperf: baselines={session.baseline_set}, reports={s['report_dir']}",
+        f"llmperf: baselines={'none (A/B: both sides measured here)' if s['compare'] else session.baseline_set}, "
+        f"reports={s['report_dir']}",
     ]
 
 
