@@ -21,6 +21,9 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_engine(llmperf):
     if os.environ.get("LLMPERF_WORKER_PROCESS") == "2":
         print("worker 2 receives {name}", flush=True)
+        # a suite started from a background shell (`cmd &`) hands its processes SIGINT ignored: Python then installs
+        # no handler and the signal would be lost; a Ctrl-C at a terminal reaches a worker with Python's default
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.{name})
     llmperf.measure(SimulatedBackend())
 """
