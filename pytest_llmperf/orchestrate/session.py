@@ -42,10 +42,13 @@ class LLMPerfSession:
     def __init__(self, settings: Settings) -> None:
         self.device_given = settings["device"] is not None
         self.device: str = settings["device"] or _detect_device()
-        self.settings = settings.resolved(rtol=self.default_rtol(settings), runs=self.default_runs(settings))
+        self.settings = settings.resolved(rtol=self.default_rtol(settings))
+        self.runs_auto = settings["runs"] == "auto"  # said in the header: 3 per worker process, 10 in one process
+        if self.runs_auto:
+            self.settings = self.settings.resolved(runs=DEFAULT_RUNS["in_process" if self.measures_in_one_process
+                                                                     else "workers"])
         #: How an `auto` rtol was resolved, for the report header (None: given).
         self.rtol_auto: str | None = None
-        self.runs_auto = settings["runs"] == "auto"  # said in the header: 3 per worker process, 10 in one process
         if settings["rtol"] == "auto":
             self.rtol_auto = ("auto: A/B" if settings["compare"] else
                               f"auto: stored baselines on a {self.target_class} target")
@@ -66,13 +69,6 @@ class LLMPerfSession:
         if settings["rtol"] != "auto":
             return float(settings["rtol"])
         return DEFAULT_RTOL["ab" if settings["compare"] else self.target_class]
-
-    def default_runs(self, settings: Settings) -> int:
-        """--llmperf-runs, or when auto the measured default for worker processes or for one process."""
-        if settings["runs"] != "auto":
-            return int(settings["runs"])
-        in_one = not settings["compare"] and settings["processes"] != "auto" and int(settings["processes"]) == 1
-        return DEFAULT_RUNS["in_process" if in_one else "workers"]
 
     @property
     def target_class(self) -> str:
@@ -131,9 +127,14 @@ class LLMPerfSession:
         return Schedule.doubling(first, cap, alpha, family)
 
     @property
+    def measures_in_one_process(self) -> bool:
+        """The session's settings measure in one process (no worker processes, no A/B): its runs are the units."""
+        return not self.settings["compare"] and self.processes == 1
+
+    @property
     def in_process(self) -> bool:
         """Benchmarks are measured in this pytest process and its runs are the gate's units."""
-        return self.recorder is None and not self.settings["compare"] and self.processes == 1
+        return self.recorder is None and self.measures_in_one_process
 
     @property
     def threads(self) -> int | None:
