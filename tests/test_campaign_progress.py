@@ -98,6 +98,27 @@ def test_a_terminal_gets_one_status_line_rewritten_in_place_and_erased_before_a_
                                                                    "1 test(s) in 1.0 s")]
 
 
+def test_two_workers_taking_turns_show_the_one_measuring_and_each_ends_with_its_line():
+    clock = Clock()
+    out = Recorded(clock)
+    progress = CampaignProgress(out, isatty=True, verbosity=0, clock=clock)
+    progress.started("HEAD (abc1234)", 1, 5, 1)
+    progress.started("the working tree", 1, 5, 1)
+    clock.now += 1.0
+    progress.records([{"type": "progress", "nodeid": "t.py::a", "key": "a", "batch_size": 2, "position": [1, 2],
+                       "run": 1, "runs": 3}], side="the working tree")
+    assert out.statuses[-1][1] == "llmperf: process 1 of 5 on the working tree, a, batch size 2 (1/2), run 1/3, 1 s"
+    clock.now += 1.0
+    progress.records([{"type": "progress", "nodeid": "t.py::a", "key": "a", "batch_size": 2, "position": [1, 2],
+                       "run": 3, "runs": 3}], side="HEAD (abc1234)")
+    assert out.statuses[-1][1] == "llmperf: process 1 of 5 on HEAD (abc1234), a, batch size 2 (1/2), run 3/3, 2 s"
+    progress.done(2.5, side="HEAD (abc1234)")
+    progress.done(2.5, side="the working tree")
+    assert [line for _, line in out.lines] == ["llmperf: process 1 of 5 on HEAD (abc1234): 1 test(s) in 2.5 s",
+                                               "llmperf: process 1 of 5 on the working tree: 1 test(s) in 2.5 s"]
+    assert progress.workers == {}
+
+
 def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_sizes_last_run(tmp_path, monkeypatch):
     monkeypatch.setenv(worker.ENV_PROCESS, "2")
     clock = Clock()
@@ -110,7 +131,7 @@ def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_s
     recorder.close()
     records = [json.loads(line) for line in (tmp_path / "w.jsonl").read_text().splitlines()]
     assert records[0] == {"type": "hello", "protocol": worker.PROTOCOL, "pid": records[0]["pid"], "process": 2,
-                          "counts": False}
+                          "counts": False, "turns": False}
     progress = records[1:]
     assert [(r["batch_size"], r["run"]) for r in progress] == [(1, 1), (1, 5), (1, 9), (1, 10), (4, 4), (4, 8),
                                                                (4, 10)]

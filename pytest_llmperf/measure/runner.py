@@ -90,7 +90,10 @@ def measure_batch(backend: Backend, scenario: Scenario, batch_size: int,
 
 
 def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str,
-            on_run: RunCallback | None = None, counter: InstructionClock | None = None) -> BenchmarkResult:
+            on_run: RunCallback | None = None, counter: InstructionClock | None = None,
+            before_batch: Callable[[], None] | None = None) -> BenchmarkResult:
+    """Every batch size of the scenario. `before_batch` is called before each one's warmups (a worker of an A/B
+    round waits there for its turn: orchestrate/turns.py)."""
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()
@@ -100,6 +103,8 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                 batches.append(BatchResult(batch_size, error=f"not run: batch size {oom_at} ran out of memory",
                                            oom=True, skipped=True))
                 continue
+            if before_batch is not None:
+                before_batch()
             result = measure_batch(backend, scenario, batch_size, on_run, counter)
             if result.oom and oom_at is None:
                 oom_at = batch_size

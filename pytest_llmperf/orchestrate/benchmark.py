@@ -89,9 +89,11 @@ class Benchmark:
                                              batches=[BatchResult(b, count_error=not_counted(backend))
                                                       for b in scenario.batch_sizes], group=scenario.group)
                 else:
+                    turns = self.session.recorder.turns if self.session.recorder is not None else None
                     with shown as on_run:
                         result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
-                                                module=nodeid.split("::", 1)[0], on_run=on_run, counter=counter)
+                                                module=nodeid.split("::", 1)[0], on_run=on_run, counter=counter,
+                                                before_batch=turns.wait if turns is not None else None)
                 self.results.append(result)
                 if self.session.recorder is not None:  # a worker process: the controller judges
                     self.session.recorder.record_result(nodeid, result)

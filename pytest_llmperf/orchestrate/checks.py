@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ..judge.procedure import SettingError, check_can_fail
 from ..measure.scenario import ScenarioError, build_scenario
 from .markers import marker_kwargs
 from .session import LLMPerfSession
@@ -46,3 +47,23 @@ def rows_expected(item: pytest.Item) -> int:
     """Gated rows a test will have, as its marker says (DEFAULT_ROWS_PER_BATCH unless it names its metrics)."""
     kwargs = marker_kwargs(item)
     return len(kwargs.get("batch_sizes") or [1]) * len(kwargs.get("metrics") or range(DEFAULT_ROWS_PER_BATCH))
+
+
+def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
+    """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
+    settings = llm.settings
+    if settings["compare"] and (settings["update"] or settings["update_missing"]):
+        raise pytest.UsageError("llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
+                                "drop --llmperf-update / --llmperf-update-missing")
+    if llm.mode != "gate":
+        return
+    family = sum(rows_expected(item) for item in items)
+    for item in items:
+        first = llm.processes_for(item)
+        what = (f"{item.nodeid}: marker processes={first}" if "processes" in marker_kwargs(item)
+                else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
+        try:
+            check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],
+                           paired=bool(settings["compare"]), what=what)
+        except SettingError as exc:
+            raise pytest.UsageError(f"llmperf: {exc}") from None

@@ -22,20 +22,21 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..judge.procedure import Schedule, SettingError, check_can_fail
+from ..judge.procedure import Schedule
 from ..judge.rows import Reference, judge_rows, undecided_batches
 from ..judge.verdicts import COMPARED, Outcome, Verdict
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 from ..report import campaign_progress
 from . import counting, judging, worktree
-from .checks import rows_expected
-from .manager import PYTEST, Side, WorkerError, WorkerRun, run_worker
+from .checks import check_settings
+from .manager import PYTEST, RoundWork, Side, WorkerError, WorkerRun, run_round, run_worker
 from .leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
@@ -179,24 +180,17 @@ class ProcessController:
             done += 1
             due = {nodeid: plan for nodeid, plan in self.plans.items() if plan.units >= done}
             order = sides if done % 2 else list(reversed(sides))  # ABBA: A B, B A, A B, ...
-            for side in order:
-                nodeids = [n for n in due if side.name not in available or n in available[side.name]]
-                if not nodeids:
-                    continue
-                sizes = {n: due[n].batch_sizes for n in nodeids if due[n].batch_sizes is not None}
-                if progress is not None:
-                    progress.started(side.label, done, max(plan.units for plan in self.plans.values()), len(nodeids))
-                try:
-                    run = run_worker(side, done, nodeids, settings=settings, work_dir=work_dir,
-                                     timeout_s=self.llm.settings["worker_timeout"], extra_args=self._passthrough_args(),
-                                     batch_sizes=sizes, on_records=progress.records if progress is not None else None)
-                except WorkerError as exc:
-                    for nodeid in list(self.plans):
-                        self.decisions[nodeid] = Decision(failure=f"llmperf: {exc}")
-                    return False
-                runs[side.name].append(run)
-                if progress is not None:
-                    progress.done(run.seconds)
+            work = [RoundWork(side, nodeids, {n: due[n].batch_sizes for n in nodeids if due[n].batch_sizes is not None},
+                              partial(progress.records, side=side.label) if progress is not None else None)
+                    for side in order
+                    if (nodeids := [n for n in due if side.name not in available or n in available[side.name]])]
+            try:
+                for run in self._round(work, done, settings, work_dir):
+                    runs[run.side.name].append(run)
+            except WorkerError as exc:
+                for nodeid in list(self.plans):
+                    self.decisions[nodeid] = Decision(failure=f"llmperf: {exc}")
+                return False
             if done == 1 and progress is not None:  # a long campaign says how long, once the first round is timed
                 said = campaign_estimate(sum(r[0].seconds for r in runs.values() if r), self.plans.values())
                 if said:
@@ -204,6 +198,31 @@ class ProcessController:
             for nodeid in [n for n, plan in due.items() if plan.units == done]:
                 self._look(self.plans[nodeid], sides, runs, available)
         return True
+
+    def _round(self, work: list[RoundWork], index: int, settings: dict[str, Any], work_dir: Path) -> list[WorkerRun]:
+        """One round: the sides' workers taking turns at every batch size (--llmperf-interleave=batch), or one after
+        the other."""
+        progress, total = self.progress, max(plan.units for plan in self.plans.values())
+        timeout, args = self.llm.settings["worker_timeout"], self._passthrough_args()
+        if len(work) > 1 and self.llm.settings["interleave"] == "batch":
+            for item in work:
+                if progress is not None:
+                    progress.started(item.side.label, index, total, len(item.nodeids))
+            done = run_round(work, index, settings=settings, work_dir=work_dir, timeout_s=timeout, extra_args=args)
+            for run in done:
+                if progress is not None:
+                    progress.done(run.seconds, side=run.side.label)
+            return done
+        done = []
+        for item in work:
+            if progress is not None:
+                progress.started(item.side.label, index, total, len(item.nodeids))
+            done.append(run_worker(item.side, index, item.nodeids, settings=settings, work_dir=work_dir,
+                                   timeout_s=timeout, extra_args=args, batch_sizes=item.batch_sizes,
+                                   on_records=item.on_records))
+            if progress is not None:
+                progress.done(done[-1].seconds, side=item.side.label)
+        return done
 
     def _count(self, items: list[pytest.Item], sides: list[Side], work_dir: Path) -> bool:
         """Count instructions of the tests that ask for them (orchestrate/counting.py); False when a counting worker
@@ -376,23 +395,3 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
-    """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
-    settings = llm.settings
-    if settings["compare"] and (settings["update"] or settings["update_missing"]):
-        raise pytest.UsageError("llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
-                                "drop --llmperf-update / --llmperf-update-missing")
-    if llm.mode != "gate":
-        return
-    family = sum(rows_expected(item) for item in items)
-    for item in items:
-        first = llm.processes_for(item)
-        what = (f"{item.nodeid}: marker processes={first}" if "processes" in marker_kwargs(item)
-                else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
-        try:
-            check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],
-                           paired=bool(settings["compare"]), what=what)
-        except SettingError as exc:
-            raise pytest.UsageError(f"llmperf: {exc}") from None

@@ -26,11 +26,12 @@ from typing import Any
 from ..processes import die_with_parent, stop_tree, tail
 from ..measure.allocator import steady_malloc_env
 from ..measure.records import BenchmarkResult
+from .turns import TurnBroker
 from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
 #: Protocols this manager reads: a side of an A/B comparison may import an older pytest-llmperf (this repository's
 #: own benchmarks import the plugin of the side they measure); protocol 1 ignores ENV_BATCHES (measures all).
-PROTOCOLS = (1, 2, PROTOCOL)
+PROTOCOLS = (1, 2, 3, PROTOCOL)
 #: pytest's exit codes after which the worker's reports are complete: all passed, some failed.
 COMPLETE_EXIT_CODES = (0, 1)
 #: Seconds between two reads of a running worker's records.
@@ -136,16 +137,26 @@ def wait(proc: subprocess.Popen[bytes], timeout_s: float, on_records: OnRecords 
                 on_records(tail.new())
 
 
-def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
-               timeout_s: float, extra_args: Sequence[str] = (),
-               batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
-               wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-               on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
-               on_records: OnRecords | None = None) -> WorkerRun:
-    """Run one worker to completion; raise WorkerError if it did not complete. `on_records` gets what it
-    appends while it runs (progress). `wrapper` goes before its command and `environ` into its environment;
-    `on_start` gets its process (counting workers under valgrind, run from threads: orchestrate/counting.py
-    stops them when the controller is interrupted)."""
+@dataclass
+class Launched:
+    """A started worker, before its results are read."""
+
+    side: Side
+    index: int
+    proc: subprocess.Popen[bytes]
+    out: Path
+    log: Path
+    log_handle: Any
+    settings: Mapping[str, Any]
+    started: float
+    tail: RecordTail
+
+
+def launch(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
+           extra_args: Sequence[str] = (), batch_sizes: Mapping[str, Sequence[int]] | None = None,
+           tag: str | None = None, wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+           pass_fds: Sequence[int] = ()) -> Launched:
+    """Start one worker (`python -m pytest NODEID...` on its side) with its log and records file."""
     tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
@@ -158,35 +169,126 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     if settings.get("malloc") == "steady":
         env.update(steady_malloc_env())
     env.update(environ or {})
-    started = time.monotonic()
-    with open(log, "wb") as log_handle:
+    log_handle = open(log, "wb")  # noqa: SIM115 - closed by finish() or stop()
+    try:
         proc = subprocess.Popen(die_with_parent([*wrapper, *worker_command(nodeids, extra_args)], env=env,
                                                 cwd=side.root),
                                 cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-        if on_start is not None:
-            on_start(proc)
-        try:
-            code = wait(proc, timeout_s, on_records, RecordTail(out))
-        except subprocess.TimeoutExpired:
-            stop_tree(proc.pid, grace_s=5, session=True)
-            proc.wait()
-            raise WorkerError(f"worker process {index} on {side.label} did not finish within {timeout_s:g} s "
-                              f"(--llmperf-worker-timeout); it was stopped. {_kept(log, settings)} ends with:\n"
-                              f"{_indent(tail(log))}") from None
-        except BaseException:  # Ctrl-C, or the controller failing: no worker outlives it
-            stop_tree(proc.pid, grace_s=5, session=True)
-            proc.wait()
-            raise
-        stop_tree(proc.pid, grace_s=5, session=True, root=False)  # anything it left behind in its session
-    run = WorkerRun(side, index, seconds=time.monotonic() - started)
-    hello = _read(out, run)
+                                env=env, start_new_session=True, pass_fds=tuple(pass_fds))
+    except BaseException:
+        log_handle.close()
+        raise
+    return Launched(side, index, proc, out, log, log_handle, settings, time.monotonic(), RecordTail(out))
+
+
+def stop(worker: Launched) -> None:
+    """Stop a worker with its whole process tree (Ctrl-C, a deadline, the other worker of its round failing)."""
+    stop_tree(worker.proc.pid, grace_s=5, session=True)
+    worker.proc.wait()
+    worker.log_handle.close()
+
+
+def timed_out(worker: Launched, timeout_s: float) -> WorkerError:
+    return WorkerError(f"worker process {worker.index} on {worker.side.label} did not finish within {timeout_s:g} s "
+                       f"(--llmperf-worker-timeout); it was stopped. {_kept(worker.log, worker.settings)} ends with:\n"
+                       f"{_indent(tail(worker.log))}")
+
+
+def finish(worker: Launched, code: int) -> WorkerRun:
+    """Read an exited worker's results; raise WorkerError if it did not complete."""
+    stop_tree(worker.proc.pid, grace_s=5, session=True, root=False)  # anything it left behind in its session
+    worker.log_handle.close()
+    run = WorkerRun(worker.side, worker.index, seconds=time.monotonic() - worker.started)
+    hello = _read(worker.out, run)
     if code not in COMPLETE_EXIT_CODES or hello is None:
         why = (f"exited with code {code}" if code not in COMPLETE_EXIT_CODES else
                "reported nothing (does the pytest-llmperf it imports on that side support worker processes?)")
-        raise WorkerError(f"worker process {index} on {side.label} {why}. {_kept(log, settings)} ends with:\n"
-                          f"{_indent(tail(log))}")
+        raise WorkerError(f"worker process {worker.index} on {worker.side.label} {why}. "
+                          f"{_kept(worker.log, worker.settings)} ends with:\n{_indent(tail(worker.log))}")
     return run
+
+
+def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
+               timeout_s: float, extra_args: Sequence[str] = (),
+               batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
+               wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+               on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+               on_records: OnRecords | None = None) -> WorkerRun:
+    """Run one worker to completion; raise WorkerError if it did not complete. `on_records` gets what it
+    appends while it runs (progress). `wrapper` goes before its command and `environ` into its environment;
+    `on_start` gets its process (counting workers under valgrind, run from threads: orchestrate/counting.py
+    stops them when the controller is interrupted)."""
+    worker = launch(side, index, nodeids, settings=settings, work_dir=work_dir, extra_args=extra_args,
+                    batch_sizes=batch_sizes, tag=tag, wrapper=wrapper, environ=environ)
+    if on_start is not None:
+        on_start(worker.proc)
+    try:
+        code = wait(worker.proc, timeout_s, on_records, worker.tail)
+    except subprocess.TimeoutExpired:
+        stop(worker)
+        raise timed_out(worker, timeout_s) from None
+    except BaseException:  # Ctrl-C, or the controller failing: no worker outlives it
+        stop(worker)
+        raise
+    return finish(worker, code)
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """What one side's worker of a round measures."""
+
+    side: Side
+    nodeids: Sequence[str]
+    batch_sizes: Mapping[str, Sequence[int]] | None = None
+    on_records: OnRecords | None = None
+
+
+def run_round(work: Sequence[RoundWork], index: int, *, settings: Mapping[str, Any], work_dir: Path,
+              timeout_s: float, extra_args: Sequence[str] = (),
+              clock: Callable[[], float] = time.monotonic) -> list[WorkerRun]:
+    """The workers of one A/B round, alive together and taking turns at every batch size (orchestrate/turns.py), in
+    the order given (A B, or B A); their runs in that order. The round may take `timeout_s` per worker; past it,
+    or when one worker fails, every worker of the round is stopped."""
+    broker = TurnBroker([w.side.name for w in work])
+    workers: list[Launched] = []
+    try:
+        for item in work:
+            environ, child_ends = broker.pipes(item.side.name)
+            try:
+                workers.append(launch(item.side, index, item.nodeids, settings=settings, work_dir=work_dir,
+                                      extra_args=extra_args, batch_sizes=item.batch_sizes, environ=environ,
+                                      pass_fds=child_ends))
+            finally:
+                broker.release_child_ends(child_ends)
+        deadline = clock() + timeout_s * len(work)
+        codes: dict[int, int] = {}
+        heard: set[int] = set()
+        while len(codes) < len(workers):
+            broker.step(POLL_S)
+            for i, (worker, item) in enumerate(zip(workers, work)):
+                records = worker.tail.new()
+                for record in records:  # a side whose pytest-llmperf predates turns ignores them: it runs alone
+                    if record.get("type") == "hello" and i not in heard:
+                        heard.add(i)
+                        if not record.get("turns"):
+                            broker.ignores_turns(item.side.name)
+                if item.on_records is not None:
+                    item.on_records(records)
+                if i not in codes and worker.proc.poll() is not None:
+                    codes[i] = worker.proc.returncode
+                    if codes[i] not in COMPLETE_EXIT_CODES:
+                        finish(worker, codes[i])  # raises WorkerError with its log; the other worker is stopped
+            if clock() > deadline:
+                running = next((w for i, w in enumerate(workers) if i not in codes), workers[0])
+                raise timed_out(running, timeout_s * len(work))
+        return [finish(worker, codes[i]) for i, worker in enumerate(workers)]
+    except BaseException:  # Ctrl-C, a failed or late worker: no worker of the round outlives it
+        for worker in workers:
+            if not worker.log_handle.closed:
+                stop(worker)
+        raise
+    finally:
+        broker.close()
 
 
 def _kept(log: Path, settings: Mapping[str, Any]) -> str:

@@ -137,6 +137,17 @@ def malloc_mode(text: str) -> str:
     return value
 
 
+#: How the two sides of an A/B comparison alternate (orchestrate/turns.py).
+INTERLEAVE_MODES = ("batch", "process")
+
+
+def interleave_mode(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in INTERLEAVE_MODES:
+        raise ValueError(f"expected one of {', '.join(INTERLEAVE_MODES)}, got {text!r}")
+    return value
+
+
 def outputs_mode(text: str) -> str:
     value = str(text).strip().lower()
     if value not in OUTPUT_MODES:

@@ -146,6 +146,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string,
            metavar="REF"),
+    Option("interleave", "How the two sides of an A/B comparison alternate: batch, the two worker processes of a "
+           "round run together and take turns at every batch size, so each pair is measured seconds apart (the "
+           "speed of a shared machine changes within seconds); process, one whole worker process after the other "
+           "(default: batch)", parsers.interleave_mode, default="batch", metavar="batch|process"),
     Option("worker_timeout", "Seconds a worker process (with --llmperf-processes=1: a benchmark's measurement) "
            "may run before it is stopped as hung (default: 3600)", parsers.positive_float, default=3600.0,
            metavar="S"),

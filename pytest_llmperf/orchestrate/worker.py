@@ -23,6 +23,7 @@ import pytest
 from ..measure.instructions import ClientRequests, CountingError, InstructionClock
 from ..measure.records import BenchmarkResult, RunSample
 from ..measure.runner import RunCallback
+from .turns import TurnClient
 
 ENV_OUT = "LLMPERF_WORKER_OUT"
 ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
@@ -30,8 +31,8 @@ ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (
 ENV_BATCHES = "LLMPERF_WORKER_BATCHES"  # JSON {nodeid: [batch sizes]}: measure only these (a later look)
 ENV_COUNT = "LLMPERF_WORKER_COUNT"  # a counting worker under callgrind (orchestrate/counting.py): its out file
 #: 2: progress records ("start", "progress") as extra lines, which a manager that does not know them skips;
-#: 3: counting workers (ENV_COUNT)
-PROTOCOL = 3
+#: 3: counting workers (ENV_COUNT); 4: turns (orchestrate/turns.py: the hello says whether it takes them)
+PROTOCOL = 4
 #: Seconds between two progress records of a worker (a fast backend finishes many runs a second).
 PROGRESS_EVERY_S = 1.0
 
@@ -71,9 +72,10 @@ class WorkerRecorder:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.counter = counting_clock()  # a counting worker: instructions instead of time
+        self.turns = TurnClient.from_environ()  # an A/B round's worker: waits for its turn at each batch size
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
         self._write({"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "process": process_index(),
-                     "counts": self.counter is not None})
+                     "counts": self.counter is not None, "turns": self.turns is not None})
 
     def _write(self, record: dict[str, Any]) -> None:
         self._handle.write(json.dumps(record) + "\n")

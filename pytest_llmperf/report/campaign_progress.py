@@ -87,13 +87,15 @@ def _name(nodeid: str) -> str:
 
 @dataclass
 class CampaignProgress:
-    """Progress of a campaign of worker processes, one worker at a time."""
+    """Progress of a campaign of worker processes: one at a time, or the two of an A/B round taking turns (the line
+    shows the one that reported last: the one measuring)."""
 
     out: Output
     isatty: bool
     verbosity: int
     clock: Callable[[], float] = time.monotonic
-    worker: WorkerState | None = None
+    workers: dict[str, WorkerState] = field(default_factory=dict)  # by side
+    active: str | None = None  # the side whose records came last
     _last_line: float | None = None
     _last_status: float | None = None
     _shown: str = field(default="", repr=False)
@@ -106,24 +108,31 @@ class CampaignProgress:
 
     def started(self, side: str, index: int, total: int, tests: int) -> None:
         now = self.clock()
-        self.worker = WorkerState(side, index, total, tests, now)
+        self.workers[side] = WorkerState(side, index, total, tests, now)
+        self.active = self.active if self.active in self.workers else side
         if self._last_line is None:
             self._last_line = now  # the first periodic line comes LINE_EVERY_S after the campaign starts
         self.tick()
 
-    def records(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """The worker's new records (possibly none): update what it is doing, and show it when due."""
-        if self.worker is None:
+    def records(self, records: Iterable[Mapping[str, Any]], side: str | None = None) -> None:
+        """A worker's new records (possibly none): update what it is doing, and show it when due. `side` names
+        the worker when two run at once."""
+        side = side if side is not None else self.active
+        worker = self.workers.get(side) if side is not None else None
+        if worker is None:
             return
         for record in records:
-            self.worker.update(record)
+            worker.update(record)
+            if record.get("type") in ("start", "progress"):
+                self.active = side
         self.tick()
 
     def tick(self) -> None:
-        if self.worker is None:
+        worker = self.workers.get(self.active) if self.active is not None else None
+        if worker is None:
             return
         now = self.clock()
-        text = self.worker.describe(now)
+        text = worker.describe(now)
         if self.isatty:
             if self._last_status is None or now - self._last_status >= STATUS_EVERY_S:
                 self._last_status = now
@@ -133,12 +142,14 @@ class CampaignProgress:
             self._last_line = now
             self.out.line(f"llmperf: {text}")
 
-    def done(self, seconds: float) -> None:
-        """The worker finished: its line, which stays."""
-        if self.worker is None:
+    def done(self, seconds: float, side: str | None = None) -> None:
+        """A worker finished: its line, which stays."""
+        side = side if side is not None else self.active
+        worker = self.workers.pop(side, None) if side is not None else None
+        if worker is None:
             return
-        worker = self.worker
-        self.worker = None
+        if self.active == side:
+            self.active = next(iter(self.workers), None)
         self.say(f"process {worker.index} of {worker.total} on {worker.side}: {worker.tests} test(s) in "
                  f"{seconds:.1f} s")
 
