@@ -108,7 +108,7 @@ def simulate(job: Job, jobs: int, seed: int = 0) -> tuple[Figures, np.ndarray]:
         cur = np.exp(current[open_tests][..., :look])  # the open tests' rows, this look's processes
         ref = np.exp(reference[open_tests][..., :look] if job.mode == "ab" else reference[open_tests])
         measure = stats.paired if job.mode == "ab" else stats.unpaired
-        decided = procedure.decide(measure(ref, cur, better="lower"), rtol=job.rtol, schedule=schedule,
+        decided = procedure.decide(measure(ref, cur, better="lower"), rtol=job.rtol, schedule=schedule, units=look,
                                    final=look == schedule.cap)
         sub = verdicts[open_tests]
         undecided = np.vectorize(lambda v: v is None, otypes=[bool])(sub)

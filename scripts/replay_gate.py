@@ -94,7 +94,8 @@ def replay(rows: Rows, rtol: float, first: int, cap: int, alpha: float) -> tuple
             rounds = sorted(set(reference) & set(current))[:look]
             estimate = stats.paired([reference[r] for r in rounds], [current[r] for r in rounds],
                                     better=metric_better(key[1]))
-            decided = procedure.decide(estimate, rtol=rtol, schedule=schedule, final=look == schedule.cap)
+            decided = procedure.decide(estimate, rtol=rtol, schedule=schedule, final=look == schedule.cap,
+                                        units=look)
             if decided.verdicts[()] is not None:
                 verdicts[key] = decided.verdicts[()]
     return verdicts, used

@@ -18,6 +18,7 @@ def test_a_job_of_unchanged_code_is_rarely_red(label, job, jobs):
     figures, _ = simulator.simulate(job, jobs, seed=1)
     print(figures.line(label))
     assert figures.red <= 0.05  # counting every red outcome of the README's recipe (regressed or inconclusive)
+    assert figures.any_regressed <= job.alpha  # the family-wise level, over all 360 rows and every look
     assert figures.rows_inconclusive <= 0.01
     assert figures.processes_median < 16  # decided at the first or second look
 

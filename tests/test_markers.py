@@ -144,11 +144,11 @@ def test_plain():
 """
 
 
-@pytest.mark.parametrize("processes", ["1", "3"])
+@pytest.mark.parametrize("processes", ["1", "5"])
 def test_a_benchmark_test_that_never_measures_fails_saying_so(project, monkeypatch, processes):
     monkeypatch.setenv("LLMPERF_PROCESSES", processes)  # in this process, and in worker processes
     project.makepyfile(test_x=NEVER_MEASURES)
-    result = run(project, "--llmperf-max-processes=6")
+    result = run(project, "--llmperf-max-processes=20")
     result.assert_outcomes(failed=2, skipped=1, passed=1)
     result.stdout.fnmatch_lines(["*test_x.py::test_marked_only: an llmperf benchmark test (its llmperf marker or "
                                  "fixture) that never called llmperf.measure(backend): "

@@ -42,7 +42,7 @@ def run(pytester, *args):
     return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
 
 
-@pytest.mark.parametrize("processes", ["1", "3"])
+@pytest.mark.parametrize("processes", ["1", "5"])
 @pytest.mark.parametrize("select", [("-m", "not llmperf"), ("-k", "plain")])
 def test_deselecting_every_benchmark_is_not_a_session_that_judged_nothing(project, monkeypatch, processes, select):
     """`-m 'not llmperf'` (the README's way to run the other tests under xdist) exited 1: 'nothing judged'."""
@@ -54,7 +54,7 @@ def test_deselecting_every_benchmark_is_not_a_session_that_judged_nothing(projec
     assert "nothing judged" not in result.stdout.str()
 
 
-@pytest.mark.parametrize("processes", ["1", "3"])
+@pytest.mark.parametrize("processes", ["1", "5"])
 def test_collect_only_judges_nothing_and_fails_nothing(project, monkeypatch, processes):
     monkeypatch.setenv("LLMPERF_PROCESSES", processes)
     project.makepyfile(test_x=TESTS)
@@ -76,7 +76,7 @@ def test_a_usage_error_says_only_the_error(project, args, said):
     assert "llmperf: judged" not in result.stdout.str() and "the run fails" not in result.stdout.str()
 
 
-@pytest.mark.parametrize("processes", ["1", "3"])
+@pytest.mark.parametrize("processes", ["1", "5"])
 def test_xfail_means_the_same_in_worker_processes_as_in_this_one(project, monkeypatch, processes):
     """In worker processes an xfailed benchmark was reported skipped, with the repr of the llmperf fixture as its
     reason, and a strict XPASS as xfailed."""

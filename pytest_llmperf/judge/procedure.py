@@ -6,10 +6,11 @@ row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it 
 
 - **regressed**: credibly beyond the tolerance. The estimate's `DECISION_LEVEL` lower bound lies above
   1 + rtol, *and* the metric is worse than its reference at the family-wise level: one-sided p below
-  alpha / (looks x rows in the family), Bonferroni over every gated row of the job (or, measured in one
-  process, of the benchmark) and over the looks. So a job of unchanged code ends with a regressed row with
-  probability at most alpha however many rows and looks it has, and a slowdown below the tolerance fails
-  rarely (its lower bound must clear 1 + rtol).
+  alpha x w_k / rows in the family, Bonferroni over every gated row of the job (or, measured in one process,
+  of the benchmark) and over the looks, look k spending the share w_k of alpha in proportion to its units
+  (5, 10, 20 units: 1/7, 2/7, 4/7: alpha spent linearly in the information, most where most is known). So a
+  job of unchanged code ends with a regressed row with probability at most alpha however many rows and looks
+  it has, and a slowdown below the tolerance fails rarely (its lower bound must clear 1 + rtol).
 - **improved**: the mirror image (the same family-wise p, in the improving direction).
 - **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol.
 - undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
@@ -65,9 +66,25 @@ class Schedule:
         return self.looks[-1]
 
     @property
+    def weights(self) -> tuple[float, ...]:
+        """Each look's share of alpha, in proportion to its units: alpha spent linearly in the information
+        (Kim and DeMets' t * alpha), each look's increment applied by Bonferroni, so the shares add up to alpha
+        however the looks depend on each other."""
+        total = sum(self.looks)
+        return tuple(n / total for n in self.looks)
+
+    def look_of(self, units: int) -> int:
+        """The index of the look that `units` per side reached (the last look at or below them)."""
+        return max((i for i, n in enumerate(self.looks) if n <= units), default=0)
+
+    def alpha_at(self, look: int) -> float:
+        """The level of one row's significance at a look."""
+        return self.alpha * self.weights[look] / self.family
+
+    @property
     def alpha_per_test(self) -> float:
-        """The level of one row's significance at one look."""
-        return self.alpha / (len(self.looks) * self.family)
+        """The level of one row's significance at the cap."""
+        return self.alpha_at(len(self.looks) - 1)
 
     def with_family(self, family: int) -> Schedule:
         return Schedule(self.looks, self.alpha, max(family, 1))
@@ -76,8 +93,9 @@ class Schedule:
         """The units of the look after one with `units`, or None at the cap."""
         return next((n for n in self.looks if n > units), None)
 
-    def adjusted(self, p: float) -> float:
-        return min(1.0, p * len(self.looks) * self.family)
+    def adjusted(self, p: ArrayLike, look: int) -> NDArray[np.float64]:
+        """p adjusted for the family and the look's share of alpha: compared with alpha."""
+        return np.minimum(1.0, np.asarray(p, dtype=float) * self.family / self.weights[look])
 
 
 @dataclass(frozen=True)
@@ -91,13 +109,15 @@ class Decisions:
     needed: NDArray[np.int64]
 
 
-def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bool) -> Decisions:
-    """The verdict of every row at one look; `final` at the cap (an undecided row is then inconclusive)."""
+def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bool, units: int) -> Decisions:
+    """The verdict of every row at the look that `units` per side reached; `final` at the cap (an undecided row
+    is then inconclusive)."""
     rtol = np.asarray(rtol, dtype=float)
     margin = np.log1p(rtol) if estimate.scale == "log" else rtol
     bound = np.where(estimate.se > 0, estimate.t(1 - DECISION_LEVEL) * estimate.se, 0.0)
-    worse = np.minimum(1.0, estimate.p_worse() * len(schedule.looks) * schedule.family)
-    better = np.minimum(1.0, estimate.p_better() * len(schedule.looks) * schedule.family)
+    look = schedule.look_of(units)
+    worse = schedule.adjusted(estimate.p_worse(), look)
+    better = schedule.adjusted(estimate.p_better(), look)
     regressed = (estimate.bad - bound > margin) & (worse < schedule.alpha)
     improved = ~regressed & (estimate.bad + bound < -margin) & (better < schedule.alpha)
     passed = ~regressed & ~improved & (estimate.bad + bound < margin)
@@ -133,11 +153,17 @@ def kept(units: int) -> int:
     return units - 2 * int(math.floor(TRIM * units))
 
 
+def smallest_rank_sum_p(reference_units: int, units: int) -> float:
+    """The smallest p Mann-Whitney's exact test gives: every current unit worse than every reference unit."""
+    return 1.0 / math.comb(reference_units + units, units)
+
+
 def smallest_detectable(schedule: Schedule, rtol: float, *, paired: bool, noise: float = REFERENCE_NOISE) -> float:
     """The slowdown (e.g. 0.3 for 30%) this schedule calls regressed at its cap with even odds, when units
-    scatter by `noise` (log sd per unit; per pair for A/B)."""
+    scatter by `noise` (log sd per unit; per pair for A/B). Against a stored baseline (taken to hold the first
+    look's units, as an update records them) none where Mann-Whitney's test cannot reach the cap's level."""
     h = kept(schedule.cap)
-    if h < 2:
+    if h < 2 or (not paired and smallest_rank_sum_p(schedule.looks[0], schedule.cap) >= schedule.alpha_per_test):
         return math.inf
     se = noise * math.sqrt(1 / h if paired else 2 / h)
     df = h - 1 if paired else 2 * h - 2

@@ -171,7 +171,8 @@ def _decided(result: BenchmarkResult, c: _Comparison, scenario: Scenario, schedu
         estimate = measure(np.asarray(c.reference), np.asarray(c.current), better=better)
     except stats.NoScale as exc:
         return note_row(result, c.metric, c.batch_size, Verdict.UNGATED, f"a counter: {exc}; reported, not gated")
-    decision = procedure.decide(estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final)
+    decision = procedure.decide(estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final,
+                                units=len(c.current))
     verdict = decision.verdicts[()] or Verdict.UNDECIDED
     low, high = (float(x) for x in estimate.interval())
     note = f"n={len(c.reference)}/{len(c.current)} {c.unit}"
