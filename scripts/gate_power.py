@@ -1,10 +1,10 @@
 """How often the gate fails a job: unchanged code (false alarms) and injected slowdowns (power).
 
-Runs K real jobs of a shipped benchmark test per condition and prints, per mode and condition, the
-share of jobs that failed, and for a slowdown whether the failure named the slowed phase. A
-slowdown is injected as the README's recipe does: a `conftest.py` in the test's directory (written
-here, untracked, removed afterwards) that busy-waits a fraction of each forward pass, in prefill or
-in decode. So in A/B mode (`--llmperf-compare HEAD`) only the working tree's workers are slowed.
+Runs K real jobs of a shipped benchmark test per condition (the conditions taking turns, so that the machine's
+hours fall on each alike) and prints, per mode and condition, the share of jobs that failed, and for a slowdown
+whether the failure named the slowed phase. A slowdown is injected as the README's recipe does: a `conftest.py`
+in the test's directory (written here, untracked, removed afterwards) that busy-waits a fraction of each forward
+pass, in prefill or in decode. So in A/B mode (`--llmperf-compare HEAD`) only the working tree's workers are slowed.
 Modes: `ab` (A/B against HEAD) and `stored` (baselines recorded once, unchanged, then gated).
 Run it in a clean checkout (the A/B mode compares the working tree with HEAD).
 
@@ -160,22 +160,23 @@ def main() -> None:
         code, _, seconds = job(args.test, [*common, "--llmperf-update"], out / "update.json")
         print(f"baselines recorded in {seconds:.0f} s (exit {code})", flush=True)
     print(f"mode {args.mode}, {args.jobs} jobs per condition, reports in {out}", flush=True)
-    summary = []
-    for condition in args.condition or ["0"]:
-        failed = named = 0
-        times, used = [], []
-        with slowdown(test_dir, condition) as phase:
-            for i in range(args.jobs):
+    conditions = args.condition or ["0"]
+    failed, named = dict.fromkeys(conditions, 0), dict.fromkeys(conditions, 0)
+    times: dict[str, list[float]] = {c: [] for c in conditions}
+    used: dict[str, list[int]] = {c: [] for c in conditions}
+    for i in range(args.jobs):  # the conditions take turns, so the machine's hours fall on each alike
+        for condition in conditions:
+            with slowdown(test_dir, condition) as phase:
                 name = condition.replace(":", "_")
                 code, report, seconds = job(args.test, common, out / f"{args.mode}_{name}_{i:02d}.json")
-                times.append(seconds)
-                used.append(processes_used(report))
-                metrics = regressed_metrics(report)
-                failed += code == 1
-                named += phase is not None and PHASE_METRICS[phase] in metrics
-                print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
-                      f"{used[-1]} processes per side, {seconds:.0f} s; {decode_ratios(report)}", flush=True)
-        summary.append((condition, failed, named, statistics.median(times), statistics.median(used)))
+            times[condition].append(seconds)
+            used[condition].append(processes_used(report))
+            metrics = regressed_metrics(report)
+            failed[condition] += code == 1
+            named[condition] += phase is not None and PHASE_METRICS[phase] in metrics
+            print(f"{condition:>14} job {i + 1:>2}: exit {code}, regressed {sorted(metrics) or '-'}, "
+                  f"{used[condition][-1]} processes per side, {seconds:.0f} s; {decode_ratios(report)}", flush=True)
+    summary = [(c, failed[c], named[c], statistics.median(times[c]), statistics.median(used[c])) for c in conditions]
     print("\n| mode | condition | jobs | failed | named the slowed phase | median processes per side "
           "| median job time |")
     print("|---|---|---|---|---|---|---|")
