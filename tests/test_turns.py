@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from pytest_llmperf.orchestrate.options import OPTIONS
@@ -116,6 +117,11 @@ import json, os, time
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 
+if os.environ.get("PIDS_LOG") and os.environ.get("LLMPERF_WORKER_PROCESS"):  # a worker process
+    with open(os.environ["PIDS_LOG"], "a") as handle:
+        handle.write(f"{os.getpid()}\\n")
+
+
 class Logged(SimulatedBackend):
     # each run sleeps 20 ms and logs its span with its side (the worker's directory)
     def generate(self, request):
@@ -170,3 +176,40 @@ def test_an_ab_round_alternates_its_sides_per_batch_size_or_per_process(ab_repo,
         assert letters[:12] == "ABBAABBAABBA"
     else:  # round 1: all of A's batch sizes, then B's; round 2: B's, then A's
         assert letters[:12] == "AAABBBBBBAAA"
+
+
+def run_ab(pytester, *args):
+    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare=HEAD",
+                              "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf",
+                              "--llmperf-alpha=0.05", *args)
+
+
+def alive(pids_log):
+    pids = [int(line) for line in pids_log.read_text().split()] if pids_log.exists() else []
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_worker_crashing_in_an_ab_round_fails_with_its_log_and_the_other_worker_is_stopped(ab_repo, tmp_path,
+                                                                                              monkeypatch):
+    monkeypatch.setenv("PIDS_LOG", str(tmp_path / "pids"))
+    test_file = ab_repo.path / "test_engine.py"  # uncommitted: only the working tree's worker crashes
+    test_file.write_text(test_file.read_text().replace("    llmperf.measure(Logged(", "    os._exit(3)\n"
+                                                                                     "    llmperf.measure(Logged("))
+    result = run_ab(ab_repo)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*worker process 1 on the working tree exited with code 3*"])
+    assert len((tmp_path / "pids").read_text().split()) == 2 and alive(tmp_path / "pids") == []
+
+
+def test_a_worker_hanging_in_an_ab_round_is_named_and_both_are_stopped(ab_repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIDS_LOG", str(tmp_path / "pids"))
+    test_file = ab_repo.path / "test_engine.py"  # the working tree's worker never asks for its turn
+    test_file.write_text(test_file.read_text().replace("    llmperf.measure(Logged(", "    time.sleep(600)\n"
+                                                                                     "    llmperf.measure(Logged("))
+    started = time.monotonic()
+    result = run_ab(ab_repo, "--llmperf-worker-timeout=6")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within its A/B round's 12 s "
+                                 "(2 x --llmperf-worker-timeout); it was stopped*"])
+    assert time.monotonic() - started < 60
+    assert alive(tmp_path / "pids") == []

@@ -188,10 +188,12 @@ def stop(worker: Launched) -> None:
     worker.log_handle.close()
 
 
-def timed_out(worker: Launched, timeout_s: float) -> WorkerError:
-    return WorkerError(f"worker process {worker.index} on {worker.side.label} did not finish within {timeout_s:g} s "
-                       f"(--llmperf-worker-timeout); it was stopped. {_kept(worker.log, worker.settings)} ends with:\n"
-                       f"{_indent(tail(worker.log))}")
+def timed_out(worker: Launched, timeout_s: float, workers: int = 1) -> WorkerError:
+    """A worker past its deadline: `timeout_s` for one alone, `workers` times that for a round taking turns."""
+    within = (f"within {timeout_s:g} s (--llmperf-worker-timeout)" if workers == 1 else
+              f"within its A/B round's {timeout_s * workers:g} s ({workers} x --llmperf-worker-timeout)")
+    return WorkerError(f"worker process {worker.index} on {worker.side.label} did not finish {within}; it was stopped. "
+                       f"{_kept(worker.log, worker.settings)} ends with:\n{_indent(tail(worker.log))}")
 
 
 def finish(worker: Launched, code: int) -> WorkerRun:
@@ -278,9 +280,11 @@ def run_round(work: Sequence[RoundWork], index: int, *, settings: Mapping[str, A
                     codes[i] = worker.proc.returncode
                     if codes[i] not in COMPLETE_EXIT_CODES:
                         finish(worker, codes[i])  # raises WorkerError with its log; the other worker is stopped
-            if clock() > deadline:
-                running = next((w for i, w in enumerate(workers) if i not in codes), workers[0])
-                raise timed_out(running, timeout_s * len(work))
+            if clock() > deadline:  # name the worker the round waited for
+                late = broker.holding_up()
+                running = next((w for i, w in enumerate(workers) if i not in codes and w.side.name == late),
+                               next(w for i, w in enumerate(workers) if i not in codes))
+                raise timed_out(running, timeout_s, len(work))
         return [finish(worker, codes[i]) for i, worker in enumerate(workers)]
     except BaseException:  # Ctrl-C, a failed or late worker: no worker of the round outlives it
         for worker in workers:

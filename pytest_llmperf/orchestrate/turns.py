@@ -105,6 +105,12 @@ class TurnBroker:
     def finished(self) -> bool:
         return all(t.done for t in self.turns.values())
 
+    def holding_up(self) -> str | None:
+        """The side the round waits for: the worker holding the turn, else one that has not asked for one."""
+        live = [t for t in self.turns.values() if not t.done]
+        holder = next((t for t in live if t.running or t.free), None) or next((t for t in live if not t.asking), None)
+        return holder.name if holder is not None else None
+
     def step(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for requests and exits, then give the turn where it is due."""
         open_turns = [t for t in self.turns.values() if not t.done]
