@@ -12,6 +12,7 @@ fails on both).
 
     python scripts/gate_simulator.py                # the table of docs/noise.md
     python scripts/gate_simulator.py --jobs 2000    # tighter figures
+    python scripts/gate_simulator.py --rtol 0 --noise 0.10 --jobs 1000   # only the p between noise and "regressed"
 """
 
 from __future__ import annotations
@@ -143,11 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtol", type=float, default=Job.rtol)
     parser.add_argument("--processes", type=int, default=Job.processes)
     parser.add_argument("--max-processes", type=int, default=Job.max_processes)
+    parser.add_argument("--noise", type=float, default=Job.noise, help="log sd of one process's value")
+    parser.add_argument("--mode", choices=("ab", "stored"), default=Job.mode)
+    parser.add_argument("--tests", type=int, default=Job.tests, help="tests of an A/A job")
+    parser.add_argument("--rows", type=int, default=Job.rows, help="gated rows per test")
     args = parser.parse_args(argv)
     for label, job in CELLS:
-        job = Job(**{**job.__dict__, "rtol": args.rtol, "processes": args.processes,
-                     "max_processes": args.max_processes})
-        figures, _ = simulate(job, args.jobs if job.tests > 2 else max(args.jobs // 4, 50), args.seed)
+        job = Job(**{**job.__dict__, "rtol": args.rtol, "processes": args.processes, "noise": args.noise,
+                     "max_processes": args.max_processes, "mode": args.mode, "rows": args.rows,
+                     "tests": args.tests if job.tests > 2 else job.tests})
+        figures, _ = simulate(job, args.jobs if not job.slowdown else max(args.jobs // 4, 50), args.seed)
         print(figures.line(f"{label} ({job.mode}, {job.tests} tests x {job.rows} rows)"), flush=True)
     return 0
 

@@ -7,6 +7,9 @@ processes of their coefficient of variation), the spread between processes (the 
 per-process medians, sigma_p: the noise the gate sees), and the processes per side a one-sided test
 at alpha with power 1 - beta needs to see a slowdown delta (normal approximation):
     N per side ~ 2 (z_alpha + z_beta)^2 (sigma_p / delta)^2
+For an A/B comparison it also prints how the two sides pair up, round by round: the correlation of a round's A
+and B medians and the spread of their log ratio (what the paired gate tests), and the medians of both over the
+rows (docs/noise.md, "Turns").
 Usage: python scripts/process_noise.py aa.json [more.json ...] [--alpha 0.005] [--power 0.95]
 """
 
@@ -69,6 +72,7 @@ def main() -> None:
                     pooled[(key, metric, batch_size)][side][(i, process)] = values
     print(f"{'benchmark':<40} {'metric':<24} {'batch':>5} {'side':>4} {'procs':>5} {'within':>7} "
           f"{'between':>7}  N(5%) N(10%)")
+    correlations, pair_spreads = [], []
     for (key, metric, bs), by_side in sorted(pooled.items()):
         for side, processes in sorted(by_side.items()):
             medians = [float(np.median(v)) for v in processes.values()]
@@ -77,6 +81,18 @@ def main() -> None:
             print(f"{key[:40]:<40} {metric:<24} {bs:>5} {side or '-':>4} {len(medians):>5} {within:>7.2%} "
                   f"{between:>7.2%}  {needed(between, 0.05, args.alpha, args.power):>5} "
                   f"{needed(between, 0.10, args.alpha, args.power):>5}")
+        rounds = sorted(set(by_side.get("A", {})) & set(by_side.get("B", {})))
+        if len(rounds) > 2:
+            a = np.log([float(np.median(by_side["A"][r])) for r in rounds])
+            b = np.log([float(np.median(by_side["B"][r])) for r in rounds])
+            correlations.append(float(np.corrcoef(a, b)[0, 1]))
+            pair_spreads.append(float(np.std(b - a, ddof=1)))
+            print(f"{'':<40} {'':<24} {'':>5} {'pair':>4} {len(rounds):>5} correlation {correlations[-1]:+.2f}, "
+                  f"sd of the log ratio {pair_spreads[-1]:.2%}")
+    if correlations:
+        print(f"pairs over {len(correlations)} rows: correlation of a round's A and B median "
+              f"{np.median(correlations):+.2f} [{min(correlations):+.2f}, {max(correlations):+.2f}], sd of their log "
+              f"ratio median {np.median(pair_spreads):.1%} [{min(pair_spreads):.1%}, {max(pair_spreads):.1%}]")
 
 
 if __name__ == "__main__":
