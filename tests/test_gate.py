@@ -158,15 +158,19 @@ def test_looks_double_to_the_cap_and_alpha_is_spent_over_rows_and_looks_in_propo
 
 def test_a_schedule_that_cannot_fail_a_2x_slowdown_is_refused_naming_the_cap_that_can():
     with pytest.raises(SettingError, match=r"cannot fail.*twice the tolerance.*at least (\d+) units per side") as found:
-        check_can_fail(Schedule((2,), 0.01, family=18), 0.03, paired=True, what="processes=2")
+        check_can_fail(Schedule((2,), 0.01, family=18), 0.03, reference=None, what="processes=2")
     need = int(found.value.args[0].rsplit("at least ", 1)[1].split()[0])
-    check_can_fail(Schedule((need,), 0.01, family=18), 0.03, paired=True, what="ok")
-    check_can_fail(Schedule.doubling(5, 40, 0.01, family=360), 0.03, paired=True, what="the default")
+    check_can_fail(Schedule((need,), 0.01, family=18), 0.03, reference=None, what="ok")
+    check_can_fail(Schedule.doubling(5, 40, 0.01, family=360), 0.03, reference=None, what="the default")
 
 
 def test_against_a_stored_baseline_the_rank_tests_smallest_p_must_reach_the_level():
-    # 3 units a side: Mann-Whitney's smallest p is 1/20, never below 0.01 / 6 rows, however slow the change
-    with pytest.raises(SettingError, match="cannot fail"):
-        check_can_fail(Schedule((3,), 0.01, family=6), 0.05, paired=False, what="processes=3")
+    # a baseline of 3 runs and 3 now: Mann-Whitney's smallest p is 1/20, never below 0.01 / 6 rows
+    with pytest.raises(SettingError, match=r"at least (\d+) units per side at the last look, and a baseline recorded "
+                                           r"with as many \(it holds 3\)") as found:
+        check_can_fail(Schedule((3,), 0.01, family=6), 0.05, reference=3, what="runs=3")
+    need = int(found.value.args[0].split("at least ")[1].split()[0])
     assert procedure.smallest_rank_sum_p(3, 3) == pytest.approx(1 / 20)
-    check_can_fail(Schedule.doubling(5, 20, 0.01, family=36), 0.05, paired=False, what="the GPU default")
+    assert procedure.smallest_rank_sum_p(need, need) < 0.01 * need / (need + 3) / 6  # the cap's level
+    check_can_fail(Schedule.doubling(5, 20, 0.01, family=36), 0.05, reference=10, what="the GPU default")
+    check_can_fail(Schedule.doubling(3, 12, 0.01, family=3), 0.05, reference=6, what="processes=3, recorded 6")

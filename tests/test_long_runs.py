@@ -40,10 +40,10 @@ def test_engine(llmperf):
 """)
     result = run(project, "--llmperf-processes=3", "--llmperf-update")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["llmperf: process 1 of 3 *",
-                                 "llmperf: at * s per round, the first look's 3 rounds take about * min; fewer "
+    result.stdout.fnmatch_lines(["llmperf: process 1 of 6 *",  # an update records twice --llmperf-processes
+                                 "llmperf: at * s per round, the first look's 6 rounds take about * min; fewer "
                                  "processes (--llmperf-processes) take less. Ctrl-C stops cleanly",
-                                 "llmperf: process 2 of 3 *"])
+                                 "llmperf: process 2 of 6 *"])
 
 
 HANGS = """

@@ -151,13 +151,13 @@ def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
     stored = json.loads((repo.path / "baselines" / "cpu" / "runner" / "test_engine.json").read_text())
     entry = stored["benchmarks"]["test_engine"]
     assert entry["unit"] == "process"
-    assert entry["batches"]["1"]["runs_per_process"] == [3] * 5  # the runs each process took
-    assert len(entry["values"]["1"]["prefill_ms"]) == 5  # and its median: what the gate tests
+    assert entry["batches"]["1"]["runs_per_process"] == [3] * 10  # an update records twice the first look
+    assert len(entry["values"]["1"]["prefill_ms"]) == 10  # and each process's median: what the gate tests
     run(repo, quiet).assert_outcomes(passed=1)
     write_speed(repo, prefill=1.2)
     result = run(repo, quiet)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=5/5 processes*"])
+    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=10/5 processes*"])
 
 
 def test_a_crashing_worker_fails_with_its_log_tail(repo):

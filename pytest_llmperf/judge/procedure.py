@@ -158,13 +158,15 @@ def smallest_rank_sum_p(reference_units: int, units: int) -> float:
     return 1.0 / math.comb(reference_units + units, units)
 
 
-def smallest_detectable(schedule: Schedule, rtol: float, *, paired: bool, noise: float = REFERENCE_NOISE) -> float:
+def smallest_detectable(schedule: Schedule, rtol: float, *, reference: int | None,
+                        noise: float = REFERENCE_NOISE) -> float:
     """The slowdown (e.g. 0.3 for 30%) this schedule calls regressed at its cap with even odds, when units
-    scatter by `noise` (log sd per unit; per pair for A/B). Against a stored baseline (taken to hold the first
-    look's units, as an update records them) none where Mann-Whitney's test cannot reach the cap's level."""
+    scatter by `noise` (log sd per unit; per pair for A/B: `reference` None). Against a stored baseline of
+    `reference` units, none where Mann-Whitney's exact test cannot reach the cap's level at all."""
     h = kept(schedule.cap)
-    if h < 2 or (not paired and smallest_rank_sum_p(schedule.looks[0], schedule.cap) >= schedule.alpha_per_test):
+    if h < 2 or (reference is not None and smallest_rank_sum_p(reference, schedule.cap) >= schedule.alpha_per_test):
         return math.inf
+    paired = reference is None
     se = noise * math.sqrt(1 / h if paired else 2 / h)
     df = h - 1 if paired else 2 * h - 2
     t_decide = stats.t.ppf(1 - DECISION_LEVEL, df)
@@ -172,32 +174,39 @@ def smallest_detectable(schedule: Schedule, rtol: float, *, paired: bool, noise:
     return math.expm1(max(math.log1p(rtol) + t_decide * se, t_alpha * se))
 
 
-def can_fail(schedule: Schedule, rtol: float, *, paired: bool) -> bool:
+def can_fail(schedule: Schedule, rtol: float, *, reference: int | None) -> bool:
     """Whether a slowdown to twice the tolerance (2 x (1 + rtol), e.g. 2.06x at rtol 0.03) could be called
-    regressed at the cap when units scatter by REFERENCE_NOISE."""
-    return smallest_detectable(schedule, rtol, paired=paired) < 2 * (1 + rtol) - 1
+    regressed at the cap when units scatter by REFERENCE_NOISE (A/B pairs: `reference` None; else against a
+    stored baseline of `reference` units)."""
+    return smallest_detectable(schedule, rtol, reference=reference) < 2 * (1 + rtol) - 1
 
 
-def smallest_cap(schedule: Schedule, rtol: float, *, paired: bool) -> int:
-    """The fewest units at the cap with which the schedule can fail."""
+def smallest_cap(schedule: Schedule, rtol: float, *, reference: int | None) -> int:
+    """The fewest units at the cap with which the schedule can fail (a stored baseline holding as many, where it
+    holds fewer)."""
     for cap in range(max(schedule.cap, 2), NEEDED_LIMIT):
         looks = tuple(n for n in schedule.looks if n < cap) + (cap,)
-        if can_fail(Schedule(looks, schedule.alpha, schedule.family), rtol, paired=paired):
+        baseline = None if reference is None else max(reference, cap)
+        if can_fail(Schedule(looks, schedule.alpha, schedule.family), rtol, reference=baseline):
             return cap
     return NEEDED_LIMIT
 
 
-def check_can_fail(schedule: Schedule, rtol: float, *, paired: bool, what: str) -> None:
+def check_can_fail(schedule: Schedule, rtol: float, *, reference: int | None, what: str) -> None:
     """Refuse a setting that could not fail even a slowdown to twice its tolerance (at REFERENCE_NOISE per
-    unit), naming the cap that could."""
-    if can_fail(schedule, rtol, paired=paired):
+    unit), naming the cap that could. `reference`: the units a stored baseline holds (None: A/B pairs)."""
+    if can_fail(schedule, rtol, reference=reference):
         return
-    need = smallest_cap(schedule, rtol, paired=paired)
+    need = smallest_cap(schedule, rtol, reference=reference)
+    baseline = f", and a baseline recorded with as many (it holds {reference})" if (
+        reference is not None and reference < need and not can_fail(
+            Schedule(tuple(n for n in schedule.looks if n < need) + (need,), schedule.alpha, schedule.family), rtol,
+            reference=reference)) else ""
     raise SettingError(
         f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at {list(schedule.looks)} units "
         f"per side (alpha {schedule.alpha:g}, Bonferroni over rows and looks), a slowdown to {2 * (1 + rtol):.2f}x "
         f"(twice the tolerance) would not be called regressed when units scatter by {REFERENCE_NOISE:.0%}. Allow "
-        f"at least {need} units per side at the last look")
+        f"at least {need} units per side at the last look{baseline}")
 
 
 def family_size(rows_per_benchmark: Sequence[int]) -> int:

@@ -16,7 +16,7 @@ import pytest
 from ..judge.procedure import SettingError, check_can_fail
 from ..measure.scenario import ScenarioError, build_scenario
 from .markers import marker_kwargs
-from .session import LLMPerfSession
+from .session import RECORD_FACTOR, LLMPerfSession
 
 #: Gated rows per batch size when a marker does not name its metrics (prefill, decode, throughput).
 DEFAULT_ROWS_PER_BATCH = 3
@@ -37,7 +37,7 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
     rows = len(scenario.batch_sizes) * len(scenario.metrics or range(DEFAULT_ROWS_PER_BATCH))
     schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha, rows)
     try:
-        check_can_fail(schedule, scenario.rtol, paired=False,
+        check_can_fail(schedule, scenario.rtol, reference=scenario.runs,  # an update records the first look's runs
                        what=f"runs={scenario.runs}, max_runs={scenario.max_runs}")
     except SettingError as exc:
         raise ScenarioError(str(exc)) from None
@@ -64,6 +64,6 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
                 else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
         try:
             check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],
-                           paired=bool(settings["compare"]), what=what)
+                           reference=None if settings["compare"] else RECORD_FACTOR * first, what=what)
         except SettingError as exc:
             raise pytest.UsageError(f"llmperf: {exc}") from None

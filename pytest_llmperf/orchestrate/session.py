@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 #: (4: seed 000's A/B ran 10.9 min at 8, most of it on rows that a few more processes would not settle).
 DEFAULT_PROCESSES = {"cpu": 5, "gpu": 5}
 MAX_PROCESSES_FACTOR = 4
+#: A baseline records this many times --llmperf-processes: the gate tests a stored baseline with Mann-Whitney's exact
+#: U, whose smallest p is 1 / C(m + n, n); against 5 recorded processes a family of 12 rows reaches its level only
+#: at 20 processes now, against 10 at 10 (judge/stats.py).
+RECORD_FACTOR = 2
 #: --llmperf-rtol when auto: an A/B comparison measures both sides in one job, yet its two sides still differ by
 #: a few percent from job to job (seed 000 on a shared 2-core VM: -1.7% to +4.8%, docs/noise.md), so 0.05; a
 #: stored baseline ages by the drift between sessions, measured per target class.
@@ -114,17 +118,23 @@ class LLMPerfSession:
     def max_processes(self) -> int:
         return self.settings["max_processes"] or MAX_PROCESSES_FACTOR * self.processes
 
+    @property
+    def recording_processes(self) -> int:
+        """Worker processes a baseline records (RECORD_FACTOR times --llmperf-processes)."""
+        return RECORD_FACTOR * self.processes
+
     def processes_for(self, item: pytest.Item) -> int:
         given = marker_kwargs(item).get("processes")
         return int(given) if given is not None else self.processes
 
     def worker_schedule(self, first: int, alpha: float, family: int = 1) -> Schedule:
         """The looks of a benchmark measured in worker processes: `first` processes per side, doubling up to
-        the cap (one look when recording a baseline)."""
+        the cap; when recording baselines, one look of RECORD_FACTOR times `first`."""
         from ..judge.procedure import Schedule
 
-        cap = max(self.max_processes, first) if self.mode == "gate" else first
-        return Schedule.doubling(first, cap, alpha, family)
+        if self.mode != "gate":
+            return Schedule.doubling(RECORD_FACTOR * first, RECORD_FACTOR * first, alpha, family)
+        return Schedule.doubling(first, max(self.max_processes, first), alpha, family)
 
     @property
     def measures_in_one_process(self) -> bool:

@@ -49,6 +49,13 @@ def _measured_how(session: Any) -> str:
         return (f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
                 f"doubling to max_runs={s['max_runs']} for undecided rows")
     auto = " (auto)" if s["processes"] == "auto" else ""
+    if session.mode == "update":
+        return (f"processes={session.processes}{auto}: a baseline records {session.recording_processes} worker "
+                f"processes (twice the first look; the gate tests their medians)")
+    if session.mode == "update-missing":
+        return (f"processes={session.processes}{auto}: {session.recording_processes} worker processes per benchmark "
+                f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
+                f"where a baseline is missing")
     return (f"processes={session.processes}{auto} per side at the first look (worker processes; the gate tests their "
             f"medians), doubling to {session.max_processes} for undecided rows, {where}")
 
