@@ -207,9 +207,24 @@ def test_a_worker_hanging_in_an_ab_round_is_named_and_both_are_stopped(ab_repo, 
     test_file.write_text(test_file.read_text().replace("    llmperf.measure(Logged(", "    time.sleep(600)\n"
                                                                                      "    llmperf.measure(Logged("))
     started = time.monotonic()
-    result = run_ab(ab_repo, "--llmperf-worker-timeout=6")
+    result = run_ab(ab_repo, "--llmperf-worker-timeout=15")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within its A/B round's 12 s "
+    result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within its A/B round's 30 s "
                                  "(2 x --llmperf-worker-timeout); it was stopped*"])
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 120
     assert alive(tmp_path / "pids") == []
+
+
+
+def test_collecting_the_refs_tests_past_the_deadline_fails_the_tests_saying_so(ab_repo, monkeypatch):
+    conftest = ab_repo.path / "conftest.py"  # committed: the ref's collection sleeps; the working tree's does not
+    conftest.write_text("import os, time\nif os.environ.get('SLOW_COLLECT'):\n    time.sleep(30)\n")
+    for args in (["add", "conftest.py"], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "slow"]):
+        subprocess.run(["git", *args], cwd=ab_repo.path, check=True, capture_output=True)
+    conftest.write_text("")
+    monkeypatch.setenv("SLOW_COLLECT", "1")
+    result = run_ab(ab_repo, "--llmperf-worker-timeout=3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*llmperf: collecting the tests on HEAD (*) did not finish within 3 s "
+                                 "(--llmperf-worker-timeout)*"])
+    assert "INTERNALERROR" not in result.stdout.str()

@@ -153,7 +153,11 @@ class ProcessController:
                     self._say(left_behind_line("comparison worktrees", list(ref.cleared)), ref.cleared)
                     sides = [Side("A", ref.root, ref.label, ref.pythonpath), Side("B", root, "the working tree")]
                     self.llm.compared_to = ref.label
-                    available["A"] = self._collect(sides[0], items)
+                    try:
+                        available["A"] = self._collect(sides[0], items)
+                    except WorkerError as exc:
+                        self._fail_all(items, f"llmperf: {exc}")
+                        return
                 if self._count(items, sides, work_dir):  # False: a counting worker failed, each test says so
                     self._rounds(items, sides, available, work_dir)
         finally:
@@ -232,10 +236,13 @@ class ProcessController:
             self.counted = counting.campaign(self.llm, items, sides, work_dir, self._passthrough_args(),
                                              reporter.write_line if reporter is not None else None)
         except WorkerError as exc:
-            for item in items:
-                self.decisions[item.nodeid] = Decision(failure=f"llmperf: counting instructions: {exc}")
+            self._fail_all(items, f"llmperf: counting instructions: {exc}")
             return False
         return True
+
+    def _fail_all(self, items: list[pytest.Item], text: str) -> None:
+        for item in items:
+            self.decisions[item.nodeid] = Decision(failure=text)
 
     def _look(self, plan: Plan, sides: list[Side], runs: dict[str, list[WorkerRun]],
               available: dict[str, set[str]]) -> None:
@@ -328,9 +335,14 @@ class ProcessController:
         present = [f for f in files if (side.root / f).exists()]
         if not present:
             return set()
-        done = subprocess.run([*PYTEST, *present, "--collect-only", "-q", "-p", "no:cacheprovider",
-                               *self._passthrough_args()], cwd=side.root, capture_output=True, text=True,
-                              env=side.environ(), timeout=self.llm.settings["worker_timeout"])
+        timeout = self.llm.settings["worker_timeout"]
+        try:
+            done = subprocess.run([*PYTEST, *present, "--collect-only", "-q", "-p", "no:cacheprovider",
+                                   *self._passthrough_args()], cwd=side.root, capture_output=True, text=True,
+                                  env=side.environ(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise WorkerError(f"collecting the tests on {side.label} did not finish within {timeout:g} s "
+                              f"(--llmperf-worker-timeout)") from None
         return {line.strip() for line in done.stdout.splitlines() if "::" in line}
 
     def _passthrough_args(self) -> list[str]:
