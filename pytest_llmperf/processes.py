@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -328,8 +329,6 @@ class ProcessRegistry:
     @contextlib.contextmanager
     def handle_signals(self) -> Iterator[None]:
         """Stop all servers on SIGTERM/SIGHUP, then interrupt pytest (main thread only)."""
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -346,3 +345,21 @@ class ProcessRegistry:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While it is active, SIGTERM (a cancelled CI job) stops like Ctrl-C: the caller's cleanup runs (worker
+    processes stopped, a worktree removed). In the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

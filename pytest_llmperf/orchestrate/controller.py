@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import tempfile
-import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,6 +34,7 @@ from ..measure.scenario import Scenario
 from ..report import campaign_progress
 from . import counting, judging, worktree
 from .checks import check_settings
+from ..processes import sigterm_interrupts
 from .manager import PYTEST, RoundWork, Side, WorkerError, WorkerRun, run_round, run_worker
 from .leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from .markers import marker_kwargs
@@ -139,7 +138,7 @@ class ProcessController:
         try:  # removed whatever happens; a failed worker's log was kept in the report directory (manager.py)
             claim(work_dir)
             with contextlib.ExitStack() as stack:
-                stack.enter_context(_sigterm_interrupts())
+                stack.enter_context(sigterm_interrupts())
                 root = Path(self.config.rootpath)
                 sides, available = [Side("", root, "the working tree")], {}
                 if self.llm.settings["compare"]:
@@ -390,20 +389,3 @@ def _by_key(nodeid: str, runs: list[WorkerRun]) -> dict[str, BenchmarkResult]:
             if measured.nodeid == nodeid:
                 parts[measured.result.key].append(measured.result)
     return {key: BenchmarkResult.merge(found) for key, found in parts.items()}
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While workers run, SIGTERM (a cancelled CI job) stops like Ctrl-C: workers stopped, worktree removed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
