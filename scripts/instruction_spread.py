@@ -1,10 +1,12 @@
 """Counts of one benchmark in N counting processes (as --llmperf-instructions runs them): per process, the median
 of its counted runs, and the spread (highest - lowest) / median over the processes, per batch size and metric.
 
-Every process is `valgrind --tool=callgrind --instr-atstart=no python -m pytest NODEID` in ROOT (two at a time),
-exactly the counting worker of orchestrate/counting.py. docs/instructions.md took its figures with it; give --root
-a checkout with a conftest that injects work to count a changed side, and --json to keep the counts for pairing.
-Usage: python scripts/instruction_spread.py NODEID [--processes 5] [--batch-sizes 1] [--root .] [--json out.json]
+Every process is `valgrind --tool=callgrind --instr-atstart=no python -m pytest NODEID` in ROOT, exactly the
+counting worker of orchestrate/counting.py, two at a time by default (--concurrency 1: one at a time, on a machine
+shared with other work). docs/instructions.md took its figures with it; give --root a checkout with a conftest that
+injects work to count a changed side, and --json to keep the counts for pairing.
+Usage: python scripts/instruction_spread.py NODEID [--processes 5] [--batch-sizes 1] [--root .] [--concurrency 2]
+       [--json out.json]
 """
 
 import argparse
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--batch-sizes", default="", help="comma list; default: the test's own")
     parser.add_argument("--root", default=".")
+    parser.add_argument("--concurrency", type=int, default=2, help="counting processes at a time (default 2)")
     parser.add_argument("--json", help="write {batch size: {metric: [per-process medians]}} here")
     args = parser.parse_args()
     settings = {o.name: o.default for o in OPTIONS} | {"processes": 1, "device": "cpu", "threads": "auto"}
@@ -36,7 +39,8 @@ def main() -> None:
     started = time.monotonic()
     try:
         runs = count([Side("", Path(args.root).resolve(), args.root)], [args.nodeid], processes=args.processes,
-                     settings=settings, work_dir=work_dir, timeout_s=3600, batch_sizes=sizes)[""]
+                     settings=settings, work_dir=work_dir, timeout_s=3600, batch_sizes=sizes,
+                     concurrency=args.concurrency)[""]
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     print(f"{args.processes} counting processes in {time.monotonic() - started:.0f} s")

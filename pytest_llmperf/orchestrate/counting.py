@@ -114,11 +114,12 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
 
 def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
           work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
-          batch_sizes: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[WorkerRun]]:
-    """Run `processes` counting workers per side, two at a time (one per core); a WorkerError if one failed."""
+          batch_sizes: Mapping[str, Sequence[int]] | None = None, concurrency: int = 2) -> dict[str, list[WorkerRun]]:
+    """Run `processes` counting workers per side, `concurrency` at a time (two: one per core); a WorkerError if one
+    failed."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
     running: list[subprocess.Popen[bytes]] = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
                                batch_sizes, running.append) for side, index in jobs]
         try:
