@@ -8,9 +8,10 @@ rounds follow; an update records BASELINE_PROCESSES of them, so that the baselin
 
 What the counting process measures is its own host-side work: start-up and warmups run uninstrumented (valgrind's
 base cost), instrumentation starts at the first counted run (measure/instructions.py). Its environment fixes what
-would make a count differ between processes or cost hours under valgrind: Python's hash seed, one thread, and
-MKL's compatible code path (valgrind 3.19 emulates AVX2's FMA slowly: one 128x384x384 matmul took 1.8 s in
-MKL's AVX2 path under valgrind, 0.01 s in the compatible one; docs/instructions.md).
+would make a count differ between processes or cost hours under valgrind: Python's hash seed, glibc's malloc for
+Python's objects (pymalloc's cost depends on where its arenas lie), one thread, and MKL's compatible code path
+(valgrind 3.19 emulates AVX2's FMA slowly: one 128x384x384 matmul took 1.8 s in MKL's AVX2 path under valgrind,
+0.01 s in the compatible one; docs/instructions.md).
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ from .session import LLMPerfSession
 from .worker import ENV_COUNT
 
 VALGRIND_ARGS = ("--tool=callgrind", "--instr-atstart=no", "--dump-line=no")
-COUNTING_ENV = {"PYTHONHASHSEED": "0", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false"}
+# PYTHONMALLOC=malloc: pymalloc's free() costs 4 instructions more for a block in the part of its 1 MiB arena below
+# the next 1 MiB address boundary (address_in_range's radix-tree test), and where arenas lie depends on the process's
+# history (a random docstring scipy.stats draws at import, files in the working directory): a pure-Python loop's
+# count moved 0.3-0.7% between processes of unchanged code. glibc's malloc has no such address test.
+COUNTING_ENV = {"PYTHONHASHSEED": "0", "PYTHONMALLOC": "malloc", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 #: Counting processes an update records per benchmark: their spread goes into the baseline.
 BASELINE_PROCESSES = 3
 INSTALL_HINT = ("install it: apt-get install valgrind (Debian, Ubuntu), dnf install valgrind (Fedora), "
