@@ -119,14 +119,15 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
 
 def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
           work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
-          batch_sizes: Mapping[str, Sequence[int]] | None = None, concurrency: int = 2) -> dict[str, list[WorkerRun]]:
-    """Run `processes` counting workers per side, `concurrency` at a time (two: one per core); a WorkerError if one
-    failed."""
+          batch_sizes: Mapping[str, Sequence[int]] | None = None, concurrency: int = 2,
+          valgrind_args: Sequence[str] = ()) -> dict[str, list[WorkerRun]]:
+    """Run `processes` counting workers per side, `concurrency` at a time (two: one per core), with `valgrind_args`
+    after VALGRIND_ARGS; a WorkerError if one failed."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
     running: list[subprocess.Popen[bytes]] = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
-                               batch_sizes, running.append) for side, index in jobs]
+                               batch_sizes, running.append, valgrind_args=valgrind_args) for side, index in jobs]
         try:
             done = [future.result() for future in futures]
         except BaseException:  # Ctrl-C, SIGTERM or a failed worker: none of them outlives the controller
@@ -143,10 +144,11 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
 
 def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None,
-               on_start: Callable[[subprocess.Popen[bytes]], None]) -> WorkerRun:
+               on_start: Callable[[subprocess.Popen[bytes]], None], valgrind_args: Sequence[str] = ()) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
-    wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
+    wrapper = ["valgrind", *VALGRIND_ARGS, *valgrind_args, f"--callgrind-out-file={out}",
+               f"--log-file={work_dir / tag}.valgrind"]
     return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
                       extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
                       environ={**COUNTING_ENV, ENV_COUNT: str(out)}, on_start=on_start)
