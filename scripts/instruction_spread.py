@@ -1,14 +1,19 @@
 """Counts of one benchmark in N counting processes (as --llmperf-instructions runs them): per process, the median
 of its counted runs, and the spread (highest - lowest) / median over the processes, per batch size and metric.
 
-Every process is `valgrind --tool=callgrind --instr-atstart=no python -m pytest NODEID` in ROOT (two at a time),
-exactly the counting worker of orchestrate/counting.py. docs/instructions.md took its figures with it; give --root
-a checkout with a conftest that injects work to count a changed side, and --json to keep the counts for pairing.
-Usage: python scripts/instruction_spread.py NODEID [--processes 5] [--batch-sizes 1] [--root .] [--json out.json]
+Every process is `valgrind --tool=callgrind --instr-atstart=no python -m pytest NODEID` in ROOT, exactly the
+counting worker of orchestrate/counting.py, two at a time by default (--concurrency 1: one at a time, on a machine
+shared with other work). docs/instructions.md took its figures with it; give --root a checkout with a conftest that
+injects work to count a changed side, and --json to keep the counts for pairing. --keep-dumps keeps every callgrind
+dump in the work directory it prints (--valgrind-arg=--dump-instr=yes for per-instruction costs), for
+scripts/callgrind_diff.py to say where two processes' counts differ.
+Usage: python scripts/instruction_spread.py NODEID [--processes 5] [--batch-sizes 1] [--root .] [--concurrency 2]
+       [--json out.json] [--keep-dumps] [--valgrind-arg=ARG ...]
 """
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -20,6 +25,7 @@ from pytest_llmperf.measure.instructions import count_table
 from pytest_llmperf.orchestrate.counting import count
 from pytest_llmperf.orchestrate.manager import Side
 from pytest_llmperf.orchestrate.options import OPTIONS
+from pytest_llmperf.orchestrate.worker import ENV_KEEP_DUMPS
 
 
 def main() -> None:
@@ -28,17 +34,26 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--batch-sizes", default="", help="comma list; default: the test's own")
     parser.add_argument("--root", default=".")
+    parser.add_argument("--concurrency", type=int, default=2, help="counting processes at a time (default 2)")
     parser.add_argument("--json", help="write {batch size: {metric: [per-process medians]}} here")
+    parser.add_argument("--keep-dumps", action="store_true", help="keep callgrind's dumps and the work directory")
+    parser.add_argument("--valgrind-arg", action="append", default=[], help="one more valgrind argument (repeat)")
     args = parser.parse_args()
     settings = {o.name: o.default for o in OPTIONS} | {"processes": 1, "device": "cpu", "threads": "auto"}
     sizes = {args.nodeid: [int(b) for b in args.batch_sizes.split(",")]} if args.batch_sizes else None
     work_dir = Path(tempfile.mkdtemp(prefix="llmperf-spread-"))
+    if args.keep_dumps:
+        os.environ[ENV_KEEP_DUMPS] = "1"  # the workers inherit this process's environment
     started = time.monotonic()
     try:
         runs = count([Side("", Path(args.root).resolve(), args.root)], [args.nodeid], processes=args.processes,
-                     settings=settings, work_dir=work_dir, timeout_s=3600, batch_sizes=sizes)[""]
+                     settings=settings, work_dir=work_dir, timeout_s=3600, batch_sizes=sizes,
+                     concurrency=args.concurrency, valgrind_args=args.valgrind_arg)[""]
     finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        if args.keep_dumps:
+            print(f"dumps kept in {work_dir}")
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
     print(f"{args.processes} counting processes in {time.monotonic() - started:.0f} s")
     found: dict[int, dict[str, list[float]]] = {}
     for run in runs:

@@ -3,6 +3,7 @@ count, how counting workers' runs join their side's result and the baseline, and
 valgrind path (client requests, dumps, a counting worker per side) is tests/test_instructions_valgrind.py."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,8 @@ from pytest_llmperf.judge.rows import row_message
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure.backend import Backend, GenerationRequest
 from pytest_llmperf.measure.clock import FakeClock
-from pytest_llmperf.measure.instructions import (INSTRUCTION_METRICS, count_values, counted_runs,
-                                                 not_counted, platform_problem)
+from pytest_llmperf.measure.instructions import (INSTRUCTION_METRICS, InstructionClock, count_values,
+                                                 counted_runs, not_counted, platform_problem)
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
 from pytest_llmperf.measure.scenario import Scenario, ScenarioError, check_marker_kwargs
 from pytest_llmperf.orchestrate import counting
@@ -258,7 +259,8 @@ def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monke
 
     started = []
 
-    def fake_count_one(side, index, nodeids, settings, work_dir, timeout_s, extra_args, batch_sizes, on_start):
+    def fake_count_one(side, index, nodeids, settings, work_dir, timeout_s, extra_args, batch_sizes, on_start,
+                       valgrind_args=()):
         proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
         started.append(proc)
         on_start(proc)
@@ -275,3 +277,29 @@ def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monke
         counting.count(sides, ["m.py::t"], processes=1, settings={}, work_dir=tmp_path, timeout_s=60)
     assert time.monotonic() - begun < 30  # not the 60 s the other worker would have run
     assert len(started) == 2 and all(proc.poll() is not None for proc in started)
+
+
+class DumpingRequests:
+    """ClientRequests' interface writing dumps as callgrind does: one per thread under --separate-threads=yes."""
+
+    def __init__(self, out, per_thread):
+        self.out, self.per_thread, self.dumps = out, per_thread, 0
+
+    def dump(self, label):
+        self.dumps += 1
+        for thread, total in enumerate(self.per_thread, start=1):
+            name = f"{self.out}.{self.dumps}-{thread:02d}" if len(self.per_thread) > 1 else f"{self.out}.{self.dumps}"
+            Path(name).write_text(f"events: Ir\nfn=(1) f\n0 {total}\ntotals: {total}\n")
+
+    def toggle_collect(self):
+        pass
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_instruction_clock_sums_every_threads_dump_and_keeps_them_only_when_asked(tmp_path, keep):
+    out = tmp_path / "cg.out"
+    clock = InstructionClock(DumpingRequests(out, [100, 20]), out, keep=keep)
+    assert [clock(), clock()] == [120, 240]
+    assert len(list(tmp_path.glob("cg.out.*"))) == (4 if keep else 0)
+    single = InstructionClock(DumpingRequests(tmp_path / "one", [7]), tmp_path / "one")
+    assert single() == 7 and not list(tmp_path.glob("one.*"))

@@ -102,9 +102,9 @@ class Loop(Backend):
 def test_loop(llmperf):
     llmperf.measure(Loop())
 """
-# Enough work per region (~130 M instructions of prefill, ~85 M per decode step) that the toy's fixed variation
-# between processes (~0.1 M per region, source not found; 0.6% of a 13 M prefill failed 4 runs in 6) stays far
-# inside the 0.5% tolerance.
+# Enough work per region (~130 M instructions of prefill, ~85 M per decode step) that the toy's variation between
+# processes stays far inside the 0.5% tolerance: with pymalloc it was 0.3-0.7% (0.6% of a 13 M prefill failed 4 runs
+# in 6; its free() costs by address), with PYTHONMALLOC=malloc, as counting workers now run, 0.000% over 3 processes.
 WORK = "PREFILL = 300000\nDECODE = {decode}\n\ndef spin(n):\n    total = 0\n    for i in range(n):\n" \
        "        total += i\n    return total\n"
 

@@ -111,12 +111,15 @@ def dump_total(path: Path) -> int:
 class InstructionClock:
     """A Clock (measure/clock.py) that reads instructions executed since `reset()` instead of nanoseconds.
 
-    Each reading dumps callgrind's counters to `<out>.<n>` (callgrind numbers its dumps), reads the total with
-    collection switched off (so that reading it is not counted) and deletes the file."""
+    Each reading dumps callgrind's counters to `<out>.<n>` (callgrind numbers its dumps; `<out>.<n>-<thread>`, one
+    per thread, under --separate-threads=yes), reads the total with collection switched off (so that reading it is
+    not counted) and deletes the files, unless `keep` (to diff where two processes' counts differ:
+    scripts/callgrind_diff.py)."""
 
-    def __init__(self, requests: ClientRequests, out: Path) -> None:
+    def __init__(self, requests: ClientRequests, out: Path, keep: bool = False) -> None:
         self.requests = requests
         self.out = out  # callgrind's --callgrind-out-file
+        self.keep = keep
         self.dumps = 0
         self.total = 0
         self.instrumenting = False
@@ -139,8 +142,13 @@ class InstructionClock:
         self.requests.toggle_collect()  # off: reading the file is not the run's work
         try:
             path = Path(f"{self.out}.{self.dumps}")
-            self.total += dump_total(path)
-            path.unlink()
+            paths = [path] if path.exists() else sorted(path.parent.glob(f"{path.name}-*"))  # one per thread
+            if not paths:
+                raise CountingError(f"callgrind wrote no dump {path}")
+            for each in paths:
+                self.total += dump_total(each)
+                if not self.keep:
+                    each.unlink()
         finally:
             self.requests.toggle_collect()
         return self.total

@@ -8,9 +8,10 @@ rounds follow; an update records BASELINE_PROCESSES of them, so that the baselin
 
 What the counting process measures is its own host-side work: start-up and warmups run uninstrumented (valgrind's
 base cost), instrumentation starts at the first counted run (measure/instructions.py). Its environment fixes what
-would make a count differ between processes or cost hours under valgrind: Python's hash seed, one thread, and
-MKL's compatible code path (valgrind 3.19 emulates AVX2's FMA slowly: one 128x384x384 matmul took 1.8 s in
-MKL's AVX2 path under valgrind, 0.01 s in the compatible one; docs/instructions.md).
+would make a count differ between processes or cost hours under valgrind: Python's hash seed, glibc's malloc for
+Python's objects (pymalloc's cost depends on where its arenas lie), one thread, and MKL's compatible code path
+(valgrind 3.19 emulates AVX2's FMA slowly: one 128x384x384 matmul took 1.8 s in MKL's AVX2 path under valgrind,
+0.01 s in the compatible one; docs/instructions.md).
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ from .session import LLMPerfSession
 from .worker import ENV_COUNT
 
 VALGRIND_ARGS = ("--tool=callgrind", "--instr-atstart=no", "--dump-line=no")
-COUNTING_ENV = {"PYTHONHASHSEED": "0", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false"}
+# PYTHONMALLOC=malloc: pymalloc's free() costs 4 instructions more for a block in the part of its 1 MiB arena below
+# the next 1 MiB address boundary (address_in_range's radix-tree test), and where arenas lie depends on the process's
+# history (a random docstring scipy.stats draws at import, files in the working directory): a pure-Python loop's
+# count moved 0.3-0.7% between processes of unchanged code. glibc's malloc has no such address test.
+COUNTING_ENV = {"PYTHONHASHSEED": "0", "PYTHONMALLOC": "malloc", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 #: Counting processes an update records per benchmark: their spread goes into the baseline.
 BASELINE_PROCESSES = 3
 INSTALL_HINT = ("install it: apt-get install valgrind (Debian, Ubuntu), dnf install valgrind (Fedora), "
@@ -114,13 +119,15 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
 
 def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
           work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
-          batch_sizes: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[WorkerRun]]:
-    """Run `processes` counting workers per side, two at a time (one per core); a WorkerError if one failed."""
+          batch_sizes: Mapping[str, Sequence[int]] | None = None, concurrency: int = 2,
+          valgrind_args: Sequence[str] = ()) -> dict[str, list[WorkerRun]]:
+    """Run `processes` counting workers per side, `concurrency` at a time (two: one per core), with `valgrind_args`
+    after VALGRIND_ARGS; a WorkerError if one failed."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
     running: list[subprocess.Popen[bytes]] = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
-                               batch_sizes, running.append) for side, index in jobs]
+                               batch_sizes, running.append, valgrind_args=valgrind_args) for side, index in jobs]
         try:
             done = [future.result() for future in futures]
         except BaseException:  # Ctrl-C, SIGTERM or a failed worker: none of them outlives the controller
@@ -137,10 +144,11 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
 
 def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
                timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None,
-               on_start: Callable[[subprocess.Popen[bytes]], None]) -> WorkerRun:
+               on_start: Callable[[subprocess.Popen[bytes]], None], valgrind_args: Sequence[str] = ()) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
-    wrapper = ["valgrind", *VALGRIND_ARGS, f"--callgrind-out-file={out}", f"--log-file={work_dir / tag}.valgrind"]
+    wrapper = ["valgrind", *VALGRIND_ARGS, *valgrind_args, f"--callgrind-out-file={out}",
+               f"--log-file={work_dir / tag}.valgrind"]
     return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
                       extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
                       environ={**COUNTING_ENV, ENV_COUNT: str(out)}, on_start=on_start)

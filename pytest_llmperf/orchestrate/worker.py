@@ -30,6 +30,7 @@ ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, 
 ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (0 is "measured in-process")
 ENV_BATCHES = "LLMPERF_WORKER_BATCHES"  # JSON {nodeid: [batch sizes]}: measure only these (a later look)
 ENV_COUNT = "LLMPERF_WORKER_COUNT"  # a counting worker under callgrind (orchestrate/counting.py): its out file
+ENV_KEEP_DUMPS = "LLMPERF_KEEP_DUMPS"  # 1: a counting worker keeps callgrind's dumps (scripts/instruction_spread.py)
 #: 2: progress records ("start", "progress") as extra lines, which a manager that does not know them skips;
 #: 3: counting workers (ENV_COUNT); 4: turns (orchestrate/turns.py: the hello says whether it takes them)
 PROTOCOL = 4
@@ -63,7 +64,7 @@ def counting_clock() -> InstructionClock | None:
         raise pytest.UsageError(f"llmperf: {exc}") from None
     if not requests.running_on_valgrind():
         raise pytest.UsageError(f"llmperf: {ENV_COUNT} is set, but this process does not run under valgrind")
-    return InstructionClock(requests, Path(out))
+    return InstructionClock(requests, Path(out), keep=os.environ.get(ENV_KEEP_DUMPS) == "1")
 
 
 class WorkerRecorder:
