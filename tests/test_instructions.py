@@ -13,8 +13,8 @@ from pytest_llmperf.judge.rows import row_message
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure.backend import Backend, GenerationRequest
 from pytest_llmperf.measure.clock import FakeClock
-from pytest_llmperf.measure.instructions import (INSTRUCTION_METRICS, InstructionClock, count_values,
-                                                 counted_runs, not_counted, platform_problem)
+from pytest_llmperf.measure.instructions import (COUNTS_TAKEN_WITH, INSTRUCTION_METRICS, InstructionClock,
+                                                 count_values, counted_runs, not_counted, platform_problem)
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
 from pytest_llmperf.measure.scenario import Scenario, ScenarioError, check_marker_kwargs
 from pytest_llmperf.orchestrate import counting
@@ -119,25 +119,40 @@ def test_the_failure_names_the_count_its_phase_and_the_signal():
                            "regressed: reference 26,000,000, now 26,260,000 instructions (+1.00%")
 
 
+def counts_entry(values):
+    """A reference holding counts taken as counting workers take them now."""
+    return BaselineEntry(key="t", values=values, fingerprint={"counts": COUNTS_TAKEN_WITH})
+
+
 def test_rows_say_why_a_batch_was_not_counted_and_when_the_reference_holds_no_counts():
-    entry = BaselineEntry(key="t", values={1: {"decode_step_instructions": [100.0]}})
+    entry = counts_entry({1: {"decode_step_instructions": [100.0]}})
     rows = instruction_rows(result_with(count_error="instructions not counted: the tgi backend works in a server"),
                             entry, Scenario(), "the baseline")
     assert [(r.metric, r.verdict, r.note) for r in rows] == [
         ("instructions", Verdict.UNGATED, "instructions not counted: the tgi backend works in a server")]
-    rows = instruction_rows(result_with(counted([100.0, 100.0])), BaselineEntry(key="t", values={1: {}}), Scenario(),
-                            "HEAD (abc)")
+    rows = instruction_rows(result_with(counted([100.0, 100.0])), counts_entry({1: {}}), Scenario(), "HEAD (abc)")
     assert rows[0].verdict == Verdict.UNGATED and "HEAD (abc) holds no counts" in rows[0].note
     assert instruction_rows(result_with(), entry, Scenario(), "the baseline") == []  # not asked to count
 
 
 def test_a_marker_tolerance_for_a_count_wins_over_the_default():
-    entry = BaselineEntry(key="t", values={1: {"decode_step_instructions": [100.0]}})
+    entry = counts_entry({1: {"decode_step_instructions": [100.0]}})
     current = result_with(counted([101.0, 101.0]))
     assert instruction_rows(current, entry, Scenario(), "b")[0].verdict == Verdict.REGRESSED
     loose = Scenario(rtol_per_metric={"decode_step_instructions": 0.02})
     assert instruction_rows(current, entry, loose, "b")[0].verdict == Verdict.PASS
     assert DEFAULT_RTOL == 0.005
+
+
+def test_counts_taken_another_way_are_not_compared():
+    # recorded before counting workers ran under PYTHONMALLOC=malloc: a tiny-llama decode step counts 1.6% less
+    old = BaselineEntry(key="t", values={1: {"decode_step_instructions": [100.0]}}, fingerprint={"python": "3.11.7"})
+    row, = instruction_rows(result_with(counted([101.6, 101.6])), old, Scenario(), "the baseline")
+    assert row.verdict == Verdict.REFUSED
+    assert (f"the baseline's counts were taken with Python's own allocator (pymalloc), these with {COUNTS_TAKEN_WITH}: "
+            "not comparable; record them again with --llmperf-update --llmperf-instructions") in row.note
+    assert BaselineEntry.of_result(result_with(counted([1.0, 1.0]))).fingerprint["counts"] == COUNTS_TAKEN_WITH
+    assert "counts" not in BaselineEntry.of_result(result_with()).fingerprint  # nothing counted, nothing said
 
 
 def test_a_baseline_keeps_the_counts_of_each_process_and_gates_against_them(tmp_path):

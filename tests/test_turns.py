@@ -161,11 +161,15 @@ def batch_blocks(log):
     return blocks
 
 
+def run_ab(pytester, *args):
+    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare=HEAD",
+                              "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf",
+                              "--llmperf-alpha=0.05", *args)
+
+
 @pytest.mark.parametrize("interleave", ["batch", "process"])
 def test_an_ab_round_alternates_its_sides_per_batch_size_or_per_process(ab_repo, tmp_path, interleave):
-    result = ab_repo.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare=HEAD",
-                               "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf", "--llmperf-alpha=0.05",
-                               f"--llmperf-interleave={interleave}")
+    result = run_ab(ab_repo, f"--llmperf-interleave={interleave}")
     result.assert_outcomes(passed=1)
     blocks = batch_blocks(tmp_path / "spans.jsonl")
     sides = sorted({b[0] for b in blocks})
@@ -176,12 +180,6 @@ def test_an_ab_round_alternates_its_sides_per_batch_size_or_per_process(ab_repo,
         assert letters[:12] == "ABBAABBAABBA"
     else:  # round 1: all of A's batch sizes, then B's; round 2: B's, then A's
         assert letters[:12] == "AAABBBBBBAAA"
-
-
-def run_ab(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare=HEAD",
-                              "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf",
-                              "--llmperf-alpha=0.05", *args)
 
 
 def alive(pids_log):

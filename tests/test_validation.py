@@ -102,7 +102,8 @@ def test_a_session_whose_runs_cannot_fail_is_refused_naming_the_runs_needed(proj
     result.assert_outcomes(errors=1)  # refused at setup, before any run
     result.stdout.fnmatch_lines(["*runs=1, max_runs=1 cannot fail: judging 3 gated row(s) over looks at [[]1] units "
                                  "per side*slowdown to * (twice the tolerance) would not be called regressed*"
-                                 "Allow at least 6 units per side at the last look, and a baseline recorded with as many*"])
+                                 "Allow at least 6 units per side at the last look, and a baseline recorded with as "
+                                 "many*"])
     assert "measured" not in result.stdout.str()
     assert_clean(result)
 

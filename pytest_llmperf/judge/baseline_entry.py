@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..measure.instructions import count_table
+from ..measure.instructions import COUNTS_TAKEN_WITH, count_table
 from ..measure.metrics import values_by_process
 from ..measure.records import BenchmarkResult
 from .outputs import Outputs, outputs_by_batch
@@ -72,6 +72,8 @@ class BaselineEntry:
                   created: str = "") -> BaselineEntry:
         """What a measured benchmark stores as its baseline (and what an A/B comparison's A side is judged as)."""
         fingerprint = dict(fingerprint or {})
+        if any(b.counted for b in result.batches):  # how its counts were taken: others are not comparable
+            fingerprint["counts"] = COUNTS_TAKEN_WITH
         unit = "process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run"
         values, counts = {}, {}
         for batch in result.batches:

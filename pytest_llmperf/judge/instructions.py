@@ -1,11 +1,13 @@
 """Instruction counts against their reference: a deterministic metric, held to a tolerance instead of a test.
 
-A count is the same in every process up to a small spread (docs/instructions.md: 0.39% per decode step over 5
-processes, 0.01% for prefill), so one counting process per side decides: regressed where the median count grew by
+A count is the same in every process up to a small spread (docs/instructions.md: about 0.1% per decode step of
+tiny-llama over 5 processes, 0.01% for prefill: CPython's type-attribute cache is indexed by addresses), so one
+counting process per side decides: regressed where the median count grew by
 more than the tolerance, improved where it shrank by more, else pass. A count that varies between the runs and
 processes of a side by more than the tolerance is not compared (an address- or input-dependent path would decide
 by chance): refused, with the spread. A baseline recorded by an update holds a few processes, whose spread is
-checked so; an A/B comparison has one process per side.
+checked so; an A/B comparison has one process per side. Counts taken another way (a baseline's fingerprint says
+how: COUNTS_TAKEN_WITH) are not compared.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..measure.instructions import INSTRUCTION_METRICS, count_table
+from ..measure.instructions import COUNTS_TAKEN_WITH, INSTRUCTION_METRICS, count_table
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 from .baselines import BaselineEntry
 from .verdicts import Row, Verdict, note_row
 
 #: The tolerance of a count where the marker names none for its metric (rtol={"decode_step_instructions": 0.01}):
-#: above the spread of unchanged code over processes (0.39%), half the smallest host-side change we must catch (1%).
+#: above the spread of unchanged code over processes (0.1-0.4%), half the smallest host-side change we must catch (1%).
 DEFAULT_RTOL = 0.005
 CALLGRIND = "instructions (callgrind)"
 
@@ -35,6 +37,7 @@ def spread(values: Sequence[float]) -> float:
 def instruction_rows(result: BenchmarkResult, entry: BaselineEntry, scenario: Scenario, label: str) -> list[Row]:
     """The instruction rows of a benchmark whose batch sizes were counted (none where nothing asked to count)."""
     rows: list[Row] = []
+    taken_with = entry.fingerprint.get("counts", "Python's own allocator (pymalloc)")
     for batch in result.batches:
         if not batch.ok or (not batch.counted and batch.count_error is None):
             continue
@@ -50,6 +53,12 @@ def instruction_rows(result: BenchmarkResult, entry: BaselineEntry, scenario: Sc
             if metric not in reference:
                 rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
                                      f"{CALLGRIND}: {label} holds no counts; record them with --llmperf-update "
+                                     "--llmperf-instructions"))
+                continue
+            if taken_with != COUNTS_TAKEN_WITH:  # a stored baseline's counts from an earlier way of counting
+                rows.append(note_row(result, metric, batch.batch_size, Verdict.REFUSED,
+                                     f"{CALLGRIND}: {label}'s counts were taken with {taken_with}, these with "
+                                     f"{COUNTS_TAKEN_WITH}: not comparable; record them again with --llmperf-update "
                                      "--llmperf-instructions"))
                 continue
             rtol = scenario.rtol_per_metric.get(metric, DEFAULT_RTOL)

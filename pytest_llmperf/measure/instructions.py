@@ -36,6 +36,11 @@ INSTRUCTION_METRICS = ("prefill_instructions", "decode_step_instructions", "e2e_
 #: records (orchestrate/counting.py).
 COUNTED_RUNS = 1
 SETTLING_RUNS = 1
+#: How counts are taken, recorded with a baseline that holds counts (its fingerprint's "counts"): a count taken
+#: otherwise is not comparable. Python's objects come from glibc's malloc in a counting worker (PYTHONMALLOC=malloc),
+#: since pymalloc's free costs more below an arena's 1 MiB boundary and arenas lie where each process's history put
+#: them; with it a tiny-llama decode step counts 1.6% more (docs/instructions.md).
+COUNTS_TAKEN_WITH = "PYTHONMALLOC=malloc"
 #: Clock readings taken once, right after instrumentation starts: the clock's own first calls settle too.
 CLOCK_WARMUP_READINGS = 24
 

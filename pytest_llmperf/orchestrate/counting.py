@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ..measure.instructions import platform_problem
+from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
 from ..processes import stop_tree
 from .manager import Side, WorkerError, WorkerRun, run_worker
@@ -39,8 +39,8 @@ VALGRIND_ARGS = ("--tool=callgrind", "--instr-atstart=no", "--dump-line=no")
 # the next 1 MiB address boundary (address_in_range's radix-tree test), and where arenas lie depends on the process's
 # history (a random docstring scipy.stats draws at import, files in the working directory): a pure-Python loop's
 # count moved 0.3-0.7% between processes of unchanged code. glibc's malloc has no such address test.
-COUNTING_ENV = {"PYTHONHASHSEED": "0", "PYTHONMALLOC": "malloc", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+COUNTING_ENV = {"PYTHONHASHSEED": "0", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false", **dict([COUNTS_TAKEN_WITH.split("=", 1)])}
 #: Counting processes an update records per benchmark: their spread goes into the baseline.
 BASELINE_PROCESSES = 3
 INSTALL_HINT = ("install it: apt-get install valgrind (Debian, Ubuntu), dnf install valgrind (Fedora), "
