@@ -6,6 +6,8 @@ from collections import Counter
 
 import pytest
 
+from pytest_llmperf.orchestrate.session import RECORD_FACTOR
+
 TEST = """
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
@@ -33,7 +35,7 @@ def runs_per_process(project, *args):
 
 def test_auto_takes_three_runs_in_each_worker_process(project):
     result, runs = runs_per_process(project, "--llmperf-processes=2")
-    assert sorted(runs.values()) == [3, 3]
+    assert sorted(runs.values()) == [3] * 2 * RECORD_FACTOR  # an update records RECORD_FACTOR x the processes
     result.stdout.fnmatch_lines(["llmperf: device=cpu (given), mode=update, runs=3 (auto), warmups=1*"])
 
 
@@ -45,7 +47,7 @@ def test_auto_takes_ten_runs_in_one_process(project):
 
 def test_a_given_number_of_runs_is_taken_in_every_worker_process(project):
     result, runs = runs_per_process(project, "--llmperf-processes=2", "--llmperf-runs=4")
-    assert sorted(runs.values()) == [4, 4]
+    assert sorted(runs.values()) == [4] * 2 * RECORD_FACTOR
     result.stdout.fnmatch_lines(["*mode=update, runs=4, warmups*"])
 
 
