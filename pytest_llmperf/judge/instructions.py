@@ -1,6 +1,6 @@
 """Instruction counts against their reference: a deterministic metric, held to a tolerance instead of a test.
 
-A count is the same in every process up to a small spread (docs/instructions.md: about 0.1% per decode step of
+A count is the same in every process up to a small spread (docs/instructions.md: 0.1-0.25% per decode step of
 tiny-llama over 5 processes, 0.01% for prefill: CPython's type-attribute cache is indexed by addresses), so one
 counting process per side decides: regressed where the median count grew by
 more than the tolerance, improved where it shrank by more, else pass. A count that varies between the runs and
