@@ -213,7 +213,6 @@ def test_a_worker_hanging_in_an_ab_round_is_named_and_both_are_stopped(ab_repo, 
     assert alive(tmp_path / "pids") == []
 
 
-
 def test_collecting_the_refs_tests_past_the_deadline_fails_the_tests_saying_so(ab_repo, monkeypatch):
     conftest = ab_repo.path / "conftest.py"  # committed: the ref's collection sleeps; the working tree's does not
     conftest.write_text("import os, time\nif os.environ.get('SLOW_COLLECT'):\n    time.sleep(30)\n")
