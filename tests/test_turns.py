@@ -15,6 +15,7 @@ import pytest
 
 from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.orchestrate.turns import ENV_TURNS, TurnBroker, TurnClient
+from pytest_llmperf.report.terminal import INTERLEAVED
 
 # A worker: `blocks` batch sizes, each asked for, then held HOLD_S while it logs its span; `free` ignores turns.
 WORKER = """
@@ -110,6 +111,33 @@ def test_a_client_whose_controller_is_gone_stops_waiting():
         os.close(fd)
 
 
+def test_taking_turns_run_by_run_asks_before_the_warmups_and_before_every_run_retakes_included(monkeypatch):
+    from pytest_llmperf.backends.simulated import SimulatedBackend
+    from pytest_llmperf.measure import runner
+    from pytest_llmperf.measure.scenario import Scenario
+
+    events = []
+
+    class Logged(SimulatedBackend):
+        def generate(self, request):
+            events.append(f"run{request.batch_size}")
+            return super().generate(request)
+
+    loads = iter([0.0, 2.0, 0.0, 0.0] * 2)  # the second run of each batch size is retaken (a busy machine)
+
+    class Meter:
+        def stop(self):
+            return next(loads)
+
+    monkeypatch.setattr(runner, "LoadMeter", Meter)
+    result = runner.measure(Logged(), Scenario(batch_sizes=(1, 2), runs=3, warmups=2, max_load=0.5), key="k",
+                            nodeid="n", module="m", before_run=lambda: events.append("turn"))
+    assert [len(b.samples) for b in result.batches] == [3, 3]
+    # per batch size: one turn for both warmups, then one before each of the 4 runs (3 kept, 1 retaken)
+    per_batch = ["turn", "run{0}", "run{0}"] + ["turn", "run{0}"] * 4
+    assert events == [e.format(1) for e in per_batch] + [e.format(2) for e in per_batch]
+
+
 # -- end to end: an A/B comparison's two sides through pytester ------------------------------------------------
 
 ENGINE = """
@@ -149,11 +177,15 @@ def ab_repo(pytester, monkeypatch, tmp_path):
     return pytester
 
 
+def spans_of(log):
+    """Every generate() call (warmups too) in time order: [side, batch size, start, end]."""
+    return sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda span: span[2])
+
+
 def batch_blocks(log):
     """The spans of the runs, merged per side and batch size into blocks, in time order."""
-    runs = sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda span: span[2])
     blocks = []
-    for side, batch_size, start, end in runs:
+    for side, batch_size, start, end in spans_of(log):
         if blocks and blocks[-1][:2] == [side, batch_size]:
             blocks[-1][3] = end
         else:
@@ -167,16 +199,24 @@ def run_ab(pytester, *args):
                               "--llmperf-alpha=0.05", *args)
 
 
-@pytest.mark.parametrize("interleave", ["batch", "process"])
-def test_an_ab_round_alternates_its_sides_per_batch_size_or_per_process(ab_repo, tmp_path, interleave):
+@pytest.mark.parametrize("interleave", ["run", "batch", "process"])
+def test_an_ab_round_alternates_its_sides_per_run_per_batch_size_or_per_process(ab_repo, tmp_path, interleave):
     result = run_ab(ab_repo, f"--llmperf-interleave={interleave}")
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*the working tree against HEAD (A/B, {INTERLEAVED[interleave]})*"])
     blocks = batch_blocks(tmp_path / "spans.jsonl")
     sides = sorted({b[0] for b in blocks})
     assert len(sides) == 2 and str(ab_repo.path) in sides  # the working tree and the ref's worktree
     assert overlapping(blocks) == []  # never both sides at once
     letters = "".join("B" if b[0] == str(ab_repo.path) else "A" for b in blocks)
-    if interleave == "batch":  # round 1: A B, B A, A B over batch sizes 1, 2, 4; round 2 starts with B
+    if interleave == "run":  # a turn for the warmup, then one per run: A B, B A, ... within each batch size
+        spans = spans_of(tmp_path / "spans.jsonl")
+        assert overlapping(spans) == []
+        calls = "".join("B" if s[0] == str(ab_repo.path) else "A" for s in spans)
+        assert calls[:18] == "AB" + "BAAB" * 4  # round 1: 3 batch sizes x (warmup + 2 runs) x 2 sides
+        assert [s[1] for s in spans[:18]] == [1] * 6 + [2] * 6 + [4] * 6  # a pair's runs are of one batch size
+        assert calls[18:24] == "BAABBA"  # round 2 starts with B
+    elif interleave == "batch":  # round 1: A B, B A, A B over batch sizes 1, 2, 4; round 2 starts with B
         assert letters[:12] == "ABBAABBAABBA"
     else:  # round 1: all of A's batch sizes, then B's; round 2: B's, then A's
         assert letters[:12] == "AAABBBBBBAAA"

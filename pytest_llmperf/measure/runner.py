@@ -39,11 +39,15 @@ RunCallback = Callable[[int, int, int, int, "RunSample | None"], None]
 
 
 def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int,
-              max_load: float = math.inf, on_run: RunCallback | None = None) -> Runs:
+              max_load: float = math.inf, on_run: RunCallback | None = None,
+              before_run: Callable[[], None] | None = None) -> Runs:
     """Warmups (discarded), then `runs` runs. A run during which other processes kept more than
     `max_load` cores busy is discarded and taken again, at most `runs` times in all, so measurement
     proceeds in the quiet gaps of a shared machine; past that the disturbed runs are kept and the
-    load says so."""
+    load says so. `before_run` is called before the warmups and before each run (a worker of an A/B round
+    taking turns run by run waits there: orchestrate/turns.py)."""
+    if before_run is not None:
+        before_run()
     for _ in range(warmups):
         check_sample(backend.generate(request), request, backend)
     samples: list[RunSample] = []
@@ -54,6 +58,8 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
         memory = MemoryMeter(getattr(backend, "server_pids", lambda: []), nvml=nvml)
         gpu = GpuMeter(nvml)
         while len(samples) < runs:
+            if before_run is not None:
+                before_run()
             meter = LoadMeter()
             memory.start()
             gpu.start()
@@ -73,14 +79,15 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
     return Runs(samples, sum(loads) / len(loads), retaken)
 
 
-def measure_batch(backend: Backend, scenario: Scenario, batch_size: int,
-                  on_run: RunCallback | None = None, counter: InstructionClock | None = None) -> BatchResult:
+def measure_batch(backend: Backend, scenario: Scenario, batch_size: int, on_run: RunCallback | None = None,
+                  counter: InstructionClock | None = None, before_run: Callable[[], None] | None = None
+                  ) -> BatchResult:
     request = request_for(scenario, batch_size)
     try:
         if counter is not None:  # a counting process: instructions, not time (measure/instructions.py)
             return BatchResult(batch_size, warmups=scenario.warmups,
                                counted=counted_runs(backend, request, scenario.runs, scenario.warmups, counter))
-        runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load, on_run)
+        runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load, on_run, before_run)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
     except Exception as exc:  # recorded with its reason; the sweep goes on
@@ -91,9 +98,10 @@ def measure_batch(backend: Backend, scenario: Scenario, batch_size: int,
 
 def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str,
             on_run: RunCallback | None = None, counter: InstructionClock | None = None,
-            before_batch: Callable[[], None] | None = None) -> BenchmarkResult:
-    """Every batch size of the scenario. `before_batch` is called before each one's warmups (a worker of an A/B
-    round waits there for its turn: orchestrate/turns.py)."""
+            before_batch: Callable[[], None] | None = None,
+            before_run: Callable[[], None] | None = None) -> BenchmarkResult:
+    """Every batch size of the scenario. `before_batch` is called before each one's warmups, `before_run` before
+    its warmups and each of its runs (a worker of an A/B round waits there for its turn: orchestrate/turns.py)."""
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()
@@ -105,7 +113,7 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                 continue
             if before_batch is not None:
                 before_batch()
-            result = measure_batch(backend, scenario, batch_size, on_run, counter)
+            result = measure_batch(backend, scenario, batch_size, on_run, counter, before_run)
             if result.oom and oom_at is None:
                 oom_at = batch_size
             batches.append(result)

@@ -90,10 +90,13 @@ class Benchmark:
                                                       for b in scenario.batch_sizes], group=scenario.group)
                 else:
                     turns = self.session.recorder.turns if self.session.recorder is not None else None
+                    wait = turns.wait if turns is not None else None
+                    by_run = self.session.settings["interleave"] == "run"  # else a turn per batch size
                     with shown as on_run:
                         result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
                                                 module=nodeid.split("::", 1)[0], on_run=on_run, counter=counter,
-                                                before_batch=turns.wait if turns is not None else None)
+                                                before_batch=None if by_run else wait,
+                                                before_run=wait if by_run else None)
                 self.results.append(result)
                 if self.session.recorder is not None:  # a worker process: the controller judges
                     self.session.recorder.record_result(nodeid, result)

@@ -203,11 +203,11 @@ class ProcessController:
         return True
 
     def _round(self, work: list[RoundWork], index: int, settings: dict[str, Any], work_dir: Path) -> list[WorkerRun]:
-        """One round: the sides' workers taking turns at every batch size (--llmperf-interleave=batch), or one after
-        the other."""
+        """One round: the sides' workers taking turns at every run or batch size (--llmperf-interleave=run, batch),
+        or one after the other."""
         progress, total = self.progress, max(plan.units for plan in self.plans.values())
         timeout, args = self.llm.settings["worker_timeout"], self._passthrough_args()
-        if len(work) > 1 and self.llm.settings["interleave"] == "batch":
+        if len(work) > 1 and self.llm.settings["interleave"] != "process":
             for item in work:
                 if progress is not None:
                     progress.started(item.side.label, index, total, len(item.nodeids))

@@ -248,9 +248,9 @@ class RoundWork:
 def run_round(work: Sequence[RoundWork], index: int, *, settings: Mapping[str, Any], work_dir: Path,
               timeout_s: float, extra_args: Sequence[str] = (),
               clock: Callable[[], float] = time.monotonic) -> list[WorkerRun]:
-    """The workers of one A/B round, alive together and taking turns at every batch size (orchestrate/turns.py), in
-    the order given (A B, or B A); their runs in that order. The round may take `timeout_s` per worker; past it,
-    or when one worker fails, every worker of the round is stopped."""
+    """The workers of one A/B round, alive together and taking turns at every run or batch size
+    (orchestrate/turns.py), in the order given (A B, or B A); their runs in that order. The round may take
+    `timeout_s` per worker; past it, or when one worker fails, every worker of the round is stopped."""
     broker = TurnBroker([w.side.name for w in work])
     workers: list[Launched] = []
     try:

@@ -138,7 +138,7 @@ def malloc_mode(text: str) -> str:
 
 
 #: How the two sides of an A/B comparison alternate (orchestrate/turns.py).
-INTERLEAVE_MODES = ("batch", "process")
+INTERLEAVE_MODES = ("run", "batch", "process")
 
 
 def interleave_mode(text: str) -> str:

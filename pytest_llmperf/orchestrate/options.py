@@ -146,10 +146,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string,
            metavar="REF"),
-    Option("interleave", "How the two sides of an A/B comparison alternate: batch, the two worker processes of a "
-           "round run together and take turns at every batch size, so each pair is measured seconds apart (the "
-           "speed of a shared machine changes within seconds); process, one whole worker process after the other "
-           "(default: batch)", parsers.interleave_mode, default="batch", metavar="batch|process"),
+    Option("interleave", "How the two sides of an A/B comparison alternate: run, the two worker processes of a "
+           "round run together and take turns run by run, so each pair of runs is measured a fraction of a second "
+           "apart (the speed of a shared machine changes within seconds); batch, they take turns at every batch "
+           "size; process, one whole worker process after the other (default: run)", parsers.interleave_mode,
+           default="run", metavar="run|batch|process"),
     Option("worker_timeout", "Seconds a worker process (with --llmperf-processes=1: a benchmark's measurement) "
            "may run before it is stopped as hung (default: 3600)", parsers.positive_float, default=3600.0,
            metavar="S"),

@@ -1,19 +1,22 @@
-"""Turns: the two workers of an A/B round take turns at every batch size, so that each pair is measured seconds apart.
+"""Turns: the two workers of an A/B round take turns run by run (or batch size by batch size), so that each pair is
+measured a fraction of a second apart.
 
 On a shared machine the speed changes within seconds (other tenants of the host, invisible to the load meter). Two
 worker processes run one after the other are 15-30 s apart, so that change lands between them: the A and B
 processes of one round hardly correlated (-0.09 to +0.06 for tiny-llama at batch 1), and their log ratio scattered
 by 17-23%. Alive together and taking turns at every batch size, the same pairs correlated 0.79-0.87 and their ratio
-scattered by 10% (docs/noise.md, "Turns"): about a quarter of the processes for the same certainty.
+scattered by 10% (docs/noise.md, "Turns"); taking turns at every run, pairs of runs a fraction of a second apart
+scattered about 15% less than blocks of a batch size's runs in the same hour (docs/noise.md, "Run by run").
 
 The protocol, over two pipes per worker (the descriptors in `ENV_TURNS`, inherited):
 
-- The worker, before it measures a batch size (warmup and runs), writes one byte ("my turn?") and waits for one
-  byte back ("go"). Everything it does until its next request (the runs, then the next test's set-up: loading a
+- The worker, before it measures (--llmperf-interleave=run: before a batch size's warmups and before each of its
+  runs; batch: before a batch size's warmups and runs), writes one byte ("my turn?") and waits for one byte back
+  ("go"). Everything it does until its next request (the runs, then the next test's set-up: loading a
   model) happens in its turn; its start-up (imports, its first model) happens before its first request, beside the
   other worker's start-up, when nothing is measured.
 - The broker (in the controlling process) gives the first turn only when every worker of the round has asked
-  (or exited), then one turn at a time, ABBA over the batch sizes: A B, B A, A B, ...; a worker that exits
+  (or exited), then one turn at a time, ABBA over the turns: A B, B A, A B, ...; a worker that exits
   (end of file on its pipe) drops out. A worker whose hello lacks `turns` (a side that imports an older
   pytest-llmperf) ignores the pipes: while it runs no turn is given, so it measures alone.
 
@@ -33,7 +36,7 @@ _ASK, _GO = b"?", b"g"
 
 
 class TurnClient:
-    """The worker's half: `wait()` before each batch size blocks until the broker gives this worker the turn."""
+    """The worker's half: `wait()` before each run or batch size blocks until the broker gives this worker the turn."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd = read_fd
@@ -74,14 +77,14 @@ class Turn:
     running: bool = False  # holds the turn
     done: bool = False  # exited (end of file)
     free: bool = False  # ignores turns (an older pytest-llmperf): runs alone
-    given: int = 0  # turns given so far (its batch sizes)
+    given: int = 0  # turns given so far (its runs or batch sizes)
 
 
 @dataclass
 class TurnBroker:
     """The controller's half: owns the pipes of a round's workers and gives turns (`step`)."""
 
-    order: Sequence[str]  # the round's first side first: A B, then B A, ... over the batch sizes
+    order: Sequence[str]  # the round's first side first: A B, then B A, ... over the turns
     turns: dict[str, Turn] = field(default_factory=dict)
     started: bool = False  # every worker asked once: turns are given from now on
 

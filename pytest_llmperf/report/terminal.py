@@ -22,6 +22,9 @@ from .verdict_table import table_rows
 
 #: fail_on's word for a session that selected benchmarks and judged none.
 UNJUDGED = "unjudged"
+#: How the two sides of an A/B round alternate, by --llmperf-interleave (orchestrate/turns.py).
+INTERLEAVED = {"run": "taking turns run by run", "batch": "taking turns at every batch size",
+               "process": "one worker process after the other"}
 
 
 def header_lines(session: Any) -> list[str]:
@@ -43,7 +46,7 @@ def _measured_how(session: Any) -> str:
     s = session.settings
     if session.recorder is not None:
         return "a worker process of the controlling pytest process"
-    where = (f"the working tree against {s['compare']} (A/B, alternating)" if s["compare"]
+    where = (f"the working tree against {s['compare']} (A/B, {INTERLEAVED[s['interleave']]})" if s["compare"]
              else "against the stored baselines")
     if session.in_process:
         return (f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
