@@ -73,7 +73,7 @@ class WorkerRecorder:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.counter = counting_clock()  # a counting worker: instructions instead of time
-        self.turns = TurnClient.from_environ()  # an A/B round's worker: waits for its turn at each batch size
+        self.turns = TurnClient.from_environ()  # an A/B round's worker: waits for its turn at each run or batch size
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
         self._write({"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "process": process_index(),
                      "counts": self.counter is not None, "turns": self.turns is not None})
