@@ -55,9 +55,11 @@ class FakeCounter(FakeClock):
         super().__init__(ticks)
         self.starts = 0
         self.resets = 0
+        self.instrumenting = False
 
     def start(self):
         self.starts += 1
+        self.instrumenting = True
 
     def reset(self):
         self.resets += 1
@@ -75,6 +77,17 @@ def test_counted_runs_turn_clock_readings_into_instructions_and_restore_the_timi
     assert [s.instructions for s in samples] == [{"prefill_instructions": 100.0, "decode_step_instructions": 8.0,
                                                   "e2e_instructions_per_token": 140 / 8}] * 2
     assert all(s.end_to_end_ns == 0 and s.token_times_ns == [] for s in samples)  # never read as times
+
+
+def test_only_the_batch_size_where_instrumentation_starts_pays_a_settling_run():
+    backend = Stepped(clock=FakeClock(step=1000))
+    run = [0, 10, 110, 117, 124, 134, 140]
+    counter = FakeCounter([0, 10, 999, 1000, 1001, 1002, 1003] + run + run)
+    first = counted_runs(backend, REQUEST, runs=1, warmups=1, clock=counter, settling=1)
+    assert counter.resets == 2 and len(first) == 1  # instrumentation started here: a settling run, then the counted one
+    later = counted_runs(backend, REQUEST, runs=1, warmups=1, clock=counter, settling=1)
+    assert counter.resets == 3 and len(later) == 1  # its warmup ran instrumented: no settling run
+    assert later[0].instructions == first[0].instructions
 
 
 def test_count_values_leave_out_what_a_backend_did_not_split():

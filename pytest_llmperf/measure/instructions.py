@@ -29,11 +29,13 @@ from .records import RunSample
 
 #: The metrics of a counted run (measure/metrics.py METRICS defines them).
 INSTRUCTION_METRICS = ("prefill_instructions", "decode_step_instructions", "e2e_instructions_per_token")
-#: Runs counted per batch size in a counting process, after the uninstrumented warmups and one instrumented run that
-#: is not kept: the first runs after instrumentation starts count CPython's own settling (its adaptive interpreter,
-#: its allocator, this clock's first calls: up to 3.7% of a 12 M-instruction pure-Python prefill), the later ones
-#: agree to 0.01%. A count does not vary between runs after that; its spread over processes is what a baseline
-#: records (orchestrate/counting.py).
+#: Runs counted per batch size in a counting process. Where instrumentation starts (the process's first batch size,
+#: after uninstrumented warmups) one instrumented run comes first and is not kept: the first runs after
+#: instrumentation starts count CPython's own settling (its adaptive interpreter, its allocator, this clock's first
+#: calls: up to 3.7% of a 12 M-instruction pure-Python prefill), the later ones agree to 0.01%. Every later batch size
+#: warms up instrumented, and its first run agrees with the next two to 0.005-0.04% (tiny-llama, batch 2 and 4;
+#: docs/instructions.md), so it is kept. A count does not vary between runs after that; its spread over processes is
+#: what a baseline records (orchestrate/counting.py).
 COUNTED_RUNS = 1
 SETTLING_RUNS = 1
 #: How counts are taken, recorded with a baseline that holds counts (its fingerprint's "counts"): a count taken
@@ -183,12 +185,14 @@ def count_values(sample: RunSample) -> dict[str, float]:
 
 def counted_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int,
                  clock: InstructionClock, settling: int = SETTLING_RUNS) -> list[RunSample]:
-    """Warmups at valgrind's base cost, then `settling` runs counted and dropped and `runs` runs counted, with the
-    backend's clock swapped for `clock`.
+    """Warmups (at valgrind's base cost until instrumentation starts), then `settling` runs counted and dropped where
+    instrumentation starts here, and `runs` runs counted, with the backend's clock swapped for `clock`.
     Each run starts from a collected heap, frozen (gc.freeze), so that the garbage collector's passes fall alike in
     every run and cost what the run allocated, not what the session holds."""
     for _ in range(warmups):
         backend.generate(request)
+    if clock.instrumenting:  # these warmups ran instrumented: they settled what a settling run would
+        settling = 0
     clock.start()
     timing_clock, backend.clock = backend.clock, clock
     samples = []
