@@ -151,7 +151,9 @@ def test_js(llmperf, llmperf_jetstream):
             return [line for line in log.splitlines() if line[:4].isdigit() and line.count(" | ") == 7]
 
         assert [r.split(" | ")[3] for r in rows()] == ["1", "2"]  # one dated row per batch size
-        run_inner(pytester, *args).assert_outcomes(passed=1)  # gating does not add rows
+        # gating does not add rows, whatever it decides: the double answers in 2-5 ms, so a verdict against
+        # a 5-run baseline is timing noise (once inconclusive in CI at ratio 1.15 [1.05, 1.27])
+        run_inner(pytester, *args, "--llmperf-fail-on=none").assert_outcomes(passed=1)
         assert len(rows()) == 2
     finally:
         registry.stop_all()
