@@ -6,22 +6,22 @@ import signal
 import pytest
 
 from pytest_llmperf.judge.procedure import Schedule
-from pytest_llmperf.orchestrate import controller
+from pytest_llmperf.report import campaign_progress
 from pytest_llmperf.orchestrate.deadline import Overtime, deadline
 
 
 def plan(first, cap):
-    return controller.Plan(item=None, schedule=Schedule.doubling(first, cap, 0.01))
+    return Schedule.doubling(first, cap, 0.01)
 
 
 def test_a_long_campaign_is_estimated_from_its_first_round():
-    line = controller.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
+    line = campaign_progress.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
     assert line == ("at 3.0 s per round, the first look's 1000 rounds take about 50 min, up to 400 min if "
                     "rows stay undecided (the cap, --llmperf-max-processes); fewer processes (--llmperf-processes) "
                     "take less. Ctrl-C stops cleanly")
-    assert controller.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
-    assert "up to" not in controller.campaign_estimate(3.0, [plan(400, 400)])
-    assert controller.campaign_estimate(3.0, []) is None
+    assert campaign_progress.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
+    assert "up to" not in campaign_progress.campaign_estimate(3.0, [plan(400, 400)])
+    assert campaign_progress.campaign_estimate(3.0, []) is None
 
 
 def run(pytester, *args):
@@ -29,7 +29,7 @@ def run(pytester, *args):
 
 
 def test_the_estimate_is_said_after_the_first_round(project, monkeypatch):
-    monkeypatch.setattr(controller, "LONG_FIRST_LOOK_S", 0)  # every campaign is long
+    monkeypatch.setattr(campaign_progress, "LONG_FIRST_LOOK_S", 0)  # every campaign is long
     project.makepyfile(test_x="""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend

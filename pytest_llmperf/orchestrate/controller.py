@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -40,10 +40,6 @@ from .leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work
 from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
 from .session import LLMPerfSession
-
-
-#: A first look expected to take longer than this is announced with its estimate (campaign_estimate).
-LONG_FIRST_LOOK_S = 15 * 60
 
 
 @dataclass
@@ -195,7 +191,8 @@ class ProcessController:
                     self.decisions[nodeid] = Decision(failure=f"llmperf: {exc}")
                 return False
             if done == 1 and progress is not None:  # a long campaign says how long, once the first round is timed
-                said = campaign_estimate(sum(r[0].seconds for r in runs.values() if r), self.plans.values())
+                said = campaign_progress.campaign_estimate(sum(r[0].seconds for r in runs.values() if r),
+                                                           [p.schedule for p in self.plans.values()])
                 if said:
                     progress.say(said)
             for nodeid in [n for n, plan in due.items() if plan.units == done]:
@@ -354,22 +351,6 @@ class ProcessController:
             elif arg.startswith(("-p", "--override-ini=", "--import-mode")) and len(arg) > 2:
                 keep.append(arg)
         return keep
-
-
-def campaign_estimate(round_s: float, plans: Iterable[Plan]) -> str | None:
-    """How long the campaign will take at the first round's pace, when its first look takes more than
-    LONG_FIRST_LOOK_S (--llmperf-processes=1000 ran 1000 rounds, about 50 minutes, without a word)."""
-    plans = list(plans)
-    if not plans:
-        return None
-    first = max(plan.schedule.looks[0] for plan in plans)
-    cap = max(plan.schedule.cap for plan in plans)
-    if round_s * first <= LONG_FIRST_LOOK_S:
-        return None
-    up_to = f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)" \
-        if cap > first else ""
-    return (f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
-            f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly")
 
 
 def _decision(llm: LLMPerfSession, outcomes: list[Outcome]) -> Decision:

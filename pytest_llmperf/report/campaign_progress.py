@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
+if TYPE_CHECKING:
+    from ..judge.procedure import Schedule
+
 #: Not a tty: a line at least this often while a worker runs (issue 22: no silence longer than 10 s).
 LINE_EVERY_S = 8.0
+#: A first look expected to take longer than this is announced with its estimate (campaign_estimate).
+LONG_FIRST_LOOK_S = 15 * 60
 #: A tty: the status line is rewritten at most this often.
 STATUS_EVERY_S = 0.25
 
@@ -191,3 +196,18 @@ def campaign(config: pytest.Config) -> CampaignProgress | None:
         return None
     return CampaignProgress(TerminalOutput(reporter, config.pluginmanager.get_plugin("capturemanager")),
                             isatty=bool(reporter.isatty()), verbosity=config.get_verbosity())
+
+
+def campaign_estimate(round_s: float, schedules: Sequence[Schedule]) -> str | None:
+    """How long the campaign will take at the first round's pace, when its first look takes more than
+    LONG_FIRST_LOOK_S (--llmperf-processes=1000 ran 1000 rounds, about 50 minutes, without a word)."""
+    if not schedules:
+        return None
+    first = max(schedule.looks[0] for schedule in schedules)
+    cap = max(schedule.cap for schedule in schedules)
+    if round_s * first <= LONG_FIRST_LOOK_S:
+        return None
+    up_to = f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)" \
+        if cap > first else ""
+    return (f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
+            f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly")
