@@ -3,6 +3,7 @@ count, how counting workers' runs join their side's result and the baseline, and
 valgrind path (client requests, dumps, a counting worker per side) is tests/test_instructions_valgrind.py."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,63 @@ def test_instruction_clock_sums_every_threads_dump_and_keeps_them_only_when_aske
     assert len(list(tmp_path.glob("cg.out.*"))) == (4 if keep else 0)
     single = InstructionClock(DumpingRequests(tmp_path / "one", [7]), tmp_path / "one")
     assert single() == 7 and not list(tmp_path.glob("one.*"))
+
+
+@pytest.mark.parametrize("update", ["--llmperf-update", "--llmperf-update-missing"])
+def test_counts_only_cannot_record_a_baseline(project, monkeypatch, update):
+    monkeypatch.setenv("LLMPERF_INSTRUCTIONS_ONLY", "1")  # the environment twin of --llmperf-instructions-only
+    result = project.runpytest_inprocess("--llmperf-device=cpu", update)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*llmperf: --llmperf-instructions-only measures no wall time, so it cannot record a "
+                                 "baseline*record with --llmperf-update --llmperf-instructions, then gate with "
+                                 "--llmperf-instructions-only*"])
+
+
+def counted_only(counted_runs):
+    """A counting worker's result: counted runs, no timed ones (what --llmperf-instructions-only judges)."""
+    batch = BatchResult(1, counted=list(counted_runs))
+    return BenchmarkResult(key="t", nodeid="m.py::t", module="m.py", scenario=Scenario().to_json(),
+                           backend={"backend": "stepped"}, batches=[batch])
+
+
+def both_counts(decode, prefill):
+    return [RunSample(batch_size=1, token_times_ns=[], end_to_end_ns=0, process=1,
+                      instructions={"decode_step_instructions": decode, "prefill_instructions": prefill})]
+
+
+def test_a_result_counted_only_is_judged_on_its_counts_and_stored_as_a_reference():
+    result = counted_only(both_counts(1_000_000.0, 5_000_000.0))
+    batch = result.batches[0]
+    assert batch.counted_only and not batch.ok  # not timed, and not failed
+    merged = BenchmarkResult.merge([result])
+    assert merged.batches[0].counted_only  # the controller merges a side's runs per key
+    entry = BaselineEntry.of_result(counted_only(both_counts(990_000.0, 5_000_000.0)))
+    assert entry.errors == {} and entry.values[1] == {"decode_step_instructions": [990_000.0],
+                                                      "prefill_instructions": [5_000_000.0]}
+    rows = {r.metric: r.verdict for r in instruction_rows(merged, entry, Scenario(), "HEAD")}
+    assert rows == {"decode_step_instructions": Verdict.REGRESSED, "prefill_instructions": Verdict.PASS}
+
+
+def test_the_markdown_report_shows_counts_and_says_a_benchmark_counted_only_was_not_timed():
+    from pytest_llmperf.report.markdown import benchmark_section
+
+    text = benchmark_section(counted_only(counted([26_500_000.0]) + counted([26_400_000.0], process=2)))
+    assert "Not timed: instructions counted under callgrind only (--llmperf-instructions-only)." in text
+    assert "| Decode step | 1          | 26,450,000 | 2            |" in text
+    assert "NaN" not in text and "Time to first token" not in text and "ok: None" not in text
+    timed = benchmark_section(replace(result_with(counted([26_500_000.0])), scenario=Scenario().to_json()))
+    assert "| Average" in timed and "Instructions (callgrind)" in timed and "Not timed" not in timed
+
+
+def test_the_html_page_draws_a_count_as_its_point_at_its_own_tolerance():
+    from pytest_llmperf.report import html
+
+    plots = pytest.importorskip("pytest_llmperf.report.plots")
+    row = {"key": "t", "nodeid": "m.py::t", "metric": "decode_step_instructions", "batch_size": 1,
+           "baseline": 1e6, "now": 1.02e6, "ratio": 1.02, "ci_low": None, "ci_high": None, "verdict": "regressed"}
+    doc = {"device": "cpu", "settings": {"rtol": 0.05}, "benchmarks": [{"key": "t", "scenario": {"rtol": 0.05}}],
+           "verdicts": [row], "definitions": {}}
+    page = html.ratio_section(plots, [doc])
+    assert "nothing compared" not in page and "1.0200 (a count, held to its tolerance)" in page
+    assert html._rtol(doc["benchmarks"][0], doc, "decode_step_instructions") == DEFAULT_RTOL
+    assert html._rtol(doc["benchmarks"][0], doc, "decode_token_ms") == 0.05

@@ -4,6 +4,7 @@ worker per side under callgrind that catches 2% more host-side work per decode s
 valgrind must be installed (.ci/run installs it); where it is not, these are skipped, except in CI, where they fail.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -113,7 +114,8 @@ def git(pytester, *args):
     subprocess.run(["git", *args], cwd=pytester.path, check=True, capture_output=True)
 
 
-def test_ab_counts_catch_two_percent_more_decode_work_and_pass_the_unchanged_prefill(pytester, monkeypatch):
+def two_percent_more_decode_work(pytester, monkeypatch):
+    """A git project of the loop engine whose working tree does 2% more work per decode step than HEAD."""
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
     pytester.makeini("[pytest]\n")
@@ -121,7 +123,11 @@ def test_ab_counts_catch_two_percent_more_decode_work_and_pass_the_unchanged_pre
     git(pytester, "init", "-q")
     git(pytester, "add", "-A")
     git(pytester, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
-    pytester.makepyfile(work=WORK.format(decode=204_000))  # uncommitted: 2% more work per decode step
+    pytester.makepyfile(work=WORK.format(decode=204_000))  # uncommitted
+
+
+def test_ab_counts_catch_two_percent_more_decode_work_and_pass_the_unchanged_prefill(pytester, monkeypatch):
+    two_percent_more_decode_work(pytester, monkeypatch)
     # the timing row of 3 processes per side stays undecided at this size: only a regression fails the run
     result = pytester.runpytest("--llmperf-compare", "HEAD", "--llmperf-device=cpu", "--llmperf-processes=3",
                                 "--llmperf-max-processes=3", "--llmperf-fail-on=regressed", "-p", "no:cacheprovider",
@@ -135,3 +141,23 @@ def test_ab_counts_catch_two_percent_more_decode_work_and_pass_the_unchanged_pre
     result.stdout.fnmatch_lines(["| test_loop | prefill_instructions *| pass: instructions *|"])  # the note's head
     notes = (pytester.path / "reports" / "cpu.md").read_text()
     assert "test_loop, prefill_instructions at batch size 1: pass: instructions (callgrind): within 0.50%" in notes
+
+
+def test_counts_only_judge_the_counts_and_start_no_timing_worker(pytester, monkeypatch):
+    two_percent_more_decode_work(pytester, monkeypatch)
+    result = pytester.runpytest("--llmperf-compare", "HEAD", "--llmperf-device=cpu", "--llmperf-instructions-only",
+                                "--llmperf-json=out.json", "-p", "no:cacheprovider",
+                                "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "llmperf: instructions only: the tests that count are not timed*",
+        "*counted instructions under callgrind, 1 process(es) on HEAD (*) and the working tree: 1 test(s) in *",
+        "*decode_step_instructions (decode, instructions counted under callgrind) at batch size 1 regressed: *",
+        "llmperf: judged 1 of 1 benchmarks*"])
+    result.stdout.no_fnmatch_line("*worker process 1*")  # no timing round
+    report = json.loads((pytester.path / "out.json").read_text())
+    rows = report["verdicts"]
+    assert {row["metric"] for row in rows} == {"prefill_instructions", "decode_step_instructions",
+                                               "e2e_instructions_per_token"}
+    verdicts = {row["metric"]: row["verdict"] for row in rows}
+    assert verdicts["decode_step_instructions"] == "regressed" and verdicts["prefill_instructions"] == "pass"

@@ -39,7 +39,7 @@ def instruction_rows(result: BenchmarkResult, entry: BaselineEntry, scenario: Sc
     rows: list[Row] = []
     taken_with = entry.fingerprint.get("counts", "Python's own allocator (pymalloc)")
     for batch in result.batches:
-        if not batch.ok or (not batch.counted and batch.count_error is None):
+        if batch.error is not None or (not batch.counted and batch.count_error is None):
             continue
         if batch.count_error is not None:
             rows.append(note_row(result, "instructions", batch.batch_size, Verdict.UNGATED, batch.count_error))

@@ -92,6 +92,11 @@ class BatchResult:
         return self.error is None and bool(self.samples)
 
     @property
+    def counted_only(self) -> bool:
+        """Counted under callgrind and not timed (--llmperf-instructions-only): no timed runs, and no failure."""
+        return self.error is None and not self.samples and bool(self.counted)
+
+    @property
     def processes(self) -> list[int]:
         """The worker processes that took this batch's runs, in order."""
         return sorted({s.process for s in self.samples})
@@ -157,7 +162,7 @@ class BenchmarkResult:
         batches = []
         for batch_size in sorted({b.batch_size for result in parts for b in result.batches}):
             found = [b for result in parts if (b := result.batch(batch_size)) is not None]
-            failed = next((b for b in found if not b.ok), None)
+            failed = next((b for b in found if not (b.ok or b.counted_only)), None)
             if failed is not None:
                 batches.append(replace(failed, samples=[]))
                 continue

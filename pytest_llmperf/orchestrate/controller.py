@@ -154,7 +154,11 @@ class ProcessController:
                         self._fail_all(items, f"llmperf: {exc}")
                         return
                 if self._count(items, sides, work_dir):  # False: a counting worker failed, each test says so
-                    self._rounds(items, sides, available, work_dir)
+                    only = self.llm.settings["instructions_only"]  # these tests are counted, not timed
+                    self._judge_counts([i for i in items if only and counting.wants_instructions(i, True)], sides,
+                                       available)
+                    if timed := [i for i in items if i.nodeid not in self.decisions]:
+                        self._rounds(timed, sides, available, work_dir)
         finally:
             if self.progress is not None:
                 self.progress.clear()
@@ -236,6 +240,16 @@ class ProcessController:
             return False
         return True
 
+    def _judge_counts(self, items: list[pytest.Item], sides: list[Side], available: dict[str, set[str]]) -> None:
+        """The tests measured by their counts alone (--llmperf-instructions-only): one look at what the counting
+        workers counted, since a count is the same in every process."""
+        for item in items:
+            stopped = self._stopped(item.nodeid, sides, self.counted)
+            outcomes = [] if stopped else [self._outcome(None, merged, sides, self.counted, available, True) for merged
+                                           in _by_key(item.nodeid, self.counted.get(sides[-1].name, [])).values()]
+            self.decisions[item.nodeid] = stopped or _decision(self.llm, outcomes)
+            self.llm.outcomes.extend(outcomes)
+
     def _fail_all(self, items: list[pytest.Item], text: str) -> None:
         for item in items:
             self.decisions[item.nodeid] = Decision(failure=text)
@@ -293,9 +307,9 @@ class ProcessController:
             side = counting.attach(side, self.counted.get("A", []), sides[0].label)
         return judging.ab_reference(result, side, sides[0].label, exists_on_a=result.nodeid in available.get("A", ()))
 
-    def _outcome(self, plan: Plan, merged: BenchmarkResult, sides: list[Side], runs: dict[str, list[WorkerRun]],
-                 available: dict[str, set[str]], final: bool) -> Outcome:
-        """Record the benchmark (update modes), or judge it at this look."""
+    def _outcome(self, plan: Plan | None, merged: BenchmarkResult, sides: list[Side],
+                 runs: dict[str, list[WorkerRun]], available: dict[str, set[str]], final: bool) -> Outcome:
+        """Record the benchmark (update modes), or judge it at this look (no plan: on its counts alone)."""
         merged = counting.attach(merged, self.counted.get(sides[-1].name, []), sides[-1].label)
         scenario = Scenario.from_json(merged.scenario)
         if self.llm.mode != "gate" and not self.llm.settings["compare"]:
@@ -305,8 +319,8 @@ class ProcessController:
         reference = self._reference(merged, sides, runs, available)
         if isinstance(reference, Outcome):
             return reference
-        return judging.judge(self.llm, merged, reference, scenario, plan.schedule, final=final,
-                             previous=plan.outcomes.get(merged.key), family=self.family)
+        return judging.judge(self.llm, merged, reference, scenario, plan.schedule if plan else None, final=final,
+                             previous=plan.outcomes.get(merged.key) if plan else None, family=self.family)
 
     def _family(self, sides: list[Side], runs: dict[str, list[WorkerRun]], available: dict[str, set[str]]) -> int:
         """Gated rows of every planned test, counted on what the first rounds measured: one family."""

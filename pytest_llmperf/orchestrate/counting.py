@@ -57,6 +57,12 @@ def wants_instructions(item: pytest.Item, option: bool) -> bool:
 
 def check_setup(llm: LLMPerfSession) -> None:
     """Refuse --llmperf-instructions up front where it cannot count: a UsageError naming the fix."""
+    only = llm.settings["instructions_only"]
+    if only and llm.mode != "gate":
+        # a baseline holds wall time and counts; one recorded from counts alone would lose its timings
+        raise pytest.UsageError("llmperf: --llmperf-instructions-only measures no wall time, so it cannot record a "
+                                "baseline (--llmperf-update and --llmperf-update-missing record both): record with "
+                                "--llmperf-update --llmperf-instructions, then gate with --llmperf-instructions-only")
     if llm.device != "cpu":
         problem = (f"instructions are counted on the cpu target only (callgrind sees the host's instructions, not "
                    f"a GPU's); this session measures --llmperf-device={llm.device}")
@@ -66,7 +72,7 @@ def check_setup(llm: LLMPerfSession) -> None:
     else:
         problem = setup_problem()
     if problem is not None:
-        raise pytest.UsageError(f"llmperf: --llmperf-instructions: {problem}")
+        raise pytest.UsageError(f"llmperf: --llmperf-instructions{'-only' if only else ''}: {problem}")
 
 
 def setup_problem(which: Any = shutil.which, torch_supported: Any = None) -> str | None:

@@ -106,13 +106,15 @@ def ab_reference(result: BenchmarkResult, side: BenchmarkResult | None, label: s
 
 
 def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference, scenario: Scenario,
-          schedule: Schedule, *, final: bool, previous: Outcome | None = None, family: int | None = None) -> Outcome:
-    """One look at a benchmark: every row decided so far, the rest undecided (or, `final`, inconclusive)."""
+          schedule: Schedule | None, *, final: bool, previous: Outcome | None = None,
+          family: int | None = None) -> Outcome:
+    """One look at a benchmark: every row decided so far, the rest undecided (or, `final`, inconclusive).
+    `schedule` None: the benchmark was counted, not timed (--llmperf-instructions-only), its rows are its counts."""
     ab = reference.side is not None
-    rows = judge_rows(result, reference, scenario, splits_prefill=result.splits_prefill, schedule=schedule,
-                      final=final, max_load=float("inf") if ab else scenario.max_load,
-                      counters_better=result.counters_better, previous=previous.rows if previous else (),
-                      family=family)
+    rows = [] if schedule is None else judge_rows(
+        result, reference, scenario, splits_prefill=result.splits_prefill, schedule=schedule, final=final,
+        max_load=float("inf") if ab else scenario.max_load, counters_better=result.counters_better,
+        previous=previous.rows if previous else (), family=family)
     rows += instruction_rows(result, reference.entry, scenario, reference.label)  # counted under callgrind
     if ab:
         how = f"compared with {reference.label} in alternating worker processes (--llmperf-compare)"

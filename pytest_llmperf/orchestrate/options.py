@@ -161,6 +161,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("instructions", "Also count the instructions of prefill and decode (cpu target, in-process backends): one "
            "process per side under valgrind's callgrind, compared to a tolerance; a marker's instructions= wins "
            "(docs/instructions.md)", parsers.boolean, default=False, flag=True),
+    Option("instructions_only", "Count instructions and time nothing for the tests that count: their rows are the "
+           "counts alone, one process per side, no timing rounds (implies --llmperf-instructions; a test whose "
+           "marker says instructions=False is timed as usual)", parsers.boolean, default=False, flag=True),
     Option("cache_dir", "Where the embedded default models are built and cached "
            "(default: $XDG_CACHE_HOME/pytest-llmperf)", parsers.as_string, metavar="DIR"),
     Option("model", "Use a local model for an embedded model name, NAME=PATH (repeatable)",
@@ -230,6 +233,7 @@ class Settings:
             values["baseline_dir"] = str(config_dir / "baselines")
         if values["report_dir"] == "reports" and OPTIONS_BY_NAME["report_dir"].source(config) is None:
             values["report_dir"] = str(config_dir / "reports")
+        values["instructions"] = values["instructions"] or values["instructions_only"]
         given = tuple(o.name for o in OPTIONS if o.source(config) == "cli")
         return cls(values, Path(config.rootpath), given)
 

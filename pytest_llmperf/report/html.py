@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..judge.instructions import DEFAULT_RTOL as COUNT_RTOL
+from ..measure.instructions import INSTRUCTION_METRICS
 from . import history
 from .markdown import write_atomic
 from .stored import run_metric_values
@@ -122,8 +124,9 @@ def sweep_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
 
 def _rtol(benchmark: Mapping[str, Any] | None, document: Mapping[str, Any], metric: str) -> float | None:
     scenario = (benchmark or {}).get("scenario") or {}
-    value = (scenario.get("rtol_per_metric") or {}).get(
-        metric, scenario.get("rtol", (document.get("settings") or {}).get("rtol")))
+    fallback = COUNT_RTOL if metric in INSTRUCTION_METRICS else scenario.get(
+        "rtol", (document.get("settings") or {}).get("rtol"))  # counts have a tolerance of their own
+    value = (scenario.get("rtol_per_metric") or {}).get(metric, fallback)
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -146,13 +149,15 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
              "of the shift, as a ratio, with its 95% confidence interval), coloured by verdict. Latencies regress "
              "above the dotted line (1 + rtol), throughputs below it (1 / (1 + rtol)). The table also gives the "
              "ratio of the medians (now median / baseline median), the terminal's and markdown's "
-             "\"ratio\".</p>"]
+             "\"ratio\". An instruction count (callgrind) is drawn as its point: it has no sampling interval, and is "
+             "held to its own tolerance.</p>"]
     n = 0
     for doc in documents:
         benchmarks = {b.get("key"): b for b in doc.get("benchmarks") or []}
         by_module: dict[str, list[Mapping[str, Any]]] = {}
         for row in doc.get("verdicts") or []:
-            if all(_num(row.get(k)) for k in ("ratio", "ci_low", "ci_high")):
+            if all(_num(row.get(k)) for k in ("ratio", "ci_low", "ci_high")) or (
+                    _num(row.get("ratio")) and row.get("metric") in INSTRUCTION_METRICS):
                 by_module.setdefault(str(row.get("nodeid", "")).split("::")[0], []).append(row)
         if not by_module:
             parts.append(f"<p>{html.escape(str(doc.get('device')))}: nothing compared with a baseline in this "
@@ -165,14 +170,19 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                 higher = _better(doc, metric) == "higher"
                 bound = None if rtol is None else (1 / (1 + rtol) if higher else 1 + rtol)
                 label = f"{row.get('key')} {metric} bs {row.get('batch_size')}"
-                intervals.append(plots.Interval(label, row["ratio"], row["ci_low"], row["ci_high"],
+                # a count has no sampling interval (judge/instructions.py): drawn as its point
+                counted = not _num(row.get("ci_low"))
+                low, high = (row["ratio"], row["ratio"]) if counted else (row["ci_low"], row["ci_high"])
+                estimate = (f"{row['ratio']:.4f} (a count, held to its tolerance)" if counted
+                            else f"{row['ratio']:.3f} [{low:.3f}, {high:.3f}]")
+                intervals.append(plots.Interval(label, row["ratio"], low, high,
                                                 str(row.get("verdict")), None if higher else bound,
                                                 bound if higher else None))
                 unit = _unit(doc, metric)
                 table.append(f"<tr><td>{html.escape(str(row.get('key')))}</td><td>{html.escape(metric)}</td>"
                              f"<td>{row.get('batch_size')}</td><td>{_median_text(row.get('baseline'), unit)}</td>"
                              f"<td>{_median_text(row.get('now'), unit)}</td><td>{_medians_ratio(row)}</td>"
-                             f"<td>{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]</td>"
+                             f"<td>{estimate}</td>"
                              f"<td class='{html.escape(str(row.get('verdict')))}'>"
                              f"{html.escape(str(row.get('verdict')))}</td></tr>")
             svg = plots.ratio_figure(f"{doc.get('device')}: {module}", intervals, f"ratio{n}")
@@ -208,6 +218,9 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
             points.append(history.report_point(doc, b, metrics))
         points.sort(key=lambda p: p.when)
         sizes = sorted({bs for p in points for bs in p.medians})
+        if not sizes:  # counted and not timed (--llmperf-instructions-only), or no batch size ran
+            parts.append(f"<p class='note'>{html.escape(name)}: no timed runs to plot.</p>")
+            continue
         panels = [(m, TITLES.get(m, m), _unit(members[0][0], m),
                    {bs: [p.medians.get(bs, {}).get(m) for p in points] for bs in sizes}) for m in metrics]
         svg = plots.history_figure(name, [p.label for p in points], panels, f"history{n}")

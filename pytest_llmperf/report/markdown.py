@@ -22,6 +22,7 @@ import numpy as np
 from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..measure.gpu import slowed_by, throttle_names
+from ..measure.instructions import INSTRUCTION_METRICS
 from ..measure.metrics import METRICS, PERCENTILE_METHOD, PERCENTILES, min_runs_for_percentile, summarize
 from ..measure.records import BenchmarkResult
 from .stored import StoredBatch, StoredResult, reference_summary, stored
@@ -179,17 +180,35 @@ def outputs_lines(result: BenchmarkResult | StoredResult) -> list[str]:
     return lines
 
 
+def instructions_table(result: BenchmarkResult | StoredResult) -> str | None:
+    """The instructions counted under callgrind (--llmperf-instructions): the median of each batch size's counted
+    runs, with how many processes counted them."""
+    result = stored(result)
+    rows = []
+    for metric, step in zip(INSTRUCTION_METRICS, ("Prefill", "Decode step", "End to end, per generated token")):
+        for i, batch in enumerate(b for b in result.batches if metric in b.counts):
+            rows.append([step if i == 0 else "", str(batch.batch_size),
+                         f"{float(np.median(batch.counts[metric])):,.0f}", str(len(batch.counts[metric]))])
+    if not rows:
+        return None
+    return "Instructions (callgrind)\n" + table(("Step", "Batch Size", "Median", "Counted runs"), rows)
+
+
 def benchmark_section(result: BenchmarkResult | StoredResult, measured: str = "") -> str:
     result = stored(result)
     split = result.splits_prefill
+    counts = instructions_table(result)
+    head = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
+            *([f"Measured {measured} (UTC @ commit)."] if measured else []), parameters_table(result)]
+    if result.batches and all(b.counted_only for b in result.batches):  # --llmperf-instructions-only
+        return "\n\n".join([*head, "Not timed: instructions counted under callgrind only "
+                                    "(--llmperf-instructions-only).", counts or ""])
     latency, notes = latency_table(result, SPLIT_LATENCY if split else SERVER_LATENCY)
-    extra = [t for t in (memory_table(result), energy_table(result)) if t]
-    parts = [f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
-             *([f"Measured {measured} (UTC @ commit)."] if measured else []),
-             parameters_table(result), latency,
-             throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *extra]
+    extra = [t for t in (memory_table(result), energy_table(result), counts) if t]
+    parts = [*head, latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *extra]
     notes += [f"run quality: {n}" for n in result.run_quality] + outputs_lines(result)
-    failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok]
+    failed = [f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches
+              if not b.ok and not b.counted_only]
     failed += [f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
                f"kept runs saw {b.foreign_load:.2f} foreign cores on average" for b in result.batches if b.retaken]
     if notes or failed:
@@ -223,7 +242,8 @@ def grid_sections(results: Sequence[BenchmarkResult | StoredResult]) -> list[str
             batch = m.batch(bs)
             if batch is None:
                 return ""
-            return render(batch) if batch.ok else ("oom" if batch.oom else "error")
+            return render(batch) if batch.ok else ("not timed" if batch.counted_only else "oom" if batch.oom
+                                                   else "error")
 
         def speed(batch: StoredBatch) -> str:
             tps = _median(batch, "throughput_tokens_per_s") or float("nan")

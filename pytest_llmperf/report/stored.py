@@ -98,6 +98,11 @@ class StoredBatch:
     def oom(self) -> bool:
         return self.status == "oom"
 
+    @property
+    def counted_only(self) -> bool:
+        """Counted under callgrind and not timed (--llmperf-instructions-only)."""
+        return self.status == "ok" and not self.runs and bool(self.counts)
+
     def values(self) -> dict[str, list[float]]:
         """Per-run values of every metric that all runs measured, in run order (measure.metrics.values_by_metric)."""
         if not self.runs:

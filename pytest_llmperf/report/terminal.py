@@ -37,6 +37,8 @@ def header_lines(session: Any) -> list[str]:
         f"threads={session.threads_text()}, "
         f"fail_on={','.join(s['fail_on']) or 'none'}",
         f"llmperf: {_measured_how(session)}",
+        *(["llmperf: instructions only: the tests that count are not timed, their rows are the counts of one process "
+           "per side under callgrind (--llmperf-instructions-only)"] if s["instructions_only"] else []),
         f"llmperf: baselines={'none (A/B: both sides measured here)' if s['compare'] else session.baseline_set}, "
         f"reports={s['report_dir']}",
     ]
