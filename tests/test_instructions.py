@@ -65,6 +65,9 @@ class FakeCounter(FakeClock):
     def reset(self):
         self.resets += 1
 
+    def stop(self):
+        self.instrumenting = False
+
 
 def test_counted_runs_turn_clock_readings_into_instructions_and_restore_the_timing_clock():
     backend = Stepped(clock=FakeClock(step=1000))
@@ -89,6 +92,33 @@ def test_only_the_batch_size_where_instrumentation_starts_pays_a_settling_run():
     later = counted_runs(backend, REQUEST, runs=1, warmups=1, clock=counter, settling=1)
     assert counter.resets == 3 and len(later) == 1  # its warmup ran instrumented: no settling run
     assert later[0].instructions == first[0].instructions
+
+
+class RecordedRequests:
+    def __init__(self):
+        self.sent = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.sent.append(name)
+
+
+def test_the_clock_stops_instrumenting_once_and_a_counting_worker_stops_it_before_its_last_teardown(tmp_path):
+    from pytest_llmperf.orchestrate.worker import WorkerRecorder
+
+    requests = RecordedRequests()
+    clock = InstructionClock(requests, tmp_path / "out")
+    clock.instrumenting = True
+    clock.stop()
+    clock.stop()
+    assert requests.sent == ["stop_instrumentation"] and not clock.instrumenting
+    recorder = WorkerRecorder(tmp_path / "records.jsonl")
+    recorder.counter = FakeCounter([])
+    recorder.counter.instrumenting = True
+    recorder.pytest_runtest_teardown(item=None, nextitem=object())  # more tests to count: instrumentation stays on
+    assert recorder.counter.instrumenting
+    recorder.pytest_runtest_teardown(item=None, nextitem=None)  # the last test: its teardown is not counted
+    assert not recorder.counter.instrumenting
+    recorder.close()
 
 
 def test_count_values_leave_out_what_a_backend_did_not_split():

@@ -140,3 +140,17 @@ def test_with_no_extra_installed_pytest_help_and_plain_tests_work(pytester):
     plain = _run(pytester, EVERY_EXTRA, "test_backends.py", "-k", "plain or servers")
     plain.assert_outcomes(passed=2, deselected=6)
     assert plain.ret == pytest.ExitCode.OK
+
+
+def test_a_worker_process_does_not_import_the_judge():
+    """A worker hands its results to the controller: it needs no statistics. scipy.stats at import renders its
+    docstrings' examples from unseeded generators, which moves a counting worker's memory layout from process to
+    process (docs/instructions.md), and costs ~6 s under valgrind."""
+    probe = textwrap.dedent("""
+        import sys
+        import pytest_llmperf.plugin, pytest_llmperf.orchestrate.benchmark, pytest_llmperf.orchestrate.worker
+        import pytest_llmperf.orchestrate.checks
+        print(sorted(m for m in sys.modules if m == "scipy.stats" or m.startswith("pytest_llmperf.judge.procedure")))
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

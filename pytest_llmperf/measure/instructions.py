@@ -53,7 +53,7 @@ _X86_64_REQUEST = bytes.fromhex("4889f8" "4889f2" "48c1c703" "48c1c70d" "48c1c73
 _RUNNING_ON_VALGRIND = 0x1001
 _CALLGRIND_BASE = (ord("C") << 24) | (ord("T") << 16)  # VG_USERREQ_TOOL_BASE('C', 'T'): callgrind.h's requests
 _DUMP_STATS_AT, _ZERO_STATS, _TOGGLE_COLLECT = _CALLGRIND_BASE + 3, _CALLGRIND_BASE + 1, _CALLGRIND_BASE + 2
-_START_INSTRUMENTATION = _CALLGRIND_BASE + 4
+_START_INSTRUMENTATION, _STOP_INSTRUMENTATION = _CALLGRIND_BASE + 4, _CALLGRIND_BASE + 5
 
 
 class CountingError(RuntimeError):
@@ -91,6 +91,9 @@ class ClientRequests:
 
     def start_instrumentation(self) -> None:
         self.request(_START_INSTRUMENTATION)
+
+    def stop_instrumentation(self) -> None:
+        self.request(_STOP_INSTRUMENTATION)
 
     def zero(self) -> None:
         self.request(_ZERO_STATS)
@@ -138,6 +141,13 @@ class InstructionClock:
             self.instrumenting = True
             for _ in range(CLOCK_WARMUP_READINGS):
                 self()
+
+    def stop(self) -> None:
+        """Back to valgrind's base cost once the process has counted its last run: its teardown and the interpreter's
+        exit are not counted, and ran instrumented for ~20 s of a seed-000 counting process's 177 s."""
+        if self.instrumenting:
+            self.requests.stop_instrumentation()
+            self.instrumenting = False
 
     def reset(self) -> None:
         self.requests.zero()

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-from ..judge.procedure import Schedule
-from ..judge.rows import undecided_batches
 from ..judge.verdicts import Outcome
 from ..measure import runner
 from ..measure.backend import Backend
@@ -26,7 +24,6 @@ from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_metrics, check_rtol_metrics
 from ..report import progress
-from . import judging
 from .deadline import Overtime, deadline
 from .markers import marker_kwargs
 from ..warning import PytestLLMPerfWarning
@@ -107,6 +104,8 @@ class Benchmark:
                         "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
                         "returns? Raise the timeout if it is only slow", pytrace=False)
         self.session.outcomes.append(outcome)
+        from . import judging
+
         messages, said = judging.fail_messages(self.session, outcome)
         for text in said:
             warnings.warn_explicit(PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path),
@@ -138,6 +137,13 @@ class Benchmark:
 
     def _judge(self, result: BenchmarkResult, scenario: Scenario, backend: Backend) -> Outcome:
         """Record it, or judge it look by look: the batch sizes with undecided rows get more runs."""
+        # The judge (scipy.stats) loads only in a process that judges: a worker hands its result to the controller,
+        # and importing scipy.stats changes a counting worker's memory layout from process to process (it draws
+        # its docstrings' examples from unseeded generators; docs/instructions.md), and costs seconds under valgrind.
+        from ..judge.procedure import Schedule
+        from ..judge.rows import undecided_batches
+        from . import judging
+
         lookup = self.session.store.lookup(result.module, result.key)
         mode = self.session.mode
         if mode == "update" or (mode == "update-missing" and lookup.entry is None):

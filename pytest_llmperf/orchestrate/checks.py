@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from ..judge.procedure import SettingError, check_can_fail
 from ..measure.scenario import ScenarioError, build_scenario
 from .markers import marker_kwargs
 from .session import RECORD_FACTOR, LLMPerfSession
@@ -57,6 +56,8 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
                                 "drop --llmperf-update / --llmperf-update-missing")
     if llm.mode != "gate":
         return
+    from ..judge.procedure import SettingError, check_can_fail  # scipy.stats: loaded where a schedule is checked
+
     family = sum(rows_expected(item) for item in items)
     for item in items:
         first = llm.processes_for(item)

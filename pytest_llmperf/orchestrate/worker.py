@@ -110,6 +110,11 @@ class WorkerRecorder:
                          "position": position, "run": kept, "runs": runs, "retaken": retaken})
         return progress
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        if nextitem is None and self.counter is not None:  # the last test's runs are counted: the rest is not
+            self.counter.stop()
+
     @pytest.hookimpl
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self._write({"type": "start", "nodeid": nodeid})
