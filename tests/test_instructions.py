@@ -58,8 +58,8 @@ class FakeCounter(FakeClock):
         self.resets = 0
         self.instrumenting = False
 
-    def start(self):
-        self.starts += 1
+    def start(self):  # as InstructionClock.start: once, until stopped
+        self.starts += not self.instrumenting
         self.instrumenting = True
 
     def reset(self):
@@ -92,6 +92,35 @@ def test_only_the_batch_size_where_instrumentation_starts_pays_a_settling_run():
     later = counted_runs(backend, REQUEST, runs=1, warmups=1, clock=counter, settling=1)
     assert counter.resets == 3 and len(later) == 1  # its warmup ran instrumented: no settling run
     assert later[0].instructions == first[0].instructions
+
+
+class Recording(Stepped):
+    """Says, per generate(), its batch size and whether the counter was instrumenting."""
+
+    def __init__(self, counter, **kwargs):
+        super().__init__(**kwargs)
+        self.counter = counter
+        self.calls = []
+
+    def generate(self, request):
+        self.calls.append((request.batch_size, self.counter.instrumenting))
+        return super().generate(request)
+
+
+def test_a_counting_process_warms_up_every_batch_size_uninstrumented_before_it_counts_any():
+    from pytest_llmperf.measure.runner import measure
+
+    run = [0, 10, 110, 117, 124, 134, 140]
+    counter = FakeCounter(run * 6)
+    backend = Recording(counter, clock=FakeClock(step=1000))
+    scenario = Scenario(batch_sizes=(1, 2), sequence_length=8, decode_length=4, runs=1, warmups=1)
+    for test in ("first", "second"):  # a second test in the same process stops instrumentation and warms up again
+        backend.calls.clear()
+        result = measure(backend, scenario, key=test, nodeid=f"m.py::{test}", module="m.py", counter=counter)
+        # warmups at valgrind's base cost, then a settling run where instrumentation starts, then one run per size
+        assert backend.calls == [(1, False), (2, False), (1, True), (1, True), (2, True)]
+        assert [len(b.counted) for b in result.batches] == [1, 1] and not any(b.samples for b in result.batches)
+    assert counter.starts == 2
 
 
 class RecordedRequests:

@@ -32,10 +32,10 @@ INSTRUCTION_METRICS = ("prefill_instructions", "decode_step_instructions", "e2e_
 #: Runs counted per batch size in a counting process. Where instrumentation starts (the process's first batch size,
 #: after uninstrumented warmups) one instrumented run comes first and is not kept: the first runs after
 #: instrumentation starts count CPython's own settling (its adaptive interpreter, its allocator, this clock's first
-#: calls: up to 3.7% of a 12 M-instruction pure-Python prefill), the later ones agree to 0.01%. Every later batch size
-#: warms up instrumented, and its first run agrees with the next two to 0.005-0.04% (tiny-llama, batch 2 and 4;
-#: docs/instructions.md), so it is kept. A count does not vary between runs after that; its spread over processes is
-#: what a baseline records (orchestrate/counting.py).
+#: calls: up to 3.7% of a 12 M-instruction pure-Python prefill), the later ones agree to 0.01%. A test's batch sizes
+#: all warm up before instrumentation starts (measure/runner.py), so the later ones need no settling run: two
+#: processes counted seed 000's batch 2 and 4 alike to 0.006-0.09% (docs/instructions.md). A count does not vary
+#: between runs after that; its spread over processes is what a baseline records (orchestrate/counting.py).
 COUNTED_RUNS = 1
 SETTLING_RUNS = 1
 #: How counts are taken, recorded with a baseline that holds counts (its fingerprint's "counts"): a count taken
@@ -201,7 +201,7 @@ def counted_runs(backend: Backend, request: GenerationRequest, runs: int, warmup
     every run and cost what the run allocated, not what the session holds."""
     for _ in range(warmups):
         backend.generate(request)
-    if clock.instrumenting:  # these warmups ran instrumented: they settled what a settling run would
+    if clock.instrumenting:  # instrumentation started at an earlier batch size, whose settling run settled this
         settling = 0
     clock.start()
     timing_clock, backend.clock = backend.clock, clock

@@ -79,14 +79,35 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
     return Runs(samples, sum(loads) / len(loads), retaken)
 
 
+def warm_up_uninstrumented(backend: Backend, scenario: Scenario, counter: InstructionClock) -> set[int]:
+    """A counting process warms up every batch size of a test before it counts any, at valgrind's base cost:
+    instrumented, a warmup costs as much as a counted run. The batch sizes warmed (an error is recorded where the
+    batch size is counted)."""
+    counter.stop()  # the process's previous test left it on
+    warmed = set()
+    for batch_size in scenario.batch_sizes:
+        try:
+            for _ in range(scenario.warmups):
+                backend.generate(request_for(scenario, batch_size))
+        except OutOfMemory:
+            if scenario.stop_after_oom:
+                break
+            continue
+        except Exception:
+            continue
+        warmed.add(batch_size)
+    return warmed
+
+
 def measure_batch(backend: Backend, scenario: Scenario, batch_size: int, on_run: RunCallback | None = None,
-                  counter: InstructionClock | None = None, before_run: Callable[[], None] | None = None
-                  ) -> BatchResult:
+                  counter: InstructionClock | None = None, before_run: Callable[[], None] | None = None,
+                  warmed: bool = False) -> BatchResult:
     request = request_for(scenario, batch_size)
     try:
         if counter is not None:  # a counting process: instructions, not time (measure/instructions.py)
+            warmups = 0 if warmed else scenario.warmups
             return BatchResult(batch_size, warmups=scenario.warmups,
-                               counted=counted_runs(backend, request, scenario.runs, scenario.warmups, counter))
+                               counted=counted_runs(backend, request, scenario.runs, warmups, counter))
         runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load, on_run, before_run)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
@@ -105,6 +126,7 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()
+        warmed = warm_up_uninstrumented(backend, scenario, counter) if counter is not None else set()
         oom_at: int | None = None
         for batch_size in scenario.batch_sizes:
             if oom_at is not None and scenario.stop_after_oom and batch_size > oom_at:
@@ -113,7 +135,7 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
                 continue
             if before_batch is not None:
                 before_batch()
-            result = measure_batch(backend, scenario, batch_size, on_run, counter, before_run)
+            result = measure_batch(backend, scenario, batch_size, on_run, counter, before_run, batch_size in warmed)
             if result.oom and oom_at is None:
                 oom_at = batch_size
             batches.append(result)
