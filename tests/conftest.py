@@ -5,6 +5,11 @@ try:  # report/html.py imports matplotlib lazily; imported first inside a pytest
     import pytest_llmperf.report.plots  # noqa: F401
 except ImportError:  # without the report extra the HTML page is skipped; its tests say so
     pass
+try:  # the same for torch, which --llmperf-instructions asks whether valgrind is supported: imported a second time
+    # after a pytester run dropped it, its C extension fails ("SystemError: ... bad call flags", then a segfault)
+    import torch  # noqa: F401
+except ImportError:  # tox -e noextras
+    pass
 
 
 @pytest.fixture(scope="session")
