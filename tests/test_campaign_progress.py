@@ -217,3 +217,26 @@ def re_match(text, pattern):
     import re
 
     return re.fullmatch(pattern, text) is not None
+
+
+@pytest.mark.parametrize("isatty", [False, True])
+def test_counting_workers_are_never_silent_for_long(isatty):
+    """Counting workers write no progress records (a record written or not by the wall clock would shift what a
+    counted run allocates): the controller notes that they run, every second, and a line or status is shown when
+    due."""
+    clock = Clock()
+    out = Recorded(clock)
+    progress = CampaignProgress(out, isatty=isatty, verbosity=0, clock=clock)
+    for second in range(1, 31):
+        clock.now = float(second)
+        progress.note(f"counting instructions under callgrind: 0 of 2 process(es) done, {second} s")
+    if isatty:
+        assert len(out.statuses) == 30 and out.lines == []
+    else:
+        times = [t for t, _ in out.lines]
+        assert times[0] == 1.0 and all(b - a == LINE_EVERY_S for a, b in zip(times, times[1:]))
+        assert out.lines[-1][1] == f"llmperf: counting instructions under callgrind: 0 of 2 process(es) done, " \
+                                   f"{int(times[-1])} s"
+    progress.say("counted instructions under callgrind")
+    assert out.lines[-1][1] == "llmperf: counted instructions under callgrind"
+    assert [text for _, text in out.statuses[-1:]] == ([""] if isatty else [])  # erased before the line that stays

@@ -231,10 +231,8 @@ class ProcessController:
     def _count(self, items: list[pytest.Item], sides: list[Side], work_dir: Path) -> bool:
         """Count instructions of the tests that ask for them (orchestrate/counting.py); False when a counting worker
         failed (its log is kept)."""
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         try:
-            self.counted = counting.campaign(self.llm, items, sides, work_dir, self._passthrough_args(),
-                                             reporter.write_line if reporter is not None else None)
+            self.counted = counting.campaign(self.llm, items, sides, work_dir, self._passthrough_args(), self.progress)
         except WorkerError as exc:
             self._fail_all(items, f"llmperf: counting instructions: {exc}")
             return False

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import pytest
 
 from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
+from ..report.campaign_progress import CampaignProgress
 from ..processes import stop_tree
 from .manager import Side, WorkerError, WorkerRun, run_worker
 from .session import LLMPerfSession
@@ -101,9 +102,9 @@ def _torch_supports_valgrind() -> bool | None:
 
 
 def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[Side], work_dir: Path,
-             extra_args: Sequence[str], say: Callable[[str], None] | None) -> dict[str, list[WorkerRun]]:
+             extra_args: Sequence[str], progress: CampaignProgress | None) -> dict[str, list[WorkerRun]]:
     """The counting workers of a campaign, by side: none when no test asks for instructions; a WorkerError when
-    one failed."""
+    one failed. `progress` says that they run, while they run (a CI log is never silent for long)."""
     nodeids = [item.nodeid for item in items if wants_instructions(item, llm.settings["instructions"])]
     if not nodeids or llm.device != "cpu":
         return {}
@@ -113,28 +114,43 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
     settings = {**llm.settings.values, "processes": 1, "compare": None, "json": None, "update": False,
                 "update_missing": False}
     processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings["compare"] else 1
+    where = " and ".join(side.label for side in sides)
+    total = processes * len(sides)
+
+    def waiting(seconds: float, done: int) -> None:
+        if progress is not None:
+            progress.note(f"counting instructions under callgrind: {done} of {total} process(es) done, {seconds:.0f} s")
+
     started = time.monotonic()
     runs = count(sides, nodeids, processes=processes, settings=settings, work_dir=work_dir,
-                 timeout_s=llm.settings["worker_timeout"], extra_args=extra_args)
-    if say is not None:
-        where = " and ".join(side.label for side in sides)
-        say(f"llmperf: counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
-            f"test(s) in {time.monotonic() - started:.0f} s")
+                 timeout_s=llm.settings["worker_timeout"], extra_args=extra_args, on_wait=waiting)
+    if progress is not None:
+        progress.say(f"counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
+                     f"test(s) in {time.monotonic() - started:.0f} s")
     return runs
 
 
 def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
           work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
           batch_sizes: Mapping[str, Sequence[int]] | None = None, concurrency: int = 2,
-          valgrind_args: Sequence[str] = ()) -> dict[str, list[WorkerRun]]:
+          valgrind_args: Sequence[str] = (), on_wait: Callable[[float, int], None] | None = None
+          ) -> dict[str, list[WorkerRun]]:
     """Run `processes` counting workers per side, `concurrency` at a time (two: one per core), with `valgrind_args`
-    after VALGRIND_ARGS; a WorkerError if one failed."""
+    after VALGRIND_ARGS; a WorkerError if one failed. `on_wait` gets the seconds so far and the workers done, every
+    second while they run (from this thread: the workers run in others)."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
     running: list[subprocess.Popen[bytes]] = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
                                batch_sizes, running.append, valgrind_args=valgrind_args) for side, index in jobs]
         try:
+            started, pending = time.monotonic(), set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
+                for future in finished:
+                    future.result()  # a failed worker raises here, whichever finished first
+                if on_wait is not None and pending:
+                    on_wait(time.monotonic() - started, len(futures) - len(pending))
             done = [future.result() for future in futures]
         except BaseException:  # Ctrl-C, SIGTERM or a failed worker: none of them outlives the controller
             for future in futures:

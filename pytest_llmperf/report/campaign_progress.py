@@ -111,6 +111,18 @@ class CampaignProgress:
         self.out.line(f"llmperf: {text}")
         self._last_line = self.clock()
 
+    def note(self, text: str) -> None:
+        """What the campaign is doing while no worker reports records (counting workers under valgrind): the status
+        line on a tty, else a line when one is due."""
+        now = self.clock()
+        if self.isatty:
+            if self._last_status is None or now - self._last_status >= STATUS_EVERY_S:
+                self._last_status, self._shown = now, text
+                self.out.status(f"llmperf: {text}")
+        elif self.verbosity >= 0 and (self._last_line is None or now - self._last_line >= LINE_EVERY_S):
+            self._last_line = now
+            self.out.line(f"llmperf: {text}")
+
     def started(self, side: str, index: int, total: int, tests: int) -> None:
         now = self.clock()
         self.workers[side] = WorkerState(side, index, total, tests, now)
