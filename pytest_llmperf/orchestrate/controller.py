@@ -6,8 +6,10 @@ loaded twice. Before the test loop it runs a *campaign*: rounds of one fresh `py
 benchmark tests per side (orchestrate/manager.py), sides alternating in ABBA order, so slow drifts and a
 steady neighbour hit both alike. A test is judged at each look of its schedule (judge/procedure.py), every
 gated row of the job in one family; its batch sizes with undecided rows are measured in more rounds, up to
-the cap. Each benchmark test is replaced in the test loop by a `DeferredBenchmark` item, whose turn reports
-what was decided for it, with pytest's own protocol (setup, call, teardown, reports, JUnit).
+the cap. Counting workers (orchestrate/counting.py) run before the rounds; a test measured by its counts alone
+(--llmperf-instructions-only) is judged on them and has no rounds. Each benchmark test is replaced in the test loop
+by a `DeferredBenchmark` item, whose turn reports what was decided for it, with pytest's own protocol (setup,
+call, teardown, reports, JUnit).
 """
 
 from __future__ import annotations
