@@ -77,7 +77,7 @@ class BaselineEntry:
         unit = "process" if any(len(b.processes) > 1 for b in result.batches if b.ok) else "run"
         values, counts = {}, {}
         for batch in result.batches:
-            if batch.ok or batch.counted_only:
+            if batch.measured:
                 per_process = values_by_process(batch.samples)
                 # instruction counts (counting workers, --llmperf-instructions): each counting process's median
                 values[batch.batch_size] = {**_reduced(per_process, unit), **_reduced(count_table(batch.counted),
@@ -87,7 +87,7 @@ class BaselineEntry:
             key=result.key,
             values=values,
             counts=counts,
-            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not (b.ok or b.counted_only)},
+            errors={b.batch_size: f"{b.status}: {b.error}" for b in result.batches if not b.measured},
             foreign_load={b.batch_size: b.foreign_load for b in result.batches if b.foreign_load is not None},
             unit=unit,
             outputs={bs: o.digest for bs, o in outputs_by_batch(result.batches).items()},

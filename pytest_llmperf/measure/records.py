@@ -97,6 +97,11 @@ class BatchResult:
         return self.error is None and not self.samples and bool(self.counted)
 
     @property
+    def measured(self) -> bool:
+        """Ran without error and holds runs to judge: timed, or counted only."""
+        return self.ok or self.counted_only
+
+    @property
     def processes(self) -> list[int]:
         """The worker processes that took this batch's runs, in order."""
         return sorted({s.process for s in self.samples})
@@ -162,7 +167,7 @@ class BenchmarkResult:
         batches = []
         for batch_size in sorted({b.batch_size for result in parts for b in result.batches}):
             found = [b for result in parts if (b := result.batch(batch_size)) is not None]
-            failed = next((b for b in found if not (b.ok or b.counted_only)), None)
+            failed = next((b for b in found if not b.measured), None)
             if failed is not None:
                 batches.append(replace(failed, samples=[]))
                 continue

@@ -81,19 +81,16 @@ def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: 
 
 def warm_up_uninstrumented(backend: Backend, scenario: Scenario, counter: InstructionClock) -> set[int]:
     """A counting process warms up every batch size of a test before it counts any, at valgrind's base cost:
-    instrumented, a warmup costs as much as a counted run. The batch sizes warmed (an error is recorded where the
-    batch size is counted)."""
+    instrumented, a warmup costs as much as a counted run. The batch sizes warmed."""
     counter.stop()  # the process's previous test left it on
     warmed = set()
     for batch_size in scenario.batch_sizes:
         try:
             for _ in range(scenario.warmups):
                 backend.generate(request_for(scenario, batch_size))
-        except OutOfMemory:
-            if scenario.stop_after_oom:
+        except Exception as exc:  # recorded where this batch size is counted
+            if isinstance(exc, OutOfMemory) and scenario.stop_after_oom:
                 break
-            continue
-        except Exception:
             continue
         warmed.add(batch_size)
     return warmed
