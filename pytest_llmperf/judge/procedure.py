@@ -8,9 +8,9 @@ row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it 
   1 + rtol, *and* the metric is worse than its reference at the family-wise level: one-sided p below
   alpha x w_k / rows in the family, Bonferroni over every gated row of the job (or, measured in one process,
   of the benchmark) and over the looks, look k spending the share w_k of alpha in proportion to its units
-  (5, 10, 20 units: 1/7, 2/7, 4/7: alpha spent linearly in the information, most where most is known). So a
-  job of unchanged code ends with a regressed row with probability at most alpha however many rows and looks
-  it has, and a slowdown below the tolerance fails rarely (its lower bound must clear 1 + rtol).
+  (5, 10, 20, 25 units: 1/12, 2/12, 4/12, 5/12: alpha spent linearly in the information, most where most is
+  known). So a job of unchanged code ends with a regressed row with probability at most alpha however many rows
+  and looks it has, and a slowdown below the tolerance fails rarely (its lower bound must clear 1 + rtol).
 - **improved**: the mirror image (the same family-wise p, in the improving direction).
 - **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol.
 - undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
