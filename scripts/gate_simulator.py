@@ -56,7 +56,7 @@ class Job:
 
         first = session.DEFAULT_PROCESSES["cpu"]
         return cls(**{"rtol": session.DEFAULT_RTOL["ab"], "processes": first,
-                      "max_processes": session.MAX_PROCESSES_FACTOR * first, **fields})
+                      "max_processes": session.default_cap(first), **fields})
 
 
 @dataclass

@@ -23,6 +23,13 @@ def test_the_shipped_job_is_the_plugins_a_b_default():
     assert (SHIPPED.rtol, SHIPPED.processes, SHIPPED.max_processes) == (0.05, 5, 25)
 
 
+def test_the_default_cap_adds_a_last_look_only_where_trimming_keeps_more_units():
+    from pytest_llmperf.orchestrate.session import default_cap
+
+    # 5 units trim 1 per tail (3 kept) where 4 keep 4; 10 keep 6 as 8 do; from 3 on the fifth look keeps more
+    assert [default_cap(first) for first in range(1, 7)] == [4, 8, 15, 20, 25, 30]
+
+
 @pytest.mark.parametrize(("label", "job", "jobs"), AA, ids=[a[0] for a in AA])
 def test_a_job_of_unchanged_code_is_rarely_red(label, job, jobs):
     figures, _ = simulator.simulate(job, jobs, seed=1)

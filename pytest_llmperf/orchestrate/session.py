@@ -44,6 +44,16 @@ DEFAULT_RTOL = {"ab": 0.05, "cpu": 0.15, "gpu": 0.05}
 DEFAULT_RUNS = {"workers": 3, "in_process": 10}
 
 
+def default_cap(first: int) -> int:
+    """--llmperf-max-processes when not given: MAX_PROCESSES_FACTOR times the first look, where that last look keeps
+    more units after the trimmed t's trimming than the doubling before it (4 times); else that doubling (a first
+    look of 1: 5 units trim 1 per tail and keep 3, 4 keep all 4, so the cap stays 4)."""
+    from ..judge.procedure import kept
+
+    cap, doubled = MAX_PROCESSES_FACTOR * first, 4 * first
+    return cap if kept(cap) > kept(doubled) else doubled
+
+
 class LLMPerfSession:
     def __init__(self, settings: Settings) -> None:
         self.device_given = settings["device"] is not None
@@ -118,7 +128,7 @@ class LLMPerfSession:
 
     @property
     def max_processes(self) -> int:
-        return self.settings["max_processes"] or MAX_PROCESSES_FACTOR * self.processes
+        return self.settings["max_processes"] or default_cap(self.processes)
 
     @property
     def recording_processes(self) -> int:
