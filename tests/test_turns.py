@@ -236,7 +236,9 @@ def test_a_worker_crashing_in_an_ab_round_fails_with_its_log_and_the_other_worke
     result = run_ab(ab_repo)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*worker process 1 on the working tree exited with code 3*"])
-    assert len((tmp_path / "pids").read_text().split()) == 2 and alive(tmp_path / "pids") == []
+    # the A worker may be stopped before it logs its pid (it failed so twice in fresh clones): every logged worker
+    # is gone, and tox's leak check (tests/doubles/leaks.py) finds any that was not logged
+    assert 1 <= len((tmp_path / "pids").read_text().split()) <= 2 and alive(tmp_path / "pids") == []
 
 
 def test_a_worker_hanging_in_an_ab_round_is_named_and_both_are_stopped(ab_repo, tmp_path, monkeypatch):
