@@ -65,7 +65,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from .report.terminal import header_lines
+    from .report.header import header_lines
 
     return header_lines(config.stash[SESSION_KEY])
 
@@ -180,6 +180,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     llm = session.config.stash.get(SESSION_KEY, None)
     if llm is None or hasattr(session.config, "workerinput") or llm.recorder is not None:
         return
+    if not (llm.outcomes or llm.selected):
+        return  # no benchmark in this session: nothing to fail or write, and no statistics to import
     from .report.session_report import write_reports
     from .report.terminal import session_fails
 

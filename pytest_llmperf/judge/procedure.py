@@ -28,7 +28,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
-from .stats import TRIM, Estimate
+from .stats import Estimate
+from .trim import kept
 from .verdicts import Verdict
 
 #: One-sided level of the bounds that decide "within" or "beyond" the tolerance: a row passes when the 80%
@@ -146,11 +147,6 @@ def units_needed(estimate: Estimate, margin: ArrayLike, schedule: Schedule) -> N
     units = np.where((target > 0) & np.isfinite(units), np.ceil(units), NEEDED_LIMIT)
     # the normal approximation is optimistic at few units: never fewer than one more than measured
     return np.clip(units, np.asarray(estimate.n_current) + 1, NEEDED_LIMIT).astype(np.int64)
-
-
-def kept(units: int) -> int:
-    """Units left after trimming TRIM from each tail."""
-    return units - 2 * int(math.floor(TRIM * units))
 
 
 def smallest_rank_sum_p(reference_units: int, units: int) -> float:

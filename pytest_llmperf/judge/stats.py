@@ -37,11 +37,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
+from .trim import TRIM
+
 #: Robust z-score beyond which a unit counts as disturbed (synthetic processes slowed 1.2-2x among ones with
 #: 3% noise are 6-23 robust SDs out; a clean normal unit passes 4 SDs once in 16,000).
 OUTLIER_Z = 4.0
-#: Fraction trimmed from each tail for the location and its standard error (Yuen).
-TRIM = 0.2
 #: Units needed before any is set aside (a median absolute deviation of fewer is not a scale).
 SCREEN_MIN = 5
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..judge.trim import kept
 from .hints import rerun_command
 from .markers import marker_kwargs
 from .options import Settings
@@ -48,8 +49,6 @@ def default_cap(first: int) -> int:
     """--llmperf-max-processes when not given: MAX_PROCESSES_FACTOR times the first look, where that last look keeps
     more units after the trimmed t's trimming than the doubling before it (4 times); else that doubling (a first
     look of 1: 5 units trim 1 per tail and keep 3, 4 keep all 4, so the cap stays 4)."""
-    from ..judge.procedure import kept
-
     cap, doubled = MAX_PROCESSES_FACTOR * first, 4 * first
     return cap if kept(cap) > kept(doubled) else doubled
 

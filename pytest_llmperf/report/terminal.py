@@ -1,4 +1,5 @@
-"""What the terminal shows: the `llmperf:` header lines, and the `llmperf: <device>` section of the summary.
+"""What the terminal shows at the end: the `llmperf: <device>` section of the summary (the header lines are
+report/header.py).
 
 The section opens with the judged line (a run that judged nothing says so first, in red), then what fails the
 run, the verdict table, one count per kind (each benchmark counted once), run quality and the hints.
@@ -22,49 +23,6 @@ from .verdict_table import table_rows
 
 #: fail_on's word for a session that selected benchmarks and judged none.
 UNJUDGED = "unjudged"
-#: How the two sides of an A/B round alternate, by --llmperf-interleave (orchestrate/turns.py).
-INTERLEAVED = {"run": "taking turns run by run", "batch": "taking turns at every batch size",
-               "process": "one worker process after the other"}
-
-
-def header_lines(session: Any) -> list[str]:
-    s = session.settings
-    return [
-        f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
-        f"runs={s['runs']}{' (auto)' if session.runs_auto else ''}, warmups={s['warmups']}, max_runs={s['max_runs']}, "
-        f"alpha={s['alpha']}, rtol={s['rtol']:g}"
-        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s['malloc']}, "
-        f"threads={session.threads_text()}, "
-        f"fail_on={','.join(s['fail_on']) or 'none'}",
-        f"llmperf: {_measured_how(session)}",
-        *(["llmperf: instructions only: the tests that count are not timed, their rows are the counts of one process "
-           "per side under callgrind (--llmperf-instructions-only)"] if s["instructions_only"] else []),
-        f"llmperf: baselines={'none (A/B: both sides measured here)' if s['compare'] else session.baseline_set}, "
-        f"reports={s['report_dir']}",
-    ]
-
-
-def _measured_how(session: Any) -> str:
-    s = session.settings
-    if session.recorder is not None:
-        return "a worker process of the controlling pytest process"
-    where = (f"the working tree against {s['compare']} (A/B, {INTERLEAVED[s['interleave']]})" if s["compare"]
-             else "against the stored baselines")
-    if session.in_process:
-        return (f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
-                f"doubling to max_runs={s['max_runs']} for undecided rows")
-    auto = " (auto)" if s["processes"] == "auto" else ""
-    if session.mode == "update":
-        return (f"processes={session.processes}{auto}: a baseline records {session.recording_processes} worker "
-                f"processes (twice the first look; the gate tests their medians)")
-    if session.mode == "update-missing":
-        return (f"processes={session.processes}{auto}: {session.recording_processes} worker processes per benchmark "
-                f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
-                f"where a baseline is missing")
-    return (f"processes={session.processes}{auto} per side at the first look (worker processes; the gate tests their "
-            f"medians), doubling to {session.max_processes} for undecided rows, {where}")
-
-
 def counts_line(found: Mapping[Kind, int]) -> str:
     """`2 passed, 1 regressed, ...`: every kind that occurred, judged kinds first, each benchmark once."""
     order = [*JUDGED, *NOT_JUDGED]
