@@ -76,7 +76,7 @@ class Campaign:
         self.counted: dict[str, list[WorkerRun]] = {}  # counting workers by side (orchestrate/counting.py)
 
     def run(self, items: list[pytest.Item]) -> None:
-        """Measure and judge `items`; every one of them ends with a decision."""
+        """Measure and judge `items`, each decision into `decisions` (a test without one was not reached)."""
         self.progress = campaign_progress.campaign(self.config)
         left = remove_left_work_dirs()
         self._say(left_behind_line("worker directories", left), left)
