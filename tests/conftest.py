@@ -5,6 +5,9 @@ try:  # report/html.py imports matplotlib lazily; imported first inside a pytest
     import pytest_llmperf.report.plots  # noqa: F401
 except ImportError:  # without the report extra the HTML page is skipped; its tests say so
     pass
+# The statistics as well (scipy.stats, numpy.fft): the plugin imports them only when a campaign runs, and numpy's C
+# modules refuse a second import in one process ("cannot load module more than once per process").
+import pytest_llmperf.judge.procedure  # noqa: F401,E402
 try:  # the same for torch, which --llmperf-instructions asks whether valgrind is supported: imported a second time
     # after a pytester run dropped it, its C extension fails ("SystemError: ... bad call flags", then a segfault)
     import torch  # noqa: F401
