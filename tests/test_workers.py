@@ -167,6 +167,16 @@ def test_a_crashing_worker_fails_with_its_log_tail(repo):
     result.stdout.fnmatch_lines(["*worker process 1 on the working tree exited with code 3*", "*about to crash*"])
 
 
+def test_a_workers_atexit_handlers_run_though_it_skips_the_interpreters_teardown(repo):
+    # a worker leaves through os._exit (manager.WORKER_MAIN); a user's conftest may stop a server at exit
+    log = repo.path / "atexit.log"
+    write_speed(repo, hook=f"import atexit, os; atexit.register(lambda: open({str(log)!r}, 'a').write("
+                           "os.environ['LLMPERF_WORKER_PROCESS'] + chr(10)))")  # uncommitted: the working tree's
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(passed=1)
+    assert sorted(log.read_text().split()) == ["1", "2", "3", "4", "5"]
+
+
 def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo):
     write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
     result = run(repo, "--llmperf-worker-timeout=8")

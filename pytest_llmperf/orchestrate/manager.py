@@ -1,8 +1,9 @@
 """The manager's half of worker processes: start them, stop them, read what they measured (worker.py is the
 other half of the protocol; pyperf splits its manager and workers the same way).
 
-A worker is `python -m pytest NODEID...` run by the same interpreter in the same environment, in the
-root of one side of a comparison (the working tree, or a git worktree of the reference). Its output
+A worker is pytest run on NODEID... by the same interpreter in the same environment (WORKER_MAIN: it leaves without
+tearing down its modules), in the root of one side of a comparison (the working tree, or a git worktree of the
+reference). Its output
 goes to a log whose tail is in every error; a worker that crashes, hangs past its deadline or reports
 nothing is stopped with its whole process tree and raised as a WorkerError naming the side. While it runs, the
 records it appends are read every POLL_S and handed to the caller (live progress, report/campaign_progress.py).
@@ -85,13 +86,22 @@ class WorkerRun:
         return next((r["text"] for r in self.reports if r["nodeid"] == nodeid and r["outcome"] == "skipped"), None)
 
 
-#: A pytest of this interpreter and environment, as the workers (and the ref's collection) run it.
+#: A pytest of this interpreter and environment, as the ref's collection runs it (the workers: WORKER_MAIN).
 PYTEST = (sys.executable, "-m", "pytest")
+
+
+#: A worker's interpreter: pytest (`python -m pytest` with its arguments), then out without tearing down its modules.
+#: With torch and transformers imported that teardown took 1.3-1.5 s after the last record, at the end of every
+#: round (a worker of one small test: 8.1 s in all, 7.2 s without; docs/noise.md). Everything pytest does at its
+#: end is done by then (unconfigure, cleanups, the records file closed), and the atexit handlers still run (a
+#: user's conftest may stop a server there); only non-daemon threads still running are not waited for.
+WORKER_MAIN = ("import atexit, os, sys; import pytest; code = pytest.console_main(); atexit._run_exitfuncs(); "
+               "sys.stdout.flush(); sys.stderr.flush(); os._exit(code)")
 
 
 def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
     # -s: a test's output goes straight to the worker's log, so a crash leaves its last words in the tail
-    return [*PYTEST, *nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider",
+    return [sys.executable, "-c", WORKER_MAIN, *nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider",
             *extra_args]
 
 
@@ -156,7 +166,7 @@ def launch(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[
            extra_args: Sequence[str] = (), batch_sizes: Mapping[str, Sequence[int]] | None = None,
            tag: str | None = None, wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
            pass_fds: Sequence[int] = ()) -> Launched:
-    """Start one worker (`python -m pytest NODEID...` on its side) with its log and records file."""
+    """Start one worker (pytest on NODEID... on its side, `worker_command`) with its log and records file."""
     tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
