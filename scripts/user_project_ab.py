@@ -132,8 +132,8 @@ def main() -> None:
         red = sum(rc != 0 for rc, _ in rows)
         times = [s for _, s in rows]
         if times:
-            print(f"decode +{condition:.0%}: red in {red} of {len(rows)}; job time median {statistics.median(times):.0f} s "
-                  f"({min(times):.0f}-{max(times):.0f} s)")
+            print(f"decode +{condition:.0%}: red in {red} of {len(rows)}; job time median "
+                  f"{statistics.median(times):.0f} s ({min(times):.0f}-{max(times):.0f} s)")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ other half of the protocol; pyperf splits its manager and workers the same way).
 A worker is pytest run on NODEID... by the same interpreter in the same environment (WORKER_MAIN: it leaves without
 tearing down its modules), in the root of one side of a comparison (the working tree, or a git worktree of the
 reference). Its output goes to a log whose tail is in every error; a worker that crashes, hangs past its deadline
-or reports nothing is stopped with its whole process tree and raised as a WorkerError naming the side. While it runs, the
-records it appends are read every POLL_S and handed to the caller (live progress, report/campaign_progress.py).
+or reports nothing is stopped with its whole process tree and raised as a WorkerError naming the side. While it
+runs, the records it appends are read every POLL_S and handed to the caller (live progress,
+report/campaign_progress.py).
 Its whole log is kept in the report directory (`worker-logs/`, a CI job's artifact), so the temporary directory
 of the workers never outlives the campaign.
 """
