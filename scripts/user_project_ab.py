@@ -111,7 +111,8 @@ def main() -> None:
     args = parser.parse_args()
     conditions = args.condition or [0.0]
     root = Path(tempfile.mkdtemp(prefix="llmperf-user-project-"))
-    if args.out:
+    if args.out:  # absolute: the jobs run in the project's directory
+        args.out = args.out.resolve()
         args.out.mkdir(parents=True, exist_ok=True)
     results: dict[float, list[tuple[int, float]]] = {c: [] for c in conditions}
     try:
