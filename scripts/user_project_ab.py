@@ -11,6 +11,7 @@ time. The plugin is the one this interpreter imports (run it with the environmen
 """
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gate_power import processes_used  # scripts/ is on sys.path when this script runs
 
 TINY = '''import pytest
 
@@ -73,31 +76,30 @@ def make_project(root: Path) -> None:
     subprocess.run([*git, "commit", "-qm", "perf tests"], cwd=root, check=True)
 
 
-def job(root: Path, slowdown: float, extra: list[str], out: Path | None) -> tuple[int, float, str, str]:
-    """One A/B job with the engine's decode slowed by `slowdown` in the working tree (0: unchanged); its output and
-    JSON report kept as `out`.log and .json."""
-    if out is not None:
-        extra = [*extra, f"--llmperf-json={out.with_suffix('.json')}"]
+def job(root: Path, slowdown: float, extra: list[str], out: Path) -> tuple[int, float, str]:
+    """One A/B job with the engine's decode slowed by `slowdown` in the working tree (0: unchanged), its output and
+    JSON report kept as `out`.log and .json; its exit status, seconds, and a line: the summary's first line, the
+    processes per side, and every row that did not pass."""
     engine = root / "tests" / "perf" / "test_engine.py"
     engine.write_text(ENGINE.replace("DECODE_SLOWDOWN = 1.0", f"DECODE_SLOWDOWN = {1 + slowdown!r}"))
+    report = out.with_suffix(".json")
     try:
         start = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "pytest", "tests/perf", "-q", "-p", "no:cacheprovider",
-                               "--llmperf-device=cpu", "--llmperf-compare=HEAD", *extra],
+                               "--llmperf-device=cpu", "--llmperf-compare=HEAD", f"--llmperf-json={report}", *extra],
                               cwd=root, capture_output=True, text=True)
         seconds = time.monotonic() - start
     finally:
         subprocess.run(["git", "checkout", "-q", "--", "."], cwd=root, check=True)
-    out_text = done.stdout + done.stderr
-    if out is not None:
-        out.with_suffix(".log").write_text(out_text)
-    summary = next((line for line in out_text.splitlines() if line.startswith("llmperf: judged")), "(no summary line)")
-    processes = next((line for line in out_text.splitlines() if line.startswith("processes per side")), "")
-    # the verdict table's rows that did not pass: test, metric, batch size, verdict
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in out_text.splitlines()
-             if line.startswith("| test")]
-    red = [f"{c[0]} {c[1]} batch {c[2]}: {c[-1]}" for c in cells if c[-1] not in ("pass", "improved", "Verdict")]
-    return done.returncode, seconds, summary + "".join(f"\n    {r}" for r in red), processes
+    text = done.stdout + done.stderr
+    out.with_suffix(".log").write_text(text)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    summary = next((line for line in text.splitlines() if line.startswith("llmperf: judged")), "(no summary line)")
+    red = [f"{row['key']} {row['metric']} batch {row['batch_size']}: {row['verdict']}"
+           + (f" ({row['note']})" if row.get("note") else "")
+           for row in data.get("verdicts", []) if row["verdict"] not in ("pass", "improved")]
+    return done.returncode, seconds, (f"{processes_used(data)} processes per side at most; {summary}"
+                                      + "".join(f"\n    {r}" for r in red))
 
 
 def main() -> None:
@@ -106,29 +108,31 @@ def main() -> None:
     parser.add_argument("--condition", type=float, action="append",
                         help="the engine's decode slowdown in the working tree, e.g. 0 or 0.10 (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the project (its path is printed)")
-    parser.add_argument("--out", type=Path, help="a directory for each job's output and JSON report")
+    parser.add_argument("--out", type=Path, help="a directory for each job's output and JSON report (default: a "
+                        "temporary one, removed at the end)")
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest options for every job")
     args = parser.parse_args()
     conditions = args.condition or [0.0]
     root = Path(tempfile.mkdtemp(prefix="llmperf-user-project-"))
-    if args.out:  # absolute: the jobs run in the project's directory
-        args.out = args.out.resolve()
-        args.out.mkdir(parents=True, exist_ok=True)
+    # absolute: the jobs run in the project's directory
+    outputs = args.out.resolve() if args.out else Path(tempfile.mkdtemp(prefix="llmperf-user-jobs-"))
+    outputs.mkdir(parents=True, exist_ok=True)
     results: dict[float, list[tuple[int, float]]] = {c: [] for c in conditions}
     try:
         make_project(root)
         for k in range(args.jobs):
             for condition in conditions:
-                out = args.out / f"job{k + 1}_decode_{round(condition * 100)}pct" if args.out else None
-                rc, seconds, summary, processes = job(root, condition, args.pytest_args, out)
+                out = outputs / f"job{k + 1}_decode_{round(condition * 100)}pct"
+                rc, seconds, line = job(root, condition, args.pytest_args, out)
                 results[condition].append((rc, seconds))
-                print(f"job {k + 1} decode +{condition:.0%}: exit {rc} in {seconds:.0f} s  {processes}  {summary}",
-                      flush=True)
+                print(f"job {k + 1} decode +{condition:.0%}: exit {rc} in {seconds:.0f} s, {line}", flush=True)
     finally:
         if args.keep:
             print(f"project: {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+        if not args.out:
+            shutil.rmtree(outputs, ignore_errors=True)
     for condition, rows in results.items():
         red = sum(rc != 0 for rc, _ in rows)
         times = [s for _, s in rows]
