@@ -48,6 +48,7 @@ class Job:
     baseline_processes: int = 8
     rtol: float = 0.03
     alpha: float = 0.01
+    looks: str = "every_round"  # the plugin's worker schedule; "doubling": looks at the doublings only (before)
 
     @classmethod
     def shipped(cls, **fields: object) -> Job:
@@ -108,7 +109,7 @@ def simulate(job: Job, jobs: int, seed: int = 0) -> tuple[Figures, np.ndarray]:
         base_shape = (jobs, job.tests, job.rows, job.baseline_processes)
         reference = _side_values(rng, job, base_shape, None)
         current = current + np.log1p(job.drift)
-    schedule = procedure.Schedule.doubling(job.processes, cap, job.alpha, family=job.tests * job.rows)
+    schedule = getattr(procedure.Schedule, job.looks)(job.processes, cap, job.alpha, family=job.tests * job.rows)
     verdicts = np.full((jobs, job.tests, job.rows), None, dtype=object)
     used = np.zeros((jobs, job.tests), dtype=int)
     for look in schedule.looks:
@@ -159,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("ab", "stored"), default=Job.mode)
     parser.add_argument("--tests", type=int, default=Job.tests, help="tests of an A/A job")
     parser.add_argument("--rows", type=int, default=Job.rows, help="gated rows per test")
+    parser.add_argument("--looks", choices=("every_round", "doubling"), default=Job.looks,
+                        help="every_round: the plugin's (a look after every round, alpha spent at the doublings); "
+                             "doubling: looks at the doublings only, as before 2026-11-27")
     args = parser.parse_args(argv)
     for label, job in cells(args.rtol):
         job = Job(**{**job.__dict__, "rtol": args.rtol, "processes": args.processes, "noise": args.noise,
-                     "max_processes": args.max_processes, "mode": args.mode, "rows": args.rows,
+                     "max_processes": args.max_processes, "mode": args.mode, "rows": args.rows, "looks": args.looks,
                      "tests": args.tests if job.tests > 2 else job.tests})
         figures, _ = simulate(job, args.jobs if not job.slowdown else max(args.jobs // 4, 50), args.seed)
         print(figures.line(f"{label} ({job.mode}, {job.tests} tests x {job.rows} rows)"), flush=True)

@@ -78,9 +78,11 @@ def rows_of(report: dict, slowdown: tuple[str, float] | None = None) -> Rows:
     return rows
 
 
-def replay(rows: Rows, rtol: float, first: int, cap: int, alpha: float) -> tuple[dict, dict[str, int]]:
-    """Every row's final verdict and each test's processes per side, as the campaign would have taken them."""
-    schedule = procedure.Schedule.doubling(first, cap, alpha, family=len(rows))
+def replay(rows: Rows, rtol: float, first: int, cap: int, alpha: float,
+           looks: str = "every_round") -> tuple[dict, dict[str, int]]:
+    """Every row's final verdict and each test's processes per side, as the campaign would have taken them
+    (`looks`: the Schedule constructor, "every_round" as the plugin's workers, or "doubling")."""
+    schedule = getattr(procedure.Schedule, looks)(first, cap, alpha, family=len(rows))
     verdicts: dict = {}
     used: dict[str, int] = {}
     for look in schedule.looks:
@@ -109,13 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=0.01)
     parser.add_argument("--slowdown", default=None, help="PHASE:FRACTION injected into the working tree's runs")
+    parser.add_argument("--looks", choices=("every_round", "doubling"), default="every_round",
+                        help="every_round: the plugin's (a look after every round, alpha spent at the doublings); "
+                             "doubling: looks at the doublings only, as before 2026-11-27")
     args = parser.parse_args(argv)
     slowdown = None
     if args.slowdown:
         phase, fraction = args.slowdown.split(":")
         slowdown = (phase, float(fraction))
     jobs = [rows_of(json.loads(Path(p).read_text()), slowdown) for p in args.reports]
-    print(f"{len(jobs)} job(s), {len(jobs[0])} gated rows each, cap {args.cap}" +
+    print(f"{len(jobs)} job(s), {len(jobs[0])} gated rows each, cap {args.cap}, looks {args.looks}" +
           (f", {args.slowdown} injected" if slowdown else ""))
     print("| rtol | first look | red jobs | regressed rows | inconclusive rows | processes per test (median, max) |")
     print("|---|---|---|---|---|---|")
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             red = regressed = inconclusive = total = 0
             used: list[int] = []
             for rows in jobs:
-                verdicts, per_test = replay(rows, rtol, first, args.cap, args.alpha)
+                verdicts, per_test = replay(rows, rtol, first, args.cap, args.alpha, args.looks)
                 found = list(verdicts.values())
                 red += any(v in (Verdict.REGRESSED, Verdict.INCONCLUSIVE) for v in found)
                 regressed += found.count(Verdict.REGRESSED)

@@ -98,6 +98,15 @@ def test_a_terminal_gets_one_status_line_rewritten_in_place_and_erased_before_a_
                                                                    "1 test(s) in 1.0 s")]
 
 
+def test_past_the_first_look_a_worker_is_counted_against_the_cap():
+    clock = Clock()
+    out = Recorded(clock)
+    progress = CampaignProgress(out, isatty=False, verbosity=0, clock=clock)
+    progress.started("the working tree", 7, 25, 1, at_most=True)
+    progress.done(6.5)
+    assert out.lines == [(clock.now, "llmperf: process 7 of at most 25 on the working tree: 1 test(s) in 6.5 s")]
+
+
 def test_two_workers_taking_turns_show_the_one_measuring_and_each_ends_with_its_line():
     clock = Clock()
     out = Recorded(clock)

@@ -1,18 +1,23 @@
 """The gate's decision procedure: one function gives every row its verdict, in every mode, at every look.
 
 A benchmark is measured in *looks*: N units per side (worker processes, or runs in one process), then, for the
-batch sizes still undecided, more units, doubling, up to a cap. At each look `decide` gives every undecided
-row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
+batch sizes still undecided, more units, up to a cap. In worker processes a test is looked at after every round
+from the first look on; measured in one process, at doublings of its runs. At each look `decide` gives every
+undecided row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
 
 - **regressed**: credibly beyond the tolerance. The estimate's `DECISION_LEVEL` lower bound lies above
   1 + rtol, *and* the metric is worse than its reference at the family-wise level: one-sided p below
   alpha x w_k / rows in the family, Bonferroni over every gated row of the job (or, measured in one process,
-  of the benchmark) and over the looks, look k spending the share w_k of alpha in proportion to its units
-  (5, 10, 20, 25 units: 1/12, 2/12, 4/12, 5/12: alpha spent linearly in the information, most where most is
-  known). So a job of unchanged code ends with a regressed row with probability at most alpha however many rows
-  and looks it has, and a slowdown below the tolerance fails rarely (its lower bound must clear 1 + rtol).
+  of the benchmark) and over the looks that spend alpha: the doublings (5, 10, 20 units) and the cap (25),
+  look k spending the share w_k in proportion to its units (1/12, 2/12, 4/12, 5/12: alpha spent linearly in
+  the information, most where most is known). So a job of unchanged code ends with a regressed row with
+  probability at most alpha however many rows and looks it has, and a slowdown below the tolerance fails
+  rarely (its lower bound must clear 1 + rtol).
 - **improved**: the mirror image (the same family-wise p, in the improving direction).
-- **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol.
+- **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol. The looks
+  between the doublings spend no alpha: there a row can only pass. A row of unchanged code that 5 processes
+  leave open can pass at the 6th or any later one instead of waiting for the 10th (synthetic jobs at the noise
+  of seed 000 here: 11 processes per test on average instead of 17, for half a point of power; docs/noise.md).
 - undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
 
 A row decided at one look keeps its verdict; the job stops as soon as every row is decided.
@@ -48,11 +53,13 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
-    """When a benchmark is judged: units per side at each look (the last is the cap), and the family's alpha."""
+    """When a benchmark is judged: units per side at each look (the last is the cap), the family's alpha, and the
+    looks that spend it (`spend`, a subset of `looks` holding the cap; empty: every look)."""
 
     looks: tuple[int, ...]
     alpha: float
     family: int = 1  # gated rows judged together (Bonferroni)
+    spend: tuple[int, ...] = ()
 
     @classmethod
     def doubling(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
@@ -62,17 +69,24 @@ class Schedule:
             looks.append(min(2 * looks[-1], cap))
         return cls(tuple(looks), alpha, max(family, 1))
 
+    @classmethod
+    def every_round(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
+        """A look at every unit from `first` to `cap`; alpha spent at the doublings' looks only."""
+        doublings = cls.doubling(first, cap, alpha, family)
+        return cls(tuple(range(doublings.looks[0], doublings.cap + 1)), alpha, doublings.family, doublings.looks)
+
     @property
     def cap(self) -> int:
         return self.looks[-1]
 
     @property
     def weights(self) -> tuple[float, ...]:
-        """Each look's share of alpha, in proportion to its units: alpha spent linearly in the information
-        (Kim and DeMets' t * alpha), each look's increment applied by Bonferroni, so the shares add up to alpha
-        however the looks depend on each other."""
-        total = sum(self.looks)
-        return tuple(n / total for n in self.looks)
+        """Each look's share of alpha, in proportion to its units among the looks that spend it (0 elsewhere):
+        alpha spent linearly in the information (Kim and DeMets' t * alpha), each look's increment applied by
+        Bonferroni, so the shares add up to alpha however the looks depend on each other."""
+        spend = self.spend or self.looks
+        total = sum(spend)
+        return tuple(n / total if n in spend else 0.0 for n in self.looks)
 
     def look_of(self, units: int) -> int:
         """The index of the look that `units` per side reached (the last look at or below them)."""
@@ -88,15 +102,18 @@ class Schedule:
         return self.alpha_at(len(self.looks) - 1)
 
     def with_family(self, family: int) -> Schedule:
-        return Schedule(self.looks, self.alpha, max(family, 1))
+        return Schedule(self.looks, self.alpha, max(family, 1), self.spend)
 
     def next_look(self, units: int) -> int | None:
         """The units of the look after one with `units`, or None at the cap."""
         return next((n for n in self.looks if n > units), None)
 
     def adjusted(self, p: ArrayLike, look: int) -> NDArray[np.float64]:
-        """p adjusted for the family and the look's share of alpha: compared with alpha."""
-        return np.minimum(1.0, np.asarray(p, dtype=float) * self.family / self.weights[look])
+        """p adjusted for the family and the look's share of alpha: compared with alpha (1 where the look spends
+        none)."""
+        p = np.asarray(p, dtype=float)
+        weight = self.weights[look]
+        return np.minimum(1.0, p * self.family / weight) if weight > 0 else np.ones_like(p)
 
 
 @dataclass(frozen=True)
@@ -178,8 +195,9 @@ def can_fail(schedule: Schedule, rtol: float, *, reference: int | None) -> bool:
 
 
 def capped_at(schedule: Schedule, cap: int) -> Schedule:
-    """The schedule with its looks below `cap` and a last look at `cap`."""
-    return Schedule(tuple(n for n in schedule.looks if n < cap) + (cap,), schedule.alpha, schedule.family)
+    """The schedule with its looks below `cap` and a last look at `cap` (which spends alpha)."""
+    spend = tuple(n for n in schedule.spend if n < cap) + (cap,) if schedule.spend else ()
+    return Schedule(tuple(n for n in schedule.looks if n < cap) + (cap,), schedule.alpha, schedule.family, spend)
 
 
 def smallest_cap(schedule: Schedule, rtol: float, *, reference: int | None) -> int:
@@ -202,8 +220,8 @@ def check_can_fail(schedule: Schedule, rtol: float, *, reference: int | None, wh
     short = reference is not None and not can_fail(capped_at(schedule, need), rtol, reference=reference)
     baseline = f", and a baseline recorded with as many (it holds {reference})" if short else ""
     raise SettingError(
-        f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at {list(schedule.looks)} units "
-        f"per side (alpha {schedule.alpha:g}, Bonferroni over rows and looks), a slowdown to {2 * (1 + rtol):.2f}x "
+        f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at "
+        f"{list(schedule.spend or schedule.looks)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows and looks), a slowdown to {2 * (1 + rtol):.2f}x "
         f"(twice the tolerance) would not be called regressed when units scatter by {REFERENCE_NOISE:.0%}. Allow "
         f"at least {need} units per side at the last look{baseline}")
 

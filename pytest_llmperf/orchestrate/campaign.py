@@ -156,12 +156,15 @@ class Campaign:
     def _round(self, work: list[RoundWork], index: int, settings: dict[str, Any], work_dir: Path) -> list[WorkerRun]:
         """One round: the sides' workers taking turns at every run or batch size (--llmperf-interleave=run, batch),
         or one after the other."""
-        progress, total = self.progress, max(plan.units for plan in self.plans.values())
+        progress = self.progress
+        # past the first look a test gets one more process a round while rows stay open, up to its cap
+        at_most = any(plan.look > 0 for plan in self.plans.values())
+        total = max(plan.schedule.cap if at_most else plan.units for plan in self.plans.values())
         timeout, args = self.llm.settings["worker_timeout"], self._passthrough_args()
         if len(work) > 1 and self.llm.settings["interleave"] != "process":
             for item in work:
                 if progress is not None:
-                    progress.started(item.side.label, index, total, len(item.nodeids))
+                    progress.started(item.side.label, index, total, len(item.nodeids), at_most=at_most)
             done = run_round(work, index, settings=settings, work_dir=work_dir, timeout_s=timeout, extra_args=args)
             for run in done:
                 if progress is not None:
@@ -170,7 +173,7 @@ class Campaign:
         done = []
         for item in work:
             if progress is not None:
-                progress.started(item.side.label, index, total, len(item.nodeids))
+                progress.started(item.side.label, index, total, len(item.nodeids), at_most=at_most)
             done.append(run_worker(item.side, index, item.nodeids, settings=settings, work_dir=work_dir,
                                    timeout_s=timeout, extra_args=args, batch_sizes=item.batch_sizes,
                                    on_records=item.on_records))

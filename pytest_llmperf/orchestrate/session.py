@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 
 #: Worker processes per benchmark at the first look when --llmperf-processes is auto, per target class
-#: (docs/noise.md); more follow, doubling, for the rows still undecided, up to MAX_PROCESSES_FACTOR times as many
-#: (5: looks at 5, 10, 20, 25. The last look is for rows a disturbed process or two left open at 20: on synthetic
-#: jobs with a tenth of the processes slowed 1.2-2x, +10% rows were called regressed in 96.5% against 91.6% with a
+#: (docs/noise.md); more follow, one a round, for the rows still undecided, up to MAX_PROCESSES_FACTOR times as
+#: many (5: alpha spent at the looks at 5, 10, 20, 25. The last look is for rows a disturbed process or two left
+#: open at 20: on synthetic jobs with a tenth of the processes slowed 1.2-2x, +10% rows were called regressed in 96.5% against 91.6% with a
 #: cap of 20, and A/A jobs red 3.0% against 4.2%; rows decided earlier cost nothing more. docs/noise.md).
 DEFAULT_PROCESSES = {"cpu": 5, "gpu": 5}
 MAX_PROCESSES_FACTOR = 5
@@ -139,13 +139,14 @@ class LLMPerfSession:
         return int(given) if given is not None else self.processes
 
     def worker_schedule(self, first: int, alpha: float, family: int = 1) -> Schedule:
-        """The looks of a benchmark measured in worker processes: `first` processes per side, doubling up to
-        the cap; when recording baselines, one look of RECORD_FACTOR times `first`."""
+        """The looks of a benchmark measured in worker processes: `first` processes per side, then one after
+        every round up to the cap (alpha spent at the doublings); when recording baselines, one look of
+        RECORD_FACTOR times `first`."""
         from ..judge.procedure import Schedule
 
         if self.mode != "gate":
             return Schedule.doubling(RECORD_FACTOR * first, RECORD_FACTOR * first, alpha, family)
-        return Schedule.doubling(first, max(self.max_processes, first), alpha, family)
+        return Schedule.every_round(first, max(self.max_processes, first), alpha, family)
 
     @property
     def measures_in_one_process(self) -> bool:

@@ -51,9 +51,10 @@ class WorkerState:
 
     side: str  # "the working tree", "origin/main (abc1234)"
     index: int
-    total: int
+    total: int  # the processes of the first look, or past it the cap ("of at most")
     tests: int
     started: float
+    at_most: bool = False
     test: str = ""
     batch_size: int | None = None
     position: tuple[int, int] | None = None  # the batch size's place among the test's batch sizes
@@ -72,8 +73,12 @@ class WorkerState:
             self.position = (int(position[0]), int(position[1])) if position else None
             self.run, self.runs, self.retaken = int(record["run"]), int(record["runs"]), int(record.get("retaken", 0))
 
+    @property
+    def of_total(self) -> str:
+        return f"{self.index} of {'at most ' if self.at_most else ''}{self.total}"
+
     def describe(self, now: float) -> str:
-        parts = [f"process {self.index} of {self.total} on {self.side}"]
+        parts = [f"process {self.of_total} on {self.side}"]
         if self.test:
             parts.append(self.test)
         if self.batch_size is None:
@@ -123,9 +128,10 @@ class CampaignProgress:
             self._last_line = now
             self.out.line(f"llmperf: {text}")
 
-    def started(self, side: str, index: int, total: int, tests: int) -> None:
+    def started(self, side: str, index: int, total: int, tests: int, *, at_most: bool = False) -> None:
+        """A worker started: process `index` of `total` (at_most: of the cap, past the first look)."""
         now = self.clock()
-        self.workers[side] = WorkerState(side, index, total, tests, now)
+        self.workers[side] = WorkerState(side, index, total, tests, now, at_most=at_most)
         self.active = self.active if self.active in self.workers else side
         if self._last_line is None:
             self._last_line = now  # the first periodic line comes LINE_EVERY_S after the campaign starts
@@ -167,7 +173,7 @@ class CampaignProgress:
             return
         if self.active == side:
             self.active = next(iter(self.workers), None)
-        self.say(f"process {worker.index} of {worker.total} on {worker.side}: {worker.tests} test(s) in "
+        self.say(f"process {worker.of_total} on {worker.side}: {worker.tests} test(s) in "
                  f"{seconds:.1f} s")
 
     def clear(self) -> None:
