@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -185,6 +186,7 @@ class ServerProcess:
     popen: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     killed: list[int] = field(default_factory=list)  # pids that needed SIGKILL at stop
+    tmp_dir: Path | None = None  # its TMPDIR, removed at stop (vLLM leaves its distributed-init file there)
 
     @property
     def pid(self) -> int | None:
@@ -266,6 +268,11 @@ class ServerProcess:
             self.killed = []
         with contextlib.suppress(Exception):
             self.popen.wait(timeout=5)
+        self.remove_tmp_dir()
+
+    def remove_tmp_dir(self) -> None:
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -293,14 +300,19 @@ class ProcessRegistry:
 
     def start(self, name: str, argv: Sequence[str], *, url: str, env: Mapping[str, str] | None = None,
               log_name: str | None = None, grace_s: float = 10.0, cwd: str | Path | None = None) -> ServerProcess:
-        """Start `argv` with stdout and stderr captured to a log file; it is stopped by `stop_all`."""
+        """Start `argv` with stdout and stderr captured to a log file; it is stopped by `stop_all`. Unless `env`
+        names a TMPDIR, the server gets a temporary directory of its own, removed when it stops: what a server
+        leaves in its temp directory (vLLM: a `vllm_dist_<hex>` file per start) does not outlive it."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stem = log_name or name.lower()
         self.started += 1
         log_path = self.log_dir / f"{stem}-{self.started}.log"
         full_env = {**os.environ, **(env or {})}
+        tmp_dir = None if "TMPDIR" in (env or {}) else Path(tempfile.mkdtemp(prefix=f"llmperf-{stem}-"))
+        if tmp_dir is not None:
+            full_env["TMPDIR"] = str(tmp_dir)
         proc = ServerProcess(name=name, argv=[str(a) for a in argv], url=url, log_path=log_path,
-                             env=dict(env or {}), grace_s=grace_s)
+                             env=dict(env or {}), grace_s=grace_s, tmp_dir=tmp_dir)
         with open(log_path, "wb") as log:
             log.write(f"$ {' '.join(proc.argv)}\n".encode())
             log.flush()
@@ -310,6 +322,7 @@ class ProcessRegistry:
                     stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
                     start_new_session=True)  # Ctrl-C reaches pytest only; we stop the server
             except OSError as exc:
+                proc.remove_tmp_dir()
                 raise BackendError(f"cannot start the {name} server: {exc}.\n  command: {' '.join(proc.argv)}\n"
                                    f"  Is the program installed and on PATH?") from exc
         proc.started_at = time.monotonic()

@@ -7,7 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -108,9 +110,40 @@ def test_sigkill_after_grace_when_sigterm_is_ignored(registry, tmp_path):
     assert_gone(pids, within_s=2)
 
 
-def test_program_missing_is_a_clear_error(registry):
+def test_program_missing_is_a_clear_error(registry, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     with pytest.raises(BackendError, match=r"(?s)cannot start the TGI server.*no-such-launcher.*installed and on PATH"):
         registry.start("TGI", ["/nonexistent/no-such-launcher"], url="http://127.0.0.1:1")
+    assert list((tmp_path / "tmp").iterdir()) == []  # its temp directory is removed too
+
+
+WRITES_A_TEMP_FILE = ("import pathlib, tempfile, time; path = pathlib.Path(tempfile.gettempdir(), 'vllm_dist_0'); "
+                      "path.write_text('x'); print(path, flush=True); time.sleep(60)")
+
+
+def test_a_server_gets_a_temp_directory_of_its_own_removed_when_it_stops(registry, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where this process makes temp directories
+    proc = registry.start("vLLM", [PYTHON, "-c", WRITES_A_TEMP_FILE], url="http://127.0.0.1:1")
+    deadline = time.monotonic() + 30
+    while len(proc.log_path.read_text().splitlines()) < 2 and time.monotonic() < deadline:  # the command, the path
+        time.sleep(0.05)
+    written = Path(proc.log_path.read_text().splitlines()[1])
+    assert written.read_text() == "x" and written.parent == proc.tmp_dir and proc.tmp_dir.parent == tmp_path
+    registry.stop(proc)
+    assert not proc.tmp_dir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_a_tmpdir_the_caller_names_is_kept(registry, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    proc = registry.start("vLLM", [PYTHON, "-c", WRITES_A_TEMP_FILE], url="http://127.0.0.1:1",
+                          env={"TMPDIR": str(mine)})
+    deadline = time.monotonic() + 30
+    while not (mine / "vllm_dist_0").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    registry.stop(proc)
+    assert proc.tmp_dir is None and (mine / "vllm_dist_0").read_text() == "x"
 
 
 def test_stop_tree_of_a_finished_process_is_a_no_op():
