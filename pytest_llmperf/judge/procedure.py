@@ -221,9 +221,9 @@ def check_can_fail(schedule: Schedule, rtol: float, *, reference: int | None, wh
     baseline = f", and a baseline recorded with as many (it holds {reference})" if short else ""
     raise SettingError(
         f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at "
-        f"{list(schedule.spend or schedule.looks)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows and looks), a slowdown to {2 * (1 + rtol):.2f}x "
-        f"(twice the tolerance) would not be called regressed when units scatter by {REFERENCE_NOISE:.0%}. Allow "
-        f"at least {need} units per side at the last look{baseline}")
+        f"{list(schedule.spend or schedule.looks)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows "
+        f"and looks), a slowdown to {2 * (1 + rtol):.2f}x (twice the tolerance) would not be called regressed when "
+        f"units scatter by {REFERENCE_NOISE:.0%}. Allow at least {need} units per side at the last look{baseline}")
 
 
 def family_size(rows_per_benchmark: Sequence[int]) -> int:

@@ -141,9 +141,9 @@ OPTIONS: tuple[Option, ...] = (
            "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)",
            parsers.auto_or_positive_int, default="auto", metavar="N|auto"),
     Option("max_processes", "Most worker processes per side while a row is undecided; one more is added a round "
-           "from --llmperf-processes on, for the batch sizes still undecided, and the test is judged after every round "
-           "(default: 5 times --llmperf-processes, 4 times for 1 or 2, where a fifth doubling would trim away what "
-           "it adds)",
+           "from --llmperf-processes on, for the batch sizes still undecided, and the test is judged after every "
+           "round (default: 5 times --llmperf-processes, 4 times for 1 or 2, where a fifth doubling would trim away "
+           "what it adds)",
            parsers.positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
            "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string,

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 #: Worker processes per benchmark at the first look when --llmperf-processes is auto, per target class
 #: (docs/noise.md); more follow, one a round, for the rows still undecided, up to MAX_PROCESSES_FACTOR times as
 #: many (5: alpha spent at the looks at 5, 10, 20, 25. The last look is for rows a disturbed process or two left
-#: open at 20: on synthetic jobs with a tenth of the processes slowed 1.2-2x, +10% rows were called regressed in 96.5% against 91.6% with a
-#: cap of 20, and A/A jobs red 3.0% against 4.2%; rows decided earlier cost nothing more. docs/noise.md).
+#: open at 20: on synthetic jobs with a tenth of the processes slowed 1.2-2x, +10% rows were called regressed in
+#: 96.5% against 91.6% with a cap of 20, and A/A jobs red 3.0% against 4.2%; rows decided earlier cost nothing
+#: more. docs/noise.md).
 DEFAULT_PROCESSES = {"cpu": 5, "gpu": 5}
 MAX_PROCESSES_FACTOR = 5
 #: A baseline records this many times --llmperf-processes: the gate tests a stored baseline with Mann-Whitney's exact
