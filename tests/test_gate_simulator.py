@@ -67,3 +67,13 @@ def test_stored_baselines_read_drift_as_a_slowdown_and_ab_does_not():
     ab, _ = simulator.simulate(Job(drift=0.05, tests=4), 100, seed=4)
     print(stored.line("stored, 5% drift"), ab.line("A/B, 5% drift"), sep="\n")
     assert stored.any_regressed > 0.5 and ab.red <= 0.05
+
+
+def test_a_look_after_every_round_takes_fewer_processes_than_doublings_at_the_same_level():
+    # seed 000's shape and noise here (one test of 18 rows, sd 6% per process): rows left open at 5 pass sooner
+    job = Job.shipped(tests=1, rows=18, noise=0.06)
+    every, _ = simulator.simulate(job, 1000, seed=5)
+    doubling, _ = simulator.simulate(Job(**{**job.__dict__, "looks": "doubling"}), 1000, seed=5)
+    print(every.line("every round"), doubling.line("doublings"), sep="\n")
+    assert every.processes_mean < 0.8 * doubling.processes_mean
+    assert every.any_regressed <= job.alpha and every.red <= doubling.red
