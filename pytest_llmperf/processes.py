@@ -308,13 +308,13 @@ class ProcessRegistry:
         self.started += 1
         log_path = self.log_dir / f"{stem}-{self.started}.log"
         full_env = {**os.environ, **(env or {})}
-        tmp_dir = None if "TMPDIR" in (env or {}) else Path(tempfile.mkdtemp(prefix=f"llmperf-{stem}-"))
+        tmp_dir, left = (None, "") if "TMPDIR" in (env or {}) else self._tmp_dir(stem)
         if tmp_dir is not None:
             full_env["TMPDIR"] = str(tmp_dir)
         proc = ServerProcess(name=name, argv=[str(a) for a in argv], url=url, log_path=log_path,
                              env=dict(env or {}), grace_s=grace_s, tmp_dir=tmp_dir)
         with open(log_path, "wb") as log:
-            log.write(f"$ {' '.join(proc.argv)}\n".encode())
+            log.write(f"$ {' '.join(proc.argv)}\n{left}".encode())
             log.flush()
             try:
                 proc.popen = subprocess.Popen(
@@ -328,6 +328,17 @@ class ProcessRegistry:
         proc.started_at = time.monotonic()
         self.processes.append(proc)
         return proc
+
+    @staticmethod
+    def _tmp_dir(stem: str) -> tuple[Path, str]:
+        """A TMPDIR of the server's own, claimed by this process, and a line for the server's log naming those a
+        killed pytest left, which are removed first (SIGKILL runs no cleanup)."""
+        from .orchestrate.leftovers import SERVER_TMP_PREFIX, claim, left_behind_line, remove_left_work_dirs
+
+        left = remove_left_work_dirs(prefix=SERVER_TMP_PREFIX)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f"{SERVER_TMP_PREFIX}{stem}-"))
+        claim(tmp_dir)
+        return tmp_dir, (left_behind_line("server temp directories", left) + "\n" if left else "")
 
     def stop(self, proc: ServerProcess) -> None:
         proc.stop()

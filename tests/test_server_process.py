@@ -233,29 +233,38 @@ def test_a_crashed_servers_orphans_are_still_stopped(registry, tmp_path):
     assert_gone(shards, within_s=2)
 
 
-def test_server_is_terminated_when_pytest_is_killed(tmp_path):
-    """PR_SET_PDEATHSIG, set up in the child with prctl resolved in the parent."""
+def test_server_is_terminated_when_pytest_is_killed(registry, tmp_path, monkeypatch):
+    """PR_SET_PDEATHSIG, set up in the child with prctl resolved in the parent; the server's TMPDIR, which no
+    teardown removed, goes when the next server starts."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     script = tmp_path / "parent.py"
     script.write_text(f"""
-import sys, time
+import sys, tempfile, time
 from pathlib import Path
 from pytest_llmperf.processes import ProcessRegistry
+tempfile.tempdir = {str(temp)!r}
 proc = ProcessRegistry(Path({str(tmp_path)!r})).start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
                                                       url="none")
-print(proc.pid, flush=True)
+print(proc.pid, proc.tmp_dir, flush=True)
 time.sleep(60)
 """)
     parent = psutil.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        child = int(parent.stdout.readline())
-        assert alive(child)
+        child, left = parent.stdout.readline().split()
+        assert alive(int(child))
         parent.kill()  # SIGKILL: no teardown runs in the parent
         parent.wait()
-        assert_gone([child], within_s=10)
+        assert_gone([int(child)], within_s=10)
     finally:
         if parent.is_running():
             parent.kill()
             parent.wait()
+    assert Path(left).is_dir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    proc = registry.start("sleeper", [PYTHON, "-c", "import time; time.sleep(60)"], url="none")
+    assert not Path(left).exists() and list(temp.iterdir()) == [proc.tmp_dir]
+    assert f"removed 1 server temp directories that a killed pytest-llmperf run left: {left}" in proc.log_tail()
 
 
 def _double_on(port):

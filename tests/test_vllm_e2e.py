@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import tempfile
+from pathlib import Path
 
+import psutil
 import pytest
 
 from pytest_llmperf.measure.backend import BackendError, GenerationRequest
@@ -71,6 +74,15 @@ def test_vllm_gives_each_request_its_send_its_ids_and_the_prompt_it_received(vll
             as_is.generate(req(1))
     finally:
         as_is.close()
+
+
+def test_vllm_keeps_its_temp_files_in_a_directory_of_its_own(vllm):
+    mine = os.path.join(tempfile.gettempdir(), "llmperf-")  # processes.py's ProcessRegistry makes one per server
+    dirs = {p.environ().get("TMPDIR", "") for p in psutil.Process().children(recursive=True)}
+    private = [Path(d) for d in dirs if d.startswith(mine)]
+    assert private, dirs
+    # vLLM's distributed-init file, which outlived every server before; the directory goes when the server stops
+    assert any(list(d.glob("vllm_dist_*")) for d in private)
 
 
 # A test of the backend, not of the machine: max_load=inf, so a busy neighbour cannot get its baseline refused

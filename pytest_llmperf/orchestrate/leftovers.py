@@ -1,7 +1,7 @@
 """Temporary directories of a controlling pytest process, and what one that was killed left behind.
 
-A campaign's work directory (worker logs and results) and an A/B comparison's worktree are removed when the
-pytest process that made them ends, also on Ctrl-C and SIGTERM. SIGKILL runs no cleanup: the directory stays.
+A campaign's work directory (worker logs and results), an A/B comparison's worktree and a started server's TMPDIR
+(processes.py) are removed when the pytest process that made them ends, also on Ctrl-C and SIGTERM. SIGKILL runs no cleanup: the directory stays.
 Each is claimed with an owner file (the process id and its start time); the next run removes the directories
 whose owner is gone, and says so. A directory without an owner file is left alone: whose it is cannot be told.
 """
@@ -18,6 +18,7 @@ import psutil
 
 OWNER = "owner.pid"
 WORKERS_PREFIX = "llmperf-workers-"
+SERVER_TMP_PREFIX = "llmperf-server-"
 
 
 def claim(directory: Path) -> None:
@@ -48,13 +49,13 @@ def owner_gone(directory: Path) -> int | None:
     return pid
 
 
-def remove_left_work_dirs(base: Path | None = None) -> list[tuple[Path, int]]:
-    """Remove the campaign work directories under `base` (the temp dir) whose controller was killed; (dir, pid)."""
+def remove_left_work_dirs(base: Path | None = None, prefix: str = WORKERS_PREFIX) -> list[tuple[Path, int]]:
+    """Remove the directories named `prefix`... under `base` (the temp dir) whose owner was killed; (dir, pid)."""
     base = Path(base or tempfile.gettempdir())
     removed = []
     with contextlib.suppress(OSError):
         for entry in base.iterdir():
-            if not entry.name.startswith(WORKERS_PREFIX) or not entry.is_dir() or entry.is_symlink():
+            if not entry.name.startswith(prefix) or not entry.is_dir() or entry.is_symlink():
                 continue
             pid = owner_gone(entry)
             if pid is not None:
