@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from .leftovers import SERVER_TMP_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from .measure.backend import BackendError
 
 LOOPBACK = "127.0.0.1"
@@ -333,8 +334,6 @@ class ProcessRegistry:
     def _tmp_dir(stem: str) -> tuple[Path, str]:
         """A TMPDIR of the server's own, claimed by this process, and a line for the server's log naming those a
         killed pytest left, which are removed first (SIGKILL runs no cleanup)."""
-        from .orchestrate.leftovers import SERVER_TMP_PREFIX, claim, left_behind_line, remove_left_work_dirs
-
         left = remove_left_work_dirs(prefix=SERVER_TMP_PREFIX)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f"{SERVER_TMP_PREFIX}{stem}-"))
         claim(tmp_dir)

@@ -9,7 +9,7 @@ import tempfile
 import psutil
 import pytest
 
-from pytest_llmperf.orchestrate import leftovers
+from pytest_llmperf import leftovers
 from pytest_llmperf.orchestrate.options import OPTIONS
 
 WORKER_DIES = """

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytest_llmperf"
 
 #: Lowest first. A module may import its own layer and the layers below it.
 LAYERS = (
-    ("utilities", ("files", "extras", "warning")),
+    ("utilities", ("files", "extras", "warning", "leftovers")),
     ("measure", ("measure",)),  # the scenario, the Backend interface, runs and their metrics
     ("backends", ("backends", "offload", "processes")),  # what implements the interface, and the processes it runs
     ("judge", ("judge",)),  # statistics, verdicts, the baseline store

@@ -28,13 +28,13 @@ import pytest
 from ..judge.procedure import Schedule
 from ..judge.rows import Reference, judge_rows, undecided_batches
 from ..judge.verdicts import COMPARED, Outcome, Verdict
+from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 from ..processes import sigterm_interrupts
 from ..report import campaign_progress
 from . import counting, judging, worktree
 from .manager import PYTEST, RoundWork, Side, WorkerError, WorkerRun, run_round, run_worker
-from .leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from .markers import marker_kwargs
 from .session import LLMPerfSession
 
