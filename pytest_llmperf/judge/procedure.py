@@ -80,13 +80,17 @@ class Schedule:
         return self.looks[-1]
 
     @property
+    def spending(self) -> tuple[int, ...]:
+        """The looks that spend alpha."""
+        return self.spend or self.looks
+
+    @property
     def weights(self) -> tuple[float, ...]:
         """Each look's share of alpha, in proportion to its units among the looks that spend it (0 elsewhere):
         alpha spent linearly in the information (Kim and DeMets' t * alpha), each look's increment applied by
         Bonferroni, so the shares add up to alpha however the looks depend on each other."""
-        spend = self.spend or self.looks
-        total = sum(spend)
-        return tuple(n / total if n in spend else 0.0 for n in self.looks)
+        total = sum(self.spending)
+        return tuple(n / total if n in self.spending else 0.0 for n in self.looks)
 
     def look_of(self, units: int) -> int:
         """The index of the look that `units` per side reached (the last look at or below them)."""
@@ -196,8 +200,8 @@ def can_fail(schedule: Schedule, rtol: float, *, reference: int | None) -> bool:
 
 def capped_at(schedule: Schedule, cap: int) -> Schedule:
     """The schedule with its looks below `cap` and a last look at `cap` (which spends alpha)."""
-    spend = tuple(n for n in schedule.spend if n < cap) + (cap,) if schedule.spend else ()
-    return Schedule(tuple(n for n in schedule.looks if n < cap) + (cap,), schedule.alpha, schedule.family, spend)
+    return Schedule(tuple(n for n in schedule.looks if n < cap) + (cap,), schedule.alpha, schedule.family,
+                    tuple(n for n in schedule.spending if n < cap) + (cap,))
 
 
 def smallest_cap(schedule: Schedule, rtol: float, *, reference: int | None) -> int:
@@ -221,7 +225,7 @@ def check_can_fail(schedule: Schedule, rtol: float, *, reference: int | None, wh
     baseline = f", and a baseline recorded with as many (it holds {reference})" if short else ""
     raise SettingError(
         f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at "
-        f"{list(schedule.spend or schedule.looks)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows "
+        f"{list(schedule.spending)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows "
         f"and looks), a slowdown to {2 * (1 + rtol):.2f}x (twice the tolerance) would not be called regressed when "
         f"units scatter by {REFERENCE_NOISE:.0%}. Allow at least {need} units per side at the last look{baseline}")
 
