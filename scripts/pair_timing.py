@@ -55,13 +55,18 @@ def worker(args: argparse.Namespace) -> None:
 
 
 class Process:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, hash_seed: int | None = None) -> None:
         go_r, self.go = os.pipe()
         self.done, done_w = os.pipe()
         command = [sys.executable, __file__, "--worker", "--turn", str(go_r), str(done_w), "--model", args.model,
                    "--batch-size", str(args.batch_size), "--cache", args.cache]
+        env = dict(os.environ)
+        if hash_seed is not None:
+            env["PYTHONHASHSEED"] = str(hash_seed)
+        if args.layout == "fixed":  # no address-space randomization: both sides get the same layout
+            command = ["setarch", os.uname().machine, "-R", *command]
         self.proc = subprocess.Popen(command, pass_fds=(go_r, done_w), stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
         os.close(go_r)
         os.close(done_w)
 
@@ -79,11 +84,11 @@ class Process:
         os.close(self.done)
 
 
-def one_round(args: argparse.Namespace, first: str) -> dict[str, list[dict[str, float]]]:
+def one_round(args: argparse.Namespace, first: str, seed: int | None) -> dict[str, list[dict[str, float]]]:
     order = [first, "B" if first == "A" else "A"]
     taken: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     if args.mode == "turns":
-        processes = {side: Process(args) for side in order}
+        processes = {side: Process(args, seed) for side in order}
         for block in range(args.blocks):
             for side in (order if block % 2 == 0 else order[::-1]):
                 taken[side] += processes[side].block(args.runs)
@@ -91,7 +96,7 @@ def one_round(args: argparse.Namespace, first: str) -> dict[str, list[dict[str, 
             process.close()
     else:
         for side in order:
-            process = Process(args)
+            process = Process(args, seed)
             for _ in range(args.blocks):
                 taken[side] += process.block(args.runs)
             process.close()
@@ -107,6 +112,11 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmperf-pair-timing"))
+    parser.add_argument("--hash-seed", choices=("each", "round"), default="each",
+                        help="each: every process its own random hash seed (Python's default); round: the two "
+                             "processes of a round share one, drawn per round")
+    parser.add_argument("--layout", choices=("random", "fixed"), default="random",
+                        help="fixed: start the processes without address-space randomization (setarch -R)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--turn", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -114,12 +124,15 @@ def main() -> None:
         worker(args)
         return
     medians: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    seeds = np.random.default_rng().integers(1, 2**32 - 1, size=args.rounds)
     for index in range(args.rounds):
-        taken = one_round(args, "A" if index % 2 == 0 else "B")
+        seed = int(seeds[index]) if args.hash_seed == "round" else None
+        taken = one_round(args, "A" if index % 2 == 0 else "B", seed)
         for side in medians:
             medians[side].append({m: float(np.median([run[m] for run in taken[side]])) for m in METRICS})
     print(f"{args.model}, batch size {args.batch_size}, {args.mode}, {args.rounds} rounds of {args.blocks} blocks x "
-          f"{args.runs} runs")
+          f"{args.runs} runs; hash seed per {'round' if args.hash_seed == 'round' else 'process'}, "
+          f"{args.layout} layout")
     for metric in METRICS:
         a = np.log([m[metric] for m in medians["A"]])
         b = np.log([m[metric] for m in medians["B"]])
