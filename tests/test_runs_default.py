@@ -56,3 +56,15 @@ def test_runs_auto_or_a_positive_integer(project):
     result = project.runpytest("--llmperf-device=cpu", "--llmperf-runs=0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-runs*"])
+
+
+def test_the_header_says_how_a_gate_adds_processes(pytester):
+    """A gate looks after every round (judge/procedure.py, Schedule.every_round): the header says so, not "doubling"."""
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=4", "--llmperf-max-processes=20",
+                                "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["llmperf: processes=4 per side at the first look (worker processes; the gate tests "
+                                 "their medians), then one more a round while rows are undecided, judged after every "
+                                 "round up to 20 (alpha spent at the doublings and the cap), against the stored "
+                                 "baselines"])
+    assert "doubling to" not in result.stdout.str()

@@ -48,4 +48,5 @@ def _measured_how(session: Any) -> str:
                 f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
                 f"where a baseline is missing")
     return (f"processes={session.processes}{auto} per side at the first look (worker processes; the gate tests their "
-            f"medians), doubling to {session.max_processes} for undecided rows, {where}")
+            f"medians), then one more a round while rows are undecided, judged after every round up to "
+            f"{session.max_processes} (alpha spent at the doublings and the cap), {where}")
