@@ -63,8 +63,13 @@ def test_the_header_says_how_a_gate_adds_processes(pytester):
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=4", "--llmperf-max-processes=20",
                                 "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["llmperf: processes=4 per side at the first look (worker processes; the gate tests "
+    result.stdout.fnmatch_lines(["llmperf: processes=4 per side at the first look (worker processes, forked from a "
+                                 "server that imported the libraries both sides share; the gate tests "
                                  "their medians), then one more a round while rows are undecided, judged after every "
                                  "round up to 20 (alpha spent at the doublings and the cap), against the stored "
                                  "baselines"])
     assert "doubling to" not in result.stdout.str()
+    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=5", "--llmperf-worker-start=exec", "-p",
+                                "no:cacheprovider")
+    result.stdout.fnmatch_lines(["llmperf: processes=5 per side at the first look (worker processes, each a "
+                                 "fresh interpreter; the gate tests their medians)*"])

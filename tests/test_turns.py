@@ -43,7 +43,8 @@ def run_workers(tmp_path, workers, order=("A", "B")):
     broker = TurnBroker(list(order))
     procs = []
     for name, blocks, free in workers:
-        env, fds = broker.pipes(name)
+        fds = broker.pipes(name)
+        env = {ENV_TURNS: ",".join(map(str, fds))}
         if free:
             broker.ignores_turns(name)
         procs.append(subprocess.Popen([sys.executable, str(script), name, str(blocks), "free" if free else "turns",

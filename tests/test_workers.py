@@ -24,6 +24,7 @@ from pytest_llmperf.measure.records import BenchmarkResult
 from pytest_llmperf.measure.clock import FakeClock
 from pytest_llmperf.measure.metrics import unit_values, values_by_process
 from pytest_llmperf.measure.scenario import Scenario
+from pytest_llmperf.orchestrate import forkserver
 from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE = """
@@ -95,14 +96,23 @@ def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(
     assert sorted({r["process"] for r in runs}) == [1, 2, 3, 4, 5] and len(runs) == 15  # 5 processes x 3 runs
 
 
-def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo):
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo, start):
     write_speed(repo, decode=1.10)  # uncommitted: only the working tree's workers import it
-    result = run(repo, "--llmperf-compare", "HEAD")
+    result = run(repo, "--llmperf-compare", "HEAD", f"--llmperf-worker-start={start}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*n=5/5 pairs*",
                                  "*compared with HEAD (*) in alternating worker processes*"])
     result.stdout.no_fnmatch_line("*prefill_ms (prefill) at batch size * regressed*")
     assert worktrees(repo) == [f"worktree {repo.path}"]
+
+
+def test_a_fork_server_that_cannot_start_leaves_the_workers_started_from_scratch(repo, monkeypatch):
+    monkeypatch.setattr(forkserver, "ZYGOTE", repo.path / "missing.py")
+    result = run(repo, "--llmperf-compare", "HEAD")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork "
+                                 "server (--llmperf-worker-start=fork) exited with code 1*"])
 
 
 def test_changed_outputs_in_the_working_tree_fail_against_the_refs_own_tokens(repo):

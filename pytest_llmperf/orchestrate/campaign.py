@@ -16,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -34,6 +36,7 @@ from ..measure.scenario import Scenario
 from ..processes import sigterm_interrupts
 from ..report import campaign_progress
 from . import counting, judging, worktree
+from .forkserver import ForkServer, ForkServerError, preload_for, server_env
 from .manager import PYTEST, RoundWork, Side, WorkerError, WorkerRun, run_round, run_worker
 from .markers import marker_kwargs
 from .session import LLMPerfSession
@@ -74,6 +77,7 @@ class Campaign:
         self.family: int | None = None  # gated rows of the whole job, judged as one family
         self.progress: campaign_progress.CampaignProgress | None = None  # live progress of the workers
         self.counted: dict[str, list[WorkerRun]] = {}  # counting workers by side (orchestrate/counting.py)
+        self.server: ForkServer | None = None  # forks the workers of the rounds (--llmperf-worker-start=fork)
 
     def run(self, items: list[pytest.Item]) -> None:
         """Measure and judge `items`, each decision into `decisions` (a test without one was not reached)."""
@@ -85,6 +89,10 @@ class Campaign:
             claim(work_dir)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(sigterm_interrupts())
+                # it imports while the A side is checked out and collected, and instructions are counted
+                server = self._fork_server(work_dir, items)
+                if server is not None:
+                    stack.callback(server.close)
                 root = Path(self.config.rootpath)
                 sides, available = [Side("", root, "the working tree")], {}
                 if self.llm.settings["compare"]:
@@ -108,11 +116,39 @@ class Campaign:
                     self._judge_counts([i for i in items if only and counting.wants_instructions(i, True)], sides,
                                        available)
                     if timed := [i for i in items if i.nodeid not in self.decisions]:
+                        self.server = self._ready(server)
                         self._rounds(timed, sides, available, work_dir)
         finally:
             if self.progress is not None:
                 self.progress.clear()
             shutil.rmtree(work_dir, ignore_errors=True)
+
+    def _fork_server(self, work_dir: Path, items: list[pytest.Item]) -> ForkServer | None:
+        """The server the rounds' workers are forked from, importing; None with --llmperf-worker-start=exec or
+        --llmperf-instructions-only (counting workers start under valgrind), or when it cannot start."""
+        if self.llm.settings["worker_start"] != "fork" or self.llm.settings["instructions_only"]:
+            return None
+        root = Path(self.config.rootpath)
+        defined = [m for m in {*(getattr(item, "module", None) for item in items),
+                               *self.config.pluginmanager.get_plugins()}  # the conftests among them
+                   if isinstance(m, ModuleType) and root in Path(getattr(m, "__file__", None) or "/").parents]
+        modules = preload_for([getattr(item, "fixturenames", ()) for item in items], defined, sys.modules)
+        try:
+            return ForkServer.start(work_dir, server_env(self.llm.settings["malloc"]), modules)
+        except OSError as exc:
+            self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork server did "
+                      f"not start ({exc})", True)
+            return None
+
+    def _ready(self, server: ForkServer | None) -> ForkServer | None:
+        """`server` once it has imported; None (every worker starts from scratch, as the line says) if it failed."""
+        if server is None:
+            return None
+        try:
+            return server.ready()
+        except ForkServerError as exc:
+            self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): {exc}", True)
+            return None
 
     def _say(self, line: str, when: Any) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -165,7 +201,8 @@ class Campaign:
             for item in work:
                 if progress is not None:
                     progress.started(item.side.label, index, total, len(item.nodeids), at_most=at_most)
-            done = run_round(work, index, settings=settings, work_dir=work_dir, timeout_s=timeout, extra_args=args)
+            done = run_round(work, index, settings=settings, work_dir=work_dir, timeout_s=timeout, extra_args=args,
+                             server=self.server)
             for run in done:
                 if progress is not None:
                     progress.done(run.seconds, side=run.side.label)
@@ -176,7 +213,7 @@ class Campaign:
                 progress.started(item.side.label, index, total, len(item.nodeids), at_most=at_most)
             done.append(run_worker(item.side, index, item.nodeids, settings=settings, work_dir=work_dir,
                                    timeout_s=timeout, extra_args=args, batch_sizes=item.batch_sizes,
-                                   on_records=item.on_records))
+                                   on_records=item.on_records, server=self.server))
             if progress is not None:
                 progress.done(done[-1].seconds, side=item.side.label)
         return done

@@ -27,7 +27,8 @@ from typing import Any
 from ..processes import die_with_parent, stop_tree, tail
 from ..measure.allocator import steady_malloc_env
 from ..measure.records import BenchmarkResult
-from .turns import TurnBroker
+from .forkserver import ForkedProcess, ForkServer, ForkServerError
+from .turns import ENV_TURNS, TurnBroker
 from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL
 
 #: Protocols this manager reads: a side of an A/B comparison may import an older pytest-llmperf (this repository's
@@ -99,10 +100,13 @@ WORKER_MAIN = ("import atexit, os, sys; import pytest; code = pytest.console_mai
                "sys.stdout.flush(); sys.stderr.flush(); os._exit(code)")
 
 
-def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
+def worker_args(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
     # -s: a test's output goes straight to the worker's log, so a crash leaves its last words in the tail
-    return [sys.executable, "-c", WORKER_MAIN, *nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider",
-            *extra_args]
+    return [*nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider", *extra_args]
+
+
+def worker_command(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-c", WORKER_MAIN, *worker_args(nodeids, extra_args)]
 
 
 class RecordTail:
@@ -131,8 +135,8 @@ class RecordTail:
         return records
 
 
-def wait(proc: subprocess.Popen[bytes], timeout_s: float, on_records: OnRecords | None, tail: RecordTail,
-         clock: Callable[[], float] = time.monotonic) -> int:
+def wait(proc: subprocess.Popen[bytes] | ForkedProcess, timeout_s: float, on_records: OnRecords | None,
+         tail: RecordTail, clock: Callable[[], float] = time.monotonic) -> int:
     """The worker's exit code; with `on_records`, its new records every POLL_S meanwhile. Past `timeout_s`,
     subprocess.TimeoutExpired."""
     deadline = clock() + timeout_s
@@ -153,7 +157,7 @@ class Launched:
 
     side: Side
     index: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedProcess
     out: Path
     log: Path
     log_handle: Any
@@ -165,8 +169,10 @@ class Launched:
 def launch(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[str, Any], work_dir: Path,
            extra_args: Sequence[str] = (), batch_sizes: Mapping[str, Sequence[int]] | None = None,
            tag: str | None = None, wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-           pass_fds: Sequence[int] = ()) -> Launched:
-    """Start one worker (pytest on NODEID... on its side, `worker_command`) with its log and records file."""
+           fds_env: Mapping[str, Sequence[int]] | None = None, server: ForkServer | None = None) -> Launched:
+    """Start one worker (pytest on NODEID... on its side, `worker_command`) with its log and records file: forked
+    by `server` where there is one (orchestrate/forkserver.py), else from scratch (always with a `wrapper`). The
+    descriptors of `fds_env` are inherited, each variable naming its descriptors comma-separated."""
     tag = tag or f"{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.jsonl"
     log = work_dir / f"{tag}.log"
@@ -179,12 +185,24 @@ def launch(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapping[
     if settings.get("malloc") == "steady":
         env.update(steady_malloc_env())
     env.update(environ or {})
+    fds_env = fds_env or {}
     log_handle = open(log, "wb")  # noqa: SIM115 - closed by finish() or stop()
     try:
-        proc = subprocess.Popen(die_with_parent([*wrapper, *worker_command(nodeids, extra_args)], env=env,
-                                                cwd=side.root),
-                                cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, pass_fds=tuple(pass_fds))
+        proc: subprocess.Popen[bytes] | ForkedProcess
+        if server is not None and not wrapper:
+            try:
+                proc = server.spawn(worker_command(nodeids, extra_args), worker_args(nodeids, extra_args),
+                                    cwd=side.root, env=env, pythonpath=side.pythonpath, log_fd=log_handle.fileno(),
+                                    fds_env=fds_env)
+            except ForkServerError as exc:
+                raise WorkerError(f"worker process {index} on {side.label} could not start: {exc}") from None
+        else:
+            env.update({name: ",".join(map(str, fds)) for name, fds in fds_env.items()})
+            proc = subprocess.Popen(die_with_parent([*wrapper, *worker_command(nodeids, extra_args)], env=env,
+                                                    cwd=side.root),
+                                    cwd=side.root, stdout=log_handle, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                    pass_fds=tuple(fd for fds in fds_env.values() for fd in fds))
     except BaseException:
         log_handle.close()
         raise
@@ -224,14 +242,14 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
                timeout_s: float, extra_args: Sequence[str] = (),
                batch_sizes: Mapping[str, Sequence[int]] | None = None, tag: str | None = None,
                wrapper: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-               on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
-               on_records: OnRecords | None = None) -> WorkerRun:
+               on_start: Callable[[subprocess.Popen[bytes] | ForkedProcess], None] | None = None,
+               on_records: OnRecords | None = None, server: ForkServer | None = None) -> WorkerRun:
     """Run one worker to completion; raise WorkerError if it did not complete. `on_records` gets what it
     appends while it runs (progress). `wrapper` goes before its command and `environ` into its environment;
     `on_start` gets its process (counting workers under valgrind, run from threads: orchestrate/counting.py
-    stops them when the controller is interrupted)."""
+    stops them when the controller is interrupted). `server`: forked by it (not from threads: one caller)."""
     worker = launch(side, index, nodeids, settings=settings, work_dir=work_dir, extra_args=extra_args,
-                    batch_sizes=batch_sizes, tag=tag, wrapper=wrapper, environ=environ)
+                    batch_sizes=batch_sizes, tag=tag, wrapper=wrapper, environ=environ, server=server)
     if on_start is not None:
         on_start(worker.proc)
     try:
@@ -239,8 +257,10 @@ def run_worker(side: Side, index: int, nodeids: Sequence[str], *, settings: Mapp
     except subprocess.TimeoutExpired:
         stop(worker)
         raise timed_out(worker, timeout_s) from None
-    except BaseException:  # Ctrl-C, or the controller failing: no worker outlives it
+    except BaseException as exc:  # Ctrl-C, or the controller failing: no worker outlives it
         stop(worker)
+        if isinstance(exc, ForkServerError):
+            raise WorkerError(f"worker process {index} on {side.label} was lost: {exc}") from None
         raise
     return finish(worker, code)
 
@@ -256,7 +276,7 @@ class RoundWork:
 
 
 def run_round(work: Sequence[RoundWork], index: int, *, settings: Mapping[str, Any], work_dir: Path,
-              timeout_s: float, extra_args: Sequence[str] = (),
+              timeout_s: float, extra_args: Sequence[str] = (), server: ForkServer | None = None,
               clock: Callable[[], float] = time.monotonic) -> list[WorkerRun]:
     """The workers of one A/B round, alive together and taking turns at every run or batch size
     (orchestrate/turns.py), in the order given (A B, or B A); their runs in that order. The round may take
@@ -265,11 +285,11 @@ def run_round(work: Sequence[RoundWork], index: int, *, settings: Mapping[str, A
     workers: list[Launched] = []
     try:
         for item in work:
-            environ, child_ends = broker.pipes(item.side.name)
+            child_ends = broker.pipes(item.side.name)
             try:
                 workers.append(launch(item.side, index, item.nodeids, settings=settings, work_dir=work_dir,
-                                      extra_args=extra_args, batch_sizes=item.batch_sizes, environ=environ,
-                                      pass_fds=child_ends))
+                                      extra_args=extra_args, batch_sizes=item.batch_sizes,
+                                      fds_env={ENV_TURNS: child_ends}, server=server))
             finally:
                 broker.release_child_ends(child_ends)
         deadline = clock() + timeout_s * len(work)
@@ -296,10 +316,12 @@ def run_round(work: Sequence[RoundWork], index: int, *, settings: Mapping[str, A
                                next(w for i, w in enumerate(workers) if i not in codes))
                 raise timed_out(running, timeout_s, len(work))
         return [finish(worker, codes[i]) for i, worker in enumerate(workers)]
-    except BaseException:  # Ctrl-C, a failed or late worker: no worker of the round outlives it
+    except BaseException as exc:  # Ctrl-C, a failed or late worker: no worker of the round outlives it
         for worker in workers:
             if not worker.log_handle.closed:
                 stop(worker)
+        if isinstance(exc, ForkServerError):
+            raise WorkerError(f"the workers of round {index} were lost: {exc}") from None
         raise
     finally:
         broker.close()

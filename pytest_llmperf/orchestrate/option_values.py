@@ -148,6 +148,18 @@ def interleave_mode(text: str) -> str:
     return value
 
 
+#: How a worker process starts (orchestrate/forkserver.py): forked from a server that imported the heavy libraries
+#: once, or a fresh interpreter each. The server needs Linux (PR_SET_PDEATHSIG, descriptors over a socket).
+WORKER_STARTS = ("fork", "exec")
+
+
+def worker_start(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in WORKER_STARTS:
+        raise ValueError(f"expected one of {', '.join(WORKER_STARTS)}, got {text!r}")
+    return value
+
+
 def outputs_mode(text: str) -> str:
     value = str(text).strip().lower()
     if value not in OUTPUT_MODES:

@@ -7,6 +7,7 @@ resolves one option for the session; per-test settings add the marker on top in 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -153,6 +154,11 @@ OPTIONS: tuple[Option, ...] = (
            "apart (the speed of a shared machine changes within seconds); batch, they take turns at every batch "
            "size; process, one whole worker process after the other (default: run)", parsers.interleave_mode,
            default="run", metavar="run|batch|process"),
+    Option("worker_start", "How a worker process starts: fork, from a server that imported once per job what both "
+           "sides share from site-packages (pytest; numpy, torch and transformers where a test builds a torch model), "
+           "so a worker imports only its side's project (a round of a small test: 2-3 times faster); exec, a fresh "
+           "interpreter each (default: fork on Linux, exec elsewhere)", parsers.worker_start,
+           default="fork" if sys.platform.startswith("linux") else "exec", metavar="fork|exec"),
     Option("worker_timeout", "Seconds a worker process (with --llmperf-processes=1: a benchmark's measurement) "
            "may run before it is stopped as hung (default: 3600)", parsers.positive_float, default=3600.0,
            metavar="S"),

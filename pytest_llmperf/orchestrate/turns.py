@@ -88,12 +88,12 @@ class TurnBroker:
     turns: dict[str, Turn] = field(default_factory=dict)
     started: bool = False  # every worker asked once: turns are given from now on
 
-    def pipes(self, name: str) -> tuple[dict[str, str], tuple[int, int]]:
-        """For the worker of side `name`: its environment entry and the descriptors it must inherit."""
+    def pipes(self, name: str) -> tuple[int, int]:
+        """For the worker of side `name`: the descriptors it must inherit, named in its `ENV_TURNS` in this order."""
         ask_r, ask_w = os.pipe()
         give_r, give_w = os.pipe()
         self.turns[name] = Turn(name, ask_r, give_w)
-        return {ENV_TURNS: f"{give_r},{ask_w}"}, (give_r, ask_w)
+        return give_r, ask_w
 
     @staticmethod
     def release_child_ends(fds: Sequence[int]) -> None:

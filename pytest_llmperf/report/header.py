@@ -47,6 +47,8 @@ def _measured_how(session: Any) -> str:
         return (f"processes={session.processes}{auto}: {session.recording_processes} worker processes per benchmark "
                 f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
                 f"where a baseline is missing")
-    return (f"processes={session.processes}{auto} per side at the first look (worker processes; the gate tests their "
-            f"medians), then one more a round while rows are undecided, judged after every round up to "
+    started = {"fork": "forked from a server that imported the libraries both sides share",
+               "exec": "each a fresh interpreter"}[s["worker_start"]]
+    return (f"processes={session.processes}{auto} per side at the first look (worker processes, {started}; the gate "
+            f"tests their medians), then one more a round while rows are undecided, judged after every round up to "
             f"{session.max_processes} (alpha spent at the doublings and the cap), {where}")
