@@ -41,8 +41,11 @@ PR_SET_PDEATHSIG = 1
 
 
 def shared_dirs() -> list[str]:
-    """Where modules identical on both sides live: this interpreter's site-packages."""
-    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    """Where modules identical on both sides live: this interpreter's site-packages (and the user's, if enabled)."""
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    dirs.update(getattr(site, "getsitepackages", list)())  # absent in some old virtualenvs
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
     return sorted(os.path.realpath(d) + os.sep for d in dirs)
 
 
