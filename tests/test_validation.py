@@ -228,3 +228,10 @@ def test_hints_repeat_the_baseline_dir_and_max_load(project, tmp_path):
     # Following the hint records where the gate then looks: no second refusal.
     run(project, f"--llmperf-baseline-dir={elsewhere}", "--llmperf-update").assert_outcomes(passed=1)
     run(project, f"--llmperf-baseline-dir={elsewhere}").assert_outcomes(passed=1)
+
+
+def test_a_bad_worker_start_is_a_usage_error_naming_the_choices(project):
+    result = run(project, "--llmperf-worker-start=spawn")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-worker-start*expected one of fork, exec*"])
+    assert_clean(result)

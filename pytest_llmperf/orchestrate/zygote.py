@@ -49,6 +49,10 @@ def shared_dirs() -> list[str]:
     return sorted(os.path.realpath(d) + os.sep for d in dirs)
 
 
+def within(path: str, shared: list[str]) -> bool:
+    return os.path.realpath(path).startswith(tuple(shared))
+
+
 def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
     """Import each of `modules` that is installed in site-packages; (imported, {skipped: why})."""
     imported, skipped, shared = [], {}, shared_dirs()
@@ -62,7 +66,7 @@ def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
         origin = spec.origin if spec is not None else None
         if origin is None:
             skipped[name] = "not installed"
-        elif not os.path.realpath(origin).startswith(tuple(shared)):
+        elif not within(origin, shared):
             skipped[name] = f"not from site-packages ({origin}): a side may import its own"
         else:
             try:
@@ -198,7 +202,7 @@ def imported_from(shared: list[str]) -> set[str]:
     names = set()
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None)
-        if "." not in name and origin and os.path.realpath(origin).startswith(tuple(shared)):
+        if "." not in name and origin and within(origin, shared):
             names.add(name)
     return names
 
