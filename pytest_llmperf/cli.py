@@ -1,7 +1,7 @@
 """`pytest-llmperf` / `python -m pytest_llmperf`: commands that work on reports after the tests ran.
 
-    pytest-llmperf report FILE... [--out DIR]   merge several targets' reports/<device>.json into one
-    pytest-llmperf migrate-baselines DIR...     convert baseline files of schema 2 to schema 3, measuring nothing
+pytest-llmperf report FILE... [--out DIR]   merge several targets' reports/<device>.json into one
+pytest-llmperf migrate-baselines DIR...     convert baseline files of schema 2 to schema 3, measuring nothing
 """
 
 from __future__ import annotations
@@ -18,17 +18,25 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="pytest-llmperf", description="Work on pytest-llmperf's reports.")
     commands = top.add_subparsers(dest="command", required=True)
     report = commands.add_parser(
-        "report", help="merge several hardware targets' JSON reports into one side-by-side report",
+        "report",
+        help="merge several hardware targets' JSON reports into one side-by-side report",
         description="Merge the reports/<device>.json files of several targets (e.g. a CI matrix's artifacts) "
-                    "into one report: per benchmark the targets side by side, then each target's verdicts.")
+        "into one report: per benchmark the targets side by side, then each target's verdicts.",
+    )
     report.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a target's reports/<device>.json")
-    report.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"directory for merged.md and merged.json (default: {DEFAULT_OUT})")
+    report.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"directory for merged.md and merged.json (default: {DEFAULT_OUT})",
+    )
     migrate = commands.add_parser(
-        "migrate-baselines", help="convert baseline files of an older schema to the current one, measuring nothing",
+        "migrate-baselines",
+        help="convert baseline files of an older schema to the current one, measuring nothing",
         description="Convert the baseline files under each DIR (recursively) from schema 2 (every run of every "
-                    "process) to schema 3 (what the gate tests, one line per metric and batch size). Files already "
-                    "converted are left as they are. Commit the result.")
+        "process) to schema 3 (what the gate tests, one line per metric and batch size). Files already "
+        "converted are left as they are. Commit the result.",
+    )
     migrate.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="a baseline directory (or file)")
     return top
 
@@ -38,8 +46,11 @@ def migrate_baselines(paths: Sequence[Path]) -> int:
 
     done, errors = migrate(paths)
     for m in done:
-        what = (f"converted: {m.entries} entries, {m.lines_before} -> {m.lines_after} lines" if m.converted
-                else "already in the current schema, left as it is")
+        what = (
+            f"converted: {m.entries} entries, {m.lines_before} -> {m.lines_after} lines"
+            if m.converted
+            else "already in the current schema, left as it is"
+        )
         print(f"{m.path}: {what}")
     for text in errors:
         print(f"pytest-llmperf migrate-baselines: error: {text}", file=sys.stderr)

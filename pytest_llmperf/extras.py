@@ -34,14 +34,25 @@ class Extra:
 
 
 HF = Extra("hf", ("torch", "transformers"), "torch and transformers", "pip install pytest-llmperf[hf]")
-TGI = Extra("tgi", ("huggingface_hub", "httpx2", "httpx"), "huggingface_hub (>= 2.0, on httpx2) and httpx",
-            "pip install pytest-llmperf[tgi]")
-OPENAI = Extra("openai", ("aiohttp", "httpx"), "aiohttp (the client) and httpx (health checks)",
-                "pip install pytest-llmperf[openai]")
+TGI = Extra(
+    "tgi",
+    ("huggingface_hub", "httpx2", "httpx"),
+    "huggingface_hub (>= 2.0, on httpx2) and httpx",
+    "pip install pytest-llmperf[tgi]",
+)
+OPENAI = Extra(
+    "openai",
+    ("aiohttp", "httpx"),
+    "aiohttp (the client) and httpx (health checks)",
+    "pip install pytest-llmperf[openai]",
+)
 # google-jetstream's own requirements pull jax, flax and seqio: its stubs are installed without them.
-JETSTREAM = Extra("jetstream", ("grpc", "google.protobuf", "jetstream.core.proto.jetstream_pb2_grpc"),
-                  "grpcio, protobuf and JetStream's gRPC stubs",
-                  "pip install pytest-llmperf[jetstream] && pip install --no-deps google-jetstream")
+JETSTREAM = Extra(
+    "jetstream",
+    ("grpc", "google.protobuf", "jetstream.core.proto.jetstream_pb2_grpc"),
+    "grpcio, protobuf and JetStream's gRPC stubs",
+    "pip install pytest-llmperf[jetstream] && pip install --no-deps google-jetstream",
+)
 
 
 def require(fixture: str, extra: Extra, *, why: str = "") -> None:

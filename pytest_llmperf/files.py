@@ -57,15 +57,19 @@ def check_writable(path: Path | str) -> Path:
     path = Path(path)
     target = Path(os.path.realpath(path))
     if path.is_symlink() and not target.exists():
-        raise WriteRefused(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; writing through "
-                           "it would create that file. Fix the link or remove it")
+        raise WriteRefused(
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; writing through "
+            "it would create that file. Fix the link or remove it"
+        )
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
     except FileNotFoundError:
         return target
     if not mode & 0o222 or not os.access(target, os.W_OK):
-        raise WriteRefused(f"{target} is read-only (mode {mode:04o}), so it was not replaced. Make it writable "
-                           f"(chmod u+w {target}) to let pytest-llmperf write it")
+        raise WriteRefused(
+            f"{target} is read-only (mode {mode:04o}), so it was not replaced. Make it writable "
+            f"(chmod u+w {target}) to let pytest-llmperf write it"
+        )
     return target
 
 

@@ -1,7 +1,7 @@
 """Temporary directories of a controlling pytest process, and what one that was killed left behind.
 
 A campaign's work directory (worker logs and results), an A/B comparison's worktree and a started server's TMPDIR
-(processes.py) are removed when the pytest process that made them ends, also on Ctrl-C and SIGTERM. SIGKILL runs
+(server_process.py) are removed when the pytest process that made them ends, also on Ctrl-C and SIGTERM. SIGKILL runs
 no cleanup: the directory stays. Each is claimed with an owner file (the process id and its start time); the next
 run removes the directories whose owner is gone, and says so (a server's, in the next server's log). A directory
 without an owner file is left alone: whose it is cannot be told.

@@ -12,15 +12,20 @@ from typing import Any
 import pytest
 
 from .measure.scenario import MARKER_HELP, ScenarioError
-from .orchestrate.fixtures import llmperf, llmperf_hf  # noqa: F401  (fixtures)
+from .offload.fixture import llmperf_offload
+from .orchestrate.fixtures import llmperf, llmperf_hf
 from .orchestrate.markers import marker_kwargs
 from .orchestrate.options import Settings, add_options
 from .orchestrate.session import MEASURED_KEY, SESSION_KEY, LLMPerfSession, check_output_paths, marker_devices
 from .orchestrate.worker import WorkerRecorder, worker_out
+from .servers.fixtures import (
+    llmperf_jetstream,
+    llmperf_openai,
+    llmperf_servers,
+    llmperf_tgi,
+    llmperf_vllm,
+)
 from .warning import PytestLLMPerfWarning
-from .offload.fixture import llmperf_offload  # noqa: F401
-from .servers.fixtures import (llmperf_jetstream, llmperf_openai, llmperf_servers, llmperf_tgi,  # noqa: F401
-                               llmperf_vllm)
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()
 OTHER_DEVICES_KEY = pytest.StashKey[bool]()  # skipped: its marker's devices do not include this one
@@ -42,8 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
         llm.recorder = WorkerRecorder(out)
         config.pluginmanager.register(llm.recorder, "llmperf-worker")
         return
-    if (not hasattr(config, "workerinput") and config.getoption("dist", "no") == "no"
-            and (settings["compare"] or llm.processes > 1)):  # under xdist, llmperf tests are refused instead
+    if (
+        not hasattr(config, "workerinput")
+        and config.getoption("dist", "no") == "no"
+        and (settings["compare"] or llm.processes > 1)
+    ):  # under xdist, llmperf tests are refused instead
         from .orchestrate.controller import ProcessController
 
         config.pluginmanager.register(ProcessController(config, llm, _is_planned), "llmperf-controller")
@@ -87,7 +95,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if on_xdist_worker:  # refuse: timed tests must not run side by side with other tests
             item.stash[INVALID_MARKER_KEY] = (
                 "timed benchmark tests must not run under pytest-xdist (side by side they measure each other). "
-                "Run them without -n (pytest -p no:xdist, or -n 0), or deselect them with -m 'not llmperf'")
+                "Run them without -n (pytest -p no:xdist, or -n 0), or deselect them with -m 'not llmperf'"
+            )
             continue
         problem = _marker_problem(session, item)
         if problem is not None:
@@ -96,15 +105,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         wanted = marker_kwargs(item).get("processes")
         if wanted not in (None, 1) and session.in_process:  # the option wins here: say so, not in silence
-            item.warn(PytestLLMPerfWarning(
-                f"llmperf: the marker's processes={wanted} is not used: --llmperf-processes=1 measures every benchmark "
-                "in this pytest process (its runs are the gate's units)"))
+            item.warn(
+                PytestLLMPerfWarning(
+                    f"llmperf: the marker's processes={wanted} is not used: --llmperf-processes=1 measures every "
+                    "benchmark in this pytest process (its runs are the gate's units)"
+                )
+            )
         devices = marker_devices(item)
         if devices is not None and session.device not in devices:
             session.skipped_here += 1
             item.stash[OTHER_DEVICES_KEY] = True
-            item.add_marker(pytest.mark.skip(
-                reason=f"llmperf: runs on {', '.join(devices)}; the current device is {session.device}"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"llmperf: runs on {', '.join(devices)}; the current device is {session.device}"
+                )
+            )
 
 
 @pytest.hookimpl(trylast=True)
@@ -155,12 +170,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """A benchmark test that passed without calling llmperf.measure() measured and judged nothing: it fails."""
     report = yield
-    if (call.when == "call" and report.passed and _is_llmperf(item) and MEASURED_KEY not in item.stash
-            and not getattr(item, "measured_elsewhere", False)):
+    if (
+        call.when == "call"
+        and report.passed
+        and _is_llmperf(item)
+        and MEASURED_KEY not in item.stash
+        and not getattr(item, "measured_elsewhere", False)
+    ):
         report.outcome = "failed"
-        report.longrepr = (f"{item.nodeid}: an llmperf benchmark test (its llmperf marker or fixture) that never "
-                           "called llmperf.measure(backend): nothing was measured or judged. Call it in the test, or "
-                           "drop the marker and the fixture")
+        report.longrepr = (
+            f"{item.nodeid}: an llmperf benchmark test (its llmperf marker or fixture) that never "
+            "called llmperf.measure(backend): nothing was measured or judged. Call it in the test, or "
+            "drop the marker and the fixture"
+        )
     return report
 
 

@@ -15,8 +15,9 @@ class PytestLLMPerfWarning(pytest.PytestWarning):
     """A warning from pytest-llmperf (e.g. a baseline from another CPU model, not compared)."""
 
 
-def warn_at(text: str, path: str | os.PathLike[str], line: int = 0,
-            category: type[Warning] = PytestLLMPerfWarning) -> None:
+def warn_at(
+    text: str, path: str | os.PathLike[str], line: int = 0, category: type[Warning] = PytestLLMPerfWarning
+) -> None:
     """Warn located at `path`: with `line` (1-based) pytest shows that line of the user's file, with 0 none."""
     warnings.warn_explicit(category(text), category, str(path), line)
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytest_llmperf"
 LAYERS = (
     ("utilities", ("files", "extras", "warning", "leftovers")),
     ("measure", ("measure",)),  # the scenario, the Backend interface, runs and their metrics
-    ("backends", ("backends", "offload", "processes")),  # what implements the interface, and the processes it runs
+    ("backends", ("backends", "offload", "processes", "server_process")),  # what implements the interface, and the processes it runs
     ("judge", ("judge",)),  # statistics, verdicts, the baseline store
     ("report", ("report",)),
     ("orchestrate", ("orchestrate", "servers", "offload.fixture")),  # the session, fixtures, workers, on top

@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..measure.backend import BackendError
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ..measure.backend import BackendError
 
 if TYPE_CHECKING:
-    from ..processes import ServerProcess
+    from ..server_process import ServerProcess
 
 T = TypeVar("T")
 
@@ -51,10 +51,8 @@ class LoopThread:
                 closing.close()
             return
         if closing is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.run(closing, timeout=10)
-            except Exception:  # noqa: BLE001
-                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
@@ -129,8 +127,9 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-async def run_concurrently(batch_size: int, clock: Clock,
-                           one: Callable[[int, int], Awaitable[Stream]]) -> tuple[list[Stream | Exception], int]:
+async def run_concurrently(
+    batch_size: int, clock: Clock, one: Callable[[int, int], Awaitable[Stream]]
+) -> tuple[list[Stream | Exception], int]:
     """Start `batch_size` requests at once; each gets its index and the run's start time.
 
     Returns, in request order, each request's stream or the exception it failed with, and the run's
@@ -165,9 +164,16 @@ def completed(results: list[Stream | Exception]) -> tuple[list[Stream], list[tup
     return streams, failed
 
 
-def run_batch(loop: LoopThread, clock: Clock, batch_size: int, one: Callable[[int, int], Awaitable[Stream]], *,
-              timeout: float, where: str, process: ServerProcess | None) -> tuple[list[Stream],
-                                                                                  list[tuple[int, Exception]], int]:
+def run_batch(
+    loop: LoopThread,
+    clock: Clock,
+    batch_size: int,
+    one: Callable[[int, int], Awaitable[Stream]],
+    *,
+    timeout: float,
+    where: str,
+    process: ServerProcess | None,
+) -> tuple[list[Stream], list[tuple[int, Exception]], int]:
     """Send one run's requests at once and wait for them: (the streams that completed, (index, exception) of the
     requests that failed, the run's time in ns). A run whose every request broke raises run_failed's error."""
     try:
@@ -203,32 +209,50 @@ def failure_text(index: int, exc: Exception) -> str:
     return f"request {index}: {text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__}"
 
 
-def sample_from(batch_size: int, streams: list[Stream], end_to_end_ns: int,
-                failed: list[tuple[int, Exception]] | None = None, counters: dict[str, float] | None = None,
-                with_ids: bool = False) -> RunSample:
+def sample_from(
+    batch_size: int,
+    streams: list[Stream],
+    end_to_end_ns: int,
+    failed: list[tuple[int, Exception]] | None = None,
+    counters: dict[str, float] | None = None,
+    with_ids: bool = False,
+) -> RunSample:
     """A run's sample from its completed streams (the failed requests are named, not timed)."""
     counts = [s.server_tokens for s in streams]
     known = all(c is not None for c in counts)
     generated = sum(c for c in counts if c is not None) if known else None
-    ids = [list(s.token_ids or []) for s in streams] if with_ids and all(s.token_ids is not None for s in streams) \
+    ids = (
+        [list(s.token_ids or []) for s in streams]
+        if with_ids and all(s.token_ids is not None for s in streams)
         else None
-    return RunSample(batch_size=batch_size, token_times_ns=[s.times_ns for s in streams], end_to_end_ns=end_to_end_ns,
-                     generated_tokens=generated, counters=dict(counters or {}),
-                     sent_ns=[s.sent_ns for s in streams],
-                     sequence_tokens=[int(c) for c in counts] if known else None,  # type: ignore[arg-type]
-                     output_ids=ids, output_texts=[s.text for s in streams] if ids is not None else None,
-                     failed_requests=[failure_text(i, e) for i, e in failed or []])
+    )
+    return RunSample(
+        batch_size=batch_size,
+        token_times_ns=[s.times_ns for s in streams],
+        end_to_end_ns=end_to_end_ns,
+        generated_tokens=generated,
+        counters=dict(counters or {}),
+        sent_ns=[s.sent_ns for s in streams],
+        sequence_tokens=[int(c) for c in counts] if known else None,  # type: ignore[arg-type]
+        output_ids=ids,
+        output_texts=[s.text for s in streams] if ids is not None else None,
+        failed_requests=[failure_text(i, e) for i, e in failed or []],
+    )
 
 
 def outputs_note(what: str, deterministic: bool) -> str:
     """A server's `outputs` line in describe(): what it reports, and what a change does."""
-    return what + ("; a change fails (deterministic=True)" if deterministic else
-                   "; a change only warns: pass deterministic=True to the fixture where greedy decoding on this "
-                   "server repeats itself")
+    return what + (
+        "; a change fails (deterministic=True)"
+        if deterministic
+        else "; a change only warns: pass deterministic=True to the fixture where greedy decoding on this "
+        "server repeats itself"
+    )
 
 
-def unreachable(exc: BaseException, process: ServerProcess | None, where: str, source: str | None,
-                address: str = "the URL") -> BackendError:
+def unreachable(
+    exc: BaseException, process: ServerProcess | None, where: str, source: str | None, address: str = "the URL"
+) -> BackendError:
     """The error for a server that does not answer: the one we started died or hangs (with its log tail), or
     nothing answers at the address the user gave."""
     detail = exc.details() if hasattr(exc, "details") else str(exc)  # gRPC errors say it in details()

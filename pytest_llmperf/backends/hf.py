@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 from ..measure.clock import Clock, synchronized_clock
 from ..measure.records import RunSample
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 
@@ -36,8 +37,10 @@ def _first_line(exc: BaseException) -> str:
 def cuda_missing(origin: str, torch: Any) -> str:
     """One line for a CUDA device on a machine where torch sees none; `origin` says who asked for it."""
     build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-    return (f"{origin}, but torch {torch.__version__} ({build}) sees no CUDA device on this machine. Run it on the "
-            f"GPU machine, or measure the cpu target: --llmperf-device=cpu")
+    return (
+        f"{origin}, but torch {torch.__version__} ({build}) sees no CUDA device on this machine. Run it on the "
+        f"GPU machine, or measure the cpu target: --llmperf-device=cpu"
+    )
 
 
 class HFBackend(Backend):
@@ -46,8 +49,16 @@ class HFBackend(Backend):
     clocked_in_process: ClassVar[bool] = True
     knob_names: ClassVar[tuple[str, ...]] = ("threads", "tokenizers_parallelism")
 
-    def __init__(self, model_path: str | Path, *, name: str | None = None, dtype: str = "fp32",
-                 device: str = "cpu", clock: Clock | None = None, model_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        name: str | None = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
+        clock: Clock | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+    ):
         if dtype not in DTYPES:
             raise BackendError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         import torch
@@ -77,20 +88,25 @@ class HFBackend(Backend):
             raise BackendError(
                 f"cannot load a tokenizer from {self.model_path} ({_first_line(exc)}): the model directory needs "
                 f"its tokenizer files (tokenizer.json or tokenizer_config.json with its vocabulary); save them "
-                f"there with tokenizer.save_pretrained('{self.model_path}')") from None
+                f"there with tokenizer.save_pretrained('{self.model_path}')"
+            ) from None
         try:
             model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
         except (OSError, ValueError) as exc:
             raise BackendError(
                 f"cannot load the model from {self.model_path} ({_first_line(exc)}): the directory needs "
-                f"config.json and the weights (model.save_pretrained('{self.model_path}'))") from None
+                f"config.json and the weights (model.save_pretrained('{self.model_path}'))"
+            ) from None
         self.model = (model if dtype == "int8" else model.to(device)).eval()
         # generate() computes only the last position's logits at prefill; so do we, where supported.
         params = inspect.signature(self.model.forward).parameters
         self._prefill_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         if device.startswith("cuda"):
-            clock = synchronized_clock(torch.cuda.synchronize, clock) if clock else synchronized_clock(
-                torch.cuda.synchronize)
+            clock = (
+                synchronized_clock(torch.cuda.synchronize, clock)
+                if clock
+                else synchronized_clock(torch.cuda.synchronize)
+            )
         super().__init__(clock)
 
     # -- measurement ---------------------------------------------------------------------------
@@ -143,7 +159,7 @@ class HFBackend(Backend):
             end_to_end_ns=times[-1] - start,
             tokenize_ns=tokenized - start,
             prefill_ns=times[0] - tokenized,
-            decode_steps_ns=[b - a for a, b in zip(times, times[1:])],
+            decode_steps_ns=[b - a for a, b in itertools.pairwise(times)],
             detokenize_ns=end - decode_start,
             generated_tokens=int(generated.numel()),
             output_ids=generated.tolist(),
@@ -154,11 +170,15 @@ class HFBackend(Backend):
         """`model.generate` on the same input, greedy, fixed length: the tokens our loop must equal."""
         with self.torch.inference_mode():
             ids = self._token_ids(request)
-            out = self.model.generate(input_ids=ids, attention_mask=self.torch.ones_like(ids),
-                                      max_new_tokens=request.decode_length,
-                                      min_new_tokens=request.decode_length, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        return out[:, ids.shape[1]:]
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=self.torch.ones_like(ids),
+                max_new_tokens=request.decode_length,
+                min_new_tokens=request.decode_length,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        return out[:, ids.shape[1] :]
 
     def _release_memory(self) -> None:
         if self.device.startswith("cuda"):

@@ -24,14 +24,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..measure.backend import Backend, BackendError, GenerationRequest
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, Stream, check_survived, completed, outputs_note, run_concurrently, sample_from,
-                   unreachable)
-from ..measure.backend import Backend, BackendError, GenerationRequest
+from ._aio import (
+    LoopThread,
+    Stream,
+    check_survived,
+    completed,
+    outputs_note,
+    run_concurrently,
+    sample_from,
+    unreachable,
+)
 
 if TYPE_CHECKING:
-    from ..processes import ServerProcess
+    from ..server_process import ServerProcess
 
 
 def stubs() -> tuple[Any, Any]:
@@ -39,8 +47,10 @@ def stubs() -> tuple[Any, Any]:
     try:
         from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
     except ImportError as exc:
-        raise BackendError("the JetStream backend needs JetStream's gRPC stubs: pip install grpcio protobuf "
-                           f"and pip install --no-deps google-jetstream ({exc})") from exc
+        raise BackendError(
+            "the JetStream backend needs JetStream's gRPC stubs: pip install grpcio protobuf "
+            f"and pip install --no-deps google-jetstream ({exc})"
+        ) from exc
     return jetstream_pb2, jetstream_pb2_grpc
 
 
@@ -58,20 +68,35 @@ class JetStreamBackend(Backend):
     kind = "jetstream"
     splits_prefill: ClassVar[bool] = False
 
-    def __init__(self, target: str, *, model: str = "unknown", device: str = "unknown", dtype: str = "unknown",
-                 server_batch_size: int | None = None, cache_length: int | None = None,
-                 max_input_length: int | None = None, max_output_length: int | None = None,
-                 require_full_length: bool = True, process: ServerProcess | None = None,
-                 request_timeout_s: float = 600.0, source: str = "", deterministic: bool = False,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        model: str = "unknown",
+        device: str = "unknown",
+        dtype: str = "unknown",
+        server_batch_size: int | None = None,
+        cache_length: int | None = None,
+        max_input_length: int | None = None,
+        max_output_length: int | None = None,
+        require_full_length: bool = True,
+        process: ServerProcess | None = None,
+        request_timeout_s: float = 600.0,
+        source: str = "",
+        deterministic: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
         super().__init__(clock)
         self.pb2, self.pb2_grpc = stubs()
         self.target = target.removeprefix("grpc://").rstrip("/")
         self.source = source
         host, _, port = self.target.rpartition(":")
         if not host or not port.isdigit() or "://" in self.target:
-            raise BackendError(f"JetStream: {target!r}" + (f" (from {source})" if source else "")
-                               + " is not HOST:PORT, e.g. 127.0.0.1:9000 (gRPC, no http://)")
+            raise BackendError(
+                f"JetStream: {target!r}"
+                + (f" (from {source})" if source else "")
+                + " is not HOST:PORT, e.g. 127.0.0.1:9000 (gRPC, no http://)"
+            )
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -85,8 +110,8 @@ class JetStreamBackend(Backend):
         self.deterministic_outputs = deterministic  # the user says greedy decoding on this server repeats itself
         try:
             live = health_check(self.target, timeout_s=10)
-        except Exception as exc:  # noqa: BLE001 - grpc raises RpcError subclasses and others
-            raise unreachable(exc, self.process, self._where(), self.source, 'the address (host:port)') from exc
+        except Exception as exc:
+            raise unreachable(exc, self.process, self._where(), self.source, "the address (host:port)") from exc
         if not live:
             raise BackendError(f"{self._where()}: HealthCheck says the server is not live (is_live=false)")
         self._loop = LoopThread("jetstream")
@@ -107,19 +132,21 @@ class JetStreamBackend(Backend):
         if self.process is not None:
             self.process.check_alive()
         try:
-            results, e2e = self._loop.run(run_concurrently(request.batch_size, self.clock,
-                                                           lambda i, t0: self._one(request, t0)),
-                                          timeout=self.request_timeout_s + 30)
+            results, e2e = self._loop.run(
+                run_concurrently(request.batch_size, self.clock, lambda i, t0: self._one(request, t0)),
+                timeout=self.request_timeout_s + 30,
+            )
             streams, failed = completed(results)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.UNAVAILABLE:
-                raise unreachable(exc, self.process, self._where(), self.source, 'the address (host:port)') from exc
+                raise unreachable(exc, self.process, self._where(), self.source, "the address (host:port)") from exc
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({code})")) from exc
             detail = exc.details() if hasattr(exc, "details") else str(exc)
-            raise BackendError(f"{self._where()}: Decode failed at batch size {request.batch_size}: {code}: "
-                               f"{detail}") from exc
+            raise BackendError(
+                f"{self._where()}: Decode failed at batch size {request.batch_size}: {code}: {detail}"
+            ) from exc
         check_survived(failed, self.process)
         if self.require_full_length:
             for i, s in enumerate(streams):
@@ -127,16 +154,20 @@ class JetStreamBackend(Backend):
                     raise BackendError(
                         f"{self._where()}: request {i} of batch size {request.batch_size} returned {s.server_tokens} "
                         f"tokens, not decode_length={request.decode_length} (JetStream stops at its stop tokens and "
-                        "has no ignore_eos); pass require_full_length=False to llmperf_jetstream(...) to allow it")
+                        "has no ignore_eos); pass require_full_length=False to llmperf_jetstream(...) to allow it"
+                    )
         return sample_from(request.batch_size, streams, e2e, failed, with_ids=True)
 
     async def _one(self, request: GenerationRequest, start: int) -> Stream:
         pb2 = self.pb2
         stream = Stream(server_tokens=0, token_ids=[])
         stream.sent_ns = self.clock() - start  # each request is timed from its own send (metrics.py)
-        call = self._stub.Decode(pb2.DecodeRequest(
-            max_tokens=request.decode_length, text_content=pb2.DecodeRequest.TextContent(text=request.prompt)),
-            timeout=self.request_timeout_s)
+        call = self._stub.Decode(
+            pb2.DecodeRequest(
+                max_tokens=request.decode_length, text_content=pb2.DecodeRequest.TextContent(text=request.prompt)
+            ),
+            timeout=self.request_timeout_s,
+        )
         async for response in call:
             now = self.clock() - start
             if response.WhichOneof("content") != "stream_content":
@@ -164,7 +195,7 @@ class JetStreamBackend(Backend):
             "outputs": outputs_note("token ids", self.deterministic_outputs),
             "deterministic_outputs": self.deterministic_outputs,
             "output_length": "max_tokens=decode_length; JetStream has no ignore_eos"
-                             + (" (early stops fail the run)" if self.require_full_length else ""),
+            + (" (early stops fail the run)" if self.require_full_length else ""),
             "attached": self.process is None,
         }
 

@@ -59,16 +59,31 @@ def _tiny_bloom() -> Any:
 def _tiny_llama() -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
-                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096)
+    return LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
 
 
 def _tiny_mixtral() -> Any:
     from transformers import MixtralConfig
 
-    return MixtralConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, num_local_experts=8,
-                         num_experts_per_tok=2, max_position_embeddings=4096)
+    return MixtralConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=4096,
+    )
 
 
 def _bloomz_7b1() -> Any:
@@ -80,16 +95,31 @@ def _bloomz_7b1() -> Any:
 def _llama_2_7b() -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
+    return LlamaConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+    )
 
 
 def _mixtral_8x7b() -> Any:
     from transformers import MixtralConfig
 
-    return MixtralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
-                         num_experts_per_tok=2, max_position_embeddings=32768)
+    return MixtralConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=32768,
+    )
 
 
 EMBEDDED: Mapping[str, Callable[[], Any]] = {
@@ -113,8 +143,9 @@ def default_cache_dir() -> Path:
     return Path(base) / "pytest-llmperf"
 
 
-def resolve_model(name: str, *, local_models: Mapping[str, str], cache_dir: Path | None,
-                  build_device: str = "cpu") -> Path:
+def resolve_model(
+    name: str, *, local_models: Mapping[str, str], cache_dir: Path | None, build_device: str = "cpu"
+) -> Path:
     """The local directory to load `name` from: a mapped path, an embedded model, or a directory."""
     if name in local_models:
         path = Path(local_models[name]).expanduser()
@@ -183,5 +214,6 @@ def tokenizer_for(vocab_size: int) -> Any:
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )

@@ -43,55 +43,29 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
-from ._aio import (EventStream, LoopThread, RequestFailed, Stream, check_survived, outputs_note, prompt_mismatch,
-                   run_batch, sample_from, unreachable)
+from ._aio import (
+    EventStream,
+    LoopThread,
+    RequestFailed,
+    Stream,
+    check_survived,
+    outputs_note,
+    prompt_mismatch,
+    run_batch,
+    sample_from,
+    unreachable,
+)
+from .openai_events import ServerAnswered, is_token, stream_error
 
 if TYPE_CHECKING:
-    from ..processes import ServerProcess
+    from ..server_process import ServerProcess
 
 FIXED_LENGTH = ("ignore_eos", "logit_bias", "none")
 APIS = ("completions", "chat")
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream", "Authorization": "Bearer EMPTY"}
-
-
-class ServerAnswered(Exception):
-    """The server answered a request with an error: an HTTP status, or an error event inside a 200 stream
-    (TGI validates there; vLLM reports a failure that way once the stream has begun)."""
-
-    def __init__(self, status: int | None, message: str, in_stream: bool) -> None:
-        super().__init__(message)
-        self.status = status
-        self.in_stream = in_stream
-
-    def where(self) -> str:
-        """` (HTTP 422)`, ` (HTTP 422, sent in the stream)`, or nothing where no status was given."""
-        if self.status is None:
-            return " (an error event in the stream)" if self.in_stream else ""
-        return f" (HTTP {self.status}{', sent in the stream' if self.in_stream else ''})"
-
-
-def stream_error(data: dict[str, Any]) -> ServerAnswered | None:
-    """The error an event carries (OpenAI's `{"error": {"message", "code"}}`, TGI's `http_status_code`)."""
-    error = data.get("error")
-    if error is None:
-        return None
-    if not isinstance(error, dict):
-        return ServerAnswered(None, str(error), in_stream=True)
-    status = error.get("http_status_code", error.get("code"))
-    return ServerAnswered(status if isinstance(status, int) else None, str(error.get("message", error)),
-                          in_stream=True)
-
-
-def is_token(api: str, content: str | None, finish_reason: str | None) -> bool:
-    """Whether a streamed chunk without token ids carries a token. Completions: any text, also an empty one (a
-    special token), as vLLM's bench serve counts it, except an empty chunk that only closes the stream
-    (llama.cpp's last chunk carries the finish reason alone). Chat: non-empty content (a role-only chunk)."""
-    if api == "chat":
-        return bool(content)
-    return content is not None and (content != "" or finish_reason is None)
 
 
 class OpenAICompatBackend(Backend):
@@ -100,13 +74,27 @@ class OpenAICompatBackend(Backend):
     kind = "openai"
     splits_prefill: ClassVar[bool] = False
 
-    def __init__(self, url: str, *, model: str | None = None, api: str = "completions",
-                 fixed_length: str = "ignore_eos", eos_token_ids: Sequence[int] = (), truncate_prompt: bool = False,
-                 count_chunks: bool = False, server_name: str = "OpenAI-compatible",
-                 process: ServerProcess | None = None,
-                 extra_body: Mapping[str, Any] | None = None, request_timeout_s: float = 600.0, source: str = "",
-                 describe_extra: Mapping[str, Any] | None = None, token_ids: bool = False,
-                 check_prompt_length: bool = True, deterministic: bool = False, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        api: str = "completions",
+        fixed_length: str = "ignore_eos",
+        eos_token_ids: Sequence[int] = (),
+        truncate_prompt: bool = False,
+        count_chunks: bool = False,
+        server_name: str = "OpenAI-compatible",
+        process: ServerProcess | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        request_timeout_s: float = 600.0,
+        source: str = "",
+        describe_extra: Mapping[str, Any] | None = None,
+        token_ids: bool = False,
+        check_prompt_length: bool = True,
+        deterministic: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
         super().__init__(clock)
         if api not in APIS:
             raise BackendError(f"api must be one of {', '.join(APIS)}, got {api!r}")
@@ -117,8 +105,9 @@ class OpenAICompatBackend(Backend):
         try:
             import aiohttp
         except ImportError as exc:
-            raise BackendError(f"the OpenAI-compatible backend needs aiohttp: pip install pytest-llmperf[openai] "
-                               f"({exc})") from exc
+            raise BackendError(
+                f"the OpenAI-compatible backend needs aiohttp: pip install pytest-llmperf[openai] ({exc})"
+            ) from exc
 
         self.url = url.rstrip("/")
         self.api = api
@@ -142,8 +131,10 @@ class OpenAICompatBackend(Backend):
         async def open_session() -> aiohttp.ClientSession:  # made on the loop that uses it
             # no connection limit (a run of batch size B has B streams open at once), connections kept alive
             # between runs, no proxy from the environment: a benchmark measures the server, not a proxy
-            return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-                                         timeout=aiohttp.ClientTimeout(total=request_timeout_s))
+            return aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                timeout=aiohttp.ClientTimeout(total=request_timeout_s),
+            )
 
         self._session = self._loop.run(open_session())
         self.last_prompt_tokens: list[int | None] = []  # usage.prompt_tokens of the last run's requests
@@ -170,8 +161,13 @@ class OpenAICompatBackend(Backend):
 
     def _body(self, request: GenerationRequest) -> bytes:
         """The request body every request of the run sends, encoded once per run."""
-        body: dict[str, Any] = {"model": self.model, "max_tokens": request.decode_length, "temperature": 0.0,
-                                "stream": True, "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.decode_length,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
         else:
@@ -195,10 +191,15 @@ class OpenAICompatBackend(Backend):
         self.last_prompt_tokens = []
         body = self._body(request)
         try:
-            streams, failed, e2e = run_batch(self._loop, self.clock, request.batch_size,
-                                             lambda i, t0: self._one(request, body, t0),
-                                             timeout=self.request_timeout_s + 30, where=self._where(),
-                                             process=self.process)
+            streams, failed, e2e = run_batch(
+                self._loop,
+                self.clock,
+                request.batch_size,
+                lambda i, t0: self._one(request, body, t0),
+                timeout=self.request_timeout_s + 30,
+                where=self._where(),
+                process=self.process,
+            )
         except BackendError:
             raise
         except ClientConnectionError as exc:  # before any answer: refused, reset (the server is down)
@@ -210,8 +211,9 @@ class OpenAICompatBackend(Backend):
             if self.process is not None and self.process.exited_within(1.0):
                 raise BackendError(self.process.describe_failure(f"died during a run ({text})")) from exc
             status = exc.where() if isinstance(exc, ServerAnswered) else ""
-            raise BackendError(f"{self._where()}: request failed at batch size {request.batch_size}{status}: "
-                               f"{text}") from exc
+            raise BackendError(
+                f"{self._where()}: request failed at batch size {request.batch_size}{status}: {text}"
+            ) from exc
         check_survived(failed, self.process)
         self._check_lengths(request, streams)
         return sample_from(request.batch_size, streams, e2e, failed, with_ids=self.token_ids)
@@ -223,22 +225,31 @@ class OpenAICompatBackend(Backend):
             wrong = [(i, s) for i, s in enumerate(streams) if s.server_tokens != request.decode_length]
             if wrong:
                 i, s = wrong[0]
-                how = {"ignore_eos": "the server ignored ignore_eos/min_tokens (not vLLM or SGLang?): try "
-                                     "fixed_length='logit_bias' with eos_token_ids, or 'none'",
-                       "logit_bias": "the server ignored logit_bias on the end-of-sequence tokens",
-                       "none": "the sequence stopped early (no way to forbid the end token was asked for): use "
-                               "fixed_length='ignore_eos' or 'logit_bias'"}[self.fixed_length]
-                raise BackendError(f"{self._where()}: request {i} of batch size {request.batch_size} generated "
-                                   f"{s.server_tokens} tokens (finish_reason={s.finish_reason}), not "
-                                   f"decode_length={request.decode_length}; {how}")
+                how = {
+                    "ignore_eos": "the server ignored ignore_eos/min_tokens (not vLLM or SGLang?): try "
+                    "fixed_length='logit_bias' with eos_token_ids, or 'none'",
+                    "logit_bias": "the server ignored logit_bias on the end-of-sequence tokens",
+                    "none": "the sequence stopped early (no way to forbid the end token was asked for): use "
+                    "fixed_length='ignore_eos' or 'logit_bias'",
+                }[self.fixed_length]
+                raise BackendError(
+                    f"{self._where()}: request {i} of batch size {request.batch_size} generated "
+                    f"{s.server_tokens} tokens (finish_reason={s.finish_reason}), not "
+                    f"decode_length={request.decode_length}; {how}"
+                )
         n = prompt_mismatch(streams, request.sequence_length)
         if self.check_prompt_length and n is not None:
-            fix = ("the prompt was cut to sequence_length with truncate_prompt_tokens, yet the server counts "
-                   "otherwise (its tokenizer adds tokens?)" if self.truncate_prompt else
-                   "pass truncate_prompt=True where the server has vLLM's truncate_prompt_tokens")
-            raise BackendError(f"{self._where()}: the server received {n} prompt tokens (usage.prompt_tokens), the "
-                               f"scenario asks for sequence_length={request.sequence_length}; {fix}, or "
-                               f"check_prompt_length=False to measure the prompt as the server counts it")
+            fix = (
+                "the prompt was cut to sequence_length with truncate_prompt_tokens, yet the server counts "
+                "otherwise (its tokenizer adds tokens?)"
+                if self.truncate_prompt
+                else "pass truncate_prompt=True where the server has vLLM's truncate_prompt_tokens"
+            )
+            raise BackendError(
+                f"{self._where()}: the server received {n} prompt tokens (usage.prompt_tokens), the "
+                f"scenario asks for sequence_length={request.sequence_length}; {fix}, or "
+                f"check_prompt_length=False to measure the prompt as the server counts it"
+            )
 
     async def _one(self, request: GenerationRequest, body: bytes, start: int) -> Stream:
         from aiohttp import ClientConnectionError, ClientPayloadError
@@ -258,18 +269,24 @@ class OpenAICompatBackend(Backend):
                 for event in events.close():
                     chunks += self._take(event, start, stream, ids)
             except (ClientPayloadError, ClientConnectionError) as exc:  # the server went on; this stream broke
-                raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
-                                    f"tokens: {type(exc).__name__}: {exc}") from exc
+                raise RequestFailed(
+                    f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
+                    f"tokens: {type(exc).__name__}: {exc}"
+                ) from exc
         stream.token_ids = ids if self.token_ids else None
         if stream.finish_reason is None and (stream.server_tokens or chunks) < request.decode_length:
-            raise RequestFailed(f"the stream ended after {stream.server_tokens or chunks} of {request.decode_length} "
-                                "tokens with no finish_reason: the server cut it short (llama-cpp-python's server "
-                                "does that to a streaming request when another arrives, unless started with "
-                                "--interrupt_requests False)")
+            raise RequestFailed(
+                f"the stream ended after {stream.server_tokens or chunks} of {request.decode_length} "
+                "tokens with no finish_reason: the server cut it short (llama-cpp-python's server "
+                "does that to a streaming request when another arrives, unless started with "
+                "--interrupt_requests False)"
+            )
         if stream.server_tokens is None:
             if not self.count_chunks:
-                raise BackendError(f"{self._where()}: the stream sent no `usage` (stream_options.include_usage); "
-                                   "tokens are counted from usage. Pass count_chunks=True to count content chunks")
+                raise BackendError(
+                    f"{self._where()}: the stream sent no `usage` (stream_options.include_usage); "
+                    "tokens are counted from usage. Pass count_chunks=True to count content chunks"
+                )
             stream.server_tokens = chunks
         return stream
 
@@ -312,9 +329,11 @@ class OpenAICompatBackend(Backend):
     # -- lifecycle and description --------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        length = {"ignore_eos": "ignore_eos + min_tokens (checked against usage)",
-                  "logit_bias": f"logit_bias -100 on tokens {list(self.eos_token_ids)} (checked against usage)",
-                  "none": "max_tokens only"}[self.fixed_length]
+        length = {
+            "ignore_eos": "ignore_eos + min_tokens (checked against usage)",
+            "logit_bias": f"logit_bias -100 on tokens {list(self.eos_token_ids)} (checked against usage)",
+            "none": "max_tokens only",
+        }[self.fixed_length]
         return {
             "backend": self.kind,
             "server": self.server_name,
@@ -322,15 +341,23 @@ class OpenAICompatBackend(Backend):
             "url": self.url,
             "api": f"/v1/{'chat/completions' if self.api == 'chat' else 'completions'} (streaming)",
             "device": "server",
-            "token_count": ("chunk count (server sends no usage)" if self.count_chunks
-                            else "server usage.completion_tokens"),
+            "token_count": (
+                "chunk count (server sends no usage)" if self.count_chunks else "server usage.completion_tokens"
+            ),
             "output_length": length,
             "input_length": ("truncate_prompt_tokens=sequence_length" if self.truncate_prompt else "prompt sent as is")
-                            + (", unchecked" if not self.check_prompt_length else
-                               ", unchecked (the server sends no usage)" if self.count_chunks else
-                               ", checked against usage.prompt_tokens"),
-            "outputs": (outputs_note("token ids (return_token_ids)", self.deterministic_outputs) if self.token_ids
-                        else "not compared (no token ids)"),
+            + (
+                ", unchecked"
+                if not self.check_prompt_length
+                else ", unchecked (the server sends no usage)"
+                if self.count_chunks
+                else ", checked against usage.prompt_tokens"
+            ),
+            "outputs": (
+                outputs_note("token ids (return_token_ids)", self.deterministic_outputs)
+                if self.token_ids
+                else "not compared (no token ids)"
+            ),
             "deterministic_outputs": self.deterministic_outputs,
             "attached": self.process is None,
             **self.describe_extra,

@@ -11,18 +11,29 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..measure.records import RunSample
 from ..measure.backend import Backend, GenerationRequest, OutOfMemory
+from ..measure.records import RunSample
 
 
 class SimulatedBackend(Backend):
     kind = "simulated"
     splits_prefill: ClassVar[bool] = True
 
-    def __init__(self, *, prefill_ms_per_token: float = 0.05, decode_ms: float = 5.0, decode_ms_per_seq: float = 0.5,
-                 noise: float = 0.02, seed: int = 0, prefill_slowdown: float = 1.0, decode_slowdown: float = 1.0,
-                 oom_from_batch: int | None = None, fail_at: Mapping[int, str] | None = None,
-                 first_token: int = 100, changed_from: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        prefill_ms_per_token: float = 0.05,
+        decode_ms: float = 5.0,
+        decode_ms_per_seq: float = 0.5,
+        noise: float = 0.02,
+        seed: int = 0,
+        prefill_slowdown: float = 1.0,
+        decode_slowdown: float = 1.0,
+        oom_from_batch: int | None = None,
+        fail_at: Mapping[int, str] | None = None,
+        first_token: int = 100,
+        changed_from: int | None = None,
+    ) -> None:
         super().__init__()
         self.prefill_ms_per_token = prefill_ms_per_token
         self.decode_ms = decode_ms
@@ -51,20 +62,39 @@ class SimulatedBackend(Backend):
             raise RuntimeError(self.fail_at[bs])
         ms = 1_000_000
         tokenize = int(0.1 * ms)
-        prefill = int(self.prefill_ms_per_token * request.sequence_length * bs * ms * self.prefill_slowdown
-                      * self._jitter())
-        steps = [int((self.decode_ms + self.decode_ms_per_seq * bs) * ms * self.decode_slowdown * self._jitter())
-                 for _ in range(request.decode_length - 1)]
+        prefill = int(
+            self.prefill_ms_per_token * request.sequence_length * bs * ms * self.prefill_slowdown * self._jitter()
+        )
+        steps = [
+            int((self.decode_ms + self.decode_ms_per_seq * bs) * ms * self.decode_slowdown * self._jitter())
+            for _ in range(request.decode_length - 1)
+        ]
         times = [tokenize + prefill]
         for step in steps:
             times.append(times[-1] + step)
-        ids = [self.first_token + i + (self.changed_from is not None and i >= self.changed_from)
-               for i in range(request.decode_length)]
-        return RunSample(batch_size=bs, token_times_ns=[list(times) for _ in range(bs)], end_to_end_ns=times[-1],
-                         tokenize_ns=tokenize, prefill_ns=prefill, decode_steps_ns=steps, detokenize_ns=int(0.05 * ms),
-                         generated_tokens=bs * request.decode_length, output_ids=[list(ids) for _ in range(bs)],
-                         output_texts=[" ".join(f"t{t}" for t in ids) for _ in range(bs)])
+        ids = [
+            self.first_token + i + (self.changed_from is not None and i >= self.changed_from)
+            for i in range(request.decode_length)
+        ]
+        return RunSample(
+            batch_size=bs,
+            token_times_ns=[list(times) for _ in range(bs)],
+            end_to_end_ns=times[-1],
+            tokenize_ns=tokenize,
+            prefill_ns=prefill,
+            decode_steps_ns=steps,
+            detokenize_ns=int(0.05 * ms),
+            generated_tokens=bs * request.decode_length,
+            output_ids=[list(ids) for _ in range(bs)],
+            output_texts=[" ".join(f"t{t}" for t in ids) for _ in range(bs)],
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.kind, "model": "simulated", "dtype": "fp32", "device": "cpu",
-                "prefill_ms_per_token": self.prefill_ms_per_token, "decode_ms": self.decode_ms}
+        return {
+            "backend": self.kind,
+            "model": "simulated",
+            "dtype": "fp32",
+            "device": "cpu",
+            "prefill_ms_per_token": self.prefill_ms_per_token,
+            "decode_ms": self.decode_ms,
+        }

@@ -22,92 +22,31 @@ max_new_tokens <= max_total_tokens) and refuses requests beyond max_concurrent_r
 run the request is checked against the server's GET /info, and a mismatch is an error naming the
 launcher argument to raise, instead of B validation errors per run.
 
-`TGILauncherArgs` holds the launcher arguments of seeds 000/001 and builds the command line.
+`TGILauncherArgs` (tgi_launcher.py) holds the launcher arguments of seeds 000/001 and builds the command line.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
 from ..measure.clock import Clock
 from ..measure.records import RunSample
-from ._aio import (LoopThread, RequestFailed, Stream, check_survived, outputs_note, prompt_mismatch, run_batch,
-                   sample_from, unreachable)
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
+from ._aio import (
+    LoopThread,
+    RequestFailed,
+    Stream,
+    check_survived,
+    outputs_note,
+    prompt_mismatch,
+    run_batch,
+    sample_from,
+    unreachable,
+)
+from .tgi_launcher import TGILauncherArgs
 
 if TYPE_CHECKING:
-    from ..processes import ServerProcess
-
-QUANTIZE = ("awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin", "bitsandbytes", "bitsandbytes-nf4",
-            "bitsandbytes-fp4", "fp8")
-
-
-@dataclass(frozen=True)
-class TGILauncherArgs:
-    """`text-generation-launcher` arguments (seed 000's "text_generation_launcher: Args").
-
-    None leaves the launcher's own default. `extra_args` are appended as given.
-    """
-
-    model_id: str
-    num_shard: int | None = None
-    quantize: str | None = None
-    dtype: str | None = None
-    revision: str | None = None
-    sharded: bool | None = None
-    max_concurrent_requests: int | None = None
-    max_best_of: int | None = None
-    max_stop_sequences: int | None = None
-    max_input_tokens: int | None = None
-    max_total_tokens: int | None = None
-    max_batch_prefill_tokens: int | None = None
-    max_batch_total_tokens: int | None = None
-    max_batch_size: int | None = None
-    waiting_served_ratio: float | None = None
-    max_waiting_tokens: int | None = None
-    trust_remote_code: bool = False
-    disable_custom_kernels: bool = False
-    extra_args: tuple[str, ...] = field(default_factory=tuple)
-
-    def __post_init__(self) -> None:
-        if self.quantize is not None and self.quantize not in QUANTIZE:
-            raise BackendError(f"TGI: --quantize {self.quantize!r} is not one of {', '.join(QUANTIZE)}")
-        if self.num_shard is not None and self.num_shard < 1:
-            raise BackendError(f"TGI: num_shard must be >= 1, got {self.num_shard}")
-
-    def argv(self, launcher: str, *, host: str, port: int, prometheus_port: int | None = None,
-             shard_uds_path: str | None = None, master_port: int | None = None) -> list[str]:
-        """The launcher's command line. Host, ports and the shard socket are per server, so that
-        two launchers (or a leftover one) never share the defaults 3000/9000/29500 and
-        /tmp/text-generation-server."""
-        argv = [launcher, "--model-id", self.model_id, "--hostname", host, "--port", str(port)]
-        if prometheus_port is not None:
-            argv += ["--prometheus-port", str(prometheus_port)]
-        if shard_uds_path is not None:
-            argv += ["--shard-uds-path", shard_uds_path]
-        if master_port is not None:
-            argv += ["--master-port", str(master_port)]
-        for f in dataclasses.fields(self):
-            if f.name in ("model_id", "extra_args"):
-                continue
-            value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                if f.name == "sharded":
-                    argv += [flag, "true" if value else "false"]
-                elif value:
-                    argv.append(flag)
-            elif value is not None:
-                argv += [flag, str(value)]
-        return [*argv, *self.extra_args]
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["extra_args"] = list(self.extra_args)
-        return data
+    from ..server_process import ServerProcess
 
 
 def is_transport_error(exc: BaseException) -> bool:
@@ -136,10 +75,18 @@ class TGIBackend(Backend):
     kind = "tgi"
     splits_prefill: ClassVar[bool] = False
 
-    def __init__(self, url: str, *, launcher_args: TGILauncherArgs | None = None,
-                 process: ServerProcess | None = None, require_full_length: bool = True,
-                 request_timeout_s: float = 600.0, source: str = "", deterministic: bool = False,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        launcher_args: TGILauncherArgs | None = None,
+        process: ServerProcess | None = None,
+        require_full_length: bool = True,
+        request_timeout_s: float = 600.0,
+        source: str = "",
+        deterministic: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
         super().__init__(clock)
         from huggingface_hub import AsyncInferenceClient
 
@@ -168,8 +115,9 @@ class TGIBackend(Backend):
         import httpx2  # huggingface_hub's own HTTP library
         from huggingface_hub.utils._http import async_hf_response_event_hook
 
-        session = httpx2.AsyncClient(event_hooks={"response": [async_hf_response_event_hook]},
-                                     follow_redirects=True, timeout=None)
+        session = httpx2.AsyncClient(
+            event_hooks={"response": [async_hf_response_event_hook]}, follow_redirects=True, timeout=None
+        )
         self._client._async_client = await self._client.exit_stack.enter_async_context(session)
 
     # -- server ---------------------------------------------------------------------------------
@@ -187,8 +135,10 @@ class TGIBackend(Backend):
         except (httpx.HTTPError, ValueError) as exc:
             raise unreachable(exc, self.process, self._where(), self.source) from exc
         if not isinstance(info, dict) or "model_id" not in info:
-            raise BackendError(f"{self._where()}: GET /info did not return TGI's Info (no model_id): {info!r:.200}. "
-                               "Is this a text-generation-inference server?")
+            raise BackendError(
+                f"{self._where()}: GET /info did not return TGI's Info (no model_id): {info!r:.200}. "
+                "Is this a text-generation-inference server?"
+            )
         return info
 
     # -- measurement ---------------------------------------------------------------------------
@@ -200,29 +150,48 @@ class TGIBackend(Backend):
         info = self.info
         limits = (
             # (limit in /info (older TGI: max_input_length), launcher flag, what the request needs, why)
-            (info.get("max_input_tokens", info.get("max_input_length")), "--max-input-tokens",
-             request.sequence_length, f"truncate=sequence_length={request.sequence_length}"),
-            (info.get("max_total_tokens"), "--max-total-tokens", request.sequence_length + request.decode_length,
-             f"sequence_length + decode_length = {request.sequence_length + request.decode_length}"),
-            (info.get("max_concurrent_requests"), "--max-concurrent-requests", request.batch_size,
-             f"batch size {request.batch_size} (concurrent requests)"),
+            (
+                info.get("max_input_tokens", info.get("max_input_length")),
+                "--max-input-tokens",
+                request.sequence_length,
+                f"truncate=sequence_length={request.sequence_length}",
+            ),
+            (
+                info.get("max_total_tokens"),
+                "--max-total-tokens",
+                request.sequence_length + request.decode_length,
+                f"sequence_length + decode_length = {request.sequence_length + request.decode_length}",
+            ),
+            (
+                info.get("max_concurrent_requests"),
+                "--max-concurrent-requests",
+                request.batch_size,
+                f"batch size {request.batch_size} (concurrent requests)",
+            ),
         )
         for limit, flag, needed, what in limits:
             if isinstance(limit, int) and needed > limit:
                 name = flag[2:].replace("-", "_")
                 keyword = f" (llmperf_tgi(..., {name}={needed}))" if self.process is not None else ""
-                raise BackendError(f"{self._where()}: {what} exceeds the server's {name}={limit} (GET /info), so TGI "
-                                   f"would reject every request. Start TGI with {flag} {needed} or more{keyword}")
+                raise BackendError(
+                    f"{self._where()}: {what} exceeds the server's {name}={limit} (GET /info), so TGI "
+                    f"would reject every request. Start TGI with {flag} {needed} or more{keyword}"
+                )
 
     def generate(self, request: GenerationRequest) -> RunSample:
         if self.process is not None:
             self.process.check_alive()
         self.check_limits(request)
         try:
-            streams, failed, e2e = run_batch(self._loop, self.clock, request.batch_size,
-                                             lambda i, t0: self._one(request, i, t0),
-                                             timeout=self.request_timeout_s + 30, where=self._where(),
-                                             process=self.process)
+            streams, failed, e2e = run_batch(
+                self._loop,
+                self.clock,
+                request.batch_size,
+                lambda i, t0: self._one(request, i, t0),
+                timeout=self.request_timeout_s + 30,
+                where=self._where(),
+                process=self.process,
+            )
         except BackendError:
             raise
         except Exception as exc:
@@ -245,7 +214,8 @@ class TGIBackend(Backend):
                 f"{self._where()}: the server kept {received} prompt tokens "
                 f"(details.input_length), the scenario asks for sequence_length={request.sequence_length}: "
                 "truncate=sequence_length keeps the prompt's last tokens but cannot lengthen it; give a longer "
-                "prompt")
+                "prompt"
+            )
         if self.require_full_length:
             short = [(i, s) for i, s in enumerate(streams) if s.server_tokens != request.decode_length]
             if short:
@@ -254,15 +224,22 @@ class TGIBackend(Backend):
                     f"{self._where()}: sequence {i} of batch size {request.batch_size} generated {s.server_tokens} "
                     f"tokens (finish_reason={s.finish_reason}), not decode_length={request.decode_length}. TGI's HTTP "
                     "API cannot ignore the end-of-sequence token; use a prompt/model that does not stop early, or "
-                    "pass require_full_length=False to llmperf_tgi(...) to measure variable lengths")
+                    "pass require_full_length=False to llmperf_tgi(...) to measure variable lengths"
+                )
         return sample_from(request.batch_size, streams, e2e, failed, with_ids=True)
 
     async def _one(self, request: GenerationRequest, index: int, start: int) -> Stream:
         stream = Stream(token_ids=[])
         stream.sent_ns = self.clock() - start  # each request is timed from its own send (metrics.py)
         events = await self._client.text_generation(
-            request.prompt, stream=True, details=True, max_new_tokens=request.decode_length, do_sample=False,
-            truncate=request.sequence_length, return_full_text=False)
+            request.prompt,
+            stream=True,
+            details=True,
+            max_new_tokens=request.decode_length,
+            do_sample=False,
+            truncate=request.sequence_length,
+            return_full_text=False,
+        )
         try:
             async for event in events:
                 stream.times_ns.append(self.clock() - start)
@@ -274,12 +251,16 @@ class TGIBackend(Backend):
                     stream.prompt_tokens = getattr(event.details, "input_length", None)
         except Exception as exc:
             if is_transport_error(exc):  # the server went on; this stream broke
-                raise RequestFailed(f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
-                                    f"tokens: {type(exc).__name__}: {exc}") from exc
+                raise RequestFailed(
+                    f"the stream broke after {len(stream.times_ns)} of {request.decode_length} "
+                    f"tokens: {type(exc).__name__}: {exc}"
+                ) from exc
             raise
         if stream.server_tokens is None:
-            raise RequestFailed(f"the stream ended after {len(stream.times_ns)} of {request.decode_length} tokens "
-                                "without `details` (generated_tokens): the server cut it short")
+            raise RequestFailed(
+                f"the stream ended after {len(stream.times_ns)} of {request.decode_length} tokens "
+                "without `details` (generated_tokens): the server cut it short"
+            )
         return stream
 
     # -- lifecycle and description --------------------------------------------------------------
@@ -299,15 +280,17 @@ class TGIBackend(Backend):
             "outputs": outputs_note("token ids", self.deterministic_outputs),
             "deterministic_outputs": self.deterministic_outputs,
             "output_length": "max_new_tokens=decode_length, greedy; TGI has no ignore_eos"
-                             + (" (early stops fail the run)" if self.require_full_length else ""),
+            + (" (early stops fail the run)" if self.require_full_length else ""),
             "attached": self.process is None,
         }
         if self.launcher_args is not None:
             args = self.launcher_args
             data["launcher_args"] = args.to_json()
             # what sets this server apart in seed 001's sweeps; the report's grid labels columns with it
-            data["variant"] = (f"num_shard={args.num_shard if args.num_shard is not None else 'default'} "
-                               f"quantize={args.quantize or 'none'}")
+            data["variant"] = (
+                f"num_shard={args.num_shard if args.num_shard is not None else 'default'} "
+                f"quantize={args.quantize or 'none'}"
+            )
         return data
 
     def close(self) -> None:
@@ -315,24 +298,3 @@ class TGIBackend(Backend):
             return
         self._loop.close(self._client.close())
         self._loop = None  # type: ignore[assignment]
-
-
-SEED_MAX_INPUT_TOKENS = 1000
-SEED_MAX_TOTAL_TOKENS = 1512
-
-
-def seed_launcher_args(model_id: str, num_shard: int = 1, quantize: str | None = None, *,
-                       sequence_length: int = 1024, decode_length: int = 8,
-                       extra_args: Sequence[str] = ()) -> TGILauncherArgs:
-    """Seed 000's launcher settings (bloomz-7b1-mt experiment), with limits that admit the scenario.
-
-    The seed lists max_input_length 1000 beside sequence length 1024: its text-generation-benchmark
-    sends batches to the shards over gRPC, past the router. We go through the router's HTTP API,
-    which rejects `truncate` above max_input_tokens and inputs + max_new_tokens above
-    max_total_tokens (validation.rs), so both are raised to the scenario where the seed's are lower.
-    """
-    return TGILauncherArgs(model_id=model_id, num_shard=num_shard, quantize=quantize, max_concurrent_requests=128,
-                           max_best_of=2, max_stop_sequences=4,
-                           max_input_tokens=max(SEED_MAX_INPUT_TOKENS, sequence_length),
-                           max_total_tokens=max(SEED_MAX_TOTAL_TOKENS, sequence_length + decode_length),
-                           max_batch_total_tokens=32000, max_waiting_tokens=20, extra_args=tuple(extra_args))

@@ -20,7 +20,6 @@ from ..measure.metrics import values_by_process
 from ..measure.records import BenchmarkResult
 from .outputs import Outputs, outputs_by_batch
 
-
 #: What this version writes in an entry and in a batch size's record; anything else there is kept as it is (an
 #: update never drops a field it does not know). Schema 2's fields are read and converted, never kept.
 ENTRY_FIELDS = ("batches", "values", "errors", "unit", "fingerprint", "scenario", "backend", "git_commit", "created")
@@ -68,8 +67,9 @@ class BaselineEntry:
         return {m: list(v) for m, v in values.items()}
 
     @classmethod
-    def of_result(cls, result: BenchmarkResult, *, fingerprint: Mapping[str, Any] | None = None,
-                  created: str = "") -> BaselineEntry:
+    def of_result(
+        cls, result: BenchmarkResult, *, fingerprint: Mapping[str, Any] | None = None, created: str = ""
+    ) -> BaselineEntry:
         """What a measured benchmark stores as its baseline (and what an A/B comparison's A side is judged as)."""
         fingerprint = dict(fingerprint or {})
         if any(b.counted for b in result.batches):  # how its counts were taken: others are not comparable
@@ -80,8 +80,10 @@ class BaselineEntry:
             if batch.measured:
                 per_process = values_by_process(batch.samples)
                 # instruction counts (counting workers, --llmperf-instructions): each counting process's median
-                values[batch.batch_size] = {**_reduced(per_process, unit), **_reduced(count_table(batch.counted),
-                                                                                      "process")}
+                values[batch.batch_size] = {
+                    **_reduced(per_process, unit),
+                    **_reduced(count_table(batch.counted), "process"),
+                }
                 counts[batch.batch_size] = [sum(s.process == p for s in batch.samples) for p in batch.processes]
         return cls(
             key=result.key,
@@ -111,13 +113,23 @@ class BaselineEntry:
             if bs in self.outputs:
                 batch["outputs"] = self.outputs[bs]
             batches[str(bs)] = batch
-        values = {str(bs): {m: [stored_value(v) for v in vals] for m, vals in metrics.items()}
-                  for bs, metrics in sorted(self.values.items())}
+        values = {
+            str(bs): {m: [stored_value(v) for v in vals] for m, vals in metrics.items()}
+            for bs, metrics in sorted(self.values.items())
+        }
         fingerprint = dict(self.fingerprint)
         if self.git_commit and not (fingerprint.get("git") or {}).get("commit"):
             fingerprint["git"] = {**(fingerprint.get("git") or {}), "commit": self.git_commit}
-        data = {**self.extra, "batches": batches, "values": values, "unit": self.unit, "fingerprint": fingerprint,
-                "scenario": self.scenario, "backend": self.backend, "created": self.created}
+        data = {
+            **self.extra,
+            "batches": batches,
+            "values": values,
+            "unit": self.unit,
+            "fingerprint": fingerprint,
+            "scenario": self.scenario,
+            "backend": self.backend,
+            "created": self.created,
+        }
         if self.errors:
             data["errors"] = {str(bs): msg for bs, msg in sorted(self.errors.items())}
         return data
@@ -150,8 +162,11 @@ class BaselineEntry:
             values=values,
             counts=counts,
             errors={int(bs): str(msg) for bs, msg in data.get("errors", {}).items()},
-            foreign_load={int(bs): float(batch["foreign_load"]) for bs, batch in data["batches"].items()
-                          if batch.get("foreign_load") is not None},
+            foreign_load={
+                int(bs): float(batch["foreign_load"])
+                for bs, batch in data["batches"].items()
+                if batch.get("foreign_load") is not None
+            },
             unit=unit,
             outputs=outputs,
             fingerprint=dict(data.get("fingerprint", {})),
@@ -160,16 +175,22 @@ class BaselineEntry:
             git_commit=data.get("git_commit") or ((data.get("fingerprint") or {}).get("git") or {}).get("commit"),
             created=str(data.get("created", "")),
             extra={k: v for k, v in data.items() if k not in ENTRY_FIELDS},
-            batch_extra={int(bs): extra for bs, batch in data["batches"].items()
-                         if (extra := {k: v for k, v in batch.items() if k not in BATCH_FIELDS})},
+            batch_extra={
+                int(bs): extra
+                for bs, batch in data["batches"].items()
+                if (extra := {k: v for k, v in batch.items() if k not in BATCH_FIELDS})
+            },
         )
 
     def keeping_extras_of(self, old: BaselineEntry | None) -> BaselineEntry:
         """This entry with the unknown fields of the entry it replaces (of its batch sizes that remain)."""
         if old is None:
             return self
-        return replace(self, extra={**old.extra, **self.extra},
-                       batch_extra={bs: old.batch_extra[bs] for bs in self.values if bs in old.batch_extra})
+        return replace(
+            self,
+            extra={**old.extra, **self.extra},
+            batch_extra={bs: old.batch_extra[bs] for bs in self.values if bs in old.batch_extra},
+        )
 
 
 def _reduced(per_process: Mapping[str, list[list[float]]], unit: str) -> dict[str, list[float]]:

@@ -23,15 +23,22 @@ from typing import Any
 from ..files import finite_or_null
 
 #: Paths of the objects written one key per line ("*" stands for any key); everything below them is one line.
-EXPANDED = frozenset({
-    (), ("benchmarks",), ("benchmarks", "*"), ("benchmarks", "*", "batches"), ("benchmarks", "*", "values"),
-    ("benchmarks", "*", "values", "*"), ("benchmarks", "*", "errors"), ("benchmarks", "*", "fingerprint"),
-})
+EXPANDED = frozenset(
+    {
+        (),
+        ("benchmarks",),
+        ("benchmarks", "*"),
+        ("benchmarks", "*", "batches"),
+        ("benchmarks", "*", "values"),
+        ("benchmarks", "*", "values", "*"),
+        ("benchmarks", "*", "errors"),
+        ("benchmarks", "*", "fingerprint"),
+    }
+)
 
 
 def _expanded(path: tuple[str, ...]) -> bool:
-    return any(len(pattern) == len(path) and all(p in ("*", k) for p, k in zip(pattern, path))
-               for pattern in EXPANDED)
+    return any(len(pattern) == len(path) and all(p in ("*", k) for p, k in zip(pattern, path)) for pattern in EXPANDED)
 
 
 def _inline(value: Any) -> str:

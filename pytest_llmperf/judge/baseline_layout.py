@@ -20,17 +20,29 @@ from typing import Any
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 #: Strongest first: the ISA level that tells two hosts behind one CPU name apart.
-ISA_RANK = ("amx_bf16", "avx512_fp16", "avx512_bf16", "avx512_vnni", "avx512f", "avx_vnni", "avx2", "sve2", "sve",
-            "asimd")
+ISA_RANK = (
+    "amx_bf16",
+    "avx512_fp16",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx512f",
+    "avx_vnni",
+    "avx2",
+    "sve2",
+    "sve",
+    "asimd",
+)
 _NOISE_WORDS = {"r", "tm", "cpu", "processor", "core", "with", "radeon", "graphics"}
 
 
 def check_name(value: str) -> str:
     """`value` when it is a plain name (letters, digits, '.', '_', '-'; not starting with '.'), else ValueError."""
     if not NAME.fullmatch(value or ""):
-        raise ValueError(f"{value!r} is not a plain name: it names a directory under the baseline and "
-                         "report directories, so use letters, digits, '.', '_' or '-' (at most 64, not starting "
-                         "with '.'), e.g. cpu, a100, ci-runner")
+        raise ValueError(
+            f"{value!r} is not a plain name: it names a directory under the baseline and "
+            "report directories, so use letters, digits, '.', '_' or '-' (at most 64, not starting "
+            "with '.'), e.g. cpu, a100, ci-runner"
+        )
     return value
 
 
@@ -39,8 +51,11 @@ def machine_slug(identity: Mapping[str, Any]) -> str:
     model = re.sub(r"\([^)]*\)|@.*$|\b\d+-core\b", " ", str(identity.get("cpu_model") or "").lower())
     words = [w for w in re.split(r"[^a-z0-9]+", model) if w and w not in _NOISE_WORDS]
     fields = dict(re.findall(r"(cpu family|model|stepping)=(\S+)", str(identity.get("cpu_signature") or "")))
-    signature = [f"{prefix}{fields[name]}" for prefix, name in (("f", "cpu family"), ("m", "model"), ("s", "stepping"))
-                 if name in fields]
+    signature = [
+        f"{prefix}{fields[name]}"
+        for prefix, name in (("f", "cpu family"), ("m", "model"), ("s", "stepping"))
+        if name in fields
+    ]
     isa = [flag.replace("_", "") for flag in ISA_RANK if flag in (identity.get("cpu_isa") or [])][:1]
     slug = "-".join([*words[:4], *signature, *isa]) or "machine"
     return re.sub(r"[^a-z0-9.-]+", "-", slug)[:64].strip("-.") or "machine"
@@ -60,9 +75,11 @@ def other_sets(device_dir: Path, machine: str, module: str) -> list[str]:
     """The other machines of this device whose set holds a file for `module`."""
     if not device_dir.is_dir():
         return []
-    return sorted(d.name for d in device_dir.iterdir()
-                  if d.is_dir() and d.name != machine and NAME.fullmatch(d.name)
-                  and (d / module_file(module)).is_file())
+    return sorted(
+        d.name
+        for d in device_dir.iterdir()
+        if d.is_dir() and d.name != machine and NAME.fullmatch(d.name) and (d / module_file(module)).is_file()
+    )
 
 
 def key_of_test(nodeid: str) -> str:
@@ -72,7 +89,9 @@ def key_of_test(nodeid: str) -> str:
 
 def stale_keys(stored: list[str], tests: set[str]) -> list[str]:
     """Stored keys that belong to none of `tests` (a key is a test's key, or that key + '::<name>')."""
+
     def belongs(key: str) -> bool:
         parts = key.split("::")
         return any("::".join(parts[:i]) in tests for i in range(1, len(parts) + 1))
+
     return sorted(k for k in stored if not belongs(k))

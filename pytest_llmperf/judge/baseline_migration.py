@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..files import locked, write_text_atomic
+from .baseline_entry import BaselineEntry
 from .baseline_format import render
 from .baseline_values import check_raw_entry
-from .baseline_entry import BaselineEntry
 from .baselines import SCHEMA_VERSION, BaselineError
 
 
@@ -44,8 +44,9 @@ def baseline_files(paths: Iterable[Path]) -> list[Path]:
         elif path.is_file():
             found.append(path)
         else:
-            raise BaselineError(f"{path}: no such file or directory; give a baseline set's directory, e.g. "
-                                "baselines/cpu")
+            raise BaselineError(
+                f"{path}: no such file or directory; give a baseline set's directory, e.g. baselines/cpu"
+            )
     return found
 
 
@@ -55,22 +56,30 @@ def _converted_document(path: Path, data: Any) -> dict[str, Any]:
     version = data["schema_version"]
     if version == 1:
         module = data.get("module") or "<its test module>"
-        raise BaselineError(f"{path} holds per-run values of one process (schema 1), which the gate cannot use as "
-                            f"per-process values; left as it is. Re-record it on its machine: pytest {module} "
-                            f"--llmperf-device={data.get('device', '<device>')} --llmperf-update")
+        raise BaselineError(
+            f"{path} holds per-run values of one process (schema 1), which the gate cannot use as "
+            f"per-process values; left as it is. Re-record it on its machine: pytest {module} "
+            f"--llmperf-device={data.get('device', '<device>')} --llmperf-update"
+        )
     if version != 2:
-        raise BaselineError(f"{path} has schema_version {version!r}, which this pytest-llmperf does not convert "
-                            f"(it reads {SCHEMA_VERSION}); left as it is")
+        raise BaselineError(
+            f"{path} has schema_version {version!r}, which this pytest-llmperf does not convert "
+            f"(it reads {SCHEMA_VERSION}); left as it is"
+        )
     entries = {}
     for key, entry in data["benchmarks"].items():
         try:
             check_raw_entry(key, entry)
             entries[key] = BaselineEntry.from_json(key, entry)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BaselineError(f"{path}: {exc}; left as it is. Fix it from version control or re-record it "
-                                "with --llmperf-update") from None
-    return {**{k: v for k, v in data.items() if k != "benchmarks"}, "schema_version": SCHEMA_VERSION,
-            "benchmarks": {key: entry.to_json() for key, entry in sorted(entries.items())}}
+            raise BaselineError(
+                f"{path}: {exc}; left as it is. Fix it from version control or re-record it with --llmperf-update"
+            ) from None
+    return {
+        **{k: v for k, v in data.items() if k != "benchmarks"},
+        "schema_version": SCHEMA_VERSION,
+        "benchmarks": {key: entry.to_json() for key, entry in sorted(entries.items())},
+    }
 
 
 def migrate_file(path: Path) -> Migrated:

@@ -54,8 +54,9 @@ def check_batch_size(text: Any) -> int:
 def check_runs(key: str, batch: object, metric: str, per_process: Any) -> None:
     """Per-process lists of per-run values: at least one process, each with at least one valid value."""
     if not isinstance(per_process, list) or not per_process:
-        raise ValueError(f"{_where(key, batch, metric)}: expected a non-empty list of per-process lists of runs, "
-                         f"got {per_process!r}")
+        raise ValueError(
+            f"{_where(key, batch, metric)}: expected a non-empty list of per-process lists of runs, got {per_process!r}"
+        )
     for values in per_process:
         if not isinstance(values, list) or not values:
             raise ValueError(f"{_where(key, batch, metric)}: a process holds no runs ({values!r})")
@@ -78,14 +79,19 @@ def check_values(key: str, batch: object, metric: str, values: Any) -> None:
 def check_counts(key: str, batch: object, counts: Any, values: Mapping[str, Any], unit: Any) -> None:
     """Runs per process (schema 3): integers >= 1, one per process (unit process) or adding up to the runs (run).
     Instruction counts come from their own counting processes (one median each) and are not held to them."""
-    if not isinstance(counts, list) or not counts or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+    if (
+        not isinstance(counts, list)
+        or not counts
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts)
+    ):
         raise ValueError(f"{_where(key, batch)}: runs_per_process must be a list of integers >= 1, got {counts!r}")
     expected = sum(counts) if unit == "run" else len(counts)
     for metric, found in values.items():
         if metric not in INSTRUCTION_METRICS and len(found) != expected:
-            raise ValueError(f"{_where(key, batch, metric)}: {len(found)} values for runs_per_process {counts} "
-                             f"(unit {unit}): expected {expected}")
+            raise ValueError(
+                f"{_where(key, batch, metric)}: {len(found)} values for runs_per_process {counts} "
+                f"(unit {unit}): expected {expected}"
+            )
 
 
 def _check_raw_batch(key: str, text: str, batch: Any, values: Any, unit: Any) -> None:
@@ -104,8 +110,9 @@ def _check_raw_batch(key: str, text: str, batch: Any, values: Any, unit: Any) ->
         check_values(key, text, metric, found)
     if batch.get("runs_per_process") is not None:
         check_counts(key, text, batch["runs_per_process"], values[text], unit)
-    if batch.get("outputs") is not None and not (isinstance(batch["outputs"], str)
-                                                 and batch["outputs"].startswith("sha256:")):
+    if batch.get("outputs") is not None and not (
+        isinstance(batch["outputs"], str) and batch["outputs"].startswith("sha256:")
+    ):
         raise ValueError(f"{_where(key, text)}: outputs {batch['outputs']!r} is not a digest (sha256:...)")
 
 
@@ -150,10 +157,15 @@ def too_few_units(key: str, unit: str, values: Mapping[Any, Mapping[str, Any]]) 
             units = len(units_of)
             if metric in INSTRUCTION_METRICS or units >= MIN_UNITS:
                 continue
-            what = ("worker process" + ("es" if units != 1 else "")) if unit == "process" else \
-                ("run" + ("s" if units != 1 else ""))
-            return (f"{_where(key, batch_size)}: the baseline holds {units} {what}; the gate needs at least "
-                    f"{MIN_UNITS} to estimate their spread")
+            what = (
+                ("worker process" + ("es" if units != 1 else ""))
+                if unit == "process"
+                else ("run" + ("s" if units != 1 else ""))
+            )
+            return (
+                f"{_where(key, batch_size)}: the baseline holds {units} {what}; the gate needs at least "
+                f"{MIN_UNITS} to estimate their spread"
+            )
     return None
 
 

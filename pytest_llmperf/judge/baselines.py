@@ -28,8 +28,15 @@ from .baseline_format import render
 from .baseline_layout import module_file, other_sets, set_directory
 from .baseline_values import check_entry, check_raw_entry
 
-__all__ = ["SCHEMA_VERSION", "BaselineEntry", "BaselineError", "BaselineStore", "Lookup", "process_medians",
-           "stored_value"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "BaselineEntry",
+    "BaselineError",
+    "BaselineStore",
+    "Lookup",
+    "process_medians",
+    "stored_value",
+]
 
 SCHEMA_VERSION = 3
 #: The command that converts files of an older schema, named wherever one is met.
@@ -61,8 +68,9 @@ class Lookup:
 class BaselineStore:
     """Reads and writes the baseline files of one device (and machine). Files are read once and cached."""
 
-    def __init__(self, root: Path, device: str, machine: str | None = None, *, rerun: str = "",
-                 updating: bool = False) -> None:
+    def __init__(
+        self, root: Path, device: str, machine: str | None = None, *, rerun: str = "", updating: bool = False
+    ) -> None:
         self.root = Path(root)
         self.device = device
         self.machine = machine
@@ -134,22 +142,28 @@ class BaselineStore:
         notes = []
         others = other_sets(self.device_dir, self.machine, module)
         if others:
-            notes.append(f"this machine ({self.machine}) has no baselines for it yet; the sets of "
-                         f"{', '.join(others)} under {self.device_dir} are compared only on their own machines")
+            notes.append(
+                f"this machine ({self.machine}) has no baselines for it yet; the sets of "
+                f"{', '.join(others)} under {self.device_dir} are compared only on their own machines"
+            )
         legacy = self.device_dir / module_file(module)
         if legacy.is_file():
             notes.append(f"{legacy} is in the layout from before per-machine baselines and is not read")
         if not notes:
             return ""
-        return ("; ".join(notes) + f". Recording this machine's set writes {self.path_for(module)} and leaves the "
-                "other files alone.")
+        return (
+            "; ".join(notes) + f". Recording this machine's set writes {self.path_for(module)} and leaves the "
+            "other files alone."
+        )
 
     def _load(self, path: Path) -> dict[str, Any] | None:
         """The file's JSON document (None when it does not exist), checked up to its schema version."""
         if path.is_symlink() and not path.exists():
-            raise BaselineError(f"baseline file {path} is a symbolic link to {os.readlink(path)}, which does not "
-                                "exist. Fix the link, or remove it and record the baselines with --llmperf-update "
-                                "(an update never writes through a link to nothing)")
+            raise BaselineError(
+                f"baseline file {path} is a symbolic link to {os.readlink(path)}, which does not "
+                "exist. Fix the link, or remove it and record the baselines with --llmperf-update "
+                "(an update never writes through a link to nothing)"
+            )
         if not path.exists():
             return None
         fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
@@ -158,21 +172,24 @@ class BaselineStore:
         except (OSError, UnicodeDecodeError) as exc:
             raise BaselineError(f"cannot read baseline file {path}: {exc}. {fix}") from None
         except json.JSONDecodeError as exc:
-            raise BaselineError(f"baseline file {path} is not valid JSON ({exc}). {fix}; "
-                                "the file was left as it is") from None
+            raise BaselineError(
+                f"baseline file {path} is not valid JSON ({exc}). {fix}; the file was left as it is"
+            ) from None
         if not isinstance(data, dict) or "schema_version" not in data:
             raise BaselineError(f"baseline file {path} has no schema_version: not a pytest-llmperf baseline. {fix}")
         if data["schema_version"] not in (1, 2, SCHEMA_VERSION):
             raise BaselineError(
                 f"baseline file {path} has schema_version {data['schema_version']!r}; this pytest-llmperf reads "
                 f"{SCHEMA_VERSION}. Upgrade pytest-llmperf, or move the file away and re-record it with "
-                "--llmperf-update")
+                "--llmperf-update"
+            )
         if data.get("device") != self.device:
             raise BaselineError(
                 f"baseline file {path} is for device {data.get('device')!r}, but it lies under the directory of "
                 f"device {self.device!r}. Move it to {self.root / str(data.get('device'))}/ (git mv), or move it "
                 f"away and record this device's own with {self.rerun} --llmperf-update (an update never "
-                "overwrites a file it cannot use)")
+                "overwrites a file it cannot use)"
+            )
         return data
 
     def _entries_of(self, path: Path, data: Mapping[str, Any]) -> dict[str, BaselineEntry]:
@@ -200,7 +217,8 @@ class BaselineStore:
             raise BaselineError(
                 f"baseline file {path} holds per-run values of one process (schema 1); this pytest-llmperf gates "
                 f"per-process values (schema {SCHEMA_VERSION}) and cannot convert them. Re-record it on this machine: "
-                f"{self.update_command(module)}")
+                f"{self.update_command(module)}"
+            )
         return self._entries_of(path, data)
 
     def _refuse_old(self, path: Path, data: Mapping[str, Any]) -> None:
@@ -209,7 +227,8 @@ class BaselineStore:
             raise BaselineError(
                 f"baseline file {path} is in the format of schema 2 (every run of every process); this pytest-llmperf "
                 f"reads schema {SCHEMA_VERSION} (what the gate tests, one line per metric and batch size). Convert "
-                f"the set once, without measuring, and commit the result: {MIGRATE_COMMAND} {path.parent}")
+                f"the set once, without measuring, and commit the result: {MIGRATE_COMMAND} {path.parent}"
+            )
 
     def _read_for_update(self, path: Path, module: str, data: Mapping[str, Any] | None) -> dict[str, BaselineEntry]:
         """The entries of the file's document `data` to keep: a schema-1 file's cannot be kept; they are dropped,
@@ -229,13 +248,16 @@ class BaselineStore:
         try:
             check_entry(entry)
         except ValueError as exc:
-            raise BaselineError(f"not written to {path}: {exc}; a baseline the gate cannot compare with is never "
-                                "stored. The file is unchanged") from None
+            raise BaselineError(
+                f"not written to {path}: {exc}; a baseline the gate cannot compare with is never "
+                "stored. The file is unchanged"
+            ) from None
 
         def change(entries: dict[str, BaselineEntry]) -> None:
             entries[entry.key] = entry.keeping_extras_of(entries.get(entry.key))
             if str(path) in self.dropped:
                 self.dropped[str(path)][1].discard(entry.key)
+
         return self._rewrite(module, change)
 
     def prune(self, module: str, keys: list[str]) -> list[str]:
@@ -245,6 +267,7 @@ class BaselineStore:
 
         def change(entries: dict[str, BaselineEntry]) -> None:
             removed.extend(k for k in keys if entries.pop(k, None) is not None)
+
         if path.exists():
             self._rewrite(module, change)
         if removed:
@@ -261,16 +284,23 @@ class BaselineStore:
                 change(entries)
                 # top-level fields this version does not write are kept (a person's notes, a newer version's)
                 unknown = {k: v for k, v in (data or {}).items() if k not in FILE_FIELDS}
-                document = {**unknown, "schema_version": SCHEMA_VERSION, "device": self.device,
-                            "machine": self.machine, "module": module,
-                            "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())}}
+                document = {
+                    **unknown,
+                    "schema_version": SCHEMA_VERSION,
+                    "device": self.device,
+                    "machine": self.machine,
+                    "module": module,
+                    "benchmarks": {key: e.to_json() for key, e in sorted(entries.items())},
+                }
                 # metadata such as the scenario's max_load=inf is null in strict JSON; values were checked above
                 write_text_atomic(path, render(document))
         except WriteRefused as exc:
             raise BaselineError(f"baseline file not written: {exc}; the previous file is unchanged") from None
         except OSError as exc:
-            raise BaselineError(f"cannot write baseline file {path}: {exc}; the previous file is unchanged. Make "
-                                "the directory writable or point --llmperf-baseline-dir elsewhere") from None
+            raise BaselineError(
+                f"cannot write baseline file {path}: {exc}; the previous file is unchanged. Make "
+                "the directory writable or point --llmperf-baseline-dir elsewhere"
+            ) from None
         self._cache[module] = entries
         return path
 

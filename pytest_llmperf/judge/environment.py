@@ -49,9 +49,13 @@ def gpus() -> list[dict[str, Any]]:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 name = pynvml.nvmlDeviceGetName(handle)
                 memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-                found.append({"name": name if isinstance(name, str) else name.decode(),
-                              "memory_gb": round(memory / 2**30, 1),
-                              "driver": driver if isinstance(driver, str) else driver.decode()})
+                found.append(
+                    {
+                        "name": name if isinstance(name, str) else name.decode(),
+                        "memory_gb": round(memory / 2**30, 1),
+                        "driver": driver if isinstance(driver, str) else driver.decode(),
+                    }
+                )
             return found
         finally:
             pynvml.nvmlShutdown()
@@ -61,8 +65,13 @@ def gpus() -> list[dict[str, Any]]:
     if not smi:
         return []
     try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     found = []
@@ -80,8 +89,20 @@ def detect_device() -> str:
 
 
 #: ISA extensions that change which kernels torch/oneDNN run, hence the timings of the same code.
-KERNEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16",
-                    "amx_int8", "amx_tile", "asimd", "sve", "sve2")
+KERNEL_ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "asimd",
+    "sve",
+    "sve2",
+)
 
 
 def _cpuinfo_fields() -> dict[str, str]:
@@ -107,9 +128,11 @@ def cpu_identity() -> dict[str, Any]:
     fields = _cpuinfo_fields()
     flags = set((fields.get("flags") or fields.get("features") or "").split())
     signature = " ".join(f"{k}={fields[k]}" for k in ("vendor_id", "cpu family", "model", "stepping") if k in fields)
-    return {"cpu_model": fields.get("model name") or platform.processor() or platform.machine(),
-            "cpu_signature": signature or platform.machine(),
-            "cpu_isa": [flag for flag in KERNEL_ISA_FLAGS if flag in flags]}
+    return {
+        "cpu_model": fields.get("model name") or platform.processor() or platform.machine(),
+        "cpu_signature": signature or platform.machine(),
+        "cpu_isa": [flag for flag in KERNEL_ISA_FLAGS if flag in flags],
+    }
 
 
 def _version(dist: str) -> str | None:
@@ -121,10 +144,18 @@ def _version(dist: str) -> str | None:
 
 def git_commit(root: Path) -> dict[str, Any]:
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        )
         return {"commit": sha, "dirty": dirty}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}

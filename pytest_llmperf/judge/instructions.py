@@ -51,23 +51,43 @@ def instruction_rows(result: BenchmarkResult, entry: BaselineEntry, scenario: Sc
             if metric not in current:
                 continue
             if metric not in reference:
-                rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
-                                     f"{CALLGRIND}: {label} holds no counts; record them with --llmperf-update "
-                                     "--llmperf-instructions"))
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.UNGATED,
+                        f"{CALLGRIND}: {label} holds no counts; record them with --llmperf-update "
+                        "--llmperf-instructions",
+                    )
+                )
                 continue
             if taken_with != COUNTS_TAKEN_WITH:  # a stored baseline's counts from an earlier way of counting
-                rows.append(note_row(result, metric, batch.batch_size, Verdict.REFUSED,
-                                     f"{CALLGRIND}: {label}'s counts were taken with {taken_with}, these with "
-                                     f"{COUNTS_TAKEN_WITH}: not comparable; record them again with --llmperf-update "
-                                     "--llmperf-instructions"))
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.REFUSED,
+                        f"{CALLGRIND}: {label}'s counts were taken with {taken_with}, these with "
+                        f"{COUNTS_TAKEN_WITH}: not comparable; record them again with --llmperf-update "
+                        "--llmperf-instructions",
+                    )
+                )
                 continue
             rtol = scenario.rtol_per_metric.get(metric, DEFAULT_RTOL)
             rows.append(count_row(result, batch.batch_size, metric, reference[metric], current[metric], rtol))
     return rows
 
 
-def count_row(result: BenchmarkResult, batch_size: int, metric: str, reference: Sequence[Sequence[float]],
-              current: Sequence[Sequence[float]], rtol: float) -> Row:
+def count_row(
+    result: BenchmarkResult,
+    batch_size: int,
+    metric: str,
+    reference: Sequence[Sequence[float]],
+    current: Sequence[Sequence[float]],
+    rtol: float,
+) -> Row:
     """One count against its reference, both given as per-process lists of per-run counts."""
     was_all = [v for values in reference for v in values]
     now_all = [v for values in current for v in values]
@@ -75,9 +95,14 @@ def count_row(result: BenchmarkResult, batch_size: int, metric: str, reference: 
     widest = max(spread(was_all), spread(now_all))
     sizes = f"n={len(reference)}/{len(current)} processes, {len(was_all)}/{len(now_all)} runs"
     if widest > rtol:
-        return note_row(result, metric, batch_size, Verdict.REFUSED,
-                        f"{CALLGRIND}: counts vary by {widest:.2%} between runs and processes, more than the "
-                        f"tolerance ({rtol:.2%}): an address- or input-dependent path; not compared ({sizes})")
+        return note_row(
+            result,
+            metric,
+            batch_size,
+            Verdict.REFUSED,
+            f"{CALLGRIND}: counts vary by {widest:.2%} between runs and processes, more than the "
+            f"tolerance ({rtol:.2%}): an address- or input-dependent path; not compared ({sizes})",
+        )
     ratio = now / was
     verdict = Verdict.REGRESSED if ratio > 1 + rtol else Verdict.IMPROVED if ratio < 1 - rtol else Verdict.PASS
     note = f"{CALLGRIND}: within {rtol:.2%}, spread {widest:.3%}, {sizes}"
@@ -87,8 +112,11 @@ def count_row(result: BenchmarkResult, batch_size: int, metric: str, reference: 
 def count_message(row: Row) -> str:
     """A count row that fails its test, worded with its numbers."""
     assert row.baseline is not None and row.now is not None and row.ratio is not None
-    phase = "decode" if row.metric.startswith("decode") else "prefill" if row.metric.startswith("prefill") else \
-        "end to end"
-    return (f"{row.metric} ({phase}, instructions counted under callgrind) at batch size {row.batch_size} "
-            f"{row.verdict}: reference {row.baseline:,.0f}, now {row.now:,.0f} instructions ({row.ratio - 1:+.2%}, "
-            f"ratio {row.ratio:.4f}); {row.note}")
+    phase = (
+        "decode" if row.metric.startswith("decode") else "prefill" if row.metric.startswith("prefill") else "end to end"
+    )
+    return (
+        f"{row.metric} ({phase}, instructions counted under callgrind) at batch size {row.batch_size} "
+        f"{row.verdict}: reference {row.baseline:,.0f}, now {row.now:,.0f} instructions ({row.ratio - 1:+.2%}, "
+        f"ratio {row.ratio:.4f}); {row.note}"
+    )

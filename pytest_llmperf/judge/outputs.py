@@ -60,13 +60,16 @@ class Outputs:
         except ValueError:
             raise ValueError("outputs: 'tokens' holds something other than integer token ids") from None
         texts = data.get("texts")
-        if texts is not None and (not isinstance(texts, list) or len(texts) != len(ids)
-                                  or not all(isinstance(t, str) for t in texts)):
+        if texts is not None and (
+            not isinstance(texts, list) or len(texts) != len(ids) or not all(isinstance(t, str) for t in texts)
+        ):
             raise ValueError("outputs: 'texts' must be one string per sequence")
         outputs = cls(ids, tuple(texts) if texts is not None else None)
         if data.get("digest") != outputs.digest:
-            raise ValueError(f"outputs: digest {data.get('digest')!r} does not match the stored tokens "
-                             f"({outputs.digest}); edited by hand? re-record with --llmperf-update")
+            raise ValueError(
+                f"outputs: digest {data.get('digest')!r} does not match the stored tokens "
+                f"({outputs.digest}); edited by hand? re-record with --llmperf-update"
+            )
         return outputs
 
 
@@ -119,8 +122,10 @@ def difference(baseline: Outputs, now: Outputs) -> str | None:
         if was == is_:
             continue
         position = next((i for i, (a, b) in enumerate(zip(was, is_)) if a != b), min(len(was), len(is_)))
-        ids = (f"id {was[position] if position < len(was) else 'none'} -> "
-               f"{is_[position] if position < len(is_) else 'none'}")
+        ids = (
+            f"id {was[position] if position < len(was) else 'none'} -> "
+            f"{is_[position] if position < len(is_) else 'none'}"
+        )
         text = ""
         if baseline.texts is not None and now.texts is not None:
             text = f"; baseline {_quote(baseline.texts[index])}, now {_quote(now.texts[index])}"
@@ -128,22 +133,27 @@ def difference(baseline: Outputs, now: Outputs) -> str | None:
     return "token ids differ"  # unreachable while the digest covers exactly the ids
 
 
-def check(baseline: Outputs | str | None, current: Observed | None,
-          reference_label: str = "the baseline") -> tuple[Verdict, str] | None:
+def check(
+    baseline: Outputs | str | None, current: Observed | None, reference_label: str = "the baseline"
+) -> tuple[Verdict, str] | None:
     """(verdict, note) for the verdict table, or None when there is nothing to say: equal, or either side
     has no outputs (`unchecked` says so once per benchmark). `baseline` is the reference's outputs, or the
     digest a stored baseline keeps."""
     if current is None or baseline is None:
         return None
     if current.outputs is None:
-        return Verdict.VARIES, (f"outputs differ between this run's runs ({current.distinct} distinct): "
-                        f"nondeterministic, not compared with {reference_label}")
+        return Verdict.VARIES, (
+            f"outputs differ between this run's runs ({current.distinct} distinct): "
+            f"nondeterministic, not compared with {reference_label}"
+        )
     if isinstance(baseline, str):
         if baseline == current.outputs.digest:
             return None
         now = current.outputs.texts[0] if current.outputs.texts else " ".join(map(str, current.outputs.tokens[0]))
-        return Verdict.CHANGED, (f"outputs changed from {reference_label} (its digest {baseline}, now "
-                                 f"{current.outputs.digest}); sequence 0 now reads {_quote(now)}")
+        return Verdict.CHANGED, (
+            f"outputs changed from {reference_label} (its digest {baseline}, now "
+            f"{current.outputs.digest}); sequence 0 now reads {_quote(now)}"
+        )
     diff = difference(baseline, current.outputs)
     if diff is None:
         return None

@@ -161,8 +161,11 @@ def units_needed(estimate: Estimate, margin: ArrayLike, schedule: Schedule) -> N
     z_decide = stats.norm.ppf(1 - DECISION_LEVEL)
     z_alpha = stats.norm.ppf(1 - schedule.alpha_per_test)
     beyond = estimate.bad > margin  # the bound must clear the margin and the worse-than-reference test pass
-    target = np.where(beyond, np.minimum((estimate.bad - margin) / z_decide, estimate.bad / z_alpha),
-                      (margin - estimate.bad) / z_decide)
+    target = np.where(
+        beyond,
+        np.minimum((estimate.bad - margin) / z_decide, estimate.bad / z_alpha),
+        (margin - estimate.bad) / z_decide,
+    )
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         units = np.maximum(estimate.n_current, 1) * (estimate.se / target) ** 2
     units = np.where((target > 0) & np.isfinite(units), np.ceil(units), NEEDED_LIMIT)
@@ -175,8 +178,9 @@ def smallest_rank_sum_p(reference_units: int, units: int) -> float:
     return 1.0 / math.comb(reference_units + units, units)
 
 
-def smallest_detectable(schedule: Schedule, rtol: float, *, reference: int | None,
-                        noise: float = REFERENCE_NOISE) -> float:
+def smallest_detectable(
+    schedule: Schedule, rtol: float, *, reference: int | None, noise: float = REFERENCE_NOISE
+) -> float:
     """The slowdown (e.g. 0.3 for 30%) this schedule calls regressed at its cap with even odds, when units
     scatter by `noise` (log sd per unit; per pair for A/B: `reference` None). Against a stored baseline of
     `reference` units, none where Mann-Whitney's exact test cannot reach the cap's level at all."""
@@ -200,8 +204,12 @@ def can_fail(schedule: Schedule, rtol: float, *, reference: int | None) -> bool:
 
 def capped_at(schedule: Schedule, cap: int) -> Schedule:
     """The schedule with its looks below `cap` and a last look at `cap` (which spends alpha)."""
-    return Schedule(tuple(n for n in schedule.looks if n < cap) + (cap,), schedule.alpha, schedule.family,
-                    tuple(n for n in schedule.spending if n < cap) + (cap,))
+    return Schedule(
+        (*tuple(n for n in schedule.looks if n < cap), cap),
+        schedule.alpha,
+        schedule.family,
+        (*tuple(n for n in schedule.spending if n < cap), cap),
+    )
 
 
 def smallest_cap(schedule: Schedule, rtol: float, *, reference: int | None) -> int:
@@ -227,7 +235,8 @@ def check_can_fail(schedule: Schedule, rtol: float, *, reference: int | None, wh
         f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at "
         f"{list(schedule.spending)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows "
         f"and looks), a slowdown to {2 * (1 + rtol):.2f}x (twice the tolerance) would not be called regressed when "
-        f"units scatter by {REFERENCE_NOISE:.0%}. Allow at least {need} units per side at the last look{baseline}")
+        f"units scatter by {REFERENCE_NOISE:.0%}. Allow at least {need} units per side at the last look{baseline}"
+    )
 
 
 def family_size(rows_per_benchmark: Sequence[int]) -> int:

@@ -40,12 +40,17 @@ def _noisy(result: BenchmarkResult, metrics: Sequence[str]) -> list[str]:
                 continue
             # robust CV (normal-scaled MAD / median) of each process's runs, typical over the processes: one
             # disturbed run or process does not make the whole measurement noisy (the gate takes medians too)
-            cvs = [float(stats.median_abs_deviation(v, scale="normal") / np.median(v))
-                   for v in per_process if len(v) > 2 and np.median(v) > 0]
+            cvs = [
+                float(stats.median_abs_deviation(v, scale="normal") / np.median(v))
+                for v in per_process
+                if len(v) > 2 and np.median(v) > 0
+            ]
             if cvs and float(np.median(cvs)) > NOISY_CV:
-                found.append(f"{metric} at batch size {batch.batch_size}: runs within a process scatter by a "
-                             f"robust CV of {float(np.median(cvs)):.0%} (> {NOISY_CV:.0%}; median over "
-                             f"{len(cvs)} process(es)); the machine or backend was unsteady")
+                found.append(
+                    f"{metric} at batch size {batch.batch_size}: runs within a process scatter by a "
+                    f"robust CV of {float(np.median(cvs)):.0%} (> {NOISY_CV:.0%}; median over "
+                    f"{len(cvs)} process(es)); the machine or backend was unsteady"
+                )
     return found
 
 
@@ -61,8 +66,10 @@ def _throttled(result: BenchmarkResult) -> list[str]:
             if clocks:
                 low, top = min(clocks)
                 clock = f"; SM clock as low as {low:.0f}" + (f" of {top:.0f} MHz" if top else " MHz")
-            found.append(f"batch size {batch.batch_size}: the GPU throttled during {len(hit)} of {len(slowed)} "
-                         f"runs ({', '.join(reasons)}{clock})")
+            found.append(
+                f"batch size {batch.batch_size}: the GPU throttled during {len(hit)} of {len(slowed)} "
+                f"runs ({', '.join(reasons)}{clock})"
+            )
     return found
 
 
@@ -72,12 +79,15 @@ def _short(result: BenchmarkResult) -> list[str]:
     for batch in result.batches:
         if not asked or not batch.ok:
             continue
-        short = [s for s in batch.samples if s.generated_tokens is not None
-                 and s.generated_tokens < asked * batch.batch_size]
+        short = [
+            s for s in batch.samples if s.generated_tokens is not None and s.generated_tokens < asked * batch.batch_size
+        ]
         if short:
             least = min(s.generated_tokens or 0 for s in short)
-            found.append(f"batch size {batch.batch_size}: {len(short)} of {len(batch.samples)} runs generated "
-                         f"fewer tokens than asked (as few as {least} of {asked * batch.batch_size})")
+            found.append(
+                f"batch size {batch.batch_size}: {len(short)} of {len(batch.samples)} runs generated "
+                f"fewer tokens than asked (as few as {least} of {asked * batch.batch_size})"
+            )
     return found
 
 
@@ -88,8 +98,10 @@ def request_failures(result: BenchmarkResult) -> list[str]:
         failures = [f for s in batch.samples for f in s.failed_requests]
         if failures:
             asked = sum(s.batch_size for s in batch.samples)
-            found.append(f"batch size {batch.batch_size}: {len(failures)} of {asked} requests failed, not timed "
-                         f"(first: {failures[0]})")
+            found.append(
+                f"batch size {batch.batch_size}: {len(failures)} of {asked} requests failed, not timed "
+                f"(first: {failures[0]})"
+            )
     return found
 
 

@@ -14,18 +14,31 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..measure.instructions import INSTRUCTION_METRICS
-from ..measure.metrics import (MEMORY_METRICS, METRICS, TAIL_MIN_GAPS, gaps_per_run, gated_metrics, metric_better,
-                               values_by_process)
+from ..measure.metrics import (
+    MEMORY_METRICS,
+    METRICS,
+    TAIL_MIN_GAPS,
+    gaps_per_run,
+    gated_metrics,
+    metric_better,
+    values_by_process,
+)
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
-from .baseline_values import check_value
 from .baseline_entry import BaselineEntry, process_medians, stored_value
+from .baseline_values import check_value
 from .instructions import count_message
 from .verdicts import COMPARED, Row, Verdict, note_row
 
-PHASES = {"prefill": "prefill", "decode": "decode", "ttft": "time to first token", "itl": "decode (inter-token)",
-          "throughput": "end-to-end throughput", "e2e": "end to end"}
+PHASES = {
+    "prefill": "prefill",
+    "decode": "decode",
+    "ttft": "time to first token",
+    "itl": "decode (inter-token)",
+    "throughput": "end-to-end throughput",
+    "e2e": "end to end",
+}
 UNIT_WORDS = {"process": "one value per worker process", "run": "runs of one process (--llmperf-processes=1)"}
 #: Peak memory must grow by more than this as well as by memory_rtol: allocator granularity on a small model.
 MEMORY_FLOOR_MIB = 16.0
@@ -81,11 +94,15 @@ def admitting(load: float) -> float:
 def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
     """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
     if current_load is not None and current_load > max_load:
-        return (f"machine busy: other processes used {current_load:.2f} cores during the runs "
-                f"(limit {max_load:g}, --llmperf-max-load); not compared")
+        return (
+            f"machine busy: other processes used {current_load:.2f} cores during the runs "
+            f"(limit {max_load:g}, --llmperf-max-load); not compared"
+        )
     if baseline_load is not None and baseline_load > max_load:
-        return (f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
-                f"limit {max_load:g}, --llmperf-max-load); not compared")
+        return (
+            f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
+            f"limit {max_load:g}, --llmperf-max-load); not compared"
+        )
     return None
 
 
@@ -102,10 +119,19 @@ def _invalid(values: Sequence[float], metric: str) -> str | None:
     return next((problem for v in values if (problem := check_value(v, metric)) is not None), None)
 
 
-def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario, *, splits_prefill: bool,
-               schedule: procedure.Schedule, final: bool, max_load: float,
-               counters_better: Mapping[str, str] | None = None, previous: Sequence[Row] = (),
-               family: int | None = None) -> list[Row]:
+def judge_rows(
+    result: BenchmarkResult,
+    reference: Reference,
+    scenario: Scenario,
+    *,
+    splits_prefill: bool,
+    schedule: procedure.Schedule,
+    final: bool,
+    max_load: float,
+    counters_better: Mapping[str, str] | None = None,
+    previous: Sequence[Row] = (),
+    family: int | None = None,
+) -> list[Row]:
     """Every row of one benchmark at one look. `family` is the number of gated rows judged together (the
     job's, with worker processes); None: this benchmark's own."""
     entry = reference.entry
@@ -114,8 +140,11 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
     comparisons: list[_Comparison] = []
     for batch in result.batches:
         rows += _batch_rows(result, batch, reference, scenario, max_load)
-        if not batch.ok or entry.values.get(batch.batch_size) is None or any(
-                r.batch_size == batch.batch_size and r.metric == "*" for r in rows):
+        if (
+            not batch.ok
+            or entry.values.get(batch.batch_size) is None
+            or any(r.batch_size == batch.batch_size and r.metric == "*" for r in rows)
+        ):
             continue
         unit, current = units_of(batch)
         for metric in gated_metrics(scenario.metrics, splits_prefill):
@@ -126,53 +155,88 @@ def judge_rows(result: BenchmarkResult, reference: Reference, scenario: Scenario
                 continue
             base = _reference_units(reference, batch.batch_size, metric)
             if metric in current and not base and reference.side is None and metric not in RUN_LENGTH_METRICS:
-                rows.append(note_row(result, metric, batch.batch_size, Verdict.MISSING,
-                                     "the baseline holds no values of it (recorded before it was gated, or edited): "
-                                     "not compared"))
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.MISSING,
+                        "the baseline holds no values of it (recorded before it was gated, or edited): not compared",
+                    )
+                )
             elif metric not in current or not base:  # e.g. prefill on a server, energy of short runs
                 side = "these runs" if metric not in current else "the baseline"
-                rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
-                                     f"not measured in {side}: not gated"))
+                rows.append(
+                    note_row(result, metric, batch.batch_size, Verdict.UNGATED, f"not measured in {side}: not gated")
+                )
             elif metric in TAIL_MIN_GAPS and min(gaps_per_run(s) for s in batch.samples) < TAIL_MIN_GAPS[metric]:
-                rows.append(note_row(result, metric, batch.batch_size, Verdict.UNGATED,
-                                     f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated"))
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.UNGATED,
+                        f"runs hold fewer than {TAIL_MIN_GAPS[metric]} token gaps: reported, not gated",
+                    )
+                )
             elif (problem := _invalid(list(current[metric].values()), metric)) is not None:
-                rows.append(note_row(result, metric, batch.batch_size, Verdict.INVALID,
-                                     f"a measured value {problem}: the backend returned an impossible value"))
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.INVALID,
+                        f"a measured value {problem}: the backend returned an impossible value",
+                    )
+                )
             else:
-                comparisons.append(_paired_up(batch.batch_size, metric, base, current[metric], unit,
-                                              reference.side is not None))
+                comparisons.append(
+                    _paired_up(batch.batch_size, metric, base, current[metric], unit, reference.side is not None)
+                )
     for batch_size, reason in entry.errors.items():
         batch = result.batch(batch_size)
         if batch is not None and batch.ok:
-            rows.append(note_row(result, "*", batch_size, Verdict.IMPROVED, f"runs now, failed in the baseline "
-                                                                            f"({reason})"))
+            rows.append(
+                note_row(result, "*", batch_size, Verdict.IMPROVED, f"runs now, failed in the baseline ({reason})")
+            )
     size = family if family is not None else len(comparisons) + len(earlier)
-    rows += [_decided(result, c, scenario, schedule.with_family(size), final, counters_better)
-             for c in comparisons]
+    rows += [_decided(result, c, scenario, schedule.with_family(size), final, counters_better) for c in comparisons]
     return rows
 
 
-def _paired_up(batch_size: int, metric: str, base: dict[int, float], current: dict[int, float], unit: str,
-               paired: bool) -> _Comparison:
+def _paired_up(
+    batch_size: int, metric: str, base: dict[int, float], current: dict[int, float], unit: str, paired: bool
+) -> _Comparison:
     """The values to compare, round by round for an A/B comparison (the processes that both sides measured)."""
     if paired and unit == "process":
         common = sorted(set(base) & set(current))
         return _Comparison(batch_size, metric, [base[i] for i in common], [current[i] for i in common], "pairs")
-    return _Comparison(batch_size, metric, list(base.values()), [stored_value(v) for v in current.values()],
-                       "processes" if unit == "process" else "runs")
+    return _Comparison(
+        batch_size,
+        metric,
+        list(base.values()),
+        [stored_value(v) for v in current.values()],
+        "processes" if unit == "process" else "runs",
+    )
 
 
-def _decided(result: BenchmarkResult, c: _Comparison, scenario: Scenario, schedule: procedure.Schedule,
-             final: bool, counters_better: Mapping[str, str] | None) -> Row:
+def _decided(
+    result: BenchmarkResult,
+    c: _Comparison,
+    scenario: Scenario,
+    schedule: procedure.Schedule,
+    final: bool,
+    counters_better: Mapping[str, str] | None,
+) -> Row:
     better = metric_better(c.metric, counters_better)
     measure = stats.paired if c.unit == "pairs" else stats.unpaired
     try:
         estimate = measure(np.asarray(c.reference), np.asarray(c.current), better=better)
     except stats.NoScale as exc:
         return note_row(result, c.metric, c.batch_size, Verdict.UNGATED, f"a counter: {exc}; reported, not gated")
-    decision = procedure.decide(estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final,
-                                units=len(c.current))
+    decision = procedure.decide(
+        estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final, units=len(c.current)
+    )
     verdict = decision.verdicts[()] or Verdict.UNDECIDED
     low, high = (float(x) for x in estimate.interval())
     note = f"n={len(c.reference)}/{len(c.current)} {c.unit}"
@@ -185,20 +249,37 @@ def _decided(result: BenchmarkResult, c: _Comparison, scenario: Scenario, schedu
         note = f"undecided at the cap of {schedule.cap} {units} per side, {more} would decide it; {note}"
         if c.unit != "pairs" and len(c.reference) < len(c.current):  # more units now do not help a small baseline
             more_of = "--llmperf-processes" if units == "processes" else "runs= or --llmperf-runs"
-            note += (f"; the baseline's {len(c.reference)} {units} limit it: re-record it with more ({more_of}, "
-                     "--llmperf-update)")
-    return Row(result.key, result.nodeid, c.metric, c.batch_size, float(np.median(c.reference)),
-               float(np.median(c.current)), float(estimate.ratio()), low, high, float(estimate.p_worse()),
-               float(decision.p_adjusted), verdict, note, p_better=float(estimate.p_better()))
+            note += (
+                f"; the baseline's {len(c.reference)} {units} limit it: re-record it with more ({more_of}, "
+                "--llmperf-update)"
+            )
+    return Row(
+        result.key,
+        result.nodeid,
+        c.metric,
+        c.batch_size,
+        float(np.median(c.reference)),
+        float(np.median(c.current)),
+        float(estimate.ratio()),
+        low,
+        high,
+        float(estimate.p_worse()),
+        float(decision.p_adjusted),
+        verdict,
+        note,
+        p_better=float(estimate.p_better()),
+    )
 
 
-def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Reference, scenario: Scenario,
-                max_load: float) -> list[Row]:
+def _batch_rows(
+    result: BenchmarkResult, batch: BatchResult, reference: Reference, scenario: Scenario, max_load: float
+) -> list[Row]:
     """A batch size's rows that are not a gated metric's: outputs, why it is not compared, peak memory."""
     entry, rows = reference.entry, []
     if scenario.outputs != "off" and batch.ok:
-        found = outputs.check(_reference_outputs(reference, batch.batch_size), outputs.observed(batch.samples),
-                              reference.label)
+        found = outputs.check(
+            _reference_outputs(reference, batch.batch_size), outputs.observed(batch.samples), reference.label
+        )
         if found is not None:
             rows.append(note_row(result, outputs.OUTPUTS_METRIC, batch.batch_size, *found))
     base = entry.values.get(batch.batch_size)
@@ -207,17 +288,35 @@ def _batch_rows(result: BenchmarkResult, batch: BatchResult, reference: Referenc
         return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED, busy)]
     if base is None:
         note = "no baseline for this batch size" if batch.ok else (batch.error or "")
-        return [*rows, note_row(result, "*", batch.batch_size, Verdict.NEW if batch.ok else Verdict(batch.status),
-                                note)]
+        return [
+            *rows,
+            note_row(result, "*", batch.batch_size, Verdict.NEW if batch.ok else Verdict(batch.status), note),
+        ]
     if not batch.ok:
-        return [*rows, note_row(result, "*", batch.batch_size, Verdict.REGRESSED,
-                                f"ran in the baseline, now {batch.status}: {batch.error}")]
+        return [
+            *rows,
+            note_row(
+                result,
+                "*",
+                batch.batch_size,
+                Verdict.REGRESSED,
+                f"ran in the baseline, now {batch.status}: {batch.error}",
+            ),
+        ]
     unit, current = units_of(batch)
     if unit != entry.unit:
-        return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED,
-                                f"not comparable: the baseline holds {UNIT_WORDS[entry.unit]}, this run "
-                                f"{UNIT_WORDS[unit]}. Measure as the baseline was (--llmperf-processes) or re-record "
-                                "it with --llmperf-update")]
+        return [
+            *rows,
+            note_row(
+                result,
+                "*",
+                batch.batch_size,
+                Verdict.REFUSED,
+                f"not comparable: the baseline holds {UNIT_WORDS[entry.unit]}, this run "
+                f"{UNIT_WORDS[unit]}. Measure as the baseline was (--llmperf-processes) or re-record "
+                "it with --llmperf-update",
+            ),
+        ]
     for metric in MEMORY_METRICS:
         base_values = list(_reference_units(reference, batch.batch_size, metric).values())
         if metric in current and base_values:
@@ -232,23 +331,33 @@ def _reference_outputs(reference: Reference, batch_size: int) -> outputs.Outputs
     side = reference.side.batch(batch_size) if reference.side is not None else None
     if side is not None and side.ok:
         seen = outputs.observed(side.samples)
-        return (seen.outputs if seen is not None and seen.outputs is not None
-                else reference.entry.outputs.get(batch_size))
+        return (
+            seen.outputs if seen is not None and seen.outputs is not None else reference.entry.outputs.get(batch_size)
+        )
     return reference.entry.outputs.get(batch_size)
 
 
-def memory_row(result: BenchmarkResult, batch_size: int, metric: str, baseline: Sequence[float],
-               current: Sequence[float], scenario: Scenario) -> Row:
+def memory_row(
+    result: BenchmarkResult,
+    batch_size: int,
+    metric: str,
+    baseline: Sequence[float],
+    current: Sequence[float],
+    scenario: Scenario,
+) -> Row:
     """Peak memory against its baseline: medians and a tolerance. On a fixed shape the peak hardly moves
     between runs, so a test would flag an allocator's page as significant; what matters is whether the
     growth is large enough to push the next batch size out of memory."""
     was, now = float(np.median(baseline)), float(np.median(current))
     limit = max(was * scenario.memory_rtol, MEMORY_FLOOR_MIB)
     verdict = Verdict.REGRESSED if now - was > limit else Verdict.IMPROVED if was - now > limit else Verdict.PASS
-    note = (f"n={len(baseline)}/{len(current)}, memory: medians within {scenario.memory_rtol:.0%} and "
-            f"{MEMORY_FLOOR_MIB:g} MiB (--llmperf-memory-rtol)")
-    return Row(result.key, result.nodeid, metric, batch_size, was, now, now / was, None, None, None, None, verdict,
-               note)
+    note = (
+        f"n={len(baseline)}/{len(current)}, memory: medians within {scenario.memory_rtol:.0%} and "
+        f"{MEMORY_FLOOR_MIB:g} MiB (--llmperf-memory-rtol)"
+    )
+    return Row(
+        result.key, result.nodeid, metric, batch_size, was, now, now / was, None, None, None, None, verdict, note
+    )
 
 
 def undecided_batches(rows: Sequence[Row]) -> list[int]:
@@ -273,10 +382,14 @@ def row_message(row: Row) -> str:
         return count_message(row)
     unit = unit_of(row.metric)
     if row.metric in MEMORY_METRICS:
-        return (f"{row.metric} (peak memory) at batch size {row.batch_size} regressed: baseline median "
-                f"{row.baseline:.1f} {unit}, now {row.now:.1f} {unit} (+{row.now - row.baseline:.1f} {unit}, ratio "
-                f"{row.ratio:.3f}), {row.note}")
-    return (f"{row.metric} ({phase_of(row.metric)}) at batch size {row.batch_size} {row.verdict}: baseline median "
-            f"{row.baseline:.4g} {unit}, now {row.now:.4g} {unit}, ratio {row.ratio:.3f} [{row.ci_low:.3f}, "
-            f"{row.ci_high:.3f}] (95% CI), p={row.p_value:.2g} (adjusted for rows and looks {row.p_adjusted:.2g}), "
-            f"{row.note}")
+        return (
+            f"{row.metric} (peak memory) at batch size {row.batch_size} regressed: baseline median "
+            f"{row.baseline:.1f} {unit}, now {row.now:.1f} {unit} (+{row.now - row.baseline:.1f} {unit}, ratio "
+            f"{row.ratio:.3f}), {row.note}"
+        )
+    return (
+        f"{row.metric} ({phase_of(row.metric)}) at batch size {row.batch_size} {row.verdict}: baseline median "
+        f"{row.baseline:.4g} {unit}, now {row.now:.4g} {unit}, ratio {row.ratio:.3f} [{row.ci_low:.3f}, "
+        f"{row.ci_high:.3f}] (95% CI), p={row.p_value:.2g} (adjusted for rows and looks {row.p_adjusted:.2g}), "
+        f"{row.note}"
+    )

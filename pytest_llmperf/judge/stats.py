@@ -118,14 +118,14 @@ def trimmed(values: Array, keep: NDArray[np.bool_]) -> tuple[Array, Array, NDArr
     for k in np.unique(counts):
         rows = counts == k
         ordered = ordered_all[rows][:, :k]
-        g = int(math.floor(TRIM * k))
+        g = math.floor(TRIM * k)
         kept_h = k - 2 * g
         h[rows] = kept_h
-        mean[rows] = ordered[:, g:k - g].mean(axis=-1)
+        mean[rows] = ordered[:, g : k - g].mean(axis=-1)
         if kept_h < 2:
             var[rows] = np.inf
             continue
-        winsorized = np.clip(ordered, ordered[:, g:g + 1], ordered[:, k - g - 1:k - g])
+        winsorized = np.clip(ordered, ordered[:, g : g + 1], ordered[:, k - g - 1 : k - g])
         var[rows] = (k - 1) * winsorized.var(axis=-1, ddof=1) / (kept_h * (kept_h - 1))
     return mean, var, h
 
@@ -133,7 +133,7 @@ def trimmed(values: Array, keep: NDArray[np.bool_]) -> tuple[Array, Array, NDArr
 def _scale(reference: Array, current: Array) -> tuple[str, Array]:
     """("log", 1) when every value is positive, else ("linear", |median of the reference| per row)."""
     if np.all(reference > 0) and np.all(current > 0):
-        return "log", np.ones(reference.shape[:-1] + (1,))
+        return "log", np.ones((*reference.shape[:-1], 1))
     unit = np.abs(np.median(reference, axis=-1, keepdims=True))
     all_zero = np.all(reference == 0, axis=-1, keepdims=True) & np.all(current == 0, axis=-1, keepdims=True)
     if np.any((unit == 0) & ~all_zero):
@@ -152,8 +152,10 @@ def _one_sided(effect: Array, se: Array, df: Array) -> tuple[Array, Array]:
     with np.errstate(divide="ignore", invalid="ignore"):
         t = effect / np.where(spread, se, 1.0)
         worse, improved = stats.t.sf(t, df), stats.t.cdf(t, df)
-    return (np.asarray(np.where(spread, worse, np.where(effect > 0, 0.0, 1.0)), dtype=float),
-            np.asarray(np.where(spread, improved, np.where(effect < 0, 0.0, 1.0)), dtype=float))
+    return (
+        np.asarray(np.where(spread, worse, np.where(effect > 0, 0.0, 1.0)), dtype=float),
+        np.asarray(np.where(spread, improved, np.where(effect < 0, 0.0, 1.0)), dtype=float),
+    )
 
 
 def _two_sample(x: Array, keep_x: NDArray[np.bool_], y: Array, keep_y: NDArray[np.bool_]) -> tuple[Array, Array, Array]:
@@ -161,8 +163,9 @@ def _two_sample(x: Array, keep_x: NDArray[np.bool_], y: Array, keep_y: NDArray[n
     (mx, dx, hx), (my, dy, hy) = trimmed(x, keep_x), trimmed(y, keep_y)
     total = dx + dy
     with np.errstate(divide="ignore", invalid="ignore"):
-        welch = total ** 2 / (np.where(dx > 0, dx ** 2 / np.maximum(hx - 1, 1), 0.0)
-                              + np.where(dy > 0, dy ** 2 / np.maximum(hy - 1, 1), 0.0))
+        welch = total**2 / (
+            np.where(dx > 0, dx**2 / np.maximum(hx - 1, 1), 0.0) + np.where(dy > 0, dy**2 / np.maximum(hy - 1, 1), 0.0)
+        )
     finite = np.isfinite(total) & (total > 0)
     return my - mx, np.sqrt(total), np.where(finite, welch, np.where(total == 0, np.inf, 1.0))
 
@@ -182,8 +185,10 @@ def _rank_sum(x: Array, y: Array, better: str) -> tuple[Array, Array]:
     worse, improved = (greater, less) if better == "lower" else (less, greater)
     constant = (np.ptp(x, axis=-1) == 0) & (np.ptp(y, axis=-1) == 0)
     went = (y[..., 0] - x[..., 0]) * (1.0 if better == "lower" else -1.0)
-    return (np.asarray(np.where(constant, np.where(went > 0, 0.0, 1.0), worse), dtype=float),
-            np.asarray(np.where(constant, np.where(went < 0, 0.0, 1.0), improved), dtype=float))
+    return (
+        np.asarray(np.where(constant, np.where(went > 0, 0.0, 1.0), worse), dtype=float),
+        np.asarray(np.where(constant, np.where(went < 0, 0.0, 1.0), improved), dtype=float),
+    )
 
 
 def unpaired(reference: ArrayLike, current: ArrayLike, *, better: str) -> Estimate:
@@ -195,8 +200,18 @@ def unpaired(reference: ArrayLike, current: ArrayLike, *, better: str) -> Estima
     keep_x, keep_y = screen(x), screen(y)
     sign = 1.0 if better == "lower" else -1.0
     diff, se, df = _two_sample(x, keep_x, y, keep_y)
-    return Estimate(sign * diff, se, df, keep_x.sum(-1), keep_y.sum(-1), (~keep_x).sum(-1) + (~keep_y).sum(-1),
-                    scale, better, False, *_rank_sum(x, y, better))
+    return Estimate(
+        sign * diff,
+        se,
+        df,
+        keep_x.sum(-1),
+        keep_y.sum(-1),
+        (~keep_x).sum(-1) + (~keep_y).sum(-1),
+        scale,
+        better,
+        False,
+        *_rank_sum(x, y, better),
+    )
 
 
 def paired(reference: ArrayLike, current: ArrayLike, *, better: str) -> Estimate:
@@ -205,8 +220,9 @@ def paired(reference: ArrayLike, current: ArrayLike, *, better: str) -> Estimate
     screened, then Yuen's one-sample trimmed t; the p of every pair's."""
     ref, cur = np.asarray(reference, dtype=float), np.asarray(current, dtype=float)
     if ref.shape != cur.shape:
-        raise ValueError(f"a paired comparison needs as many reference as current values ({ref.shape[-1]} vs "
-                         f"{cur.shape[-1]})")
+        raise ValueError(
+            f"a paired comparison needs as many reference as current values ({ref.shape[-1]} vs {cur.shape[-1]})"
+        )
     scale, unit = _scale(ref, cur)
     effects = _on_scale(cur, scale, unit) - _on_scale(ref, scale, unit)
     keep = screen(effects)
@@ -214,5 +230,15 @@ def paired(reference: ArrayLike, current: ArrayLike, *, better: str) -> Estimate
     mean, se, df = _one_sample(effects, keep)
     every_mean, every_se, every_df = _one_sample(effects, np.ones(effects.shape, dtype=bool))
     kept = keep.sum(-1)
-    return Estimate(sign * mean, se, df, kept, kept, (~keep).sum(-1) * 2, scale, better, True,
-                    *_one_sided(sign * every_mean, every_se, every_df))
+    return Estimate(
+        sign * mean,
+        se,
+        df,
+        kept,
+        kept,
+        (~keep).sum(-1) * 2,
+        scale,
+        better,
+        True,
+        *_one_sided(sign * every_mean, every_se, every_df),
+    )

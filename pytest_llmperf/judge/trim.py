@@ -14,4 +14,4 @@ TRIM = 0.2
 
 def kept(units: int) -> int:
     """Units left after trimming TRIM from each tail."""
-    return units - 2 * int(math.floor(TRIM * units))
+    return units - 2 * math.floor(TRIM * units)

@@ -160,11 +160,15 @@ def reason_of(outcome: Outcome) -> str:
         if any(n.startswith("machine busy") for n in notes):
             return "machine busy"
         if not notes:
-            return "nothing gated was measured" if any(r.verdict == Verdict.UNGATED for r in outcome.rows) \
-                else "refused"
+            return (
+                "nothing gated was measured" if any(r.verdict == Verdict.UNGATED for r in outcome.rows) else "refused"
+            )
         # judge/rows.py words each refusal so that its head says why
-        return ("baseline from a busy machine" if any(n.startswith("baseline measured on a busy machine")
-                                                       for n in notes) else "not comparable")
+        return (
+            "baseline from a busy machine"
+            if any(n.startswith("baseline measured on a busy machine") for n in notes)
+            else "not comparable"
+        )
     if kind == Kind.INCONCLUSIVE:
         return "undecided at the cap"
     return ""

@@ -10,6 +10,7 @@ Knobs (threads, tokenizer parallelism, engine settings) are applied around a mea
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,8 +50,12 @@ class InvalidSample(BackendError):
 
 def _time(value: object, *, positive: bool = False) -> bool:
     """A duration or instant in ns: a finite real number >= 0 (> 0 where it divides)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and (value > 0 if positive else value >= 0))
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+    )
 
 
 def sample_problem(sample: object, request: GenerationRequest) -> str | None:
@@ -64,10 +69,14 @@ def sample_problem(sample: object, request: GenerationRequest) -> str | None:
     for s, times in enumerate(sample.token_times_ns):
         if not isinstance(times, Sequence) or not all(_time(t) for t in times):
             return f"token_times_ns[{s}] holding {list(times)[:4]!r}...: expected finite times >= 0"
-        if any(b < a for a, b in zip(times, times[1:])):
+        if any(b < a for a, b in itertools.pairwise(times)):
             return f"token_times_ns[{s}] going backwards ({list(times)[:4]!r}...)"
-    checks = [("end_to_end_ns", sample.end_to_end_ns, True), ("prefill_ns", sample.prefill_ns, True),
-              ("tokenize_ns", sample.tokenize_ns, False), ("detokenize_ns", sample.detokenize_ns, False)]
+    checks = [
+        ("end_to_end_ns", sample.end_to_end_ns, True),
+        ("prefill_ns", sample.prefill_ns, True),
+        ("tokenize_ns", sample.tokenize_ns, False),
+        ("detokenize_ns", sample.detokenize_ns, False),
+    ]
     for name, value, positive in checks:
         if (value is not None or name == "end_to_end_ns") and not _time(value, positive=positive):
             return f"{name}={value!r}: expected a finite time {'> 0' if positive else '>= 0'} in ns"
@@ -79,11 +88,14 @@ def sample_problem(sample: object, request: GenerationRequest) -> str | None:
     for name, value in sample.counters.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"counter {name}={value!r}: expected a finite number"
-    generated = (sample.generated_tokens if sample.generated_tokens is not None
-                 else sum(len(t) for t in sample.token_times_ns))
+    generated = (
+        sample.generated_tokens if sample.generated_tokens is not None else sum(len(t) for t in sample.token_times_ns)
+    )
     if isinstance(generated, bool) or not isinstance(generated, int) or generated <= 0:
-        return (f"a run that generated {generated!r} tokens (asked: {request.batch_size} x {request.decode_length}): "
-                "no token, nothing to time")
+        return (
+            f"a run that generated {generated!r} tokens (asked: {request.batch_size} x {request.decode_length}): "
+            "no token, nothing to time"
+        )
     return None
 
 
@@ -93,8 +105,10 @@ def check_sample(sample: object, request: GenerationRequest, backend: object) ->
     or a value that reaches a baseline or a report."""
     problem = sample_problem(sample, request)
     if problem is not None:
-        raise InvalidSample(f"{type(backend).__name__}.generate() returned {problem}; a run is a RunSample of the "
-                            "request's batch size with finite times and a generated token")
+        raise InvalidSample(
+            f"{type(backend).__name__}.generate() returned {problem}; a run is a RunSample of the "
+            "request's batch size with finite times and a generated token"
+        )
     return sample  # type: ignore[return-value]
 
 
@@ -135,7 +149,7 @@ class Backend(ABC):
         pid = getattr(process, "pid", None)
         return [pid] if pid is not None else []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a backend that holds nothing needs no close
         """Release what the backend holds (processes, memory). Must be safe to call twice."""
 
     @contextlib.contextmanager

@@ -24,9 +24,14 @@ from typing import Any
 
 # nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h)
 THROTTLE_REASONS = {
-    0x2: "applications clocks setting", 0x4: "software power cap", 0x8: "hardware slowdown",
-    0x10: "sync boost", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake slowdown", 0x100: "display clocks setting",
+    0x2: "applications clocks setting",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake slowdown",
+    0x100: "display clocks setting",
 }
 #: Bits that are not a slowdown of a busy GPU: idle (0x1), clocks the user set (0x2, 0x100).
 NOT_SLOWDOWNS = 0x1 | 0x2 | 0x100
@@ -77,7 +82,8 @@ def _energy_mj(nvml: Any) -> int | None:
 
 def _throttle_mask(nvml: Any) -> int | None:
     read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+    )
     if read is None:
         return None
     try:

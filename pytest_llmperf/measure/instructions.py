@@ -49,7 +49,7 @@ CLOCK_WARMUP_READINGS = 24
 # mov rax,rdi; mov rdx,rsi; rol rdi,3; rol rdi,13; rol rdi,61; rol rdi,51 (valgrind's preamble: rdi is
 # unchanged, 3+13+61+51 = 128); xchg rbx,rbx (the request: rax -> args, rdx = default, result in rdx);
 # mov rax,rdx; ret.  C signature: uint64_t request(uint64_t args[6], uint64_t default).
-_X86_64_REQUEST = bytes.fromhex("4889f8" "4889f2" "48c1c703" "48c1c70d" "48c1c73d" "48c1c733" "4887db" "4889d0" "c3")
+_X86_64_REQUEST = bytes.fromhex("4889f84889f248c1c70348c1c70d48c1c73d48c1c7334887db4889d0c3")
 _RUNNING_ON_VALGRIND = 0x1001
 _CALLGRIND_BASE = (ord("C") << 24) | (ord("T") << 16)  # VG_USERREQ_TOOL_BASE('C', 'T'): callgrind.h's requests
 _DUMP_STATS_AT, _ZERO_STATS, _TOGGLE_COLLECT = _CALLGRIND_BASE + 3, _CALLGRIND_BASE + 1, _CALLGRIND_BASE + 2
@@ -65,8 +65,10 @@ def platform_problem(machine: str | None = None, system: str | None = None) -> s
     machine = (machine or platform.machine()).lower()
     system = system or platform.system()
     if system != "Linux" or machine not in ("x86_64", "amd64"):
-        return (f"instruction counts are taken on x86-64 Linux (callgrind's client requests are issued from x86-64 "
-                f"code); this machine is {system} {machine}")
+        return (
+            f"instruction counts are taken on x86-64 Linux (callgrind's client requests are issued from x86-64 "
+            f"code); this machine is {system} {machine}"
+        )
     return None
 
 
@@ -193,8 +195,14 @@ def count_values(sample: RunSample) -> dict[str, float]:
     return values
 
 
-def counted_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int,
-                 clock: InstructionClock, settling: int = SETTLING_RUNS) -> list[RunSample]:
+def counted_runs(
+    backend: Backend,
+    request: GenerationRequest,
+    runs: int,
+    warmups: int,
+    clock: InstructionClock,
+    settling: int = SETTLING_RUNS,
+) -> list[RunSample]:
     """Warmups (at valgrind's base cost until instrumentation starts), then `settling` runs counted and dropped where
     instrumentation starts here, and `runs` runs counted, with the backend's clock swapped for `clock`.
     Each run starts from a collected heap, frozen (gc.freeze), so that the garbage collector's passes fall alike in
@@ -213,9 +221,15 @@ def counted_runs(backend: Backend, request: GenerationRequest, runs: int, warmup
             clock.reset()
             counted = backend.generate(request)
             if index >= settling:
-                samples.append(RunSample(batch_size=request.batch_size, token_times_ns=[], end_to_end_ns=0,
-                                         generated_tokens=counted.generated_tokens,
-                                         instructions=count_values(counted)))
+                samples.append(
+                    RunSample(
+                        batch_size=request.batch_size,
+                        token_times_ns=[],
+                        end_to_end_ns=0,
+                        generated_tokens=counted.generated_tokens,
+                        instructions=count_values(counted),
+                    )
+                )
             gc.unfreeze()
     finally:
         backend.clock = timing_clock
@@ -227,5 +241,6 @@ def count_table(samples: Sequence[RunSample]) -> dict[str, list[list[float]]]:
     """Per-run instruction values of every metric all counted runs hold, one list per counting process."""
     processes = sorted({s.process for s in samples})
     names = set.intersection(*(set(s.instructions) for s in samples)) if samples else set()
-    return {name: [[s.instructions[name] for s in samples if s.process == p] for p in processes]
-            for name in sorted(names)}
+    return {
+        name: [[s.instructions[name] for s in samples if s.process == p] for p in processes] for name in sorted(names)
+    }

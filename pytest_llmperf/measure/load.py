@@ -13,6 +13,7 @@ and is disturbed by a busy thread beside it as much as by another process.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -22,10 +23,8 @@ import psutil
 def _own_cpu_seconds(process: psutil.Process) -> float:
     total = sum(process.cpu_times()[:2])
     for child in process.children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):  # gone meanwhile
             total += sum(child.cpu_times()[:2])
-        except psutil.Error:  # gone meanwhile
-            pass
     return total
 
 

@@ -26,7 +26,7 @@ import psutil
 
 from .gpu import nvml_used_bytes
 
-MIB = 2 ** 20
+MIB = 2**20
 _HWM = re.compile(r"^VmHWM:\s+(\d+)\s+kB", re.MULTILINE)
 
 
@@ -71,8 +71,14 @@ def _cuda() -> Any | None:
 class MemoryMeter:
     """Around one run: `start()` resets the peaks, `stop()` returns the run's memory metrics in MiB."""
 
-    def __init__(self, server_pids: Callable[[], Sequence[int]] = lambda: (), *, nvml: Any = None,
-                 pid: int | None = None, proc: Path = Path("/proc")) -> None:
+    def __init__(
+        self,
+        server_pids: Callable[[], Sequence[int]] = lambda: (),
+        *,
+        nvml: Any = None,
+        pid: int | None = None,
+        proc: Path = Path("/proc"),
+    ) -> None:
         self.server_pids = server_pids
         self.nvml = nvml
         self.pid = os.getpid() if pid is None else pid

@@ -34,60 +34,138 @@ class Metric:
 # (a streamed chunk, for a server) counts when it arrives; a run is reduced to the median over its requests
 # (ITL: over all the gaps of its requests), and the report and the gate take medians over runs and processes.
 # In-process engines send every sequence at the run's start and give them the same times.
-METRICS: Mapping[str, Metric] = {m.name: m for m in (
-    Metric("prefill_ms", "ms", "lower", "One forward pass over the whole batch of prompts (in-process backends)."),
-    Metric("decode_token_ms", "ms", "lower", "Decode (token): decode total / number of decode steps, per run."),
-    Metric("decode_total_ms", "ms", "lower", "Decode (total): all decode steps after prefill; "
-                                             "decode length - 1 steps."),
-    Metric("ttft_ms", "ms", "lower", "Time to first token: first token's arrival - the request's own send "
-                                     "(tokenization included); median over the run's requests."),
-    Metric("itl_ms", "ms", "lower", "Inter-token latency: gap between successive token arrivals of a request, "
-                                    "the first token excluded; median over all gaps of the run's requests."),
-    Metric("itl_p90_ms", "ms", "lower", "90th percentile of the run's inter-token gaps (gated only when a run "
-                                        "holds >= 29 gaps)."),
-    Metric("itl_p99_ms", "ms", "lower", "99th percentile of the run's inter-token gaps (gated only when a run "
-                                        "holds >= 299 gaps)."),
-    Metric("tpot_ms", "ms", "lower", "Time per output token: (last token - first token) / (output tokens - 1) "
-                                     "of a request; median over the run's requests."),
-    Metric("e2e_ms", "ms", "lower", "End-to-end latency (E2EL): last token's arrival - the request's own send; "
-                                    "median over the run's requests."),
-    Metric("tokenize_ms", "ms", "lower", "Tokenizing the batch's prompts."),
-    Metric("detokenize_ms", "ms", "lower", "Decoding the generated ids back to text."),
-    Metric("prefill_tokens_per_s", "tokens/secs", "higher", "TGI's prefill throughput: batch size / prefill "
-                                                            "latency in seconds."),
-    Metric("decode_tokens_per_s", "tokens/secs", "higher", "TGI's decode throughput: batch size / decode (token) "
-                                                           "latency in seconds."),
-    Metric("throughput_tokens_per_s", "tokens/secs", "higher", "Generated tokens of the whole batch / the run's "
-                                                               "wall time, its first send to its last request's "
-                                                               "end (bigcode-inference-benchmark's tokens/s)."),
-    Metric("ms_per_token", "ms", "lower", "1000 / throughput_tokens_per_s (bigcode's msec/token)."),
-    # Servers give no prefill/decode split; these give TGI's batch-level rows from token arrivals instead.
-    Metric("first_to_last_token_ms", "ms", "lower", "Decode (total) of a server: last token - first token of "
-                                                    "each request, mean over the batch's requests."),
-    Metric("ttft_tokens_per_s", "tokens/secs", "higher", "Prefill throughput of a server: batch size / TTFT in "
-                                                         "seconds (first tokens per second)."),
-    Metric("itl_tokens_per_s", "tokens/secs", "higher", "Decode throughput of a server: batch size / inter-token "
-                                                        "latency in seconds."),
-    # Peak memory during the run (measure/memory.py), held to a tolerance rather than a rank test.
-    Metric("peak_rss_mib", "MiB", "lower", "Peak resident set of the measuring process during the run (Linux)."),
-    Metric("server_peak_rss_mib", "MiB", "lower", "Peak resident set of a started server's process tree during "
-                                                  "the run, summed over its processes (Linux)."),
-    Metric("cuda_peak_allocated_mib", "MiB", "lower", "torch.cuda.max_memory_allocated over the run."),
-    Metric("gpu_used_mib", "MiB", "lower", "NVML's used memory of the GPUs after the run (every process on them)."),
-    # NVML around the run (measure/gpu.py); absent on a CPU target.
-    Metric("energy_j_per_token", "J/token", "lower", "GPU energy over the run (NVML's total energy counter, all "
-                                                     "GPUs) / generated tokens of the batch; runs of 1 s or more."),
-    Metric("sm_clock_mhz", "MHz", "higher", "Lowest SM clock of the GPUs at the end of the run (NVML)."),
-    # Counted under callgrind in a counting process (measure/instructions.py, --llmperf-instructions): the host's
-    # work, the same in every process; held to a tolerance (judge/instructions.py).
-    Metric("prefill_instructions", "instructions", "lower", "Instructions executed by the pytest process during "
-                                                            "prefill, counted under callgrind."),
-    Metric("decode_step_instructions", "instructions", "lower", "Instructions per decode step: decode total / "
-                                                                "decode steps, counted under callgrind."),
-    Metric("e2e_instructions_per_token", "instructions", "lower", "Instructions of the whole run (tokenization to "
-                                                                  "the last token) / generated tokens of the batch, "
-                                                                  "counted under callgrind."),
-)}
+METRICS: Mapping[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("prefill_ms", "ms", "lower", "One forward pass over the whole batch of prompts (in-process backends)."),
+        Metric("decode_token_ms", "ms", "lower", "Decode (token): decode total / number of decode steps, per run."),
+        Metric(
+            "decode_total_ms", "ms", "lower", "Decode (total): all decode steps after prefill; decode length - 1 steps."
+        ),
+        Metric(
+            "ttft_ms",
+            "ms",
+            "lower",
+            "Time to first token: first token's arrival - the request's own send "
+            "(tokenization included); median over the run's requests.",
+        ),
+        Metric(
+            "itl_ms",
+            "ms",
+            "lower",
+            "Inter-token latency: gap between successive token arrivals of a request, "
+            "the first token excluded; median over all gaps of the run's requests.",
+        ),
+        Metric(
+            "itl_p90_ms",
+            "ms",
+            "lower",
+            "90th percentile of the run's inter-token gaps (gated only when a run holds >= 29 gaps).",
+        ),
+        Metric(
+            "itl_p99_ms",
+            "ms",
+            "lower",
+            "99th percentile of the run's inter-token gaps (gated only when a run holds >= 299 gaps).",
+        ),
+        Metric(
+            "tpot_ms",
+            "ms",
+            "lower",
+            "Time per output token: (last token - first token) / (output tokens - 1) "
+            "of a request; median over the run's requests.",
+        ),
+        Metric(
+            "e2e_ms",
+            "ms",
+            "lower",
+            "End-to-end latency (E2EL): last token's arrival - the request's own send; median over the run's requests.",
+        ),
+        Metric("tokenize_ms", "ms", "lower", "Tokenizing the batch's prompts."),
+        Metric("detokenize_ms", "ms", "lower", "Decoding the generated ids back to text."),
+        Metric(
+            "prefill_tokens_per_s",
+            "tokens/secs",
+            "higher",
+            "TGI's prefill throughput: batch size / prefill latency in seconds.",
+        ),
+        Metric(
+            "decode_tokens_per_s",
+            "tokens/secs",
+            "higher",
+            "TGI's decode throughput: batch size / decode (token) latency in seconds.",
+        ),
+        Metric(
+            "throughput_tokens_per_s",
+            "tokens/secs",
+            "higher",
+            "Generated tokens of the whole batch / the run's "
+            "wall time, its first send to its last request's "
+            "end (bigcode-inference-benchmark's tokens/s).",
+        ),
+        Metric("ms_per_token", "ms", "lower", "1000 / throughput_tokens_per_s (bigcode's msec/token)."),
+        # Servers give no prefill/decode split; these give TGI's batch-level rows from token arrivals instead.
+        Metric(
+            "first_to_last_token_ms",
+            "ms",
+            "lower",
+            "Decode (total) of a server: last token - first token of each request, mean over the batch's requests.",
+        ),
+        Metric(
+            "ttft_tokens_per_s",
+            "tokens/secs",
+            "higher",
+            "Prefill throughput of a server: batch size / TTFT in seconds (first tokens per second).",
+        ),
+        Metric(
+            "itl_tokens_per_s",
+            "tokens/secs",
+            "higher",
+            "Decode throughput of a server: batch size / inter-token latency in seconds.",
+        ),
+        # Peak memory during the run (measure/memory.py), held to a tolerance rather than a rank test.
+        Metric("peak_rss_mib", "MiB", "lower", "Peak resident set of the measuring process during the run (Linux)."),
+        Metric(
+            "server_peak_rss_mib",
+            "MiB",
+            "lower",
+            "Peak resident set of a started server's process tree during the run, summed over its processes (Linux).",
+        ),
+        Metric("cuda_peak_allocated_mib", "MiB", "lower", "torch.cuda.max_memory_allocated over the run."),
+        Metric("gpu_used_mib", "MiB", "lower", "NVML's used memory of the GPUs after the run (every process on them)."),
+        # NVML around the run (measure/gpu.py); absent on a CPU target.
+        Metric(
+            "energy_j_per_token",
+            "J/token",
+            "lower",
+            "GPU energy over the run (NVML's total energy counter, all "
+            "GPUs) / generated tokens of the batch; runs of 1 s or more.",
+        ),
+        Metric("sm_clock_mhz", "MHz", "higher", "Lowest SM clock of the GPUs at the end of the run (NVML)."),
+        # Counted under callgrind in a counting process (measure/instructions.py, --llmperf-instructions): the host's
+        # work, the same in every process; held to a tolerance (judge/instructions.py).
+        Metric(
+            "prefill_instructions",
+            "instructions",
+            "lower",
+            "Instructions executed by the pytest process during prefill, counted under callgrind.",
+        ),
+        Metric(
+            "decode_step_instructions",
+            "instructions",
+            "lower",
+            "Instructions per decode step: decode total / decode steps, counted under callgrind.",
+        ),
+        Metric(
+            "e2e_instructions_per_token",
+            "instructions",
+            "lower",
+            "Instructions of the whole run (tokenization to "
+            "the last token) / generated tokens of the batch, "
+            "counted under callgrind.",
+        ),
+    )
+}
 
 #: Memory metrics: gated by a tolerance (judge/verdicts.py), always, where both sides measured them.
 MEMORY_METRICS = ("peak_rss_mib", "server_peak_rss_mib", "cuda_peak_allocated_mib", "gpu_used_mib")
@@ -235,8 +313,13 @@ class Summary:
     percentiles: Mapping[int, float | None]  # None: too few runs for that percentile
 
     def to_json(self) -> dict[str, object]:
-        return {"n": self.n, "average": self.average, "lowest": self.lowest, "highest": self.highest,
-                **{f"p{q}": v for q, v in self.percentiles.items()}}
+        return {
+            "n": self.n,
+            "average": self.average,
+            "lowest": self.lowest,
+            "highest": self.highest,
+            **{f"p{q}": v for q, v in self.percentiles.items()},
+        }
 
 
 def summarize(values: Sequence[float]) -> Summary:
@@ -246,8 +329,14 @@ def summarize(values: Sequence[float]) -> Summary:
         average=float(arr.mean()),
         lowest=float(arr.min()),
         highest=float(arr.max()),
-        percentiles={q: (float(np.percentile(arr, q, method=PERCENTILE_METHOD))
-                         if len(arr) >= min_runs_for_percentile(q) else None) for q in PERCENTILES},
+        percentiles={
+            q: (
+                float(np.percentile(arr, q, method=PERCENTILE_METHOD))
+                if len(arr) >= min_runs_for_percentile(q)
+                else None
+            )
+            for q in PERCENTILES
+        },
     )
 
 
@@ -267,5 +356,6 @@ def unit_values(samples: Sequence[RunSample]) -> tuple[str, dict[str, list[float
     ("run", the per-run values) when all were measured in one process."""
     if len({s.process for s in samples}) <= 1:
         return "run", values_by_metric(samples)
-    return "process", {m: [float(np.median(v)) for v in per_process]
-                       for m, per_process in values_by_process(samples).items()}
+    return "process", {
+        m: [float(np.median(v)) for v in per_process] for m, per_process in values_by_process(samples).items()
+    }

@@ -107,15 +107,20 @@ class BatchResult:
         return sorted({s.process for s in self.samples})
 
     def to_json(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k not in ("samples", "counted")},
-                "samples": [s.to_json() for s in self.samples], "counted": [s.to_json() for s in self.counted]}
+        return {
+            **{k: v for k, v in asdict(self).items() if k not in ("samples", "counted")},
+            "samples": [s.to_json() for s in self.samples],
+            "counted": [s.to_json() for s in self.counted],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BatchResult:
         names = {f.name for f in fields(cls)} - {"samples", "counted"}
-        return cls(samples=[RunSample.from_json(s) for s in data.get("samples", [])],
-                   counted=[RunSample.from_json(s) for s in data.get("counted") or []],
-                   **{k: v for k, v in data.items() if k in names})
+        return cls(
+            samples=[RunSample.from_json(s) for s in data.get("samples", [])],
+            counted=[RunSample.from_json(s) for s in data.get("counted") or []],
+            **{k: v for k, v in data.items() if k in names},
+        )
 
     @property
     def status(self) -> str:
@@ -148,16 +153,29 @@ class BenchmarkResult:
         return next((b for b in self.batches if b.batch_size == batch_size), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "nodeid": self.nodeid, "module": self.module, "scenario": self.scenario,
-                "backend": self.backend, "group": self.group, "counters_better": self.counters_better,
-                "batches": [b.to_json() for b in self.batches]}
+        return {
+            "key": self.key,
+            "nodeid": self.nodeid,
+            "module": self.module,
+            "scenario": self.scenario,
+            "backend": self.backend,
+            "group": self.group,
+            "counters_better": self.counters_better,
+            "batches": [b.to_json() for b in self.batches],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BenchmarkResult:
-        return cls(key=data["key"], nodeid=data["nodeid"], module=data["module"], scenario=data["scenario"],
-                   backend=data["backend"], group=data.get("group"),
-                   counters_better=dict(data.get("counters_better") or {}),
-                   batches=[BatchResult.from_json(b) for b in data["batches"]])
+        return cls(
+            key=data["key"],
+            nodeid=data["nodeid"],
+            module=data["module"],
+            scenario=data["scenario"],
+            backend=data["backend"],
+            group=data.get("group"),
+            counters_better=dict(data.get("counters_better") or {}),
+            batches=[BatchResult.from_json(b) for b in data["batches"]],
+        )
 
     @classmethod
     def merge(cls, parts: Sequence[BenchmarkResult]) -> BenchmarkResult:
@@ -172,10 +190,15 @@ class BenchmarkResult:
                 batches.append(replace(failed, samples=[]))
                 continue
             loads = [b.foreign_load for b in found if b.foreign_load is not None]
-            batches.append(BatchResult(batch_size, samples=[s for b in found for s in b.samples],
-                                       warmups=found[0].warmups,
-                                       foreign_load=sum(loads) / len(loads) if loads else None,
-                                       retaken=sum(b.retaken for b in found),
-                                       counted=[s for b in found for s in b.counted],
-                                       count_error=next((b.count_error for b in found if b.count_error), None)))
+            batches.append(
+                BatchResult(
+                    batch_size,
+                    samples=[s for b in found for s in b.samples],
+                    warmups=found[0].warmups,
+                    foreign_load=sum(loads) / len(loads) if loads else None,
+                    retaken=sum(b.retaken for b in found),
+                    counted=[s for b in found for s in b.counted],
+                    count_error=next((b.count_error for b in found if b.count_error), None),
+                )
+            )
         return replace(first, scenario={**first.scenario, "processes": len(parts)}, batches=batches)

@@ -11,19 +11,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .backend import Backend, GenerationRequest, OutOfMemory, check_sample
+from .gpu import GpuMeter, open_nvml
 from .instructions import InstructionClock, counted_runs
 from .load import LoadMeter
-from .gpu import GpuMeter, open_nvml
 from .memory import MemoryMeter
-from .backend import Backend, GenerationRequest, OutOfMemory, check_sample
 from .prompt import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
 from .scenario import Scenario
 
 
 def request_for(scenario: Scenario, batch_size: int) -> GenerationRequest:
-    return GenerationRequest(batch_size=batch_size, sequence_length=scenario.sequence_length,
-                             decode_length=scenario.decode_length, prompt=make_prompt(scenario.sequence_length))
+    return GenerationRequest(
+        batch_size=batch_size,
+        sequence_length=scenario.sequence_length,
+        decode_length=scenario.decode_length,
+        prompt=make_prompt(scenario.sequence_length),
+    )
 
 
 @dataclass
@@ -38,9 +42,15 @@ class Runs:
 RunCallback = Callable[[int, int, int, int, "RunSample | None"], None]
 
 
-def take_runs(backend: Backend, request: GenerationRequest, runs: int, warmups: int,
-              max_load: float = math.inf, on_run: RunCallback | None = None,
-              before_run: Callable[[], None] | None = None) -> Runs:
+def take_runs(
+    backend: Backend,
+    request: GenerationRequest,
+    runs: int,
+    warmups: int,
+    max_load: float = math.inf,
+    on_run: RunCallback | None = None,
+    before_run: Callable[[], None] | None = None,
+) -> Runs:
     """Warmups (discarded), then `runs` runs. A run during which other processes kept more than
     `max_load` cores busy is discarded and taken again, at most `runs` times in all, so measurement
     proceeds in the quiet gaps of a shared machine; past that the disturbed runs are kept and the
@@ -96,28 +106,46 @@ def warm_up_uninstrumented(backend: Backend, scenario: Scenario, counter: Instru
     return warmed
 
 
-def measure_batch(backend: Backend, scenario: Scenario, batch_size: int, on_run: RunCallback | None = None,
-                  counter: InstructionClock | None = None, before_run: Callable[[], None] | None = None,
-                  warmed: bool = False) -> BatchResult:
+def measure_batch(
+    backend: Backend,
+    scenario: Scenario,
+    batch_size: int,
+    on_run: RunCallback | None = None,
+    counter: InstructionClock | None = None,
+    before_run: Callable[[], None] | None = None,
+    warmed: bool = False,
+) -> BatchResult:
     request = request_for(scenario, batch_size)
     try:
         if counter is not None:  # a counting process: instructions, not time (measure/instructions.py)
             warmups = 0 if warmed else scenario.warmups
-            return BatchResult(batch_size, warmups=scenario.warmups,
-                               counted=counted_runs(backend, request, scenario.runs, warmups, counter))
+            return BatchResult(
+                batch_size,
+                warmups=scenario.warmups,
+                counted=counted_runs(backend, request, scenario.runs, warmups, counter),
+            )
         runs = take_runs(backend, request, scenario.runs, scenario.warmups, scenario.max_load, on_run, before_run)
     except OutOfMemory as exc:
         return BatchResult(batch_size, warmups=scenario.warmups, error=str(exc), oom=True)
     except Exception as exc:  # recorded with its reason; the sweep goes on
         return BatchResult(batch_size, warmups=scenario.warmups, error=f"{type(exc).__name__}: {exc}")
-    return BatchResult(batch_size, samples=runs.samples, warmups=scenario.warmups, foreign_load=runs.foreign_load,
-                       retaken=runs.retaken)
+    return BatchResult(
+        batch_size, samples=runs.samples, warmups=scenario.warmups, foreign_load=runs.foreign_load, retaken=runs.retaken
+    )
 
 
-def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, module: str,
-            on_run: RunCallback | None = None, counter: InstructionClock | None = None,
-            before_batch: Callable[[], None] | None = None,
-            before_run: Callable[[], None] | None = None) -> BenchmarkResult:
+def measure(
+    backend: Backend,
+    scenario: Scenario,
+    *,
+    key: str,
+    nodeid: str,
+    module: str,
+    on_run: RunCallback | None = None,
+    counter: InstructionClock | None = None,
+    before_batch: Callable[[], None] | None = None,
+    before_run: Callable[[], None] | None = None,
+) -> BenchmarkResult:
     """Every batch size of the scenario. `before_batch` is called before each one's warmups, `before_run` before
     its warmups and each of its runs (a worker of an A/B round waits there for its turn: orchestrate/turns.py)."""
     batches: list[BatchResult] = []
@@ -127,8 +155,11 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
         oom_at: int | None = None
         for batch_size in scenario.batch_sizes:
             if oom_at is not None and scenario.stop_after_oom and batch_size > oom_at:
-                batches.append(BatchResult(batch_size, error=f"not run: batch size {oom_at} ran out of memory",
-                                           oom=True, skipped=True))
+                batches.append(
+                    BatchResult(
+                        batch_size, error=f"not run: batch size {oom_at} ran out of memory", oom=True, skipped=True
+                    )
+                )
                 continue
             if before_batch is not None:
                 before_batch()
@@ -136,16 +167,28 @@ def measure(backend: Backend, scenario: Scenario, *, key: str, nodeid: str, modu
             if result.oom and oom_at is None:
                 oom_at = batch_size
             batches.append(result)
-    return BenchmarkResult(key=key, nodeid=nodeid, module=module, scenario=scenario.to_json(),
-                           backend=description, batches=batches, group=scenario.group,
-                           counters_better=dict(getattr(backend, "counters_better", None) or {}))
+    return BenchmarkResult(
+        key=key,
+        nodeid=nodeid,
+        module=module,
+        scenario=scenario.to_json(),
+        backend=description,
+        batches=batches,
+        group=scenario.group,
+        counters_better=dict(getattr(backend, "counters_better", None) or {}),
+    )
 
 
-def fresh_runs(backend: Backend, scenario: Scenario, batch_size: int, runs: int,
-               on_run: RunCallback | None = None) -> BatchResult:
+def fresh_runs(
+    backend: Backend, scenario: Scenario, batch_size: int, runs: int, on_run: RunCallback | None = None
+) -> BatchResult:
     """A new set of runs of one batch size (after fresh warmups), to confirm or settle a verdict."""
     with backend.apply_knobs(scenario.knobs):
-        taken = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups, scenario.max_load,
-                          on_run)
-    return BatchResult(batch_size, samples=taken.samples, warmups=scenario.warmups, foreign_load=taken.foreign_load,
-                       retaken=taken.retaken)
+        taken = take_runs(backend, request_for(scenario, batch_size), runs, scenario.warmups, scenario.max_load, on_run)
+    return BatchResult(
+        batch_size,
+        samples=taken.samples,
+        warmups=scenario.warmups,
+        foreign_load=taken.foreign_load,
+        retaken=taken.retaken,
+    )

@@ -77,8 +77,9 @@ class Scenario:
     memory_rtol: float = 0.1  # peak memory may grow this much (and MEMORY_FLOOR_MIB) before it regressed
 
     def __post_init__(self) -> None:
-        if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
-                                       for b in self.batch_sizes):
+        if not self.batch_sizes or any(
+            not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in self.batch_sizes
+        ):
             raise ScenarioError(f"batch_sizes must be positive integers, got {list(self.batch_sizes)}")
         if self.sequence_length < 1:
             raise ScenarioError(f"sequence_length must be >= 1, got {self.sequence_length}")
@@ -89,7 +90,8 @@ class Scenario:
         if not 0 < self.alpha < 1:
             raise ScenarioError(f"alpha must lie in (0, 1), got {self.alpha}")
         if not (self.rtol >= 0 and math.isfinite(self.rtol)) or any(
-                not (v >= 0 and math.isfinite(v)) for v in self.rtol_per_metric.values()):
+            not (v >= 0 and math.isfinite(v)) for v in self.rtol_per_metric.values()
+        ):
             raise ScenarioError("rtol must be a finite number >= 0 (a NaN tolerance would pass any slowdown)")
         if not self.max_load >= 0:
             raise ScenarioError(f"max_load must be >= 0 cores (inf: no limit), got {self.max_load}")
@@ -126,8 +128,7 @@ def check_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dic
     unknown = sorted(set(kwargs) - set(MARKER_KEYWORDS))
     if unknown:
         raise ScenarioError(
-            f"@pytest.mark.llmperf got unknown keyword(s) {', '.join(unknown)}; "
-            f"known: {', '.join(MARKER_KEYWORDS)}"
+            f"@pytest.mark.llmperf got unknown keyword(s) {', '.join(unknown)}; known: {', '.join(MARKER_KEYWORDS)}"
         )
     checked = llmperf_marker(**kwargs)
     for name, value in checked.items():
@@ -136,6 +137,7 @@ def check_marker_kwargs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dic
 
 
 # -- one check per keyword: by type and range, never coerced (int("12") or int(16.9) would run something else)
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -153,9 +155,16 @@ def _expect(ok: bool, name: str, value: Any, expected: str, where: str) -> None:
 def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> None:
     """Raise ScenarioError naming `name` unless `value` has the keyword's type and range."""
     if name == "batch_sizes":
-        _expect(isinstance(value, (list, tuple)) and len(value) > 0
-                and all(_is_int(b) and b >= 1 for b in value) and len(set(value)) == len(value),
-                name, value, "a list of distinct integers >= 1, e.g. [1, 2, 4]", where)
+        _expect(
+            isinstance(value, (list, tuple))
+            and len(value) > 0
+            and all(_is_int(b) and b >= 1 for b in value)
+            and len(set(value)) == len(value),
+            name,
+            value,
+            "a list of distinct integers >= 1, e.g. [1, 2, 4]",
+            where,
+        )
     elif name in ("sequence_length", "decode_length", "runs", "max_runs"):
         _expect(_is_int(value) and value >= 1, name, value, "an integer >= 1", where)
     elif name == "warmups":
@@ -165,60 +174,96 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
     elif name in ("rtol", "default_rtol"):
         finite = lambda v: _is_number(v) and math.isfinite(v) and v >= 0  # noqa: E731
         if isinstance(value, Mapping):
-            _expect(all(isinstance(k, str) and finite(v) for k, v in value.items()), name, value,
-                    "a number >= 0 per metric name, e.g. {'prefill_ms': 0.1, 'default': 0.05}", where)
+            _expect(
+                all(isinstance(k, str) and finite(v) for k, v in value.items()),
+                name,
+                value,
+                "a number >= 0 per metric name, e.g. {'prefill_ms': 0.1, 'default': 0.05}",
+                where,
+            )
         else:
-            _expect(finite(value), name, value, "a finite number >= 0 (or a {metric: number} mapping)"
-                    + ("; auto is --llmperf-rtol's: leave rtol out to use the session's" if value == "auto" else ""),
-                    where)
+            _expect(
+                finite(value),
+                name,
+                value,
+                "a finite number >= 0 (or a {metric: number} mapping)"
+                + ("; auto is --llmperf-rtol's: leave rtol out to use the session's" if value == "auto" else ""),
+                where,
+            )
     elif name == "metrics":
-        _expect(isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, str) for m in value),
-                name, value, "a non-empty list of metric names, e.g. ['prefill_ms', 'decode_token_ms']", where)
+        _expect(
+            isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(m, str) for m in value),
+            name,
+            value,
+            "a non-empty list of metric names, e.g. ['prefill_ms', 'decode_token_ms']",
+            where,
+        )
     elif name == "knobs":
-        _expect(isinstance(value, Mapping) and all(isinstance(k, str) for k in value), name, value,
-                "a mapping of knob names to values, e.g. {'threads': 1}", where)
+        _expect(
+            isinstance(value, Mapping) and all(isinstance(k, str) for k in value),
+            name,
+            value,
+            "a mapping of knob names to values, e.g. {'threads': 1}",
+            where,
+        )
         if isinstance(value, Mapping) and "threads" in value:
-            _expect(_is_int(value["threads"]) and value["threads"] >= 1, "knobs['threads']", value["threads"],
-                    "an integer >= 1", where)
+            _expect(
+                _is_int(value["threads"]) and value["threads"] >= 1,
+                "knobs['threads']",
+                value["threads"],
+                "an integer >= 1",
+                where,
+            )
     elif name == "group":
         _expect(value is None or isinstance(value, str), name, value, "a string", where)
     elif name in ("stop_after_oom", "instructions"):
         _expect(isinstance(value, bool), name, value, "True or False", where)
     elif name == "max_load":
-        _expect(_is_number(value) and value >= 0, name, value, "a number of cores >= 0 (float('inf'): no limit)",
-                where)
+        _expect(_is_number(value) and value >= 0, name, value, "a number of cores >= 0 (float('inf'): no limit)", where)
     elif name == "memory_rtol":
         _expect(_is_number(value) and math.isfinite(value) and value >= 0, name, value, "a finite number >= 0", where)
     elif name == "outputs":
         _expect(value in OUTPUT_MODES, name, value, f"one of {', '.join(map(repr, OUTPUT_MODES))}", where)
     elif name == "devices":
-        _expect(isinstance(value, str) and value != "" or isinstance(value, (list, tuple)) and len(value) > 0
-                and all(isinstance(d, str) and d for d in value), name, value,
-                "a device name or a list of them, e.g. ['cpu', 'a100']", where)
+        _expect(
+            (isinstance(value, str) and value != "")
+            or (isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(d, str) and d for d in value)),
+            name,
+            value,
+            "a device name or a list of them, e.g. ['cpu', 'a100']",
+            where,
+        )
 
 
 def check_metrics(metrics: Sequence[str] | None, known: Sequence[str], backend_kind: str) -> None:
     """A metric name that no backend measures gates nothing: reject it with the names that exist."""
     unknown = [m for m in metrics or () if m not in known]
     if unknown:
-        raise ScenarioError(f"metrics: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend "
-                            f"(a typo would gate nothing); known: {', '.join(known)}")
+        raise ScenarioError(
+            f"metrics: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend "
+            f"(a typo would gate nothing); known: {', '.join(known)}"
+        )
 
 
-def check_rtol_metrics(per_metric: Mapping[str, float], known: Sequence[str], gated: Sequence[str],
-                       backend_kind: str) -> None:
+def check_rtol_metrics(
+    per_metric: Mapping[str, float], known: Sequence[str], gated: Sequence[str], backend_kind: str
+) -> None:
     """A tolerance for a metric that is not gated changes nothing: refuse it (a typo, or a metric that is not in
     metrics=[...]), naming what is gated."""
     names = [m for m in per_metric if m != "default"]
     unknown = [m for m in names if m not in known]
     if unknown:
-        raise ScenarioError(f"rtol: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend (a typo "
-                            f"would leave the default tolerance in place); known: {', '.join(known)}")
+        raise ScenarioError(
+            f"rtol: unknown metric(s) {', '.join(unknown)} for the {backend_kind} backend (a typo "
+            f"would leave the default tolerance in place); known: {', '.join(known)}"
+        )
     ungated = [m for m in names if m not in gated]
     if ungated:
-        raise ScenarioError(f"rtol names {', '.join(ungated)}, which this test does not gate (it gates "
-                            f"{', '.join(gated)}; peak memory is held to memory_rtol): add it to metrics=[...] or "
-                            "drop it from rtol")
+        raise ScenarioError(
+            f"rtol names {', '.join(ungated)}, which this test does not gate (it gates "
+            f"{', '.join(gated)}; peak memory is held to memory_rtol): add it to metrics=[...] or "
+            "drop it from rtol"
+        )
 
 
 def build_scenario(settings: Mapping[str, Any]) -> Scenario:

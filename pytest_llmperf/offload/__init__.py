@@ -15,14 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 #: Each public name and the module of this package that defines it.
 _HOMES = {
-    "CostModel": "costs", "LinearFit": "costs", "fixed_costs": "costs", "measure_costs": "costs",
-    "Calibration": "costs", "CostWarning": "costs", "OnlineCosts": "online",
-    "Generation": "engine", "OffloadEngine": "engine",
+    "CostModel": "costs",
+    "LinearFit": "costs",
+    "fixed_costs": "costs",
+    "measure_costs": "costs",
+    "Calibration": "costs",
+    "CostWarning": "costs",
+    "OnlineCosts": "online",
+    "Generation": "generation",
+    "OffloadEngine": "engine",
     "OffloadOptions": "options",
     "OffloadBackend": "backend",
     "PlacementError": "placement",
-    "SCHEDULES": "scheduler", "LayerPlan": "scheduler", "Scheduler": "scheduler",
-    "IMPLEMENTATION": "seam", "OffloadError": "seam",
+    "SCHEDULES": "scheduler",
+    "LayerPlan": "scheduler",
+    "Scheduler": "scheduler",
+    "IMPLEMENTATION": "seam",
+    "OffloadError": "seam",
     "OffloadStats": "stats",
 }
 
@@ -45,7 +54,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .backend import OffloadBackend
     from .costs import Calibration, CostModel, CostWarning, LinearFit, fixed_costs, measure_costs
-    from .engine import Generation, OffloadEngine
+    from .engine import OffloadEngine
+    from .generation import Generation
     from .online import OnlineCosts
     from .options import OffloadOptions
     from .placement import PlacementError

@@ -38,18 +38,35 @@ class OffloadBackend(Backend):
     kind = "offload"
     splits_prefill: ClassVar[bool] = True
     clocked_in_process: ClassVar[bool] = True
-    knob_names: ClassVar[tuple[str, ...]] = ("latency_cpu", "latency_gpu", "threads", "tokenizers_parallelism",
-                                             "schedule")
+    knob_names: ClassVar[tuple[str, ...]] = (
+        "latency_cpu",
+        "latency_gpu",
+        "threads",
+        "tokenizers_parallelism",
+        "schedule",
+    )
     #: Which way is better for each counter, so the gate can judge them like latency.
     counters_better: ClassVar[dict[str, str]] = {
-        "hit_rate": "higher", "decode_hit_rate": "higher",
-        "cpu_expert_calls": "lower", "fetches": "lower", "h2d_bytes": "lower",
-        "cpu_expert_ms": "lower", "gpu_expert_ms": "lower", "fetch_ms": "lower",
+        "hit_rate": "higher",
+        "decode_hit_rate": "higher",
+        "cpu_expert_calls": "lower",
+        "fetches": "lower",
+        "h2d_bytes": "lower",
+        "cpu_expert_ms": "lower",
+        "gpu_expert_ms": "lower",
+        "fetch_ms": "lower",
     }
 
-    def __init__(self, model_path: str | Path | None = None, options: OffloadOptions | None = None, *,
-                 name: str | None = None, costs: CostModel | None = None, clock: Clock | None = None,
-                 engine: OffloadEngine | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        options: OffloadOptions | None = None,
+        *,
+        name: str | None = None,
+        costs: CostModel | None = None,
+        clock: Clock | None = None,
+        engine: OffloadEngine | None = None,
+    ) -> None:
         if engine is None:
             if model_path is None:
                 raise BackendError("OffloadBackend needs a model_path or an engine")
@@ -62,13 +79,16 @@ class OffloadBackend(Backend):
         self.engine = engine
         self.name = name or engine.name
         # Per-layer hit rates are also "higher is better"; their names depend on the model's depth.
-        self.counters_better = {**type(self).counters_better,  # type: ignore[misc]
-                                **{f"hit_rate.layer{i}": "higher" for i in range(engine.num_layers)}}
+        self.counters_better = {
+            **type(self).counters_better,  # type: ignore[misc]
+            **{f"hit_rate.layer{i}": "higher" for i in range(engine.num_layers)},
+        }
         super().__init__(clock or engine.clock)
 
     @classmethod
-    def from_engine(cls, engine: OffloadEngine, *, name: str | None = None, clock: Clock | None = None
-                    ) -> OffloadBackend:
+    def from_engine(
+        cls, engine: OffloadEngine, *, name: str | None = None, clock: Clock | None = None
+    ) -> OffloadBackend:
         return cls(engine=engine, name=name, clock=clock)
 
     # -- measurement ------------------------------------------------------------------------------
@@ -133,9 +153,11 @@ class OffloadBackend(Backend):
             try:
                 if {"latency_cpu", "latency_gpu", "schedule"} & set(knobs):
                     try:
-                        engine.set_costs(latency_cpu=_number(knobs, "latency_cpu"),
-                                         latency_gpu=_number(knobs, "latency_gpu"),
-                                         schedule=knobs.get("schedule"))
+                        engine.set_costs(
+                            latency_cpu=_number(knobs, "latency_cpu"),
+                            latency_gpu=_number(knobs, "latency_gpu"),
+                            schedule=knobs.get("schedule"),
+                        )
                     except (OffloadError, ValueError) as exc:
                         raise BackendError(f"offload knob: {exc}") from None
                 if "threads" in knobs:

@@ -99,12 +99,15 @@ class CostModel:
         """The fitted values, for reports: ms, ms/token, GB/s."""
         return {
             "source": self.source,
-            "cpu_a_ms": round(self.cpu.a_ms, 4), "cpu_b_ms_per_token": round(self.cpu.b_ms, 5),
-            "gpu_a_ms": round(self.gpu.a_ms, 4), "gpu_b_ms_per_token": round(self.gpu.b_ms, 5),
+            "cpu_a_ms": round(self.cpu.a_ms, 4),
+            "cpu_b_ms_per_token": round(self.cpu.b_ms, 5),
+            "gpu_a_ms": round(self.gpu.a_ms, 4),
+            "gpu_b_ms_per_token": round(self.gpu.b_ms, 5),
             "h2d_gb_per_s": round(self.h2d_bytes_per_s / 1e9, 3),
             "expert_bytes": self.expert_bytes,
             "fetch_copy_ms": round(self.fetch_copy_ms(), 4),
-            "latency_cpu": self.latency_cpu, "latency_gpu": self.latency_gpu,
+            "latency_cpu": self.latency_cpu,
+            "latency_gpu": self.latency_gpu,
             "calibration": self.calibration.summary() if self.calibration else None,
         }
 
@@ -115,8 +118,15 @@ class CostModel:
 def fixed_costs(latency_cpu: float, latency_gpu: float, expert_bytes: int = 1) -> CostModel:
     """Fiddler's constant model, without measuring anything (tests, dry runs)."""
     zero = LinearFit(0.0, 0.0)
-    return CostModel(cpu=zero, gpu=zero, h2d_bytes_per_s=math.inf, expert_bytes=expert_bytes,
-                     latency_cpu=latency_cpu, latency_gpu=latency_gpu, source="fixed")
+    return CostModel(
+        cpu=zero,
+        gpu=zero,
+        h2d_bytes_per_s=math.inf,
+        expert_bytes=expert_bytes,
+        latency_cpu=latency_cpu,
+        latency_gpu=latency_gpu,
+        source="fixed",
+    )
 
 
 Timer = Callable[[], float]  # seconds
@@ -145,10 +155,16 @@ class Calibration:
     warning: str | None = None
 
     def summary(self) -> dict[str, Any]:
-        return {"rounds": self.rounds, "estimator": self.estimator, "spread": round(self.spread, 3),
-                "fit_error": round(self.fit_error, 3), "foreign_cores": round(self.foreign_cores, 2),
-                "sibling_cores": round(self.sibling_cores, 2), "seconds": round(self.seconds, 3),
-                "warning": self.warning}
+        return {
+            "rounds": self.rounds,
+            "estimator": self.estimator,
+            "spread": round(self.spread, 3),
+            "fit_error": round(self.fit_error, 3),
+            "foreign_cores": round(self.foreign_cores, 2),
+            "sibling_cores": round(self.sibling_cores, 2),
+            "seconds": round(self.seconds, 3),
+            "warning": self.warning,
+        }
 
 
 def relative_fit_error(fit: LinearFit) -> float:
@@ -159,8 +175,13 @@ def relative_fit_error(fit: LinearFit) -> float:
     return float(np.max(np.abs(pred - y) / np.maximum(y, 1e-9)))
 
 
-def _interleaved_ms(points: Sequence[tuple[Callable[[], None], Callable[[], None]]], rounds: int,
-                    timer: Timer, min_seconds: float = 0.0, max_rounds: int = 1000) -> np.ndarray:
+def _interleaved_ms(
+    points: Sequence[tuple[Callable[[], None], Callable[[], None]]],
+    rounds: int,
+    timer: Timer,
+    min_seconds: float = 0.0,
+    max_rounds: int = 1000,
+) -> np.ndarray:
     """[round, point] milliseconds: one warm-up of each point, then every point once per round, the order
     rotated each round, so a disturbance lasting part of the measurement hits every point alike. At least
     `rounds` rounds, more until `min_seconds` have passed (the load meter reads 10 ms ticks, and a tiny
@@ -211,9 +232,16 @@ def spread(samples: np.ndarray) -> float:
     return float(np.max((q3 - q1) / np.maximum(q2, 1e-9)))
 
 
-def measure_costs(*, slow_weights: tuple[Any, Any], fast_device: str, act: Callable[[Any], Any],
-                  token_counts: Sequence[int] = (1, 2, 4, 8, 16, 32), rounds: int = 15,
-                  min_seconds: float = 0.5, timer: Timer = time.perf_counter) -> CostModel:
+def measure_costs(
+    *,
+    slow_weights: tuple[Any, Any],
+    fast_device: str,
+    act: Callable[[Any], Any],
+    token_counts: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    rounds: int = 15,
+    min_seconds: float = 0.5,
+    timer: Timer = time.perf_counter,
+) -> CostModel:
     """Microbenchmark one expert of the real shape (`slow_weights` = its gate_up and down on the slow
     tier): slow-tier latency per token count, a host-to-fast copy through a staging buffer, and
     fast-tier latency, all interleaved over `rounds` rounds, estimated per point by `robust_ms`, with
@@ -260,33 +288,42 @@ def measure_costs(*, slow_weights: tuple[Any, Any], fast_device: str, act: Calla
         load = meter.reading()
     k = len(token_counts)
     est = robust_ms(samples)
-    cpu_ms, copy_ms, gpu_ms = est[:k], float(est[k]), est[k + 1:]
+    cpu_ms, copy_ms, gpu_ms = est[:k], float(est[k]), est[k + 1 :]
     bandwidth = expert_bytes / (copy_ms / 1000.0) if copy_ms > 0 else math.inf
     cpu, gpu = LinearFit.fit(token_counts, cpu_ms), LinearFit.fit(token_counts, gpu_ms)
-    calibration = Calibration(rounds=len(samples),
-                              estimator=f"{ESTIMATE_PERCENTILE}th percentile of interleaved rounds",
-                              spread=spread(samples), fit_error=max(relative_fit_error(cpu), relative_fit_error(gpu)),
-                              foreign_cores=load.foreign_cores, sibling_cores=load.sibling_cores,
-                              seconds=load.wall_s)
+    calibration = Calibration(
+        rounds=len(samples),
+        estimator=f"{ESTIMATE_PERCENTILE}th percentile of interleaved rounds",
+        spread=spread(samples),
+        fit_error=max(relative_fit_error(cpu), relative_fit_error(gpu)),
+        foreign_cores=load.foreign_cores,
+        sibling_cores=load.sibling_cores,
+        seconds=load.wall_s,
+    )
     calibration = replace(calibration, warning=calibration_warning(calibration, cpu, copy_ms))
     if calibration.warning:
         warnings.warn(CostWarning(calibration.warning), stacklevel=2)
-    return CostModel(cpu=cpu, gpu=gpu, h2d_bytes_per_s=bandwidth, expert_bytes=int(expert_bytes),
-                     calibration=calibration)
+    return CostModel(
+        cpu=cpu, gpu=gpu, h2d_bytes_per_s=bandwidth, expert_bytes=int(expert_bytes), calibration=calibration
+    )
 
 
 def calibration_warning(c: Calibration, cpu: LinearFit, copy_ms: float) -> str | None:
     """The warning text, with the figures, or None when the measurement looks trustworthy."""
     problems = []
     if c.foreign_cores + c.sibling_cores > MAX_BUSY_CORES:
-        problems.append(f"the machine was busy ({c.foreign_cores:.2f} cores of other processes, "
-                        f"{c.sibling_cores:.2f} of other threads of this process)")
+        problems.append(
+            f"the machine was busy ({c.foreign_cores:.2f} cores of other processes, "
+            f"{c.sibling_cores:.2f} of other threads of this process)"
+        )
     if c.spread > MAX_SPREAD:
         problems.append(f"repeated timings spread widely (interquartile range {c.spread:.0%} of the median)")
     if c.fit_error > MAX_FIT_ERROR:
         problems.append(f"a linear fit misses a measured point by {c.fit_error:.0%}")
     if not problems:
         return None
-    return (f"offload cost model measured at start-up may be off: {'; '.join(problems)}. Measured: CPU expert "
-            f"{cpu(1):.4f} ms at 1 token, {cpu.b_ms:.5f} ms/token; fetch copy {copy_ms:.4f} ms. The engine "
-            "corrects the costs from what it observes while it runs (online_costs), unless overridden.")
+    return (
+        f"offload cost model measured at start-up may be off: {'; '.join(problems)}. Measured: CPU expert "
+        f"{cpu(1):.4f} ms at 1 token, {cpu.b_ms:.5f} ms/token; fetch copy {copy_ms:.4f} ms. The engine "
+        "corrects the costs from what it observes while it runs (online_costs), unless overridden."
+    )

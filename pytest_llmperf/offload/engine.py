@@ -15,9 +15,10 @@ While it runs, the live cost model (online.py) corrects the measured costs from 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,22 @@ import psutil
 import torch
 
 from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
-from .costs import CostModel, measure_costs
-from .experts import OffloadedLayer
+from .costs import CostModel, fixed_costs, measure_costs
+from .experts import OffloadedLayer, detach_experts
+from .generation import Generation
 from .online import OnlineCosts
 from .options import DTYPES, OffloadOptions, physical_cores
-from .placement import (GiB, Budget, PlacementError, compute_reserve, place, plan_budget, profile_ranking,
-                        read_profile, round_robin_ranking, write_profile)
+from .placement import (
+    Budget,
+    GiB,
+    PlacementError,
+    options_budget,
+    place,
+    profile_ranking,
+    read_profile,
+    round_robin_ranking,
+    write_profile,
+)
 from .random_model import random_model
 from .runtime import Runtime, Staging, host_empty, torch_threads
 from .scheduler import Scheduler
@@ -39,22 +50,17 @@ from .seam import IMPLEMENTATION, OffloadError, find_experts, register_implement
 from .stats import OffloadStats
 
 
-@dataclass
-class Generation:
-    """One greedy generation: the new tokens, per-step times (ns, from the engine's clock) and counters."""
-
-    tokens: torch.Tensor  # [batch, new_tokens]
-    step_times_ns: list[int]  # time at which each new token was available, from the start of prefill
-    prefill_ns: int
-    decode_steps_ns: list[int]
-    counters: dict[str, float] = field(default_factory=dict)
-
-
 class OffloadEngine:
     """A transformers MoE model whose experts live on two tiers. See the module docstring."""
 
-    def __init__(self, model_path: str | Path, options: OffloadOptions | None = None, *,
-                 costs: CostModel | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        options: OffloadOptions | None = None,
+        *,
+        costs: CostModel | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         options = (options or OffloadOptions()).validated()
@@ -62,28 +68,45 @@ class OffloadEngine:
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
             # Loaded on the host first: experts are split into tiers before anything reaches the device.
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True,
-                                                         dtype=DTYPES[options.dtype])
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, local_files_only=True, dtype=DTYPES[options.dtype]
+            )
         except OSError as exc:
             raise OffloadError(f"cannot load model from {self.model_path}: {exc}") from exc
         self._setup(model, tokenizer, options, costs, clock, name=str(model_path))
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, tokenizer: Any = None, options: OffloadOptions | None = None, *,
-                   costs: CostModel | None = None, clock: Clock | None = None, name: str | None = None
-                   ) -> OffloadEngine:
+    def from_model(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Any = None,
+        options: OffloadOptions | None = None,
+        *,
+        costs: CostModel | None = None,
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> OffloadEngine:
         """Wrap a model already in memory (on the host). The engine takes it over: its experts are moved."""
         self = cls.__new__(cls)
         self.model_path = None
         options = (options or OffloadOptions()).validated()
-        self._setup(model.to(DTYPES[options.dtype]), tokenizer, options, costs, clock,
-                    name=name or type(model).__name__)
+        self._setup(
+            model.to(DTYPES[options.dtype]), tokenizer, options, costs, clock, name=name or type(model).__name__
+        )
         return self
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Any = None, options: OffloadOptions | None = None, *,
-                    costs: CostModel | None = None, clock: Clock | None = None, seed: int = 0,
-                    name: str | None = None) -> OffloadEngine:
+    def from_config(
+        cls,
+        config: Any,
+        tokenizer: Any = None,
+        options: OffloadOptions | None = None,
+        *,
+        costs: CostModel | None = None,
+        clock: Clock | None = None,
+        seed: int = 0,
+        name: str | None = None,
+    ) -> OffloadEngine:
         """A model with random weights made in place (nothing read from disk): non-expert weights directly on
         the fast device, experts generated there and split into tiers. For shapes too big to save,
         e.g. Mixtral-8x7B on a machine with a 64 GB disk. Timing depends on shapes, not weights."""
@@ -92,14 +115,32 @@ class OffloadEngine:
 
         self = cls.__new__(cls)
         self.model_path = None
-        self._setup(model, tokenizer, options, costs, clock, name=name or f"{type(model).__name__} (random)",
-                    weight_source=random_weights, sites=sites)
+        self._setup(
+            model,
+            tokenizer,
+            options,
+            costs,
+            clock,
+            name=name or f"{type(model).__name__} (random)",
+            weight_source=random_weights,
+            sites=sites,
+        )
         return self
 
     # -- start-up ---------------------------------------------------------------------------------
 
-    def _setup(self, model: torch.nn.Module, tokenizer: Any, options: OffloadOptions, costs: CostModel | None,
-               clock: Clock | None, *, name: str, weight_source: Any = None, sites: Any = None) -> None:
+    def _setup(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        options: OffloadOptions,
+        costs: CostModel | None,
+        clock: Clock | None,
+        *,
+        name: str,
+        weight_source: Any = None,
+        sites: Any = None,
+    ) -> None:
         self.name = name
         self.options = options
         self.tokenizer = tokenizer
@@ -118,14 +159,7 @@ class OffloadEngine:
 
         # 1. Take the experts out of the model, move everything else to the fast device.
         if weight_source is None:
-            held = {id(s.module): s.adapter.weights(s.module) for s in sites}
-            gu_shape, dn_shape = held[id(sites[0].module)][0].shape, held[id(sites[0].module)][1].shape
-            for s in sites:
-                s.adapter.detach(s.module, torch.device("cpu"))
-
-            def source(site: Any) -> Any:
-                gu, dn = held.pop(id(site.module))
-                return (lambda ids: (gu[list(ids)], dn[list(ids)])), gu.shape, dn.shape
+            source, gu_shape, dn_shape = detach_experts(sites)
         else:
             source = weight_source
             gu_shape, dn_shape = source(sites[0])[1:]
@@ -149,14 +183,21 @@ class OffloadEngine:
         self.stats = OffloadStats(self.num_layers, self.num_experts)
         staging = Staging(gu_shape[1:], dn_shape[1:], self.dtype, self.fast)
         base_costs = costs
-        self.runtime = Runtime(fast=self.fast, slow=self.slow, stats=self.stats, staging=staging,
-                               scheduler=Scheduler(costs or _placeholder_costs(self.expert_bytes), options.schedule),
-                               expert_bytes=self.expert_bytes, threads=self.threads,
-                               # Both sides compute on the same cores only when the fast tier is the CPU
-                               # (measured: docs/offload.md, "Threads").
-                               split_threads=self.fast.type == "cpu",
-                               cpu_timeout_s=options.cpu_timeout_s, overlap=options.overlap,
-                               clock=clock or perf_counter_clock)
+        self.runtime = Runtime(
+            fast=self.fast,
+            slow=self.slow,
+            stats=self.stats,
+            staging=staging,
+            scheduler=Scheduler(costs or fixed_costs(1.0, 1.0, self.expert_bytes), options.schedule),  # measured below
+            expert_bytes=self.expert_bytes,
+            threads=self.threads,
+            # Both sides compute on the same cores only when the fast tier is the CPU
+            # (measured: docs/offload.md, "Threads").
+            split_threads=self.fast.type == "cpu",
+            cpu_timeout_s=options.cpu_timeout_s,
+            overlap=options.overlap,
+            clock=clock or perf_counter_clock,
+        )
         self.layers = []
         for site in sites:
             weights, _, _ = source(site)
@@ -173,7 +214,8 @@ class OffloadEngine:
         try:
             self.startup_costs = base_costs.with_overrides(
                 base_costs.latency_cpu if options.latency_cpu is None else options.latency_cpu,
-                base_costs.latency_gpu if options.latency_gpu is None else options.latency_gpu)
+                base_costs.latency_gpu if options.latency_gpu is None else options.latency_gpu,
+            )
         except ValueError as exc:
             raise OffloadError(str(exc)) from None
         self.runtime.scheduler = Scheduler(self._live(self.startup_costs), options.schedule)
@@ -190,21 +232,12 @@ class OffloadEngine:
 
     def _plan_budget(self, config: Any, elem: int) -> Budget:
         o = self.options
-        if self.fast.type == "cuda":
-            free = torch.cuda.mem_get_info(self.fast)[0]
-        else:
-            free = psutil.virtual_memory().available
+        free = torch.cuda.mem_get_info(self.fast)[0] if self.fast.type == "cuda" else psutil.virtual_memory().available
         if o.device_memory_gb is not None:  # an emulated card: its size minus what we already put on it
             on_device = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
             free = min(free, int(o.device_memory_gb * GiB) - on_device)
-        reserve = compute_reserve(config, max_batch_size=o.max_batch_size, max_seq_len=o.max_seq_len,
-                                  dtype_bytes=elem, expert_bytes=self.expert_bytes)
-        if o.reserve_gb is not None:
-            reserve = replace(reserve, kv_cache_bytes=int(o.reserve_gb * GiB), activation_bytes=0)
-        user = None if o.expert_budget_gb is None else int(o.expert_budget_gb * GiB)
         try:
-            return plan_budget(total_experts=self.num_layers * self.num_experts, expert_bytes=self.expert_bytes,
-                               free_bytes=int(free), reserve=reserve, user_budget_bytes=user)
+            return options_budget(config, o, int(free), self.expert_bytes, self.num_layers * self.num_experts, elem)
         except PlacementError as exc:
             raise OffloadError(str(exc)) from None
 
@@ -235,18 +268,26 @@ class OffloadEngine:
     def _live(self, costs: CostModel) -> OnlineCosts:
         o = self.options
         # Modes only where both tiers compute on the host: the layer's wall time is then the work itself.
-        return OnlineCosts(costs, window=o.online_window, probe_every=o.online_probe_every, enabled=o.online_costs,
-                           modes=o.overlap and self.fast.type == "cpu")
+        return OnlineCosts(
+            costs,
+            window=o.online_window,
+            probe_every=o.online_probe_every,
+            enabled=o.online_costs,
+            modes=o.overlap and self.fast.type == "cpu",
+        )
 
-    def set_costs(self, *, latency_cpu: float | None = None, latency_gpu: float | None = None,
-                  schedule: str | None = None) -> None:
+    def set_costs(
+        self, *, latency_cpu: float | None = None, latency_gpu: float | None = None, schedule: str | None = None
+    ) -> None:
         """Change the cost overrides and the schedule between runs. For the costs, None means the start-up
         value (OffloadOptions.latency_cpu / latency_gpu if set, else the measured or injected cost); for
         the schedule, None keeps the current one. The live model starts again from the start-up costs."""
         base = self.startup_costs
         try:
-            costs = base.with_overrides(base.latency_cpu if latency_cpu is None else latency_cpu,
-                                        base.latency_gpu if latency_gpu is None else latency_gpu)
+            costs = base.with_overrides(
+                base.latency_cpu if latency_cpu is None else latency_cpu,
+                base.latency_gpu if latency_gpu is None else latency_gpu,
+            )
             self.runtime.scheduler = Scheduler(self._live(costs), schedule or self.runtime.scheduler.schedule)
         except ValueError as exc:
             raise OffloadError(str(exc)) from None
@@ -290,11 +331,21 @@ class OffloadEngine:
                 self.runtime.phase = "prefill"
         rel = [t - start for t in times]
         counters = self.stats.counters()  # settles CUDA timings first: they feed the live model
-        counters.update(live.counters(), **{"costs.observations": float(sum(live.observations.values()) - seen),
-                                            "costs.probes": float(live.probes - probes),
-                                            "costs.sequential_plans": float(live.sequential_plans - sequential)})
-        return Generation(tokens=torch.cat(tokens, dim=1), step_times_ns=rel, prefill_ns=rel[0],
-                          decode_steps_ns=[b - a for a, b in zip(rel, rel[1:])], counters=counters)
+        counters.update(
+            live.counters(),
+            **{
+                "costs.observations": float(sum(live.observations.values()) - seen),
+                "costs.probes": float(live.probes - probes),
+                "costs.sequential_plans": float(live.sequential_plans - sequential),
+            },
+        )
+        return Generation(
+            tokens=torch.cat(tokens, dim=1),
+            step_times_ns=rel,
+            prefill_ns=rel[0],
+            decode_steps_ns=[b - a for a, b in itertools.pairwise(rel)],
+            counters=counters,
+        )
 
     def calibrate(self, inputs: Sequence[torch.Tensor], max_new_tokens: int, path: str | Path) -> Path:
         """Run `inputs` and write the popularity profile (token-expert assignments per layer and expert)."""
@@ -310,8 +361,11 @@ class OffloadEngine:
         """Start-up decisions, for logs and `describe()`: budget, placement, costs (start-up and live), devices."""
         return {
             "model": self.name,
-            "fast_device": str(self.fast), "slow_device": str(self.slow), "dtype": self.options.dtype,
-            "experts": self.num_layers * self.num_experts, "moe_layers": self.num_layers,
+            "fast_device": str(self.fast),
+            "slow_device": str(self.slow),
+            "dtype": self.options.dtype,
+            "experts": self.num_layers * self.num_experts,
+            "moe_layers": self.num_layers,
             "fast_experts_per_layer": [sum(r) for r in self.resident],
             "ranking": self.ranking_source,
             "budget": self.budget.summary(),
@@ -343,9 +397,3 @@ class OffloadEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _placeholder_costs(expert_bytes: int) -> CostModel:
-    from .costs import fixed_costs
-
-    return fixed_costs(1.0, 1.0, expert_bytes)

@@ -10,23 +10,38 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 import torch
 
 from .runtime import Runtime, Timer, host_empty, torch_threads
 from .scheduler import LayerPlan, both_sides
+
 # Re-exported: these names lived here before the seam, the stats and the runtime got modules of their own.
-from .seam import (ADAPTERS, IMPLEMENTATION, ExpertsSite, FusedExpertsAdapter, OffloadError,  # noqa: F401
-                   find_experts, register_implementation)
-from .stats import PHASES, OffloadStats  # noqa: F401
+from .seam import (
+    ADAPTERS,
+    IMPLEMENTATION,
+    ExpertsSite,
+    FusedExpertsAdapter,
+    OffloadError,
+    find_experts,
+    register_implementation,
+)
+from .stats import PHASES, OffloadStats
 
 
 class OffloadedLayer:
     """One MoE layer's experts split into a fast tier (resident) and a slow tier (contiguous host memory)."""
 
-    def __init__(self, site: ExpertsSite, resident: Sequence[bool], runtime: Runtime,
-                 weights: Callable[[Sequence[int]], tuple[torch.Tensor, torch.Tensor]], pin: bool) -> None:
+    def __init__(
+        self,
+        site: ExpertsSite,
+        resident: Sequence[bool],
+        runtime: Runtime,
+        weights: Callable[[Sequence[int]], tuple[torch.Tensor, torch.Tensor]],
+        pin: bool,
+    ) -> None:
         self.site, self.index, self.module, self.adapter = site, site.layer, site.module, site.adapter
         self.runtime = runtime
         self.resident = list(resident)
@@ -105,8 +120,15 @@ class OffloadedLayer:
         st.fetches += len(plan.fetch)
         st.h2d_bytes += len(plan.fetch) * self.runtime.expert_bytes
 
-    def _run_fast(self, plan: LayerPlan, offsets: np.ndarray, tokens: torch.Tensor, weights: torch.Tensor,
-                  hidden: torch.Tensor, out: torch.Tensor) -> None:
+    def _run_fast(
+        self,
+        plan: LayerPlan,
+        offsets: np.ndarray,
+        tokens: torch.Tensor,
+        weights: torch.Tensor,
+        hidden: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
         rt = self.runtime
         staging = rt.staging
         fetch = list(plan.fetch)
@@ -137,18 +159,34 @@ class OffloadedLayer:
 
     def _load(self, slot: int, expert: int) -> None:
         rt = self.runtime
-        rt.staging.load(slot, self.slow_gate_up[self.slot[expert]], self.slow_down[self.slot[expert]], rt.stats,
-                        rt.clock, rt.observer("copy", 0))
+        rt.staging.load(
+            slot,
+            self.slow_gate_up[self.slot[expert]],
+            self.slow_down[self.slot[expert]],
+            rt.stats,
+            rt.clock,
+            rt.observer("copy", 0),
+        )
 
-    def _apply(self, expert: int, offsets: np.ndarray, tokens: torch.Tensor, weights: torch.Tensor,
-               hidden: torch.Tensor, out: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    def _apply(
+        self,
+        expert: int,
+        offsets: np.ndarray,
+        tokens: torch.Tensor,
+        weights: torch.Tensor,
+        hidden: torch.Tensor,
+        out: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> None:
         a, b = int(offsets[expert]), int(offsets[expert + 1])
         tok = tokens[a:b]
         y = self.adapter.run(self.module, hidden[tok], gate_up, down) * weights[a:b, None]
         out.index_add_(0, tok, y.to(out.dtype))
 
-    def _cpu_job(self, experts: Sequence[int], sizes: Sequence[int], x: torch.Tensor, w: torch.Tensor,
-                 out_dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    def _cpu_job(
+        self, experts: Sequence[int], sizes: Sequence[int], x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype
+    ) -> Callable[[], torch.Tensor]:
         rt = self.runtime
         observers = [rt.observer("cpu", n) for n in sizes]  # taken now: the scheduler may change between runs
 
@@ -162,8 +200,8 @@ class OffloadedLayer:
                 start = 0
                 for e, n, observe in zip(experts, sizes, observers):
                     s = self.slot[e]
-                    part = self.adapter.run(self.module, x[start:start + n], self.slow_gate_up[s], self.slow_down[s])
-                    y[start:start + n] = (part * w[start:start + n, None]).to(out_dtype)
+                    part = self.adapter.run(self.module, x[start : start + n], self.slow_gate_up[s], self.slow_down[s])
+                    y[start : start + n] = (part * w[start : start + n, None]).to(out_dtype)
                     start += n
                     if observe is not None:  # each expert on its own: the live model learns per token count
                         now = rt.clock()
@@ -184,3 +222,18 @@ class OffloadedLayer:
             raise OffloadError(f"a CPU expert of MoE layer {self.index} failed: {type(exc).__name__}: {exc}") from exc
         rt.stats.cpu_expert_ms += getattr(job, "elapsed_ms", 0.0)
         return y
+
+
+def detach_experts(sites: Sequence[ExpertsSite]) -> tuple[Callable[[ExpertsSite], Any], Any, Any]:
+    """Take the experts out of the model's MoE layers (onto the host): a source that hands over each site's
+    weights once (by expert ids, with their shapes, as random_model's does), and the two weights' shapes."""
+    held = {id(s.module): s.adapter.weights(s.module) for s in sites}
+    gu_shape, dn_shape = held[id(sites[0].module)][0].shape, held[id(sites[0].module)][1].shape
+    for s in sites:
+        s.adapter.detach(s.module, torch.device("cpu"))
+
+    def source(site: ExpertsSite) -> Any:
+        gu, dn = held.pop(id(site.module))  # the layer copies them into its tiers: these go
+        return (lambda ids: (gu[list(ids)], dn[list(ids)])), gu.shape, dn.shape
+
+    return source, gu_shape, dn_shape

@@ -59,8 +59,8 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
 
     def start(model: str = "tiny-mixtral", **options: Any) -> OffloadBackend:
         require("llmperf_offload", HF)
-        from ..measure.backend import BackendError
         from ..backends.models import ModelError
+        from ..measure.backend import BackendError
         from .experts import OffloadError
 
         try:
@@ -81,8 +81,9 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
         fields = {f.name for f in dataclasses.fields(OffloadOptions)}
         unknown = sorted(set(options) - fields)
         if unknown:
-            raise pytest.UsageError(f"llmperf_offload got unknown option(s) {', '.join(unknown)}; "
-                                    f"known: {', '.join(sorted(fields))}")
+            raise pytest.UsageError(
+                f"llmperf_offload got unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}"
+            )
         merged = {**defaults, **options}
         merged.setdefault("fast_device", "cpu" if session.device == "cpu" else "cuda")
         merged.setdefault("dtype", "fp32" if merged["fast_device"] == "cpu" else "bf16")

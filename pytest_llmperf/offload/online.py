@@ -223,7 +223,7 @@ class OnlineCosts:
             self.probes += 1
             self._probing.add(tier)
             self._interval[tier] = min(2 * self._interval[tier], 64 * self.probe_every)
-            for t in ((tier,) if tier != "copy" else ("copy", "gpu")):
+            for t in (tier,) if tier != "copy" else ("copy", "gpu"):
                 self._since[t] = 0  # one probe, then wait for its observation or another interval
 
     # -- reports ---------------------------------------------------------------------------------------
@@ -236,22 +236,34 @@ class OnlineCosts:
         for tier, b in keys:
             tokens = 2**b if tier != "copy" else 0
             label = "copy" if tier == "copy" else f"{tier}[{bucket_label(b)} tokens]"
-            buckets[label] = {"scale": round(self.scale(tier, max(tokens, 1)), 4),
-                              "observed": len(self._ratios[(tier, b)])}
+            buckets[label] = {
+                "scale": round(self.scale(tier, max(tokens, 1)), 4),
+                "observed": len(self._ratios[(tier, b)]),
+            }
             if tier in TIERS:
                 buckets[label]["live_ms"] = round(self.live_ms(tier, tokens), 5)
-        return {"online": self.enabled, "window": self.window, "probe_every": self.probe_every,
-                "modes": self.modes, "fixed": [t for t in TIERS if not self.learns(t)],
-                "observations": dict(self.observations), "probes": self.probes,
-                "sequential_plans": self.sequential_plans,
-                "scale": {t: round(self.scale(t), 4) for t in TIERS + MODES},
-                "buckets": buckets}
+        return {
+            "online": self.enabled,
+            "window": self.window,
+            "probe_every": self.probe_every,
+            "modes": self.modes,
+            "fixed": [t for t in TIERS if not self.learns(t)],
+            "observations": dict(self.observations),
+            "probes": self.probes,
+            "sequential_plans": self.sequential_plans,
+            "scale": {t: round(self.scale(t), 4) for t in TIERS + MODES},
+            "buckets": buckets,
+        }
 
     def counters(self) -> dict[str, float]:
         """Flat figures for a run's counters: the live model at the end of the run."""
-        return {"costs.cpu_1tok_ms": self.cpu_ms(1), "costs.fetch_1tok_ms": self.fetch_ms(1),
-                **{f"costs.{t}_scale": self.scale(t) for t in TIERS + MODES},
-                "costs.observations": float(sum(self.observations.values())), "costs.probes": float(self.probes)}
+        return {
+            "costs.cpu_1tok_ms": self.cpu_ms(1),
+            "costs.fetch_1tok_ms": self.fetch_ms(1),
+            **{f"costs.{t}_scale": self.scale(t) for t in TIERS + MODES},
+            "costs.observations": float(sum(self.observations.values())),
+            "costs.probes": float(self.probes),
+        }
 
     def summary(self) -> dict[str, Any]:
         """The start-up model (`CostModel.summary`) and the live one."""

@@ -52,8 +52,14 @@ class OffloadOptions:
             raise bad("dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
         if self.schedule not in SCHEDULES:
             raise bad("schedule", self.schedule, f"use one of {', '.join(SCHEDULES)}")
-        for name in ("expert_budget_gb", "device_memory_gb", "reserve_gb", "latency_cpu", "latency_gpu",
-                     "cpu_timeout_s"):
+        for name in (
+            "expert_budget_gb",
+            "device_memory_gb",
+            "reserve_gb",
+            "latency_cpu",
+            "latency_gpu",
+            "cpu_timeout_s",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value < 0 or math.isnan(value)):
                 raise bad(name, value, "use a number >= 0, or leave it unset")

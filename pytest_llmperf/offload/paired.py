@@ -29,12 +29,16 @@ POLICY_KNOBS = ("latency_cpu", "latency_gpu", "schedule")
 class PairedPolicies(OffloadBackend):
     """`PairedPolicies(backend, ("ours", {"schedule": "makespan"}), ("fiddler", {...}))`: see the module docstring."""
 
-    counters_better: ClassVar[dict[str, str]] = {**OffloadBackend.counters_better, "pair.ratio": "higher",
-                                                 "pair.a_decode_tokens_per_s": "higher",
-                                                 "pair.b_decode_tokens_per_s": "higher"}
+    counters_better: ClassVar[dict[str, str]] = {
+        **OffloadBackend.counters_better,
+        "pair.ratio": "higher",
+        "pair.a_decode_tokens_per_s": "higher",
+        "pair.b_decode_tokens_per_s": "higher",
+    }
 
-    def __init__(self, backend: OffloadBackend, a: tuple[str, Mapping[str, Any]],
-                 b: tuple[str, Mapping[str, Any]]) -> None:
+    def __init__(
+        self, backend: OffloadBackend, a: tuple[str, Mapping[str, Any]], b: tuple[str, Mapping[str, Any]]
+    ) -> None:
         super().__init__(engine=backend.engine, name=backend.name, clock=backend.clock)
         self.counters_better = {**backend.counters_better, **type(self).counters_better}  # type: ignore[misc]
         self.labels = (a[0], b[0])
@@ -44,8 +48,10 @@ class PairedPolicies(OffloadBackend):
     def _scheduler(self, label: str, knobs: Mapping[str, Any]) -> Scheduler:
         unknown = sorted(set(knobs) - set(POLICY_KNOBS))
         if unknown:
-            raise BackendError(f"policy {label!r} of a pair sets {', '.join(unknown)}; a policy may set "
-                               f"{', '.join(POLICY_KNOBS)} (other knobs go to the marker, for both)")
+            raise BackendError(
+                f"policy {label!r} of a pair sets {', '.join(unknown)}; a policy may set "
+                f"{', '.join(POLICY_KNOBS)} (other knobs go to the marker, for both)"
+            )
         engine, before = self.engine, self.engine.runtime.scheduler
         try:
             engine.set_costs(**{k: knobs.get(k) for k in POLICY_KNOBS})
@@ -68,8 +74,13 @@ class PairedPolicies(OffloadBackend):
             self.engine.runtime.scheduler = before
         a, b = (run_values(samples[side]).get("decode_tokens_per_s", float("nan")) for side in (0, 1))
         sample = samples[0]
-        sample.counters.update({"pair.a_decode_tokens_per_s": a, "pair.b_decode_tokens_per_s": b,
-                                "pair.ratio": a / b if b > 0 else float("nan")})
+        sample.counters.update(
+            {
+                "pair.a_decode_tokens_per_s": a,
+                "pair.b_decode_tokens_per_s": b,
+                "pair.ratio": a / b if b > 0 else float("nan"),
+            }
+        )
         return sample
 
     def describe(self) -> dict[str, Any]:

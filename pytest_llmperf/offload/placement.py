@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ class Reserve:
         return self.kv_cache_bytes + self.activation_bytes + self.staging_bytes
 
 
-def compute_reserve(config: Any, *, max_batch_size: int, max_seq_len: int, dtype_bytes: int,
-                    expert_bytes: int, staging_slots: int = 2) -> Reserve:
+def compute_reserve(
+    config: Any, *, max_batch_size: int, max_seq_len: int, dtype_bytes: int, expert_bytes: int, staging_slots: int = 2
+) -> Reserve:
     """KV cache for `max_batch_size x max_seq_len` tokens in every layer, the activations of one prefill
     over them (residual stream, attention scores of a chunk, expert intermediates, fp32 logits of the
     last position), and the staging slots."""
@@ -57,8 +58,11 @@ def compute_reserve(config: Any, *, max_batch_size: int, max_seq_len: int, dtype
     per_token = (6 * config.hidden_size + 3 * top_k * inter) * dtype_bytes
     scores = max_batch_size * heads * max_seq_len * max_seq_len * dtype_bytes  # eager attention, one layer
     logits = max_batch_size * config.vocab_size * 4
-    return Reserve(kv_cache_bytes=int(kv), activation_bytes=int(tokens * per_token + scores + logits),
-                   staging_bytes=int(staging_slots * expert_bytes))
+    return Reserve(
+        kv_cache_bytes=int(kv),
+        activation_bytes=int(tokens * per_token + scores + logits),
+        staging_bytes=int(staging_slots * expert_bytes),
+    )
 
 
 @dataclass(frozen=True)
@@ -74,18 +78,23 @@ class Budget:
     limited_by: str  # "user budget", "free memory" or "all experts"
 
     def summary(self) -> dict[str, Any]:
-        return {"n_fast_experts": self.n_experts, "budget_gb": round(self.budget_bytes / GiB, 4),
-                "expert_mb": round(self.expert_bytes / 2**20, 3), "free_gb": round(self.free_bytes / GiB, 3),
-                "reserve_gb": round(self.reserve.total / GiB, 4),
-                "reserve_kv_gb": round(self.reserve.kv_cache_bytes / GiB, 4),
-                "reserve_activations_gb": round(self.reserve.activation_bytes / GiB, 4),
-                "reserve_staging_gb": round(self.reserve.staging_bytes / GiB, 4),
-                "user_budget_gb": None if self.user_budget_bytes is None else round(self.user_budget_bytes / GiB, 4),
-                "limited_by": self.limited_by}
+        return {
+            "n_fast_experts": self.n_experts,
+            "budget_gb": round(self.budget_bytes / GiB, 4),
+            "expert_mb": round(self.expert_bytes / 2**20, 3),
+            "free_gb": round(self.free_bytes / GiB, 3),
+            "reserve_gb": round(self.reserve.total / GiB, 4),
+            "reserve_kv_gb": round(self.reserve.kv_cache_bytes / GiB, 4),
+            "reserve_activations_gb": round(self.reserve.activation_bytes / GiB, 4),
+            "reserve_staging_gb": round(self.reserve.staging_bytes / GiB, 4),
+            "user_budget_gb": None if self.user_budget_bytes is None else round(self.user_budget_bytes / GiB, 4),
+            "limited_by": self.limited_by,
+        }
 
 
-def plan_budget(*, total_experts: int, expert_bytes: int, free_bytes: int, reserve: Reserve,
-                user_budget_bytes: int | None) -> Budget:
+def plan_budget(
+    *, total_experts: int, expert_bytes: int, free_bytes: int, reserve: Reserve, user_budget_bytes: int | None
+) -> Budget:
     if user_budget_bytes is not None and user_budget_bytes < 0:
         raise PlacementError(f"expert_budget_gb must be >= 0, got {user_budget_bytes / GiB:g}")
     available = max(0, free_bytes - reserve.total)
@@ -97,8 +106,15 @@ def plan_budget(*, total_experts: int, expert_bytes: int, free_bytes: int, reser
         limited = "user budget"
     else:
         limited = "free memory"
-    return Budget(n_experts=int(n), budget_bytes=int(budget), expert_bytes=expert_bytes, free_bytes=int(free_bytes),
-                  reserve=reserve, user_budget_bytes=user_budget_bytes, limited_by=limited)
+    return Budget(
+        n_experts=int(n),
+        budget_bytes=int(budget),
+        expert_bytes=expert_bytes,
+        free_bytes=int(free_bytes),
+        reserve=reserve,
+        user_budget_bytes=user_budget_bytes,
+        limited_by=limited,
+    )
 
 
 def round_robin_ranking(num_layers: int, num_experts: int) -> list[tuple[int, int]]:
@@ -126,9 +142,15 @@ def write_profile(path: Path, counts: np.ndarray, *, model: str, tokens: int) ->
     """The popularity JSON: token-expert assignments per (layer, expert) seen during calibration."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": model, "tokens": int(tokens),
-           "num_layers": int(counts.shape[0]), "num_experts": int(counts.shape[1]),
-           "counts": counts.astype(int).tolist()}
+    doc = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "model": model,
+        "tokens": int(tokens),
+        "num_layers": int(counts.shape[0]),
+        "num_experts": int(counts.shape[1]),
+        "counts": counts.astype(int).tolist(),
+    }
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(path)
@@ -149,6 +171,32 @@ def read_profile(path: Path, *, num_layers: int, num_experts: int) -> np.ndarray
         raise PlacementError(f"{path} is not a {PROFILE_FORMAT} v{PROFILE_VERSION} file; {fix}")
     counts = np.asarray(doc.get("counts"), dtype=float)
     if counts.shape != (num_layers, num_experts) or (counts < 0).any():
-        raise PlacementError(f"popularity profile {path} has counts of shape {counts.shape}, this model needs "
-                             f"({num_layers}, {num_experts}) non-negative counts; {fix}")
+        raise PlacementError(
+            f"popularity profile {path} has counts of shape {counts.shape}, this model needs "
+            f"({num_layers}, {num_experts}) non-negative counts; {fix}"
+        )
     return counts
+
+
+def options_budget(
+    config: Any, options: Any, free_bytes: int, expert_bytes: int, total_experts: int, dtype_bytes: int
+) -> Budget:
+    """The experts' budget on a fast device with `free_bytes` free, for a model of `config` run with `options`
+    (OffloadOptions): their budget and reserve where given, else the reserve computed from the largest batch."""
+    reserve = compute_reserve(
+        config,
+        max_batch_size=options.max_batch_size,
+        max_seq_len=options.max_seq_len,
+        dtype_bytes=dtype_bytes,
+        expert_bytes=expert_bytes,
+    )
+    if options.reserve_gb is not None:
+        reserve = replace(reserve, kv_cache_bytes=int(options.reserve_gb * GiB), activation_bytes=0)
+    user = None if options.expert_budget_gb is None else int(options.expert_budget_gb * GiB)
+    return plan_budget(
+        total_experts=total_experts,
+        expert_bytes=expert_bytes,
+        free_bytes=free_bytes,
+        reserve=reserve,
+        user_budget_bytes=user,
+    )

@@ -16,8 +16,9 @@ from .options import DTYPES, OffloadOptions
 from .seam import ExpertsSite, find_experts
 
 
-def random_model(config: Any, options: OffloadOptions, seed: int = 0
-                 ) -> tuple[torch.nn.Module, list[ExpertsSite], Callable[[Any], Any]]:
+def random_model(
+    config: Any, options: OffloadOptions, seed: int = 0
+) -> tuple[torch.nn.Module, list[ExpertsSite], Callable[[Any], Any]]:
     """The model (on the fast device, experts emptied), its experts sites, and the engine's weight source:
     `source(site)` gives `(make(ids) -> (gate_up, down), gate_up_shape, down_shape)` for that layer."""
     from transformers import AutoModelForCausalLM
@@ -61,8 +62,11 @@ def reinit_buffers(module: torch.nn.Module) -> None:
         return
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    init = module.compute_default_rope_parameters if module.rope_type == "default" else ROPE_INIT_FUNCTIONS[
-        module.rope_type]
+    init = (
+        module.compute_default_rope_parameters
+        if module.rope_type == "default"
+        else ROPE_INIT_FUNCTIONS[module.rope_type]
+    )
     inv_freq, _ = init(module.config)
     module.inv_freq.copy_(inv_freq)
     if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):

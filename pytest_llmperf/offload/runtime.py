@@ -49,8 +49,14 @@ class Timer:
     """Phase timing: CUDA events on a CUDA stream (resolved at the end of the run), else `clock` (ns).
     `observe(ms)`, when given, also gets the time: the live cost model learns from it."""
 
-    def __init__(self, stats: OffloadStats, kind: str, cuda_stream: Any = None,
-                 clock: Clock = perf_counter_clock, observe: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        stats: OffloadStats,
+        kind: str,
+        cuda_stream: Any = None,
+        clock: Clock = perf_counter_clock,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
         self.stats, self.kind, self.stream, self.clock, self.observe = stats, kind, cuda_stream, clock, observe
 
     def __enter__(self) -> Timer:
@@ -77,8 +83,14 @@ class Staging:
     """Double-buffered fast-tier slots for fetched experts, filled on a copy stream (CUDA) or by a plain
     copy (CPU). Slot `i` is refilled only after the compute that read it has finished (`free` event)."""
 
-    def __init__(self, gate_up_shape: Sequence[int], down_shape: Sequence[int], dtype: torch.dtype,
-                 device: torch.device, slots: int = 2) -> None:
+    def __init__(
+        self,
+        gate_up_shape: Sequence[int],
+        down_shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device,
+        slots: int = 2,
+    ) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
         self.gate_up = [torch.empty(tuple(gate_up_shape), dtype=dtype, device=device) for _ in range(slots)]
@@ -89,8 +101,15 @@ class Staging:
             self.ready = [torch.cuda.Event() for _ in range(slots)]
             self.free = [torch.cuda.Event() for _ in range(slots)]
 
-    def load(self, slot: int, gate_up: torch.Tensor, down: torch.Tensor, stats: OffloadStats,
-             clock: Clock = perf_counter_clock, observe: Callable[[float], None] | None = None) -> None:
+    def load(
+        self,
+        slot: int,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        stats: OffloadStats,
+        clock: Clock = perf_counter_clock,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 self.stream.wait_event(self.free[slot])
@@ -144,7 +163,7 @@ class CpuWorker:
                 continue
             try:
                 future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 -- handed to the waiting thread, which raises it
+            except BaseException as exc:
                 future.set_exception(exc)
 
     def shutdown(self, timeout: float | None) -> None:
@@ -213,16 +232,19 @@ class Runtime:
 
     def check_usable(self) -> None:
         if self.broken is not None:
-            raise OffloadError(f"{self.broken}; the stuck job still holds the CPU worker, so this engine cannot "
-                               "run again: close it and start a new one (or raise cpu_timeout_s)")
+            raise OffloadError(
+                f"{self.broken}; the stuck job still holds the CPU worker, so this engine cannot "
+                "run again: close it and start a new one (or raise cpu_timeout_s)"
+            )
 
     def wait_cpu(self, future: Future[torch.Tensor], layer: int) -> torch.Tensor:
         """The worker's result, waiting at most `cpu_timeout_s`; a timeout marks the runtime broken."""
         try:
             return future.result(timeout=self.cpu_timeout_s)
         except FutureTimeout:
-            self.broken = (f"CPU experts of MoE layer {layer} did not finish within {self.cpu_timeout_s} s "
-                           "(cpu_timeout_s)")
+            self.broken = (
+                f"CPU experts of MoE layer {layer} did not finish within {self.cpu_timeout_s} s (cpu_timeout_s)"
+            )
             raise OffloadError(self.broken) from None
 
     def close(self) -> None:

@@ -74,8 +74,13 @@ class Scheduler:
         todo = [e for e, n in enumerate(counts) if n > 0 and not resident[e]]
         fast0 = sum(c.resident_ms(int(counts[e])) for e in res)
         # Each expert priced once per plan: a live model's prices are not free to look up.
-        p = Prices(res, fast0, {e: c.cpu_ms(int(counts[e])) for e in todo},
-                   {e: c.fetch_ms(int(counts[e])) for e in todo}, tuple(int(n) for n in counts))
+        p = Prices(
+            res,
+            fast0,
+            {e: c.cpu_ms(int(counts[e])) for e in todo},
+            {e: c.fetch_ms(int(counts[e])) for e in todo},
+            tuple(int(n) for n in counts),
+        )
         if self.schedule == "cpu":
             return p.plan(todo, [])
         if self.schedule == "fetch":
@@ -155,6 +160,11 @@ class Prices:
     counts: tuple[int, ...]
 
     def plan(self, cpu: Sequence[int], fetch: Sequence[int], sequential: bool = False) -> LayerPlan:
-        return LayerPlan(resident=self.resident, cpu=tuple(cpu), fetch=tuple(fetch),
-                         cpu_ms=sum(self.cpu[e] for e in cpu),
-                         fast_ms=self.fast0 + sum(self.fetch[e] for e in fetch), sequential=sequential)
+        return LayerPlan(
+            resident=self.resident,
+            cpu=tuple(cpu),
+            fetch=tuple(fetch),
+            cpu_ms=sum(self.cpu[e] for e in cpu),
+            fast_ms=self.fast0 + sum(self.fetch[e] for e in fetch),
+            sequential=sequential,
+        )

@@ -31,16 +31,20 @@ class OffloadError(RuntimeError):
 class ExpertsForward(Protocol):
     """What an experts module carries to run its experts (experts.py's OffloadedLayer)."""
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor: ...
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
-def _offload_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                             top_k_weights: torch.Tensor) -> torch.Tensor:
+def _offload_experts_forward(
+    self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     layer: ExpertsForward | None = getattr(self, "_llmperf_offload", None)
     if layer is None:
-        raise OffloadError(f"{type(self).__name__} uses experts_implementation={IMPLEMENTATION!r} but was not "
-                           "prepared by an OffloadEngine; load the model through OffloadEngine")
+        raise OffloadError(
+            f"{type(self).__name__} uses experts_implementation={IMPLEMENTATION!r} but was not "
+            "prepared by an OffloadEngine; load the model through OffloadEngine"
+        )
     return layer.forward(hidden_states, top_k_index, top_k_weights)
 
 
@@ -66,15 +70,22 @@ class FusedExpertsAdapter:
 
     @staticmethod
     def check(module: torch.nn.Module) -> None:
-        unsupported = [flag for flag, ok in (("has_bias", not getattr(module, "has_bias", False)),
-                                             ("is_transposed", not getattr(module, "is_transposed", False)),
-                                             ("has_gate", getattr(module, "has_gate", True)),
-                                             ("is_concatenated", getattr(module, "is_concatenated", True)),
-                                             ("has_post_expert_norm",
-                                              not getattr(module, "has_post_expert_norm", False))) if not ok]
+        unsupported = [
+            flag
+            for flag, ok in (
+                ("has_bias", not getattr(module, "has_bias", False)),
+                ("is_transposed", not getattr(module, "is_transposed", False)),
+                ("has_gate", getattr(module, "has_gate", True)),
+                ("is_concatenated", getattr(module, "is_concatenated", True)),
+                ("has_post_expert_norm", not getattr(module, "has_post_expert_norm", False)),
+            )
+            if not ok
+        ]
         if unsupported:
-            raise OffloadError(f"{type(module).__name__}: expert layout with {', '.join(unsupported)} is not "
-                               "supported by the fused adapter; add an adapter to pytest_llmperf.offload.seam.ADAPTERS")
+            raise OffloadError(
+                f"{type(module).__name__}: expert layout with {', '.join(unsupported)} is not "
+                "supported by the fused adapter; add an adapter to pytest_llmperf.offload.seam.ADAPTERS"
+            )
 
     @staticmethod
     def weights(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +130,8 @@ def find_experts(model: torch.nn.Module) -> list[ExpertsSite]:
         adapter.check(module)
         sites.append(ExpertsSite(len(sites), name, module, adapter, int(module.num_experts)))
     if not sites:
-        raise OffloadError(f"{type(model).__name__} has no experts module dispatched through transformers' "
-                           "ExpertsInterface (a transformers>=5 MoE model such as Mixtral, Qwen2-MoE or OLMoE)")
+        raise OffloadError(
+            f"{type(model).__name__} has no experts module dispatched through transformers' "
+            "ExpertsInterface (a transformers>=5 MoE model such as Mixtral, Qwen2-MoE or OLMoE)"
+        )
     return sites
-

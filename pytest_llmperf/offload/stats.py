@@ -62,7 +62,12 @@ class OffloadStats:
         for layer in range(self.num_layers):
             n = self.assignments[:, layer].sum()
             out[f"hit_rate.layer{layer}"] = float(self.hits[:, layer].sum() / n) if n else 0.0
-        out.update(cpu_expert_calls=float(self.cpu_expert_calls), fetches=float(self.fetches),
-                   h2d_bytes=float(self.h2d_bytes), cpu_expert_ms=self.cpu_expert_ms,
-                   gpu_expert_ms=self.gpu_expert_ms, fetch_ms=self.fetch_ms)
+        out.update(
+            cpu_expert_calls=float(self.cpu_expert_calls),
+            fetches=float(self.fetches),
+            h2d_bytes=float(self.h2d_bytes),
+            cpu_expert_ms=self.cpu_expert_ms,
+            gpu_expert_ms=self.gpu_expert_ms,
+            fetch_ms=self.fetch_ms,
+        )
         return out

@@ -24,14 +24,29 @@ from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_metrics, check_rtol_metrics
 from ..report import progress
+from ..warning import PytestLLMPerfWarning
 from .deadline import Overtime, deadline
 from .markers import marker_kwargs
-from ..warning import PytestLLMPerfWarning
 from .session import MEASURED_KEY, LLMPerfSession
 
 #: llmperf.measure() keywords besides the marker's own.
-OVERRIDES = ("batch_sizes", "sequence_length", "decode_length", "runs", "warmups", "max_runs", "alpha", "rtol",
-             "metrics", "knobs", "group", "stop_after_oom", "max_load", "outputs", "memory_rtol")
+OVERRIDES = (
+    "batch_sizes",
+    "sequence_length",
+    "decode_length",
+    "runs",
+    "warmups",
+    "max_runs",
+    "alpha",
+    "rtol",
+    "metrics",
+    "knobs",
+    "group",
+    "stop_after_oom",
+    "max_load",
+    "outputs",
+    "memory_rtol",
+)
 
 
 class Benchmark:
@@ -75,41 +90,59 @@ class Benchmark:
         # in this process nothing else stops a generate() that never returns (a worker's controller does)
         timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
         # a worker's progress goes to the controller, which shows it (report/campaign_progress.py)
-        shown = (nullcontext(self.session.recorder.on_run(nodeid, key, scenario.batch_sizes))
-                 if self.session.recorder is not None
-                 else progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes))
+        shown = (
+            nullcontext(self.session.recorder.on_run(nodeid, key, scenario.batch_sizes))
+            if self.session.recorder is not None
+            else progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes)
+        )
         try:
             with deadline(timeout):
                 if counter is not None and not backend.clocked_in_process:
-                    result = BenchmarkResult(key=key, nodeid=nodeid, module=nodeid.split("::", 1)[0],
-                                             scenario=scenario.to_json(), backend=backend.describe(),
-                                             batches=[BatchResult(b, count_error=not_counted(backend))
-                                                      for b in scenario.batch_sizes], group=scenario.group)
+                    result = BenchmarkResult(
+                        key=key,
+                        nodeid=nodeid,
+                        module=nodeid.split("::", 1)[0],
+                        scenario=scenario.to_json(),
+                        backend=backend.describe(),
+                        batches=[BatchResult(b, count_error=not_counted(backend)) for b in scenario.batch_sizes],
+                        group=scenario.group,
+                    )
                 else:
                     turns = self.session.recorder.turns if self.session.recorder is not None else None
                     wait = turns.wait if turns is not None else None
                     by_run = self.session.settings["interleave"] == "run"  # else a turn per batch size
                     with shown as on_run:
-                        result = runner.measure(backend, scenario, key=key, nodeid=nodeid,
-                                                module=nodeid.split("::", 1)[0], on_run=on_run, counter=counter,
-                                                before_batch=None if by_run else wait,
-                                                before_run=wait if by_run else None)
+                        result = runner.measure(
+                            backend,
+                            scenario,
+                            key=key,
+                            nodeid=nodeid,
+                            module=nodeid.split("::", 1)[0],
+                            on_run=on_run,
+                            counter=counter,
+                            before_batch=None if by_run else wait,
+                            before_run=wait if by_run else None,
+                        )
                 self.results.append(result)
                 if self.session.recorder is not None:  # a worker process: the controller judges
                     self.session.recorder.record_result(nodeid, result)
                     return result
                 outcome = self._judge(result, scenario, backend)
         except Overtime:
-            pytest.fail(f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
-                        "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
-                        "returns? Raise the timeout if it is only slow", pytrace=False)
+            pytest.fail(
+                f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
+                "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
+                "returns? Raise the timeout if it is only slow",
+                pytrace=False,
+            )
         self.session.outcomes.append(outcome)
         from . import judging
 
         messages, said = judging.fail_messages(self.session, outcome)
         for text in said:
-            warnings.warn_explicit(PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path),
-                                   self.item.location[1] + 1)
+            warnings.warn_explicit(
+                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path), self.item.location[1] + 1
+            )
         if messages:
             pytest.fail("\n".join(messages), pytrace=False)
         return result
@@ -128,8 +161,11 @@ class Benchmark:
             scenario = build_scenario(settings)
             known = [*METRICS, *getattr(backend, "counters_better", {})]
             check_metrics(scenario.metrics, known, backend.kind)
-            gated = [m for m in gated_metrics(scenario.metrics, bool(getattr(backend, "splits_prefill", False)))
-                     if m not in MEMORY_METRICS]
+            gated = [
+                m
+                for m in gated_metrics(scenario.metrics, bool(getattr(backend, "splits_prefill", False)))
+                if m not in MEMORY_METRICS
+            ]
             check_rtol_metrics(scenario.rtol_per_metric, known, gated, backend.kind)
         except ScenarioError as exc:
             pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
@@ -154,13 +190,15 @@ class Benchmark:
         schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha)
         runs, outcome = scenario.runs, None
         while True:
-            outcome = judging.judge(self.session, result, reference, scenario, schedule, final=runs >= schedule.cap,
-                                    previous=outcome)
+            outcome = judging.judge(
+                self.session, result, reference, scenario, schedule, final=runs >= schedule.cap, previous=outcome
+            )
             undecided, more = undecided_batches(outcome.rows), schedule.next_look(runs)
             if not undecided or more is None:
                 return outcome
-            with progress.benchmark(self.item.config, self.item.nodeid, f"{result.key} (look at {more} runs)",
-                                    undecided) as on_run:
+            with progress.benchmark(
+                self.item.config, self.item.nodeid, f"{result.key} (look at {more} runs)", undecided
+            ) as on_run:
                 for batch_size in undecided:
                     fresh = runner.fresh_runs(backend, scenario, batch_size, more - runs, on_run=on_run)
                     result.batch(batch_size).samples.extend(fresh.samples)  # type: ignore[union-attr]

@@ -25,8 +25,10 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
     """Raise ScenarioError naming the keyword and the fix when a test's settings cannot work."""
     processes = kwargs.get("processes")
     if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
-        raise ScenarioError(f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
-                            "(worker processes per side at the first look); leave it out for --llmperf-processes")
+        raise ScenarioError(
+            f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
+            "(worker processes per side at the first look); leave it out for --llmperf-processes"
+        )
     settings = {k: v for k, v in session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
     scenario = build_scenario(settings)
     if not session.in_process or session.mode != "gate":
@@ -36,8 +38,12 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
     rows = len(scenario.batch_sizes) * len(scenario.metrics or range(DEFAULT_ROWS_PER_BATCH))
     schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha, rows)
     try:
-        check_can_fail(schedule, scenario.rtol, reference=scenario.runs,  # an update records the first look's runs
-                       what=f"runs={scenario.runs}, max_runs={scenario.max_runs}")
+        check_can_fail(
+            schedule,
+            scenario.rtol,
+            reference=scenario.runs,  # an update records the first look's runs
+            what=f"runs={scenario.runs}, max_runs={scenario.max_runs}",
+        )
     except SettingError as exc:
         raise ScenarioError(str(exc)) from None
 
@@ -52,8 +58,10 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
     settings = llm.settings
     if settings["compare"] and (settings["update"] or settings["update_missing"]):
-        raise pytest.UsageError("llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
-                                "drop --llmperf-update / --llmperf-update-missing")
+        raise pytest.UsageError(
+            "llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
+            "drop --llmperf-update / --llmperf-update-missing"
+        )
     if llm.mode != "gate" or not items:
         return
     from ..judge.procedure import SettingError, check_can_fail  # scipy.stats: loaded where a schedule is checked
@@ -61,10 +69,17 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     family = sum(rows_expected(item) for item in items)
     for item in items:
         first = llm.processes_for(item)
-        what = (f"{item.nodeid}: marker processes={first}" if "processes" in marker_kwargs(item)
-                else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})")
+        what = (
+            f"{item.nodeid}: marker processes={first}"
+            if "processes" in marker_kwargs(item)
+            else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})"
+        )
         try:
-            check_can_fail(llm.worker_schedule(first, settings["alpha"], family), settings["rtol"],
-                           reference=None if settings["compare"] else RECORD_FACTOR * first, what=what)
+            check_can_fail(
+                llm.worker_schedule(first, settings["alpha"], family),
+                settings["rtol"],
+                reference=None if settings["compare"] else RECORD_FACTOR * first,
+                what=what,
+            )
         except SettingError as exc:
             raise pytest.UsageError(f"llmperf: {exc}") from None

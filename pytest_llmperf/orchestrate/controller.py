@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .checks import check_settings
 from ..warning import PytestLLMPerfWarning
+from .checks import check_settings
 from .session import LLMPerfSession
 
 if TYPE_CHECKING:
@@ -46,8 +46,9 @@ class DeferredBenchmark(pytest.Item):
         if decision is None:
             pytest.fail("llmperf: this benchmark was not measured (the campaign stopped before it)", pytrace=False)
         for text in decision.warnings:
-            warnings.warn_explicit(PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.path),
-                                   self.location[1] + 1)
+            warnings.warn_explicit(
+                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.path), self.location[1] + 1
+            )
         if decision.skip:
             pytest.skip(decision.skip)
         if decision.failure:

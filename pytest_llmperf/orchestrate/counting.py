@@ -29,8 +29,8 @@ import pytest
 
 from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
-from ..report.campaign_progress import CampaignProgress
 from ..processes import stop_tree
+from ..report.campaign_progress import CampaignProgress
 from .manager import Side, WorkerError, WorkerRun, run_worker
 from .session import LLMPerfSession
 from .worker import ENV_COUNT
@@ -40,12 +40,20 @@ VALGRIND_ARGS = ("--tool=callgrind", "--instr-atstart=no", "--dump-line=no")
 # the next 1 MiB address boundary (address_in_range's radix-tree test), and where arenas lie depends on the process's
 # history (a random docstring scipy.stats draws at import, files in the working directory): a pure-Python loop's
 # count moved 0.3-0.7% between processes of unchanged code. glibc's malloc has no such address test.
-COUNTING_ENV = {"PYTHONHASHSEED": "0", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false", **dict([COUNTS_TAKEN_WITH.split("=", 1)])}
+COUNTING_ENV = {
+    "PYTHONHASHSEED": "0",
+    "MKL_CBWR": "COMPATIBLE",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    **dict([COUNTS_TAKEN_WITH.split("=", 1)]),
+}
 #: Counting processes an update records per benchmark: their spread goes into the baseline.
 BASELINE_PROCESSES = 3
-INSTALL_HINT = ("install it: apt-get install valgrind (Debian, Ubuntu), dnf install valgrind (Fedora), "
-                "or drop --llmperf-instructions")
+INSTALL_HINT = (
+    "install it: apt-get install valgrind (Debian, Ubuntu), dnf install valgrind (Fedora), "
+    "or drop --llmperf-instructions"
+)
 
 
 def wants_instructions(item: pytest.Item, option: bool) -> bool:
@@ -61,15 +69,21 @@ def check_setup(llm: LLMPerfSession) -> None:
     only = llm.settings["instructions_only"]
     if only and llm.mode != "gate":
         # a baseline holds wall time and counts; one recorded from counts alone would lose its timings
-        raise pytest.UsageError("llmperf: --llmperf-instructions-only measures no wall time, so it cannot record a "
-                                "baseline (--llmperf-update and --llmperf-update-missing record both): record with "
-                                "--llmperf-update --llmperf-instructions, then gate with --llmperf-instructions-only")
+        raise pytest.UsageError(
+            "llmperf: --llmperf-instructions-only measures no wall time, so it cannot record a "
+            "baseline (--llmperf-update and --llmperf-update-missing record both): record with "
+            "--llmperf-update --llmperf-instructions, then gate with --llmperf-instructions-only"
+        )
     if llm.device != "cpu":
-        problem = (f"instructions are counted on the cpu target only (callgrind sees the host's instructions, not "
-                   f"a GPU's); this session measures --llmperf-device={llm.device}")
+        problem = (
+            f"instructions are counted on the cpu target only (callgrind sees the host's instructions, not "
+            f"a GPU's); this session measures --llmperf-device={llm.device}"
+        )
     elif llm.in_process:
-        problem = ("instructions are counted in a worker process under valgrind; --llmperf-processes=1 measures in "
-                   "this process: give --llmperf-processes=2 or more, or compare with --llmperf-compare REF")
+        problem = (
+            "instructions are counted in a worker process under valgrind; --llmperf-processes=1 measures in "
+            "this process: give --llmperf-processes=2 or more, or compare with --llmperf-compare REF"
+        )
     else:
         problem = setup_problem()
     if problem is not None:
@@ -86,8 +100,10 @@ def setup_problem(which: Any = shutil.which, torch_supported: Any = None) -> str
         return f"instruction counts are taken under valgrind (callgrind), which is not installed here; {INSTALL_HINT}"
     supported = torch_supported() if torch_supported is not None else _torch_supports_valgrind()
     if supported is False:
-        return ("torch says this platform does not support valgrind (torch._C._valgrind_supported_platform() is "
-                "False): its build cannot run under callgrind here; drop --llmperf-instructions")
+        return (
+            "torch says this platform does not support valgrind (torch._C._valgrind_supported_platform() is "
+            "False): its build cannot run under callgrind here; drop --llmperf-instructions"
+        )
     return None
 
 
@@ -101,8 +117,14 @@ def _torch_supports_valgrind() -> bool | None:
     return bool(check()) if check is not None else None
 
 
-def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[Side], work_dir: Path,
-             extra_args: Sequence[str], progress: CampaignProgress | None) -> dict[str, list[WorkerRun]]:
+def campaign(
+    llm: LLMPerfSession,
+    items: Sequence[pytest.Item],
+    sides: Sequence[Side],
+    work_dir: Path,
+    extra_args: Sequence[str],
+    progress: CampaignProgress | None,
+) -> dict[str, list[WorkerRun]]:
     """The counting workers of a campaign, by side: none when no test asks for instructions; a WorkerError when
     one failed. `progress` says that they run, while they run (a CI log is never silent for long)."""
     nodeids = [item.nodeid for item in items if wants_instructions(item, llm.settings["instructions"])]
@@ -111,8 +133,14 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
     problem = setup_problem()  # asked by a marker only: not checked at configure time
     if problem is not None:
         raise WorkerError(problem)
-    settings = {**llm.settings.values, "processes": 1, "compare": None, "json": None, "update": False,
-                "update_missing": False}
+    settings = {
+        **llm.settings.values,
+        "processes": 1,
+        "compare": None,
+        "json": None,
+        "update": False,
+        "update_missing": False,
+    }
     processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings["compare"] else 1
     where = " and ".join(side.label for side in sides)
     total = processes * len(sides)
@@ -122,27 +150,60 @@ def campaign(llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[
             progress.note(f"counting instructions under callgrind: {done} of {total} process(es) done, {seconds:.0f} s")
 
     started = time.monotonic()
-    runs = count(sides, nodeids, processes=processes, settings=settings, work_dir=work_dir,
-                 timeout_s=llm.settings["worker_timeout"], extra_args=extra_args, on_wait=waiting)
+    runs = count(
+        sides,
+        nodeids,
+        processes=processes,
+        settings=settings,
+        work_dir=work_dir,
+        timeout_s=llm.settings["worker_timeout"],
+        extra_args=extra_args,
+        on_wait=waiting,
+    )
     if progress is not None:
-        progress.say(f"counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
-                     f"test(s) in {time.monotonic() - started:.0f} s")
+        progress.say(
+            f"counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
+            f"test(s) in {time.monotonic() - started:.0f} s"
+        )
     return runs
 
 
-def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, settings: Mapping[str, Any],
-          work_dir: Path, timeout_s: float, extra_args: Sequence[str] = (),
-          batch_sizes: Mapping[str, Sequence[int]] | None = None, concurrency: int = 2,
-          valgrind_args: Sequence[str] = (), on_wait: Callable[[float, int], None] | None = None
-          ) -> dict[str, list[WorkerRun]]:
+def count(
+    sides: Sequence[Side],
+    nodeids: Sequence[str],
+    *,
+    processes: int,
+    settings: Mapping[str, Any],
+    work_dir: Path,
+    timeout_s: float,
+    extra_args: Sequence[str] = (),
+    batch_sizes: Mapping[str, Sequence[int]] | None = None,
+    concurrency: int = 2,
+    valgrind_args: Sequence[str] = (),
+    on_wait: Callable[[float, int], None] | None = None,
+) -> dict[str, list[WorkerRun]]:
     """Run `processes` counting workers per side, `concurrency` at a time (two: one per core), with `valgrind_args`
     after VALGRIND_ARGS; a WorkerError if one failed. `on_wait` gets the seconds so far and the workers done, every
     second while they run (from this thread: the workers run in others)."""
     jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
     running: list[subprocess.Popen[bytes]] = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [pool.submit(_count_one, side, index, nodeids, settings, work_dir, timeout_s, extra_args,
-                               batch_sizes, running.append, valgrind_args=valgrind_args) for side, index in jobs]
+        futures = [
+            pool.submit(
+                _count_one,
+                side,
+                index,
+                nodeids,
+                settings,
+                work_dir,
+                timeout_s,
+                extra_args,
+                batch_sizes,
+                running.append,
+                valgrind_args=valgrind_args,
+            )
+            for side, index in jobs
+        ]
         try:
             started, pending = time.monotonic(), set(futures)
             while pending:
@@ -164,16 +225,41 @@ def count(sides: Sequence[Side], nodeids: Sequence[str], *, processes: int, sett
     return runs
 
 
-def _count_one(side: Side, index: int, nodeids: Sequence[str], settings: Mapping[str, Any], work_dir: Path,
-               timeout_s: float, extra_args: Sequence[str], batch_sizes: Mapping[str, Sequence[int]] | None,
-               on_start: Callable[[subprocess.Popen[bytes]], None], valgrind_args: Sequence[str] = ()) -> WorkerRun:
+def _count_one(
+    side: Side,
+    index: int,
+    nodeids: Sequence[str],
+    settings: Mapping[str, Any],
+    work_dir: Path,
+    timeout_s: float,
+    extra_args: Sequence[str],
+    batch_sizes: Mapping[str, Sequence[int]] | None,
+    on_start: Callable[[subprocess.Popen[bytes]], None],
+    valgrind_args: Sequence[str] = (),
+) -> WorkerRun:
     tag = f"count-{side.name or 'worker'}{index}"
     out = work_dir / f"{tag}.callgrind"
-    wrapper = ["valgrind", *VALGRIND_ARGS, *valgrind_args, f"--callgrind-out-file={out}",
-               f"--log-file={work_dir / tag}.valgrind"]
-    return run_worker(side, index, nodeids, settings=settings, work_dir=work_dir, timeout_s=timeout_s,
-                      extra_args=extra_args, batch_sizes=batch_sizes, tag=tag, wrapper=wrapper,
-                      environ={**COUNTING_ENV, ENV_COUNT: str(out)}, on_start=on_start)
+    wrapper = [
+        "valgrind",
+        *VALGRIND_ARGS,
+        *valgrind_args,
+        f"--callgrind-out-file={out}",
+        f"--log-file={work_dir / tag}.valgrind",
+    ]
+    return run_worker(
+        side,
+        index,
+        nodeids,
+        settings=settings,
+        work_dir=work_dir,
+        timeout_s=timeout_s,
+        extra_args=extra_args,
+        batch_sizes=batch_sizes,
+        tag=tag,
+        wrapper=wrapper,
+        environ={**COUNTING_ENV, ENV_COUNT: str(out)},
+        on_start=on_start,
+    )
 
 
 def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> BenchmarkResult:
@@ -185,15 +271,23 @@ def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> Be
     if not all(run.counts for run in runs):
         why = f"instructions not counted on {label}: its pytest-llmperf does not count them"
     elif not parts:
-        failed = "; ".join(r["text"].strip().splitlines()[-1] for run in runs for r in run.failures(result.nodeid)
-                           if r["text"].strip())
+        failed = "; ".join(
+            r["text"].strip().splitlines()[-1] for run in runs for r in run.failures(result.nodeid) if r["text"].strip()
+        )
         why = f"instructions not counted: the counting process on {label} measured nothing" + (
-            f" ({failed})" if failed else "")
+            f" ({failed})" if failed else ""
+        )
     batches = []
     for batch in result.batches:
         found = [b for part in parts if (b := part.batch(batch.batch_size)) is not None]
         error = why or next((b.count_error or b.error for b in found if b.count_error or b.error), None)
         counted = [s for b in found for s in b.counted] if error is None else []
-        batches.append(replace(batch, counted=counted, count_error=error or (
-            None if counted else f"instructions not counted on {label}: no counted run of this batch size")))
+        batches.append(
+            replace(
+                batch,
+                counted=counted,
+                count_error=error
+                or (None if counted else f"instructions not counted on {label}: no counted run of this batch size"),
+            )
+        )
     return replace(result, batches=batches)

@@ -24,9 +24,13 @@ class Overtime(BaseException):
 @contextlib.contextmanager
 def deadline(seconds: float) -> Iterator[bool]:
     """Raise Overtime in this block after `seconds`; yields whether the deadline could be armed."""
-    usable = (hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
-              and seconds > 0 and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
-              and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+    usable = (
+        hasattr(signal, "SIGALRM")
+        and threading.current_thread() is threading.main_thread()
+        and seconds > 0
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
     if not usable:
         yield False
         return

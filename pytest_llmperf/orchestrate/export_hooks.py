@@ -42,8 +42,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Any:
     """Before pytest-benchmark finishes (its own wrapper writes --benchmark-json, saves and compares): our
     results join its benchmarks, with its own statistics."""
     llm = session.config.stash.get(SESSION_KEY, None)
-    if llm is not None and llm.outcomes and not hasattr(session.config, "workerinput") \
-            and getattr(llm, "recorder", None) is None:
+    if (
+        llm is not None
+        and llm.outcomes
+        and not hasattr(session.config, "workerinput")
+        and getattr(llm, "recorder", None) is None
+    ):
         from ..report import exports
 
         exports.add_to_pytest_benchmark(session.config, llm.device, [o.result for o in llm.outcomes])

@@ -28,8 +28,11 @@ def fail_unless_cuda(session: LLMPerfSession, device: str, what: str) -> None:
     if not torch.cuda.is_available():
         from ..backends.hf import cuda_missing
 
-        origin = (f"--llmperf-device={session.device} is a GPU target" if session.device != "cpu"
-                  else f"{what} asks for {device}")
+        origin = (
+            f"--llmperf-device={session.device} is a GPU target"
+            if session.device != "cpu"
+            else f"{what} asks for {device}"
+        )
         pytest.fail(cuda_missing(origin, torch), pytrace=False)
 
 
@@ -52,12 +55,13 @@ def llmperf_hf(request: pytest.FixtureRequest) -> Iterator[Callable[..., HFBacke
     session = request.config.stash[SESSION_KEY]
     loaded: dict[tuple[Any, ...], HFBackend] = {}
 
-    def start(model: str = "tiny-llama", *, dtype: str = "fp32", device: str | None = None,
-              **model_kwargs: Any) -> HFBackend:
+    def start(
+        model: str = "tiny-llama", *, dtype: str = "fp32", device: str | None = None, **model_kwargs: Any
+    ) -> HFBackend:
         require("llmperf_hf", HF)
-        from ..measure.backend import BackendError
         from ..backends.hf import HFBackend
         from ..backends.models import ModelError
+        from ..measure.backend import BackendError
 
         device = device or ("cpu" if session.device == "cpu" else "cuda")
         key = (model, dtype, device, tuple(sorted(model_kwargs.items())))

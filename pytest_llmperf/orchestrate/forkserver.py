@@ -33,8 +33,15 @@ BASE_PRELOAD = ("pytest",)
 #: And where a due test builds a torch model (a plugin fixture below, or torch already imported here, by a conftest or
 #: a test module): the libraries whose import made most of such a worker's start-up. transformers' model classes
 #: load lazily, so their shared machinery is named.
-TORCH_PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "transformers.generation",
-                 "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto")
+TORCH_PRELOAD = (
+    "numpy",
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.generation",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+)
 TORCH_FIXTURES = frozenset({"llmperf_hf", "llmperf_offload"})
 ZYGOTE = Path(__file__).with_name("zygote.py")
 #: Runs the server file by path: not as part of the package, whose copy on either side it must not import.
@@ -94,9 +101,16 @@ class ForkServer:
         argv = [sys.executable, "-c", SERVER_MAIN, str(ZYGOTE), str(theirs.fileno()), json.dumps(list(modules))]
         with open(log, "wb") as handle:
             try:
-                proc = subprocess.Popen(die_with_parent(argv, env=env, cwd=work_dir), cwd=work_dir, env=dict(env),
-                                        stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                                        pass_fds=(theirs.fileno(),), start_new_session=True)
+                proc = subprocess.Popen(
+                    die_with_parent(argv, env=env, cwd=work_dir),
+                    cwd=work_dir,
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                )
             finally:
                 theirs.close()
         return cls(proc, ours, log)
@@ -109,15 +123,29 @@ class ForkServer:
         self.imported, self.skipped = answer["ready"], answer.get("skipped", {})
         return self
 
-    def spawn(self, command: Sequence[str], args: Sequence[str], *, cwd: Path, env: Mapping[str, str],
-              pythonpath: Sequence[str], log_fd: int, fds_env: Mapping[str, Sequence[int]]) -> ForkedProcess:
+    def spawn(
+        self,
+        command: Sequence[str],
+        args: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        pythonpath: Sequence[str],
+        log_fd: int,
+        fds_env: Mapping[str, Sequence[int]],
+    ) -> ForkedProcess:
         """Fork a worker: `command` (`python -c WORKER_MAIN ARGS...`, exec'd instead where the side has a module of
         the same name as one the server imported) in `cwd` with `env`, its output to `log_fd`, and the descriptors
         of `fds_env` under new numbers, each variable naming them comma-separated."""
         fds = [log_fd, *(fd for group in fds_env.values() for fd in group)]
-        request = {"argv": list(args), "command": list(command), "cwd": str(cwd), "env": dict(env),
-                   "pythonpath": list(pythonpath),
-                   "fd_env": {name: len(group) for name, group in fds_env.items()}}
+        request = {
+            "argv": list(args),
+            "command": list(command),
+            "cwd": str(cwd),
+            "env": dict(env),
+            "pythonpath": list(pythonpath),
+            "fd_env": {name: len(group) for name, group in fds_env.items()},
+        }
         try:
             socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
         except OSError as exc:
@@ -188,8 +216,9 @@ class ForkServer:
         self.proc.wait()
 
 
-def preload_for(fixturenames: Iterable[Iterable[str]], modules: Iterable[ModuleType],
-                loaded: Mapping[str, ModuleType]) -> list[str]:
+def preload_for(
+    fixturenames: Iterable[Iterable[str]], modules: Iterable[ModuleType], loaded: Mapping[str, ModuleType]
+) -> list[str]:
     """What the server imports for tests using `fixturenames` (one list per test), defined in `modules` (their test
     modules and conftests), `loaded` being sys.modules: a job of server backends, or of a user's own Backend that
     does not use torch, does not pay for importing it. Torch is wanted where a test uses a plugin fixture that
@@ -208,7 +237,7 @@ def _source(value: object) -> str:
     """The module a name was taken from: a module's own name, else the module that defined the object."""
     try:
         name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
-    except Exception:  # noqa: BLE001 - an object whose attributes raise tells nothing
+    except Exception:
         return ""
     return name if isinstance(name, str) else ""
 

@@ -25,8 +25,15 @@ def _format(name: str, value: Any) -> list[str]:
     return [f"{cli}={shlex.quote(text)}"]
 
 
-def rerun_command(settings: Settings, device: str, nodeid: str | None = None, *, update: bool = False,
-                  replace: Mapping[str, Any] | None = None, extra: Sequence[str] = ()) -> str:
+def rerun_command(
+    settings: Settings,
+    device: str,
+    nodeid: str | None = None,
+    *,
+    update: bool = False,
+    replace: Mapping[str, Any] | None = None,
+    extra: Sequence[str] = (),
+) -> str:
     """`pytest [nodeid] --llmperf-device=D <the options given> [--llmperf-update]`; `replace` sets or
     overrides options (e.g. a higher max_load)."""
     replace = dict(replace or {})

@@ -32,8 +32,11 @@ class BaselineHygiene:
 
     def _active(self) -> bool:
         """In the controlling process of a session that benchmarked something (the store is read only then)."""
-        return (not hasattr(self.config, "workerinput") and getattr(self.llm, "recorder", None) is None
-                and bool(self.benchmarked))
+        return (
+            not hasattr(self.config, "workerinput")
+            and getattr(self.llm, "recorder", None) is None
+            and bool(self.benchmarked)
+        )
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         module = item.nodeid.split("::", 1)[0]
@@ -45,16 +48,21 @@ class BaselineHygiene:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        self.benchmarked = {item.nodeid.split("::", 1)[0] for item in items
-                            if item.get_closest_marker("llmperf") is not None
-                            or "llmperf" in getattr(item, "fixturenames", ())}
+        self.benchmarked = {
+            item.nodeid.split("::", 1)[0]
+            for item in items
+            if item.get_closest_marker("llmperf") is not None or "llmperf" in getattr(item, "fixturenames", ())
+        }
 
     def _whole_modules(self) -> set[str]:
         """Modules that the command line collected whole (a file or directory argument, not `file::test`)."""
         base = Path(self.config.invocation_params.dir)
         roots = [(base / arg).resolve() for arg in self.config.args if "::" not in arg]
-        return {m for m, path in self.paths.items()
-                if any(path.resolve() == root or root in path.resolve().parents for root in roots)}
+        return {
+            m
+            for m, path in self.paths.items()
+            if any(path.resolve() == root or root in path.resolve().parents for root in roots)
+        }
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self._active():
@@ -78,22 +86,33 @@ class BaselineHygiene:
                     warn_at(f"llmperf: stale entries not pruned: {exc}", store.path_for(module))
             self.stale[module] = stale
         for path, module, keys in store.dropped_entries():
-            warn_at(f"llmperf: baseline file {path} was rewritten as schema 3; the schema-1 entries of tests not "
-                    f"re-recorded in this run cannot be converted and were dropped: {', '.join(keys)}. Re-record them "
-                    f"with: {store.update_command(module)}", path)
+            warn_at(
+                f"llmperf: baseline file {path} was rewritten as schema 3; the schema-1 entries of tests not "
+                f"re-recorded in this run cannot be converted and were dropped: {', '.join(keys)}. Re-record them "
+                f"with: {store.update_command(module)}",
+                path,
+            )
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self._active():
             return
         store = self.llm.store
-        lines = [f"pruned stale baseline entries from {path} (their tests no longer exist): {', '.join(keys)}"
-                 for path, keys in sorted(store.pruned.items())]
-        lines += [f"removed {path}: a temporary file that an interrupted baseline write left (the file it was "
-                  "writing is whole)" for path in store.cleared]
-        lines += [f"stale baseline entries in {store.path_for(module)} (their tests no longer exist in {module}): "
-                  f"{', '.join(keys)}. Remove them with: {store.update_command(module)} (the whole module, "
-                  "no -k)" for module, keys in sorted(self.stale.items())]
+        lines = [
+            f"pruned stale baseline entries from {path} (their tests no longer exist): {', '.join(keys)}"
+            for path, keys in sorted(store.pruned.items())
+        ]
+        lines += [
+            f"removed {path}: a temporary file that an interrupted baseline write left (the file it was "
+            "writing is whole)"
+            for path in store.cleared
+        ]
+        lines += [
+            f"stale baseline entries in {store.path_for(module)} (their tests no longer exist in {module}): "
+            f"{', '.join(keys)}. Remove them with: {store.update_command(module)} (the whole module, "
+            "no -k)"
+            for module, keys in sorted(self.stale.items())
+        ]
         if not lines:
             return
         if not self.llm.outcomes:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.baseline_layout import machine_slug
 from ..judge.baseline_values import too_few_units
+from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.environment import hardware_mismatch, software_drift
 from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
@@ -29,29 +29,49 @@ def record(session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario,
     """Write the baseline of a measured benchmark (--llmperf-update, or --llmperf-update-missing without one);
     never a broken or disturbed measurement."""
     errors = batch_errors(result)
-    busy = [f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was measured "
-            f"(limit {scenario.max_load:g}, --llmperf-max-load)" for b in result.batches
-            if b.foreign_load is not None and b.foreign_load > scenario.max_load]
+    busy = [
+        f"batch size {b.batch_size}: other processes used {b.foreign_load:.2f} cores while it was measured "
+        f"(limit {scenario.max_load:g}, --llmperf-max-load)"
+        for b in result.batches
+        if b.foreign_load is not None and b.foreign_load > scenario.max_load
+    ]
     if busy:
         errors = [busy_update_message(session, result, busy), *errors]
     if lookup.error:
-        return Outcome(result, Status.REFUSED, errors=[lookup.error], baseline_path=str(lookup.path),
-                       reason="baseline file unusable")
+        return Outcome(
+            result,
+            Status.REFUSED,
+            errors=[lookup.error],
+            baseline_path=str(lookup.path),
+            reason="baseline file unusable",
+        )
     if errors:  # the user asked for a baseline and gets none: that fails the test
-        return Outcome(result, Status.REFUSED, errors=errors, baseline_path=str(lookup.path),
-                       reason="machine busy, baseline not written" if busy else "measurement failed, not written")
+        return Outcome(
+            result,
+            Status.REFUSED,
+            errors=errors,
+            baseline_path=str(lookup.path),
+            reason="machine busy, baseline not written" if busy else "measurement failed, not written",
+        )
     entry = BaselineEntry.of_result(result, fingerprint=session.fingerprint, created=now_iso())
     small = too_few_units(entry.key, entry.unit, entry.values)
     if small:  # a baseline that could never decide a verdict
-        return Outcome(result, Status.REFUSED,
-                       errors=[f"not written to {lookup.path}: {small}. Record more runs (runs=, "
-                               "--llmperf-runs) or worker processes (--llmperf-processes)"],
-                       baseline_path=str(lookup.path), reason="too few runs, baseline not written")
+        return Outcome(
+            result,
+            Status.REFUSED,
+            errors=[
+                f"not written to {lookup.path}: {small}. Record more runs (runs=, "
+                "--llmperf-runs) or worker processes (--llmperf-processes)"
+            ],
+            baseline_path=str(lookup.path),
+            reason="too few runs, baseline not written",
+        )
     try:
         session.store.write(result.module, entry)
     except BaselineError as exc:
-        return Outcome(result, Status.REFUSED, errors=[str(exc)], baseline_path=str(lookup.path),
-                       reason="baseline not written")
+        return Outcome(
+            result, Status.REFUSED, errors=[str(exc)], baseline_path=str(lookup.path), reason="baseline not written"
+        )
     status = Status.UPDATED if lookup.entry is not None else Status.CREATED
     return Outcome(result, status, baseline_path=str(lookup.path))
 
@@ -60,61 +80,101 @@ def stored_reference(session: LLMPerfSession, result: BenchmarkResult, lookup: L
     """The stored baseline to judge against, or the outcome when there is none to compare with."""
     path = str(lookup.path)
     if lookup.error:
-        return Outcome(result, Status.REFUSED, errors=[lookup.error], baseline_path=path,
-                       reason="baseline file unusable")
+        return Outcome(
+            result, Status.REFUSED, errors=[lookup.error], baseline_path=path, reason="baseline file unusable"
+        )
     if lookup.entry is None:
-        hint = (f"no baseline for {result.key} in {path} (device {session.device}). "
-                f"{lookup.note + ' ' if lookup.note else ''}Create it with:\n  "
-                f"{session.rerun(result.nodeid, update=True)}")
+        hint = (
+            f"no baseline for {result.key} in {path} (device {session.device}). "
+            f"{lookup.note + ' ' if lookup.note else ''}Create it with:\n  "
+            f"{session.rerun(result.nodeid, update=True)}"
+        )
         if lookup.elsewhere:  # measured, but on other hardware: as a CPU mismatch
-            return Outcome(result, Status.REFUSED, messages=[hint], baseline_path=path,
-                           reason="recorded on other machines only")
+            return Outcome(
+                result, Status.REFUSED, messages=[hint], baseline_path=path, reason="recorded on other machines only"
+            )
         return Outcome(result, Status.MISSING, messages=[hint], baseline_path=path)
     mismatch = hardware_mismatch(lookup.entry.fingerprint, session.fingerprint)
     if mismatch is None:
         small = too_few_units(lookup.entry.key, lookup.entry.unit, lookup.entry.values)
         if small:  # every verdict would be inconclusive: the baseline, not this run, lacks the units
-            return Outcome(result, Status.REFUSED, errors=[f"baseline {path}: {small}. Re-record it: "
-                                                           f"{session.rerun(result.nodeid, update=True)}"],
-                           baseline_path=path, reason="baseline too small")
+            return Outcome(
+                result,
+                Status.REFUSED,
+                errors=[f"baseline {path}: {small}. Re-record it: {session.rerun(result.nodeid, update=True)}"],
+                baseline_path=path,
+                reason="baseline too small",
+            )
         return Reference(lookup.entry, "the baseline")
     kind, was, now = mismatch
     # The hint names a set of this hardware's own: an update under the same name would replace the other
     # machine's baselines, and gating under it again gives this same refusal.
     # (the same slug as this machine's own set would get; for a GPU, from its name)
     own = {"machine": machine_slug(session.fingerprint if kind == "cpu" else {"cpu_model": now})}
-    text = (f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has {now!r}; not "
-            f"compared. Record baselines of this hardware as a set of its own:\n"
-            f"  {session.rerun(result.nodeid, update=True, replace=own)}\n"
-            f"then gate with {' '.join(f'--llmperf-{k}={v}' for k, v in own.items())}")
+    text = (
+        f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has {now!r}; not "
+        f"compared. Record baselines of this hardware as a set of its own:\n"
+        f"  {session.rerun(result.nodeid, update=True, replace=own)}\n"
+        f"then gate with {' '.join(f'--llmperf-{k}={v}' for k, v in own.items())}"
+    )
     # A baseline from another GPU is a misconfigured target (--llmperf-device names the GPU model): it fails the
     # test. Another CPU (a set named with --llmperf-machine on other hardware) is refused, as fail_on says.
-    return Outcome(result, Status.REFUSED, messages=[] if kind == "gpu" else [text],
-                   errors=[text] if kind == "gpu" else [], baseline_path=path,
-                   drift=software_drift(lookup.entry.fingerprint, session.fingerprint),
-                   reason=f"baseline from another {kind.upper()}")
+    return Outcome(
+        result,
+        Status.REFUSED,
+        messages=[] if kind == "gpu" else [text],
+        errors=[text] if kind == "gpu" else [],
+        baseline_path=path,
+        drift=software_drift(lookup.entry.fingerprint, session.fingerprint),
+        reason=f"baseline from another {kind.upper()}",
+    )
 
 
-def ab_reference(result: BenchmarkResult, side: BenchmarkResult | None, label: str, *,
-                 exists_on_a: bool) -> Reference | Outcome:
+def ab_reference(
+    result: BenchmarkResult, side: BenchmarkResult | None, label: str, *, exists_on_a: bool
+) -> Reference | Outcome:
     """The A side of an A/B comparison to judge against, or a `new` outcome when it has no such benchmark."""
     if side is None:
         why = "measured here only" if exists_on_a else f"not in {label}"
-        return Outcome(result, Status.NEW, baseline_path=f"{label}: {why}",
-                       reason="new test" if not exists_on_a else "measured in the working tree only")
+        return Outcome(
+            result,
+            Status.NEW,
+            baseline_path=f"{label}: {why}",
+            reason="new test" if not exists_on_a else "measured in the working tree only",
+        )
     return Reference(BaselineEntry.of_result(side, created=label), label, side)
 
 
-def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference, scenario: Scenario,
-          schedule: Schedule | None, *, final: bool, previous: Outcome | None = None,
-          family: int | None = None) -> Outcome:
+def judge(
+    session: LLMPerfSession,
+    result: BenchmarkResult,
+    reference: Reference,
+    scenario: Scenario,
+    schedule: Schedule | None,
+    *,
+    final: bool,
+    previous: Outcome | None = None,
+    family: int | None = None,
+) -> Outcome:
     """One look at a benchmark: every row decided so far, the rest undecided (or, `final`, inconclusive).
     `schedule` None: the benchmark was counted, not timed (--llmperf-instructions-only), its rows are its counts."""
     ab = reference.side is not None
-    rows = [] if schedule is None else judge_rows(
-        result, reference, scenario, splits_prefill=result.splits_prefill, schedule=schedule, final=final,
-        max_load=float("inf") if ab else scenario.max_load, counters_better=result.counters_better,
-        previous=previous.rows if previous else (), family=family)
+    rows = (
+        []
+        if schedule is None
+        else judge_rows(
+            result,
+            reference,
+            scenario,
+            splits_prefill=result.splits_prefill,
+            schedule=schedule,
+            final=final,
+            max_load=float("inf") if ab else scenario.max_load,
+            counters_better=result.counters_better,
+            previous=previous.rows if previous else (),
+            family=family,
+        )
+    )
     rows += instruction_rows(result, reference.entry, scenario, reference.label)  # counted under callgrind
     if ab:
         how = f"compared with {reference.label} in alternating worker processes (--llmperf-compare)"
@@ -123,20 +183,40 @@ def judge(session: LLMPerfSession, result: BenchmarkResult, reference: Reference
         how = f"If the slowdown is intended, update the baseline: {session.rerun(result.nodeid, update=True)}"
         intended = f"If the new outputs are intended, update the baseline: {session.rerun(result.nodeid, update=True)}"
     refused = [r for r in rows if r.verdict == Verdict.REFUSED]
-    warnings = [f"{result.key}: " + "; ".join(f"batch size {r.batch_size}: {r.note}" for r in refused)
-                + busy_hint(session, result, reference.entry, scenario.max_load)] if refused else []
+    warnings = (
+        [
+            f"{result.key}: "
+            + "; ".join(f"batch size {r.batch_size}: {r.note}" for r in refused)
+            + busy_hint(session, result, reference.entry, scenario.max_load)
+        ]
+        if refused
+        else []
+    )
     changed, changed_warnings = changed_outputs(result, rows, scenario.outputs, intended)
     messages = verdict_messages(rows, how, scenario)
-    if not ab and any(r.verdict == Verdict.MISSING for r in rows) and not any(r.verdict == Verdict.REGRESSED
-                                                                              for r in rows):
-        messages = [*(row_message(r) for r in rows if r.verdict == Verdict.MISSING),
-                    f"Record the baseline again, with every metric the test gates: "
-                    f"{session.rerun(result.nodeid, update=True)}", *messages]
-    return Outcome(result, Status.COMPARED, rows=rows, messages=messages, baseline_path=(
-        reference.label if ab else str(session.store.path_for(result.module))), reference=reference.side,
-        changed=changed, outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
+    if (
+        not ab
+        and any(r.verdict == Verdict.MISSING for r in rows)
+        and not any(r.verdict == Verdict.REGRESSED for r in rows)
+    ):
+        messages = [
+            *(row_message(r) for r in rows if r.verdict == Verdict.MISSING),
+            f"Record the baseline again, with every metric the test gates: {session.rerun(result.nodeid, update=True)}",
+            *messages,
+        ]
+    return Outcome(
+        result,
+        Status.COMPARED,
+        rows=rows,
+        messages=messages,
+        baseline_path=(reference.label if ab else str(session.store.path_for(result.module))),
+        reference=reference.side,
+        changed=changed,
+        outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
         drift={} if ab else software_drift(reference.entry.fingerprint, session.fingerprint),
-        warnings=[*warnings, *changed_warnings], baseline_created="" if ab else reference.entry.created)
+        warnings=[*warnings, *changed_warnings],
+        baseline_created="" if ab else reference.entry.created,
+    )
 
 
 def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[str]:
@@ -147,8 +227,11 @@ def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[
     if regressed:  # the inconclusive rows too: the table's cell holds only the head of their note
         return [*regressed, *inconclusive, how]
     if inconclusive:
-        return [*inconclusive, "Measure more units where a row stays undecided (--llmperf-max-processes, or "
-                               "max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)"]
+        return [
+            *inconclusive,
+            "Measure more units where a row stays undecided (--llmperf-max-processes, or "
+            "max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)",
+        ]
     return []
 
 
@@ -160,8 +243,12 @@ def changed_outputs(result: BenchmarkResult, rows: list[Row], mode: str, hint: s
         return [], []
     text = f"{result.key}: " + "\n".join(found)
     if mode == "warn" or not result.backend.get("deterministic_outputs", True):
-        why = ("outputs=warn" if mode == "warn" else "the server is not declared deterministic; pass "
-               "deterministic=True to its fixture to fail on changed outputs")
+        why = (
+            "outputs=warn"
+            if mode == "warn"
+            else "the server is not declared deterministic; pass "
+            "deterministic=True to its fixture to fail on changed outputs"
+        )
         return [], [f"{text} (not failing: {why})"]
     return [text, f"{hint}; or let it pass with --llmperf-outputs=warn (a marker's outputs=)"], []
 
@@ -169,8 +256,10 @@ def changed_outputs(result: BenchmarkResult, rows: list[Row], mode: str, hint: s
 def batch_errors(result: BenchmarkResult) -> list[str]:
     """What fails a test whatever its verdicts: a batch size that failed (not out of memory), and server requests
     that failed while the others of their run completed (never stored as a baseline either)."""
-    return [*(f"batch size {b.batch_size} failed: {b.error}" for b in result.batches
-              if b.error is not None and not b.oom), *request_failures(result)]
+    return [
+        *(f"batch size {b.batch_size} failed: {b.error}" for b in result.batches if b.error is not None and not b.oom),
+        *request_failures(result),
+    ]
 
 
 def fail_messages(session: LLMPerfSession, outcome: Outcome) -> tuple[list[str], list[str]]:
@@ -178,17 +267,23 @@ def fail_messages(session: LLMPerfSession, outcome: Outcome) -> tuple[list[str],
     with its messages, any other only warns; batch errors, invalid values and changed outputs always fail."""
     fail_on = session.settings["fail_on"]
     kind = outcome.kind
-    errors = [*outcome.errors, *(e for e in batch_errors(outcome.result) if e not in outcome.errors),
-              *(row_message(r) for r in outcome.rows if r.verdict == Verdict.INVALID)]
+    errors = [
+        *outcome.errors,
+        *(e for e in batch_errors(outcome.result) if e not in outcome.errors),
+        *(row_message(r) for r in outcome.rows if r.verdict == Verdict.INVALID),
+    ]
     warnings = list(outcome.warnings)
-    said = outcome.messages or [f"{outcome.result.key}: {kind} ({reason_of(outcome)}), and --llmperf-fail-on lists "
-                                f"{kind}"]
+    said = outcome.messages or [
+        f"{outcome.result.key}: {kind} ({reason_of(outcome)}), and --llmperf-fail-on lists {kind}"
+    ]
     if kind in (Kind.REGRESSED, Kind.MISSING, Kind.INCONCLUSIVE, Kind.REFUSED):
         if kind in fail_on:
             return [*said, *(e for e in errors if e not in said), *outcome.changed], warnings
         if outcome.messages:
-            warnings.append(f"{outcome.result.key}: {kind}, not failing ({kind} is not in --llmperf-fail-on): "
-                            + "\n".join(outcome.messages))
+            warnings.append(
+                f"{outcome.result.key}: {kind}, not failing ({kind} is not in --llmperf-fail-on): "
+                + "\n".join(outcome.messages)
+            )
     return [*errors, *outcome.changed], warnings
 
 
@@ -199,11 +294,15 @@ def busy_hint(session: LLMPerfSession, result: BenchmarkResult, entry: BaselineE
     then = [load for load in entry.foreign_load.values() if load > max_load]
     if now:
         threads = "" if session.threads == 1 else ", use fewer torch threads (--llmperf-threads=1)"
-        return (f". Re-run when the other work has stopped, allow it with --llmperf-max-load={admitting(max(now)):g} "
-                f"(noisier verdicts){threads}, or measure base and change in one session (--llmperf-compare REF)")
+        return (
+            f". Re-run when the other work has stopped, allow it with --llmperf-max-load={admitting(max(now)):g} "
+            f"(noisier verdicts){threads}, or measure base and change in one session (--llmperf-compare REF)"
+        )
     if then:
-        return (f". Re-record the baseline with --llmperf-update on a quiet machine, or gate with "
-                f"--llmperf-max-load={admitting(max(then)):g} to accept it")
+        return (
+            f". Re-record the baseline with --llmperf-update on a quiet machine, or gate with "
+            f"--llmperf-max-load={admitting(max(then)):g} to accept it"
+        )
     return ""
 
 
@@ -211,9 +310,15 @@ def busy_update_message(session: LLMPerfSession, result: BenchmarkResult, busy: 
     """Why an update was refused on a busy machine, and what to run instead."""
     worst = max(b.foreign_load or 0.0 for b in result.batches)
     allow = session.rerun(result.nodeid, update=True, replace={"max_load": admitting(worst)})
-    fewer = ("" if session.threads == 1 else "; or leave more of the machine to others with fewer torch threads: "
-             + session.rerun(result.nodeid, update=True, replace={"threads": 1}))
-    return (f"not written: a baseline measured on a busy machine would gate against noise ({'; '.join(busy)}). "
-            f"Instead: re-run when the other work has stopped; or accept this much load (the baseline then carries "
-            f"its noise): {allow}{fewer}; or judge a change without stored baselines, base and change measured in one "
-            f"session (--llmperf-compare REF)")
+    fewer = (
+        ""
+        if session.threads == 1
+        else "; or leave more of the machine to others with fewer torch threads: "
+        + session.rerun(result.nodeid, update=True, replace={"threads": 1})
+    )
+    return (
+        f"not written: a baseline measured on a busy machine would gate against noise ({'; '.join(busy)}). "
+        f"Instead: re-run when the other work has stopped; or accept this much load (the baseline then carries "
+        f"its noise): {allow}{fewer}; or judge a change without stored baselines, base and change measured in one "
+        f"session (--llmperf-compare REF)"
+    )

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..processes import die_with_parent, stop_tree, tail
 from ..measure.allocator import steady_malloc_env
 from ..measure.records import BenchmarkResult
+from ..processes import die_with_parent, stop_tree, tail
 from .forkserver import ForkedProcess, ForkServer, ForkServerError
 from .turns import ENV_TURNS, TurnBroker
 from .worker import ENV_BATCHES, ENV_OUT, ENV_PROCESS, ENV_SETTINGS, PROTOCOL

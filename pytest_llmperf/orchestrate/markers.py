@@ -42,7 +42,8 @@ def marker_kwargs(item: pytest.Item) -> dict[str, Any]:
                 if name in level and level[name] != value:
                     raise ScenarioError(
                         f"two @pytest.mark.llmperf markers on {where} give {name} two values ({level[name]!r} and "
-                        f"{value!r}); keep one of them (markers of a class or module are overridden by the test's own)")
+                        f"{value!r}); keep one of them (markers of a class or module are overridden by the test's own)"
+                    )
                 level[name] = value
         merged.update(level)
     return merged

@@ -4,7 +4,7 @@ ValueError with what was expected (orchestrate/options.py names the option in fr
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ..judge.baseline_layout import check_name
 from ..measure.allocator import MODES
@@ -14,6 +14,7 @@ from ..measure.scenario import OUTPUT_MODES
 #: selected benchmarks and judged none of them (all refused, new, ungated, or skipped on this device).
 FAIL_ON_CHOICES = ("regressed", "missing", "inconclusive", "refused", "unjudged")
 DEFAULT_FAIL_ON = ("regressed", "missing", "inconclusive", "unjudged")
+
 
 def boolean(text: str | bool) -> bool:
     if isinstance(text, bool):
@@ -27,7 +28,7 @@ def boolean(text: str | bool) -> bool:
 
 
 def integer(text: str | int, minimum: int) -> int:
-    if isinstance(text, bool) or isinstance(text, float):
+    if isinstance(text, (bool, float)):
         raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
     try:
         value = int(str(text).strip())

@@ -19,7 +19,6 @@ from . import option_values as parsers
 from .worker import worker_settings
 
 
-
 @dataclass(frozen=True)
 class Option:
     name: str  # e.g. "runs" -> --llmperf-runs, llmperf_runs, LLMPERF_RUNS

@@ -61,13 +61,15 @@ class LLMPerfSession:
         self.settings = settings.resolved(rtol=self.default_rtol(settings))
         self.runs_auto = settings["runs"] == "auto"  # said in the header: 3 per worker process, 10 in one process
         if self.runs_auto:
-            self.settings = self.settings.resolved(runs=DEFAULT_RUNS["in_process" if self.measures_in_one_process
-                                                                     else "workers"])
+            self.settings = self.settings.resolved(
+                runs=DEFAULT_RUNS["in_process" if self.measures_in_one_process else "workers"]
+            )
         #: How an `auto` rtol was resolved, for the report header (None: given).
         self.rtol_auto: str | None = None
         if settings["rtol"] == "auto":
-            self.rtol_auto = ("auto: A/B" if settings["compare"] else
-                              f"auto: stored baselines on a {self.target_class} target")
+            self.rtol_auto = (
+                "auto: A/B" if settings["compare"] else f"auto: stored baselines on a {self.target_class} target"
+            )
         self.outcomes: list[Outcome] = []
         self.selected = 0  # llmperf tests selected in this session
         self.skipped_here = 0  # of those, skipped because they run on other devices (their marker's devices)
@@ -109,10 +111,12 @@ class LLMPerfSession:
     def store(self) -> BaselineStore:
         from ..judge.baselines import BaselineStore
 
-        rerun = f"--llmperf-device={self.device}" + (f" --llmperf-machine={self.machine}"
-                                                     if self.settings["machine"] else "")
-        return BaselineStore(Path(self.settings["baseline_dir"]), self.device, self.machine, rerun=rerun,
-                             updating=self.mode != "gate")
+        rerun = f"--llmperf-device={self.device}" + (
+            f" --llmperf-machine={self.machine}" if self.settings["machine"] else ""
+        )
+        return BaselineStore(
+            Path(self.settings["baseline_dir"]), self.device, self.machine, rerun=rerun, updating=self.mode != "gate"
+        )
 
     @cached_property
     def fingerprint(self) -> dict[str, Any]:
@@ -171,7 +175,8 @@ class LLMPerfSession:
     def threads_text(self) -> str:
         given = self.settings["threads"]
         return f"{self.threads if self.threads is not None else 'torch default'}" + (
-            f" (auto: {self.device} target)" if given == "auto" else "")
+            f" (auto: {self.device} target)" if given == "auto" else ""
+        )
 
     def rerun(self, nodeid: str | None = None, **kwargs: Any) -> str:
         return rerun_command(self.settings, self.device, nodeid, **kwargs)
@@ -188,8 +193,12 @@ class LLMPerfSession:
         from ..backends.models import resolve_model
 
         cache = self.settings["cache_dir"]
-        return resolve_model(name, local_models=self.settings["model"], cache_dir=Path(cache) if cache else None,
-                             build_device=build_device)
+        return resolve_model(
+            name,
+            local_models=self.settings["model"],
+            cache_dir=Path(cache) if cache else None,
+            build_device=build_device,
+        )
 
 
 SESSION_KEY = pytest.StashKey[LLMPerfSession]()

@@ -25,6 +25,7 @@ If the controller dies, the worker reads end of file and measures without waitin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 from collections.abc import Sequence
@@ -155,10 +156,8 @@ class TurnBroker:
     def _close(self, turn: Turn) -> None:
         turn.done, turn.asking, turn.running = True, False, False
         for fd in (turn.asks, turn.gives):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     def close(self) -> None:
         for turn in self.turns.values():

@@ -75,8 +75,16 @@ class WorkerRecorder:
         self.counter = counting_clock()  # a counting worker: instructions instead of time
         self.turns = TurnClient.from_environ()  # an A/B round's worker: waits for its turn at each run or batch size
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
-        self._write({"type": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "process": process_index(),
-                     "counts": self.counter is not None, "turns": self.turns is not None})
+        self._write(
+            {
+                "type": "hello",
+                "protocol": PROTOCOL,
+                "pid": os.getpid(),
+                "process": process_index(),
+                "counts": self.counter is not None,
+                "turns": self.turns is not None,
+            }
+        )
 
     def _write(self, record: dict[str, Any]) -> None:
         self._handle.write(json.dumps(record) + "\n")
@@ -89,8 +97,9 @@ class WorkerRecorder:
                 sample.process = index
         self._write({"type": "result", "nodeid": nodeid, "result": result.to_json()})
 
-    def on_run(self, nodeid: str, key: str, batch_sizes: Sequence[int],
-               clock: Callable[[], float] = time.monotonic) -> RunCallback | None:
+    def on_run(
+        self, nodeid: str, key: str, batch_sizes: Sequence[int], clock: Callable[[], float] = time.monotonic
+    ) -> RunCallback | None:
         """The runner's per-run callback (measure/runner.py RunCallback) in a worker: progress records for the
         controller, between runs, never inside a timed one. None in a counting worker: a record written or not
         by the wall clock shifts the allocations, so the collector would run inside a counted run on one side
@@ -106,8 +115,19 @@ class WorkerRecorder:
                 return
             last[:] = [now]
             position = [sizes.index(batch_size) + 1, len(sizes)] if batch_size in sizes else None
-            self._write({"type": "progress", "nodeid": nodeid, "key": key, "batch_size": batch_size,
-                         "position": position, "run": kept, "runs": runs, "retaken": retaken})
+            self._write(
+                {
+                    "type": "progress",
+                    "nodeid": nodeid,
+                    "key": key,
+                    "batch_size": batch_size,
+                    "position": position,
+                    "run": kept,
+                    "runs": runs,
+                    "retaken": retaken,
+                }
+            )
+
         return progress
 
     @pytest.hookimpl(tryfirst=True)
@@ -140,8 +160,7 @@ class WorkerRecorder:
             outcome, text = "failed", f"xfail: {report.wasxfail}"
         elif report.failed and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]"):
             outcome, text = "passed", ""
-        self._write({"type": "report", "nodeid": report.nodeid, "when": report.when, "outcome": outcome,
-                     "text": text})
+        self._write({"type": "report", "nodeid": report.nodeid, "when": report.when, "outcome": outcome, "text": text})
 
     def close(self) -> None:
         self._handle.close()

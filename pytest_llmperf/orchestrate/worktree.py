@@ -60,9 +60,11 @@ def resolve(ref: str, rootdir: Path) -> tuple[str, Path]:
     try:
         commit = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
     except RefError:
-        raise RefError(f"--llmperf-compare {ref}: no such commit, branch or tag in {toplevel}. Name one that "
-                       f"`git rev-parse {ref}` finds (e.g. HEAD, origin/main; fetch it first in CI: "
-                       f"git fetch origin main)") from None
+        raise RefError(
+            f"--llmperf-compare {ref}: no such commit, branch or tag in {toplevel}. Name one that "
+            f"`git rev-parse {ref}` finds (e.g. HEAD, origin/main; fetch it first in CI: "
+            f"git fetch origin main)"
+        ) from None
     return commit, toplevel
 
 

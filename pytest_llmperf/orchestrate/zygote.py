@@ -71,7 +71,7 @@ def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
         else:
             try:
                 importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - the worker imports it again and reports properly
+            except Exception as exc:
                 skipped[name] = f"import failed ({type(exc).__name__}: {exc})"
             else:
                 imported.append(name)
@@ -180,7 +180,7 @@ def worker(request: dict, fds: list[int], server: Server) -> None:
         atexit._run_exitfuncs()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - reported in the worker's log, which the controller shows
+    except BaseException:
         traceback.print_exc()
     finally:
         try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,16 +41,27 @@ def read_report(path: Path) -> dict[str, Any]:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ReportError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    if (not isinstance(document, dict) or not isinstance(document.get("benchmarks"), list)
-            or "device" not in document or "schema_version" not in document):
-        raise ReportError(f"{path}: not a pytest-llmperf report (expected the JSON that pytest-llmperf writes to "
-                          "reports/<device>.json, with schema_version, device and benchmarks)")
+    if (
+        not isinstance(document, dict)
+        or not isinstance(document.get("benchmarks"), list)
+        or "device" not in document
+        or "schema_version" not in document
+    ):
+        raise ReportError(
+            f"{path}: not a pytest-llmperf report (expected the JSON that pytest-llmperf writes to "
+            "reports/<device>.json, with schema_version, device and benchmarks)"
+        )
     for i, benchmark in enumerate(document["benchmarks"]):
         batches = benchmark.get("batches") if isinstance(benchmark, dict) else None
-        if (not isinstance(batches, list) or not {"key", "nodeid"} <= set(benchmark)
-                or not all(isinstance(b, dict) and isinstance(b.get("batch_size"), int) for b in batches)):
-            raise ReportError(f"{path}: benchmarks[{i}] is damaged (each needs key, nodeid and batches with a "
-                              "batch_size); restore the file from the job's artifacts or re-run the benchmarks")
+        if (
+            not isinstance(batches, list)
+            or not {"key", "nodeid"} <= set(benchmark)
+            or not all(isinstance(b, dict) and isinstance(b.get("batch_size"), int) for b in batches)
+        ):
+            raise ReportError(
+                f"{path}: benchmarks[{i}] is damaged (each needs key, nodeid and batches with a "
+                "batch_size); restore the file from the job's artifacts or re-run the benchmarks"
+            )
     return document
 
 
@@ -99,12 +109,10 @@ def load_previous(path: Path, now: datetime | None = None) -> tuple[dict[str, An
         try:
             os.replace(path, aside)
         except OSError as move_error:
-            return None, (f"{exc}; could not move it aside ({move_error}); the report now holds this session's "
-                          "benchmarks only")
-        return None, (f"{exc}. Moved it to {aside} (nothing lost); the report now holds this session's benchmarks "
-                      "only")
-
-
+            return None, (
+                f"{exc}; could not move it aside ({move_error}); the report now holds this session's benchmarks only"
+            )
+        return None, (f"{exc}. Moved it to {aside} (nothing lost); the report now holds this session's benchmarks only")
 
 
 def update_report(path: Path, session_document: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -112,7 +120,9 @@ def update_report(path: Path, session_document: dict[str, Any]) -> tuple[dict[st
     report could not be read (it was moved aside, see load_previous)."""
     previous, warning = load_previous(path)
     if previous is not None and previous.get("device") != session_document.get("device"):
-        warning = (f"{path} holds device {previous.get('device')!r}, this session measured "
-                   f"{session_document.get('device')!r}: its benchmarks are not carried over")
+        warning = (
+            f"{path} holds device {previous.get('device')!r}, this session measured "
+            f"{session_document.get('device')!r}: its benchmarks are not carried over"
+        )
         previous = None
     return accumulate(previous, session_document), warning

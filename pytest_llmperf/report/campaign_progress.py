@@ -173,8 +173,7 @@ class CampaignProgress:
             return
         if self.active == side:
             self.active = next(iter(self.workers), None)
-        self.say(f"process {worker.of_total} on {worker.side}: {worker.tests} test(s) in "
-                 f"{seconds:.1f} s")
+        self.say(f"process {worker.of_total} on {worker.side}: {worker.tests} test(s) in {seconds:.1f} s")
 
     def clear(self) -> None:
         """Erase the status line (a tty), e.g. before a failed worker's error or at the campaign's end."""
@@ -201,7 +200,7 @@ class TerminalOutput:
 
     def status(self, text: str) -> None:
         tw = self.reporter._tw
-        text = text[:max(tw.fullwidth - 1, 10)]
+        text = text[: max(tw.fullwidth - 1, 10)]
         with self._uncaptured():
             tw.write("\r" + text + " " * max(self._width - len(text), 0) + ("\r" if not text else ""), flush=True)
         self._width = len(text)
@@ -212,8 +211,11 @@ def campaign(config: pytest.Config) -> CampaignProgress | None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return None
-    return CampaignProgress(TerminalOutput(reporter, config.pluginmanager.get_plugin("capturemanager")),
-                            isatty=bool(reporter.isatty()), verbosity=config.get_verbosity())
+    return CampaignProgress(
+        TerminalOutput(reporter, config.pluginmanager.get_plugin("capturemanager")),
+        isatty=bool(reporter.isatty()),
+        verbosity=config.get_verbosity(),
+    )
 
 
 def campaign_estimate(round_s: float, schedules: Sequence[Schedule]) -> str | None:
@@ -225,7 +227,12 @@ def campaign_estimate(round_s: float, schedules: Sequence[Schedule]) -> str | No
     cap = max(schedule.cap for schedule in schedules)
     if round_s * first <= LONG_FIRST_LOOK_S:
         return None
-    up_to = f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)" \
-        if cap > first else ""
-    return (f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
-            f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly")
+    up_to = (
+        f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)"
+        if cap > first
+        else ""
+    )
+    return (
+        f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
+        f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly"
+    )

@@ -20,8 +20,11 @@ from .verdict_table import table_rows
 
 MERGED_SCHEMA = 1
 #: What each side-by-side table shows: in-process backends split prefill, servers report TTFT/ITL.
-PHASES = (("Prefill", ("prefill_ms", "ttft_ms")), ("Decode (token)", ("decode_token_ms", "itl_ms")),
-          ("Throughput", ("throughput_tokens_per_s",)))
+PHASES = (
+    ("Prefill", ("prefill_ms", "ttft_ms")),
+    ("Decode (token)", ("decode_token_ms", "itl_ms")),
+    ("Throughput", ("throughput_tokens_per_s",)),
+)
 
 
 @dataclass
@@ -98,13 +101,17 @@ def side_by_side(documents: Sequence[Mapping[str, Any]], labels: Sequence[str]) 
     merged = []
     for ident in sorted(order):
         per_target = found[ident]
-        batch_sizes = sorted({int(b["batch_size"]) for bench in per_target.values()
-                              for b in bench.get("batches") or []})
+        batch_sizes = sorted(
+            {int(b["batch_size"]) for bench in per_target.values() for b in bench.get("batches") or []}
+        )
         tables = []
         for phase, candidates in PHASES:
             for metric in candidates:
-                if not any(metric in (b.get("summary") or {}) for bench in per_target.values()
-                           for b in bench.get("batches") or []):
+                if not any(
+                    metric in (b.get("summary") or {})
+                    for bench in per_target.values()
+                    for b in bench.get("batches") or []
+                ):
                     continue
                 rows = {}
                 for bs in batch_sizes:
@@ -115,38 +122,60 @@ def side_by_side(documents: Sequence[Mapping[str, Any]], labels: Sequence[str]) 
                         text, value = _median_cell(batches.get(bs), metric)
                         rows[bs][label] = {"cell": text, "median": value}
                 definition = definitions.get(metric) or {}
-                tables.append({"phase": phase, "metric": metric, "unit": definition.get("unit", ""),
-                               "better": definition.get("better", ""), "rows": rows})
+                tables.append(
+                    {
+                        "phase": phase,
+                        "metric": metric,
+                        "unit": definition.get("unit", ""),
+                        "better": definition.get("better", ""),
+                        "rows": rows,
+                    }
+                )
                 break  # one metric per phase: the first this benchmark measures (prefill_ms before ttft_ms)
-        merged.append({"nodeid": ident[0], "key": ident[1],
-                       "targets": [label for label in labels if label in per_target], "tables": tables})
+        merged.append(
+            {
+                "nodeid": ident[0],
+                "key": ident[1],
+                "targets": [label for label in labels if label in per_target],
+                "tables": tables,
+            }
+        )
     return merged
 
 
 def markdown(document: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]) -> str:
     labels = document["targets"]
-    sources = ", ".join(f"`{t['source']}` ({t['label']}, written {t['created']}, commit {str(t['commit'] or '?')[:10]})"
-                        for t in labels)
-    parts = [f"# llmperf results across targets: {', '.join(t['label'] for t in labels)}",
-             f"Merged {document['created']} from {sources}.",
-             "Cells are medians per batch size; `oom` and `error` mark batch sizes that failed on that target; "
-             "an empty cell: not measured there."]
+    sources = ", ".join(
+        f"`{t['source']}` ({t['label']}, written {t['created']}, commit {str(t['commit'] or '?')[:10]})" for t in labels
+    )
+    parts = [
+        f"# llmperf results across targets: {', '.join(t['label'] for t in labels)}",
+        f"Merged {document['created']} from {sources}.",
+        "Cells are medians per batch size; `oom` and `error` mark batch sizes that failed on that target; "
+        "an empty cell: not measured there.",
+    ]
     names = [t["label"] for t in labels]
     for benchmark in document["benchmarks"]:
-        parts.append(f"## {benchmark['nodeid']}" + (f" ({benchmark['key'].split('::')[-1]})"
-                                                       if "::" in benchmark["key"] else ""))
+        parts.append(
+            f"## {benchmark['nodeid']}" + (f" ({benchmark['key'].split('::')[-1]})" if "::" in benchmark["key"] else "")
+        )
         for t in benchmark["tables"]:
             better = {"lower": ", lower is better", "higher": ", higher is better"}.get(t["better"], "")
-            parts.append(f"{t['phase']}: {t['metric']} ({t['unit']}{better})\n\n" + table(
-                ("Batch Size", *names),
-                [[str(bs), *(row[name]["cell"] for name in names)] for bs, row in sorted(t["rows"].items())]))
+            parts.append(
+                f"{t['phase']}: {t['metric']} ({t['unit']}{better})\n\n"
+                + table(
+                    ("Batch Size", *names),
+                    [[str(bs), *(row[name]["cell"] for name in names)] for bs, row in sorted(t["rows"].items())],
+                )
+            )
     parts.append("## Verdicts per target")
     for label, doc in zip(names, documents):
         header, rows = table_rows(doc, with_measured=True)
         counts = doc.get("counts") or {}
         summary = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no counts recorded"
-        parts.append(f"### {label}\n\nLast session there: {summary}\n\n"
-                     + (table(header, rows) if rows else "no verdicts"))
+        parts.append(
+            f"### {label}\n\nLast session there: {summary}\n\n" + (table(header, rows) if rows else "no verdicts")
+        )
     return "\n\n".join(parts) + "\n"
 
 
@@ -156,9 +185,16 @@ def merge_documents(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "schema_version": MERGED_SCHEMA,
         "kind": "merged",
         "created": now_iso(),
-        "targets": [{"label": label, "device": d.get("device"), "source": d.get("source"), "created": d.get("created"),
-                     "commit": ((d.get("fingerprint") or {}).get("git") or {}).get("commit")}
-                    for label, d in zip(labels, documents)],
+        "targets": [
+            {
+                "label": label,
+                "device": d.get("device"),
+                "source": d.get("source"),
+                "created": d.get("created"),
+                "commit": ((d.get("fingerprint") or {}).get("git") or {}).get("commit"),
+            }
+            for label, d in zip(labels, documents)
+        ],
         "benchmarks": side_by_side(documents, labels),
         "reports": {label: d for label, d in zip(labels, documents)},
     }
@@ -174,6 +210,8 @@ def merge_reports(paths: Sequence[Path], out_dir: Path) -> Merged:
         write_atomic(written[0], markdown(document, documents))
         write_json(written[1], document)
     except OSError as exc:
-        raise ReportError(f"{out_dir}: cannot write the merged report there ({exc.strerror or exc}); "
-                          "choose another directory with --out") from None
+        raise ReportError(
+            f"{out_dir}: cannot write the merged report there ({exc.strerror or exc}); "
+            "choose another directory with --out"
+        ) from None
     return Merged(documents, out_dir, written, document)

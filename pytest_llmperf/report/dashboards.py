@@ -65,22 +65,32 @@ def _test_name(result: StoredResult) -> str:
     return result.nodeid + (f" {result.key.split('::')[-1]}" if "::" in result.key else "")
 
 
-def github_action_benchmark(results: Sequence[StoredResult], device: str, commit: str | None
-                            ) -> dict[str, list[dict[str, Any]]]:
+def github_action_benchmark(
+    results: Sequence[StoredResult], device: str, commit: str | None
+) -> dict[str, list[dict[str, Any]]]:
     """{"customSmallerIsBetter": [...], "customBiggerIsBetter": [...]}, entries sorted by name."""
     files: dict[str, list[dict[str, Any]]] = {"customSmallerIsBetter": [], "customBiggerIsBetter": []}
     for result in results:
         for batch, metric, value, low, high, runs, processes in points(result):
             unit = unit_of(metric)
             tool = "customBiggerIsBetter" if METRICS[metric].better == "higher" else "customSmallerIsBetter"
-            files[tool].append({
-                "name": f"{device} {_test_name(result)} bs={batch.batch_size} {metric}",
-                "value": float(f"{value:.6g}"), "unit": unit,
-                "range": f"runs p25-p75: {low:.4g} to {high:.4g} {unit}",
-                "extra": ((f"median of {runs} runs (1 process)" if processes == 1 else
-                           f"median of {processes} process medians ({runs} runs)") + "\n"
-                          f"commit {str(commit or 'unknown')[:12]}\n{METRICS[metric].definition}"),
-            })
+            files[tool].append(
+                {
+                    "name": f"{device} {_test_name(result)} bs={batch.batch_size} {metric}",
+                    "value": float(f"{value:.6g}"),
+                    "unit": unit,
+                    "range": f"runs p25-p75: {low:.4g} to {high:.4g} {unit}",
+                    "extra": (
+                        (
+                            f"median of {runs} runs (1 process)"
+                            if processes == 1
+                            else f"median of {processes} process medians ({runs} runs)"
+                        )
+                        + "\n"
+                        f"commit {str(commit or 'unknown')[:12]}\n{METRICS[metric].definition}"
+                    ),
+                }
+            )
     for entries in files.values():
         entries.sort(key=lambda e: e["name"])
     return files
@@ -92,7 +102,10 @@ def bencher_metric_format(results: Sequence[StoredResult]) -> dict[str, dict[str
     for result in results:
         for batch, metric, value, low, high, _, _ in points(result):
             bmf.setdefault(f"{_test_name(result)} bs={batch.batch_size}", {})[f"{metric} ({unit_of(metric)})"] = {
-                "value": value, "lower_value": low, "upper_value": high}
+                "value": value,
+                "lower_value": low,
+                "upper_value": high,
+            }
     return bmf
 
 
@@ -118,5 +131,7 @@ def write_session_exports(session: Any, report_dir: Path, document: Mapping[str,
             write_text_atomic(path, json.dumps(content, indent=1, allow_nan=False) + "\n")
             session.written.append(path)
         except OSError as exc:
-            session.report_errors.append(f"llmperf: cannot write {path} (--llmperf-export): {exc}. Make the report "
-                                         "directory writable or set --llmperf-report-dir")
+            session.report_errors.append(
+                f"llmperf: cannot write {path} (--llmperf-export): {exc}. Make the report "
+                "directory writable or set --llmperf-report-dir"
+            )

@@ -46,8 +46,10 @@ def exported_values(metric: str, values: Sequence[float]) -> tuple[list[float], 
     if definition.better == "higher" and "tokens" in definition.unit:
         if any(v <= 0 for v in values):
             return None
-        return ([1 / v for v in values],
-                {"unit": "s/token", "exported_as": f"1 / {metric} (stats.ops is tokens/s)", "better": "lower"})
+        return (
+            [1 / v for v in values],
+            {"unit": "s/token", "exported_as": f"1 / {metric} (stats.ops is tokens/s)", "better": "lower"},
+        )
     return None
 
 
@@ -67,15 +69,33 @@ def benchmark_records(device: str, results: Iterable[BenchmarkResult]) -> list[A
                 data, how = exported
                 suffix = f"[bs={batch.batch_size}]:{metric}"
                 fixture = SimpleNamespace(
-                    name=f"{result.key}{suffix}", fullname=f"{result.module}::{result.key}{suffix}",
-                    group=f"llmperf:{device}", param=str(batch.batch_size), params={"batch_size": batch.batch_size},
-                    extra_info={"device": device, "metric": metric, "batch_size": batch.batch_size,
-                                "metric_unit": METRICS[metric].unit, "metric_better": METRICS[metric].better, **how},
-                    cprofile_stats=None, has_error=False)
-                record = Metadata(fixture, iterations=1, options={
-                    "runs": len(values), "warmups": result.scenario.get("warmups"), "timer": "llmperf",
-                    "sequence_length": result.scenario.get("sequence_length"),
-                    "decode_length": result.scenario.get("decode_length")})
+                    name=f"{result.key}{suffix}",
+                    fullname=f"{result.module}::{result.key}{suffix}",
+                    group=f"llmperf:{device}",
+                    param=str(batch.batch_size),
+                    params={"batch_size": batch.batch_size},
+                    extra_info={
+                        "device": device,
+                        "metric": metric,
+                        "batch_size": batch.batch_size,
+                        "metric_unit": METRICS[metric].unit,
+                        "metric_better": METRICS[metric].better,
+                        **how,
+                    },
+                    cprofile_stats=None,
+                    has_error=False,
+                )
+                record = Metadata(
+                    fixture,
+                    iterations=1,
+                    options={
+                        "runs": len(values),
+                        "warmups": result.scenario.get("warmups"),
+                        "timer": "llmperf",
+                        "sequence_length": result.scenario.get("sequence_length"),
+                        "decode_length": result.scenario.get("decode_length"),
+                    },
+                )
                 for value in data:
                     record.update(value)
                 records.append(record)
@@ -122,8 +142,12 @@ def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
                     continue
                 for metric, values in sorted(values_by_metric(batch.samples).items()):
                     if metric in METRICS and values:
-                        props.append((f"{prefix} bs={batch.batch_size} {metric} median ({unit_of(metric)})",
-                                      _num(float(np.median(values)))))
+                        props.append(
+                            (
+                                f"{prefix} bs={batch.batch_size} {metric} median ({unit_of(metric)})",
+                                _num(float(np.median(values))),
+                            )
+                        )
         for row in outcome.rows:
             props.extend(row_properties(prefix, row))
     return props

@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 #: How the two sides of an A/B round alternate, by --llmperf-interleave (orchestrate/turns.py).
-INTERLEAVED = {"run": "taking turns run by run", "batch": "taking turns at every batch size",
-               "process": "one worker process after the other"}
+INTERLEAVED = {
+    "run": "taking turns run by run",
+    "batch": "taking turns at every batch size",
+    "process": "one worker process after the other",
+}
 
 
 def header_lines(session: Any) -> list[str]:
@@ -23,8 +26,14 @@ def header_lines(session: Any) -> list[str]:
         f"threads={session.threads_text()}, "
         f"fail_on={','.join(s['fail_on']) or 'none'}",
         f"llmperf: {_measured_how(session)}",
-        *(["llmperf: instructions only: the tests that count are not timed, their rows are the counts of one process "
-           "per side under callgrind (--llmperf-instructions-only)"] if s["instructions_only"] else []),
+        *(
+            [
+                "llmperf: instructions only: the tests that count are not timed, their rows are the counts of one "
+                "process per side under callgrind (--llmperf-instructions-only)"
+            ]
+            if s["instructions_only"]
+            else []
+        ),
         f"llmperf: baselines={'none (A/B: both sides measured here)' if s['compare'] else session.baseline_set}, "
         f"reports={s['report_dir']}",
     ]
@@ -34,21 +43,34 @@ def _measured_how(session: Any) -> str:
     s = session.settings
     if session.recorder is not None:
         return "a worker process of the controlling pytest process"
-    where = (f"the working tree against {s['compare']} (A/B, {INTERLEAVED[s['interleave']]})" if s["compare"]
-             else "against the stored baselines")
+    where = (
+        f"the working tree against {s['compare']} (A/B, {INTERLEAVED[s['interleave']]})"
+        if s["compare"]
+        else "against the stored baselines"
+    )
     if session.in_process:
-        return (f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
-                f"doubling to max_runs={s['max_runs']} for undecided rows")
+        return (
+            f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
+            f"doubling to max_runs={s['max_runs']} for undecided rows"
+        )
     auto = " (auto)" if s["processes"] == "auto" else ""
     if session.mode == "update":
-        return (f"processes={session.processes}{auto}: a baseline records {session.recording_processes} worker "
-                f"processes (twice the first look; the gate tests their medians)")
+        return (
+            f"processes={session.processes}{auto}: a baseline records {session.recording_processes} worker "
+            f"processes (twice the first look; the gate tests their medians)"
+        )
     if session.mode == "update-missing":
-        return (f"processes={session.processes}{auto}: {session.recording_processes} worker processes per benchmark "
-                f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
-                f"where a baseline is missing")
-    started = {"fork": "forked from a server that imported the libraries both sides share",
-               "exec": "each a fresh interpreter"}[s["worker_start"]]
-    return (f"processes={session.processes}{auto} per side at the first look (worker processes, {started}; the gate "
-            f"tests their medians), then one more a round while rows are undecided, judged after every round up to "
-            f"{session.max_processes} (alpha spent at the doublings and the cap), {where}")
+        return (
+            f"processes={session.processes}{auto}: {session.recording_processes} worker processes per benchmark "
+            f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
+            f"where a baseline is missing"
+        )
+    started = {
+        "fork": "forked from a server that imported the libraries both sides share",
+        "exec": "each a fresh interpreter",
+    }[s["worker_start"]]
+    return (
+        f"processes={session.processes}{auto} per side at the first look (worker processes, {started}; the gate "
+        f"tests their medians), then one more a round while rows are undecided, judged after every round up to "
+        f"{session.max_processes} (alpha spent at the doublings and the cap), {where}"
+    )

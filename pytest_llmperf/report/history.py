@@ -81,8 +81,9 @@ def parsed_entry(key: str, data: Mapping[str, Any]) -> BaselineEntry | None:
         return None
 
 
-def entry_medians(entry: BaselineEntry, batch_sizes: Iterable[int],
-                  metrics: Iterable[str]) -> dict[int, dict[str, float]]:
+def entry_medians(
+    entry: BaselineEntry, batch_sizes: Iterable[int], metrics: Iterable[str]
+) -> dict[int, dict[str, float]]:
     """Per batch size and metric, the median of a baseline entry's per-process medians."""
     medians: dict[int, dict[str, float]] = {}
     for bs in batch_sizes:
@@ -93,8 +94,9 @@ def entry_medians(entry: BaselineEntry, batch_sizes: Iterable[int],
     return medians
 
 
-def baseline_points(baseline_file: Path, key: str, batch_sizes: Iterable[int], metrics: Iterable[str],
-                    cache: dict[Path, Versions]) -> list[Point]:
+def baseline_points(
+    baseline_file: Path, key: str, batch_sizes: Iterable[int], metrics: Iterable[str], cache: dict[Path, Versions]
+) -> list[Point]:
     """One point per committed version of the file in which this benchmark's entry changed."""
     batch_sizes, metrics = list(batch_sizes), list(metrics)
     points: list[Point] = []
@@ -110,8 +112,9 @@ def baseline_points(baseline_file: Path, key: str, batch_sizes: Iterable[int], m
         seen.add(stamp)
         measured_at = str(entry.git_commit or commit)[:7]
         created = entry.created or when
-        points.append(Point(f"{measured_at} {_day_time(created)} baseline", created,
-                            entry_medians(entry, batch_sizes, metrics)))
+        points.append(
+            Point(f"{measured_at} {_day_time(created)} baseline", created, entry_medians(entry, batch_sizes, metrics))
+        )
     return points
 
 
@@ -127,8 +130,11 @@ def report_point(document: Mapping[str, Any], benchmark: Mapping[str, Any], metr
     commit = str(measured.get("commit") or git.get("commit") or "?")
     when = str(measured.get("created") or document.get("created") or "")
     dirty = measured.get("dirty", git.get("dirty"))
-    return Point(f"{commit[:7]}{' dirty' if dirty else ''} {_day_time(when)} {document.get('device', '?')}", when,
-                 batch_medians(benchmark, metrics))
+    return Point(
+        f"{commit[:7]}{' dirty' if dirty else ''} {_day_time(when)} {document.get('device', '?')}",
+        when,
+        batch_medians(benchmark, metrics),
+    )
 
 
 def batch_medians(benchmark: Mapping[str, Any], metrics: Iterable[str]) -> dict[int, dict[str, float]]:
@@ -145,5 +151,6 @@ def batch_medians(benchmark: Mapping[str, Any], metrics: Iterable[str]) -> dict[
                 per_process.setdefault(process, []).append(value)
             if per_process:
                 medians.setdefault(int(batch["batch_size"]), {})[metric] = float(
-                    np.median([np.median(v) for v in per_process.values()]))
+                    np.median([np.median(v) for v in per_process.values()])
+                )
     return medians

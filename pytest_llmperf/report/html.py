@@ -29,9 +29,13 @@ from .stored import run_metric_values
 
 SPLIT_METRICS = ("prefill_ms", "decode_token_ms", "throughput_tokens_per_s")
 SERVER_METRICS = ("ttft_ms", "itl_ms", "throughput_tokens_per_s")
-TITLES = {"prefill_ms": "Prefill latency", "decode_token_ms": "Decode latency per token",
-          "throughput_tokens_per_s": "Throughput (end to end)", "ttft_ms": "Time to first token",
-          "itl_ms": "Inter-token latency"}
+TITLES = {
+    "prefill_ms": "Prefill latency",
+    "decode_token_ms": "Decode latency per token",
+    "throughput_tokens_per_s": "Throughput (end to end)",
+    "ttft_ms": "Time to first token",
+    "itl_ms": "Inter-token latency",
+}
 UNITS = {"tokens/secs": "tokens/s"}
 EXTRA_HINT = "pip install 'pytest-llmperf[report]'"
 
@@ -97,35 +101,45 @@ def sweep_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                 single.append(f"{doc.get('device')}: {b.get('key')}")
                 continue
             units.setdefault(_figure_id(b), []).append((doc, b))
-    parts = ["<h2 id='sweeps'>Latency and throughput against batch size</h2>",
-             "<p>Median of the runs per batch size; the bars span the 25th to 75th percentile. "
-             "&times; at the top edge: the batch size ran out of memory (oom).</p>"]
+    parts = [
+        "<h2 id='sweeps'>Latency and throughput against batch size</h2>",
+        "<p>Median of the runs per batch size; the bars span the 25th to 75th percentile. "
+        "&times; at the top edge: the batch size ran out of memory (oom).</p>",
+    ]
     for n, (unit, members) in enumerate(units.items()):
         one_each = len({doc.get("device") for doc, _ in members}) == len(members)
         metrics = _metrics_of(members[0][1])
         panels = []
         for metric in metrics:
-            series = [_series(plots, str(doc.get("device")) if one_each
-                              else f"{doc.get('device')} {b.get('key')}", b, metric)
-                      for doc, b in members]
+            series = [
+                _series(plots, str(doc.get("device")) if one_each else f"{doc.get('device')} {b.get('key')}", b, metric)
+                for doc, b in members
+            ]
             panels.append((TITLES.get(metric, metric), _unit(members[0][0], metric), series))
         first = members[0][1]
         scenario = first.get("scenario") or {}
-        title = (f"{unit} ({(first.get('backend') or {}).get('model', '?')}, sequence length "
-                 f"{scenario.get('sequence_length', '?')}, decode length {scenario.get('decode_length', '?')})")
+        title = (
+            f"{unit} ({(first.get('backend') or {}).get('model', '?')}, sequence length "
+            f"{scenario.get('sequence_length', '?')}, decode length {scenario.get('decode_length', '?')})"
+        )
         parts.append(f"<figure class='plot sweep'>{plots.sweep_figure(title, panels, f'sweep{n}')}</figure>")
     if not units:
         parts.append("<p>No benchmark in these reports ran more than one batch size.</p>")
     if single:
-        parts.append(f"<p class='note'>Measured at one batch size only (their tables are in the markdown report): "
-                     f"{html.escape(', '.join(single))}.</p>")
+        parts.append(
+            f"<p class='note'>Measured at one batch size only (their tables are in the markdown report): "
+            f"{html.escape(', '.join(single))}.</p>"
+        )
     return "\n".join(parts)
 
 
 def _rtol(benchmark: Mapping[str, Any] | None, document: Mapping[str, Any], metric: str) -> float | None:
     scenario = (benchmark or {}).get("scenario") or {}
-    fallback = COUNT_RTOL if metric in INSTRUCTION_METRICS else scenario.get(
-        "rtol", (document.get("settings") or {}).get("rtol"))  # counts have a tolerance of their own
+    fallback = (
+        COUNT_RTOL
+        if metric in INSTRUCTION_METRICS
+        else scenario.get("rtol", (document.get("settings") or {}).get("rtol"))
+    )  # counts have a tolerance of their own
     value = (scenario.get("rtol_per_metric") or {}).get(metric, fallback)
     return float(value) if isinstance(value, (int, float)) else None
 
@@ -144,24 +158,29 @@ def _medians_ratio(row: Mapping[str, Any]) -> str:
 
 
 def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
-    parts = ["<h2 id='verdicts'>Baseline vs now</h2>",
-             "<p>Per gated metric and batch size: the estimated ratio now / baseline (the gate's estimate "
-             "of the shift, as a ratio, with its 95% confidence interval), coloured by verdict. Latencies regress "
-             "above the dotted line (1 + rtol), throughputs below it (1 / (1 + rtol)). The table also gives the "
-             "ratio of the medians (now median / baseline median), the terminal's and markdown's "
-             "\"ratio\". An instruction count (callgrind) is drawn as its point: it has no sampling interval, and is "
-             "held to its own tolerance.</p>"]
+    parts = [
+        "<h2 id='verdicts'>Baseline vs now</h2>",
+        "<p>Per gated metric and batch size: the estimated ratio now / baseline (the gate's estimate "
+        "of the shift, as a ratio, with its 95% confidence interval), coloured by verdict. Latencies regress "
+        "above the dotted line (1 + rtol), throughputs below it (1 / (1 + rtol)). The table also gives the "
+        "ratio of the medians (now median / baseline median), the terminal's and markdown's "
+        '"ratio". An instruction count (callgrind) is drawn as its point: it has no sampling interval, and is '
+        "held to its own tolerance.</p>",
+    ]
     n = 0
     for doc in documents:
         benchmarks = {b.get("key"): b for b in doc.get("benchmarks") or []}
         by_module: dict[str, list[Mapping[str, Any]]] = {}
         for row in doc.get("verdicts") or []:
             if all(_num(row.get(k)) for k in ("ratio", "ci_low", "ci_high")) or (
-                    _num(row.get("ratio")) and row.get("metric") in INSTRUCTION_METRICS):
+                _num(row.get("ratio")) and row.get("metric") in INSTRUCTION_METRICS
+            ):
                 by_module.setdefault(str(row.get("nodeid", "")).split("::")[0], []).append(row)
         if not by_module:
-            parts.append(f"<p>{html.escape(str(doc.get('device')))}: nothing compared with a baseline in this "
-                         f"report (baselines created, updated, missing or refused).</p>")
+            parts.append(
+                f"<p>{html.escape(str(doc.get('device')))}: nothing compared with a baseline in this "
+                f"report (baselines created, updated, missing or refused).</p>"
+            )
         for module, rows in by_module.items():
             intervals, table = [], []
             for row in rows:
@@ -173,33 +192,51 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                 # a count has no sampling interval (judge/instructions.py): drawn as its point
                 counted = not _num(row.get("ci_low"))
                 low, high = (row["ratio"], row["ratio"]) if counted else (row["ci_low"], row["ci_high"])
-                estimate = (f"{row['ratio']:.4f} (a count, held to its tolerance)" if counted
-                            else f"{row['ratio']:.3f} [{low:.3f}, {high:.3f}]")
-                intervals.append(plots.Interval(label, row["ratio"], low, high,
-                                                str(row.get("verdict")), None if higher else bound,
-                                                bound if higher else None))
+                estimate = (
+                    f"{row['ratio']:.4f} (a count, held to its tolerance)"
+                    if counted
+                    else f"{row['ratio']:.3f} [{low:.3f}, {high:.3f}]"
+                )
+                intervals.append(
+                    plots.Interval(
+                        label,
+                        row["ratio"],
+                        low,
+                        high,
+                        str(row.get("verdict")),
+                        None if higher else bound,
+                        bound if higher else None,
+                    )
+                )
                 unit = _unit(doc, metric)
-                table.append(f"<tr><td>{html.escape(str(row.get('key')))}</td><td>{html.escape(metric)}</td>"
-                             f"<td>{row.get('batch_size')}</td><td>{_median_text(row.get('baseline'), unit)}</td>"
-                             f"<td>{_median_text(row.get('now'), unit)}</td><td>{_medians_ratio(row)}</td>"
-                             f"<td>{estimate}</td>"
-                             f"<td class='{html.escape(str(row.get('verdict')))}'>"
-                             f"{html.escape(str(row.get('verdict')))}</td></tr>")
+                table.append(
+                    f"<tr><td>{html.escape(str(row.get('key')))}</td><td>{html.escape(metric)}</td>"
+                    f"<td>{row.get('batch_size')}</td><td>{_median_text(row.get('baseline'), unit)}</td>"
+                    f"<td>{_median_text(row.get('now'), unit)}</td><td>{_medians_ratio(row)}</td>"
+                    f"<td>{estimate}</td>"
+                    f"<td class='{html.escape(str(row.get('verdict')))}'>"
+                    f"{html.escape(str(row.get('verdict')))}</td></tr>"
+                )
             svg = plots.ratio_figure(f"{doc.get('device')}: {module}", intervals, f"ratio{n}")
             n += 1
             parts.append(f"<figure class='plot ratio'>{svg}</figure>")
-            parts.append("<details><summary>the numbers</summary><table><tr><th>test</th><th>metric</th>"
-                         "<th>batch size</th><th>baseline median</th><th>now median</th><th>ratio now/baseline "
-                         "(medians)</th><th>estimated ratio [95% CI]</th><th>verdict</th></tr>" + "".join(table)
-                         + "</table></details>")
+            parts.append(
+                "<details><summary>the numbers</summary><table><tr><th>test</th><th>metric</th>"
+                "<th>batch size</th><th>baseline median</th><th>now median</th><th>ratio now/baseline "
+                "(medians)</th><th>estimated ratio [95% CI]</th><th>verdict</th></tr>"
+                + "".join(table)
+                + "</table></details>"
+            )
     return "\n".join(parts)
 
 
 def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
-    parts = ["<h2 id='history'>History over commits</h2>",
-             "<p>Per batch size, the median of the per-process medians (with one process: of the runs) at each "
-             "recorded baseline (from the git history of the baseline file; labelled with the commit it was "
-             "measured at) and in these reports (labelled with the target).</p>"]
+    parts = [
+        "<h2 id='history'>History over commits</h2>",
+        "<p>Per batch size, the median of the per-process medians (with one process: of the runs) at each "
+        "recorded baseline (from the git history of the baseline file; labelled with the commit it was "
+        "measured at) and in these reports (labelled with the target).</p>",
+    ]
     cache: dict[Path, history.Versions] = {}
     benchmarks: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
     for doc in documents:
@@ -212,35 +249,53 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
         for doc, b in members:
             baseline_file = _baseline_file(doc, b)
             if baseline_file is not None:
-                points += [p for p in history.baseline_points(baseline_file, str(b.get("key")), measured_sizes,
-                                                              metrics, cache)
-                           if p.label not in {q.label for q in points}]
+                points += [
+                    p
+                    for p in history.baseline_points(baseline_file, str(b.get("key")), measured_sizes, metrics, cache)
+                    if p.label not in {q.label for q in points}
+                ]
             points.append(history.report_point(doc, b, metrics))
         points.sort(key=lambda p: p.when)
         sizes = sorted({bs for p in points for bs in p.medians})
         if not sizes:  # counted and not timed (--llmperf-instructions-only), or no batch size ran
             parts.append(f"<p class='note'>{html.escape(name)}: no timed runs to plot.</p>")
             continue
-        panels = [(m, TITLES.get(m, m), _unit(members[0][0], m),
-                   {bs: [p.medians.get(bs, {}).get(m) for p in points] for bs in sizes}) for m in metrics]
+        panels = [
+            (
+                m,
+                TITLES.get(m, m),
+                _unit(members[0][0], m),
+                {bs: [p.medians.get(bs, {}).get(m) for p in points] for bs in sizes},
+            )
+            for m in metrics
+        ]
         svg = plots.history_figure(name, [p.label for p in points], panels, f"history{n}")
         parts.append(f"<figure class='plot history' id='history{n}'>{svg}</figure>")
         parts.append(_history_numbers(points, metrics, sizes, members[0][0]))
     return "\n".join(parts)
 
 
-def _history_numbers(points: Sequence[history.Point], metrics: Sequence[str], sizes: Sequence[int],
-                     document: Mapping[str, Any]) -> str:
+def _history_numbers(
+    points: Sequence[history.Point], metrics: Sequence[str], sizes: Sequence[int], document: Mapping[str, Any]
+) -> str:
     """The plotted values as a table, one row per point (oldest first)."""
     columns = [(m, bs) for m in metrics for bs in sizes]
     head = "".join(f"<th>{html.escape(m)} bs {bs} ({html.escape(_unit(document, m))})</th>" for m, bs in columns)
     rows = "".join(
-        f"<tr><td>{html.escape(p.label)}</td>" + "".join(
+        f"<tr><td>{html.escape(p.label)}</td>"
+        + "".join(
             f"<td data-metric='{html.escape(m)}' data-batch-size='{bs}'>"
-            + (f"{p.medians[bs][m]:.6g}" if m in p.medians.get(bs, {}) else "") + "</td>" for m, bs in columns)
-        + "</tr>" for p in points)
-    return (f"<details class='history-numbers'><summary>the numbers</summary><table><tr><th>point</th>{head}</tr>"
-            f"{rows}</table></details>")
+            + (f"{p.medians[bs][m]:.6g}" if m in p.medians.get(bs, {}) else "")
+            + "</td>"
+            for m, bs in columns
+        )
+        + "</tr>"
+        for p in points
+    )
+    return (
+        f"<details class='history-numbers'><summary>the numbers</summary><table><tr><th>point</th>{head}</tr>"
+        f"{rows}</table></details>"
+    )
 
 
 STYLE = """
@@ -257,13 +312,17 @@ def page(documents: Sequence[Mapping[str, Any]]) -> str:
         f"<li><b>{html.escape(str(d.get('device')))}</b>: written {html.escape(str(d.get('created', '?')))}, "
         f"commit {html.escape(str(((d.get('fingerprint') or {}).get('git') or {}).get('commit') or '?')[:12])}, "
         f"{html.escape(', '.join(f'{v} {k}' for k, v in (d.get('counts') or {}).items()))}</li>"
-        for d in documents)
-    body = "\n".join([sweep_section(plots, documents), ratio_section(plots, documents),
-                      history_section(plots, documents)])
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>llmperf: "
-            f"{html.escape(', '.join(str(d.get('device')) for d in documents))}</title><style>{STYLE}</style></head>"
-            f"<body><h1>llmperf results</h1><ul>{targets}</ul><p><a href='#sweeps'>against batch size</a> · "
-            f"<a href='#verdicts'>baseline vs now</a> · <a href='#history'>history</a></p>\n{body}\n</body></html>\n")
+        for d in documents
+    )
+    body = "\n".join(
+        [sweep_section(plots, documents), ratio_section(plots, documents), history_section(plots, documents)]
+    )
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>llmperf: "
+        f"{html.escape(', '.join(str(d.get('device')) for d in documents))}</title><style>{STYLE}</style></head>"
+        f"<body><h1>llmperf results</h1><ul>{targets}</ul><p><a href='#sweeps'>against batch size</a> · "
+        f"<a href='#verdicts'>baseline vs now</a> · <a href='#history'>history</a></p>\n{body}\n</body></html>\n"
+    )
 
 
 def _baseline_file(doc: Mapping[str, Any], bench: Mapping[str, Any]) -> Path | None:

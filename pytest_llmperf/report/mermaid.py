@@ -29,11 +29,19 @@ def throughput_charts(document: Mapping[str, Any]) -> str:
         sizes = sorted(medians)
         oom = [str(b.get("batch_size")) for b in benchmark.get("batches") or [] if b.get("status") == "oom"]
         title = f"{benchmark.get('key')}: throughput vs batch size" + (f" (oom at {', '.join(oom)})" if oom else "")
-        charts.append("\n".join([
-            "```mermaid", "xychart-beta", f"    title {_quoted(title)}",
-            f"    x-axis {_quoted('batch size')} [{', '.join(str(bs) for bs in sizes)}]",
-            f"    y-axis {_quoted('tokens/s (median)')} 0 --> {max(medians.values()) * 1.1:.4g}",
-            f"    line [{', '.join(f'{medians[bs]:.4g}' for bs in sizes)}]", "```"]))
+        charts.append(
+            "\n".join(
+                [
+                    "```mermaid",
+                    "xychart-beta",
+                    f"    title {_quoted(title)}",
+                    f"    x-axis {_quoted('batch size')} [{', '.join(str(bs) for bs in sizes)}]",
+                    f"    y-axis {_quoted('tokens/s (median)')} 0 --> {max(medians.values()) * 1.1:.4g}",
+                    f"    line [{', '.join(f'{medians[bs]:.4g}' for bs in sizes)}]",
+                    "```",
+                ]
+            )
+        )
     if not charts:
         return ""
     more = len(charts) - MAX_CHARTS

@@ -50,10 +50,10 @@ def _svg(fig: Figure, salt: str) -> str:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
         fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buffer.getvalue()
-    return text[text.index("<svg"):]  # inline: no XML declaration or doctype
+    return text[text.index("<svg") :]  # inline: no XML declaration or doctype
 
 
-def _panel(ax, title: str, unit: str) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _panel(ax, title: str, unit: str) -> None:
     """One panel's title, unit and grid; values from 0, so a change reads at its true size."""
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(unit)
@@ -82,23 +82,44 @@ def sweep_figure(title: str, panels: Sequence[tuple[str, str, Sequence[Series]]]
         for i, s in enumerate(series):
             colour = f"C{i % 10}"
             if s.batch_sizes:
-                ax.errorbar(s.batch_sizes, s.medians,
-                            yerr=[[m - lo for m, lo in zip(s.medians, s.lows)],
-                                  [hi - m for m, hi in zip(s.medians, s.highs)]],
-                            marker="o", markersize=4, capsize=3, linewidth=1.4, color=colour, label=s.label)
+                ax.errorbar(
+                    s.batch_sizes,
+                    s.medians,
+                    yerr=[[m - lo for m, lo in zip(s.medians, s.lows)], [hi - m for m, hi in zip(s.medians, s.highs)]],
+                    marker="o",
+                    markersize=4,
+                    capsize=3,
+                    linewidth=1.4,
+                    color=colour,
+                    label=s.label,
+                )
             for marks, symbol, word in ((s.oom, "x", "oom"), (s.failed, "$!$", "error")):
                 if marks:
-                    ax.plot(marks, [0.97] * len(marks), linestyle="none", marker=symbol, markersize=8, color=colour,
-                            transform=ax.get_xaxis_transform(), clip_on=False,
-                            label=f"{s.label}: {word}" if len(series) > 1 else word)
+                    ax.plot(
+                        marks,
+                        [0.97] * len(marks),
+                        linestyle="none",
+                        marker=symbol,
+                        markersize=8,
+                        color=colour,
+                        transform=ax.get_xaxis_transform(),
+                        clip_on=False,
+                        label=f"{s.label}: {word}" if len(series) > 1 else word,
+                    )
             sizes += s.batch_sizes + s.oom + s.failed
         if sizes:
             _batch_axis(ax, sizes)
         _panel(ax, label, unit)
     handles, labels = axes[0].get_legend_handles_labels()
     if labels:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8,
-                   bbox_to_anchor=(0.5, -0.02 - 0.05 * ((len(labels) - 1) // 3)))
+        fig.legend(
+            handles,
+            labels,
+            loc="lower center",
+            ncol=min(len(labels), 3),
+            fontsize=8,
+            bbox_to_anchor=(0.5, -0.02 - 0.05 * ((len(labels) - 1) // 3)),
+        )
     fig.tight_layout(rect=(0, 0.1 + 0.05 * ((len(labels) - 1) // 3), 1, 1))
     return _svg(fig, salt)
 
@@ -111,16 +132,22 @@ def ratio_figure(title: str, intervals: Sequence[Interval], salt: str) -> str:
     ys = list(range(len(intervals)))[::-1]
     for y, iv in zip(ys, intervals):
         colour = VERDICT_COLOURS.get(iv.verdict, "#546e7a")
-        ax.errorbar([iv.ratio], [y], xerr=[[iv.ratio - iv.low], [iv.high - iv.ratio]], marker="o", markersize=4,
-                    capsize=3, color=colour)
+        ax.errorbar(
+            [iv.ratio],
+            [y],
+            xerr=[[iv.ratio - iv.low], [iv.high - iv.ratio]],
+            marker="o",
+            markersize=4,
+            capsize=3,
+            color=colour,
+        )
         for bound in (iv.bad_above, iv.bad_below):
             if bound is not None:
                 ax.plot([bound, bound], [y - 0.35, y + 0.35], color="#c62828", linewidth=1, linestyle=":")
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(ys, [iv.label for iv in intervals], fontsize=8)
     ax.set_ylim(-0.7, len(intervals) - 0.3)
-    ax.set_xlabel("estimated ratio now / baseline (the gate's estimate, 95% CI); red dotted: the regression "
-                  "threshold")
+    ax.set_xlabel("estimated ratio now / baseline (the gate's estimate, 95% CI); red dotted: the regression threshold")
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     for verdict, colour in VERDICT_COLOURS.items():
@@ -130,8 +157,9 @@ def ratio_figure(title: str, intervals: Sequence[Interval], salt: str) -> str:
     return _svg(fig, salt)
 
 
-def history_figure(title: str, labels: Sequence[str],
-                   panels: Sequence[tuple[str, str, str, dict[int, list[float | None]]]], salt: str) -> str:
+def history_figure(
+    title: str, labels: Sequence[str], panels: Sequence[tuple[str, str, str, dict[int, list[float | None]]]], salt: str
+) -> str:
     """Per panel (metric, title, unit, batch size -> value per point), a line per batch size over the points
     (commits, oldest first); a benchmark with one point shows one point. Each line's SVG group has the id
     `<salt>-<metric>-bs<batch size>`, its markers the plotted points."""
@@ -141,8 +169,15 @@ def history_figure(title: str, labels: Sequence[str],
     xs = list(range(len(labels)))
     for ax, (metric, label, unit, lines) in zip(axes, panels):
         for i, (bs, values) in enumerate(sorted(lines.items())):
-            ax.plot(xs, [float("nan") if v is None else v for v in values], marker="o", markersize=4,
-                    color=f"C{i % 10}", label=f"bs {bs}", gid=f"{salt}-{metric}-bs{bs}")
+            ax.plot(
+                xs,
+                [float("nan") if v is None else v for v in values],
+                marker="o",
+                markersize=4,
+                color=f"C{i % 10}",
+                label=f"bs {bs}",
+                gid=f"{salt}-{metric}-bs{bs}",
+            )
         ax.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
         ax.set_xlim(-0.5, len(labels) - 0.5)
         _panel(ax, label, unit)

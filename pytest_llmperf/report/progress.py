@@ -36,8 +36,16 @@ STATUS_INTERVAL_NS = 100_000_000
 class Progress:
     """Progress of one benchmark. The runner calls `run_done` after every run (kept or retaken)."""
 
-    def __init__(self, reporter: Any, capture: Any, *, nodeid: str, verbosity: int, isatty: bool,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        reporter: Any,
+        capture: Any,
+        *,
+        nodeid: str,
+        verbosity: int,
+        isatty: bool,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.reporter = reporter
         self.capture = capture
         self.nodeid = nodeid
@@ -120,7 +128,7 @@ class Progress:
         with self._uncaptured():
             # write_raw: pytest's own line (its width, where `PASSED` goes) does not include the status
             room = tw.fullwidth - max(tw.width_of_current_line, 0) - 2
-            text = f" [{self.key}: {text}]"[:max(room, 0)]
+            text = f" [{self.key}: {text}]"[: max(room, 0)]
             old = len(self._status)
             pad = max(old - len(text), 0)
             tw.write_raw("\b" * old + text + " " * pad + "\b" * pad, flush=True)
@@ -145,16 +153,22 @@ class Progress:
 
 
 @contextmanager
-def benchmark(config: pytest.Config | None, nodeid: str, key: str,
-              batch_sizes: Sequence[int]) -> Iterator[Callable[..., None] | None]:
+def benchmark(
+    config: pytest.Config | None, nodeid: str, key: str, batch_sizes: Sequence[int]
+) -> Iterator[Callable[..., None] | None]:
     """`with benchmark(config, nodeid, key, sizes) as on_run:` the runner's per-run callback
     (None without a terminal reporter, e.g. `-p no:terminal` or an xdist worker)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter") if config is not None else None
     if reporter is None or hasattr(config, "workerinput"):
         yield None
         return
-    progress = Progress(reporter, config.pluginmanager.get_plugin("capturemanager"), nodeid=nodeid,
-                        verbosity=config.get_verbosity(), isatty=bool(reporter.isatty()))
+    progress = Progress(
+        reporter,
+        config.pluginmanager.get_plugin("capturemanager"),
+        nodeid=nodeid,
+        verbosity=config.get_verbosity(),
+        isatty=bool(reporter.isatty()),
+    )
     progress.started(key, batch_sizes)
     try:
         yield progress.run_done

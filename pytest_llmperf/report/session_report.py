@@ -35,21 +35,35 @@ def write_reports(session: Any) -> None:
         # the directory's lock: every report of every device is written under it
         with locked(report_dir / "index.html"):
             _write_reports(session, report_dir)
-            left = [t for name in sorted(os.listdir(report_dir)) if not name.startswith(".")
-                    for t in remove_left_temporaries(report_dir / name)]
+            left = [
+                t
+                for name in sorted(os.listdir(report_dir))
+                if not name.startswith(".")
+                for t in remove_left_temporaries(report_dir / name)
+            ]
     except OSError as exc:  # the directory itself cannot be made or locked
-        session.report_errors.append(f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable "
-                                     "or set --llmperf-report-dir")
+        session.report_errors.append(
+            f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable or set --llmperf-report-dir"
+        )
         return
     if left:
-        session.report_warnings.append(f"llmperf: removed {len(left)} temporary file(s) that an interrupted session "
-                                       f"left in {report_dir}: {', '.join(p.name for p in left)}")
+        session.report_warnings.append(
+            f"llmperf: removed {len(left)} temporary file(s) that an interrupted session "
+            f"left in {report_dir}: {', '.join(p.name for p in left)}"
+        )
 
 
 def _write_reports(session: Any, report_dir: Path) -> None:
     found = counts(session.outcomes)
-    document = json_document(session.device, now_iso(), session.fingerprint, session.settings.values,
-                             [o.result for o in session.outcomes], session.outcomes, found)
+    document = json_document(
+        session.device,
+        now_iso(),
+        session.fingerprint,
+        session.settings.values,
+        [o.result for o in session.outcomes],
+        session.outcomes,
+        found,
+    )
     paths = [report_dir / f"{session.device}.md", report_dir / f"{session.device}.json"]
     doc, warning = accumulate.update_report(paths[1], document)  # every benchmark measured on the device
     if warning:
@@ -59,15 +73,17 @@ def _write_reports(session: Any, report_dir: Path) -> None:
         write_json(paths[1], doc)
         session.written += paths
     except OSError as exc:
-        session.report_errors.append(f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable "
-                                     "or set --llmperf-report-dir")
+        session.report_errors.append(
+            f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable or set --llmperf-report-dir"
+        )
     if session.settings["json"]:
         try:
             write_json(Path(session.settings["json"]), doc)
             session.written.append(Path(session.settings["json"]))
         except OSError as exc:
-            session.report_errors.append(f"llmperf: cannot write --llmperf-json={session.settings['json']}: {exc}. "
-                                         "Give a writable file path")
+            session.report_errors.append(
+                f"llmperf: cannot write --llmperf-json={session.settings['json']}: {exc}. Give a writable file path"
+            )
     dashboards.write_session_exports(session, report_dir, document)  # --llmperf-export
     if not session.report_errors:
         try:
@@ -84,8 +100,12 @@ def _throughput_log(session: Any, report_dir: Path) -> None:
         result = outcome.result
         if outcome.kind in (Kind.CREATED, Kind.UPDATED) and result.backend.get("backend") == "jetstream":
             try:
-                throughput_log.append_rows(report_dir, session.device, str(result.backend.get("model")),
-                                           throughput_log.rows_from_result(result, now_iso()[:10]))
+                throughput_log.append_rows(
+                    report_dir,
+                    session.device,
+                    str(result.backend.get("model")),
+                    throughput_log.rows_from_result(result, now_iso()[:10]),
+                )
             except OSError as exc:
                 session.report_errors.append(f"llmperf: cannot append to the throughput log in {report_dir}: {exc}")
 
@@ -100,5 +120,7 @@ def _step_summary(session: Any, document: dict, doc: dict, found: Any) -> None:
             handle.write(f"## llmperf: {session.device}\n\n{counts_line(found)}\n\n{table}\n\n")
             handle.write(mermaid.throughput_charts(doc))
     except OSError as exc:
-        session.report_warnings.append(f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
-                                       f"{summary_path}: {exc}; the reports above are complete")
+        session.report_warnings.append(
+            f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
+            f"{summary_path}: {exc}; the reports above are complete"
+        )

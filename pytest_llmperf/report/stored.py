@@ -42,8 +42,11 @@ def is_value(value: Any) -> bool:
 
 def run_metric_values(runs: Any, metric: str) -> list[tuple[Any, float]]:
     """(process, value) of `metric` for each of a report batch's runs (JSON) that holds a finite value of it."""
-    return [(run.get("process", 0), float(run["values"][metric])) for run in runs or []
-            if isinstance(run, Mapping) and is_value((run.get("values") or {}).get(metric))]
+    return [
+        (run.get("process", 0), float(run["values"][metric]))
+        for run in runs or []
+        if isinstance(run, Mapping) and is_value((run.get("values") or {}).get(metric))
+    ]
 
 
 @dataclass
@@ -58,8 +61,13 @@ class StoredRun:
 
     @classmethod
     def of(cls, sample: RunSample) -> StoredRun:
-        return cls({k: _rounded(v) for k, v in run_values(sample).items()}, sample.process, generated_tokens(sample),
-                   dict(sample.gpu), list(sample.failed_requests))
+        return cls(
+            {k: _rounded(v) for k, v in run_values(sample).items()},
+            sample.process,
+            generated_tokens(sample),
+            dict(sample.gpu),
+            list(sample.failed_requests),
+        )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"process": self.process, "values": self.values, "tokens": self.tokens}
@@ -72,8 +80,13 @@ class StoredRun:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredRun:
         values = {k: float(v) for k, v in (data.get("values") or {}).items() if is_value(v)}
-        return cls(values, int(data.get("process") or 0), int(data.get("tokens") or 0),
-                   dict(data.get("gpu") or {}), list(data.get("failed_requests") or []))
+        return cls(
+            values,
+            int(data.get("process") or 0),
+            int(data.get("tokens") or 0),
+            dict(data.get("gpu") or {}),
+            list(data.get("failed_requests") or []),
+        )
 
 
 @dataclass
@@ -120,23 +133,46 @@ class StoredBatch:
         elif seen is not None:
             outputs = {"distinct": seen.distinct}
         counts = {m: [v for values in runs for v in values] for m, runs in count_table(batch.counted).items()}
-        return cls(batch.batch_size, [StoredRun.of(s) for s in batch.samples], batch.status, batch.error,
-                   batch.warmups, batch.foreign_load, batch.retaken, outputs, counts)
+        return cls(
+            batch.batch_size,
+            [StoredRun.of(s) for s in batch.samples],
+            batch.status,
+            batch.error,
+            batch.warmups,
+            batch.foreign_load,
+            batch.retaken,
+            outputs,
+            counts,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "status": self.status, "error": self.error, "warmups": self.warmups,
-                "foreign_load": self.foreign_load, "retaken": self.retaken, "outputs": self.outputs,
-                "runs": [r.to_json() for r in self.runs],
-                "summary": {m: summarize(v).to_json() for m, v in self.values().items()},
-                **({"counts": self.counts} if self.counts else {})}
+        return {
+            "batch_size": self.batch_size,
+            "status": self.status,
+            "error": self.error,
+            "warmups": self.warmups,
+            "foreign_load": self.foreign_load,
+            "retaken": self.retaken,
+            "outputs": self.outputs,
+            "runs": [r.to_json() for r in self.runs],
+            "summary": {m: summarize(v).to_json() for m, v in self.values().items()},
+            **({"counts": self.counts} if self.counts else {}),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredBatch:
         runs = [StoredRun.from_json(r) for r in data.get("runs") or [] if not _null_values(r)]
-        return cls(int(data["batch_size"]), runs,
-                   str(data.get("status") or "ok"), data.get("error"), int(data.get("warmups") or 0),
-                   data.get("foreign_load"), int(data.get("retaken") or 0), data.get("outputs"),
-                   {str(m): [float(v) for v in values] for m, values in (data.get("counts") or {}).items()})
+        return cls(
+            int(data["batch_size"]),
+            runs,
+            str(data.get("status") or "ok"),
+            data.get("error"),
+            int(data.get("warmups") or 0),
+            data.get("foreign_load"),
+            int(data.get("retaken") or 0),
+            data.get("outputs"),
+            {str(m): [float(v) for v in values] for m, values in (data.get("counts") or {}).items()},
+        )
 
 
 @dataclass
@@ -158,24 +194,47 @@ class StoredResult:
 
     @classmethod
     def of(cls, result: BenchmarkResult) -> StoredResult:
-        return cls(result.key, result.nodeid, result.module, dict(result.scenario), dict(result.backend),
-                   [StoredBatch.of(b) for b in result.batches], result.group, result.splits_prefill,
-                   quality_notes(result))
+        return cls(
+            result.key,
+            result.nodeid,
+            result.module,
+            dict(result.scenario),
+            dict(result.backend),
+            [StoredBatch.of(b) for b in result.batches],
+            result.group,
+            result.splits_prefill,
+            quality_notes(result),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "nodeid": self.nodeid, "module": self.module, "group": self.group,
-                "scenario": self.scenario, "backend": self.backend, "splits_prefill": self.splits_prefill,
-                "run_quality": self.run_quality, "batches": [b.to_json() for b in self.batches]}
+        return {
+            "key": self.key,
+            "nodeid": self.nodeid,
+            "module": self.module,
+            "group": self.group,
+            "scenario": self.scenario,
+            "backend": self.backend,
+            "splits_prefill": self.splits_prefill,
+            "run_quality": self.run_quality,
+            "batches": [b.to_json() for b in self.batches],
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StoredResult:
         """A report's benchmark entry; one written with raw runs is reduced from them."""
         if _has_raw_runs(data):
             return cls.of(raw_result(data))
-        return cls(str(data["key"]), str(data["nodeid"]), str(data.get("module") or ""),
-                   dict(data.get("scenario") or {}), dict(data.get("backend") or {}),
-                   [StoredBatch.from_json(b) for b in data.get("batches") or []], data.get("group"),
-                   bool(data.get("splits_prefill")), list(data.get("run_quality") or []))
+        return cls(
+            str(data["key"]),
+            str(data["nodeid"]),
+            str(data.get("module") or ""),
+            dict(data.get("scenario") or {}),
+            dict(data.get("backend") or {}),
+            [StoredBatch.from_json(b) for b in data.get("batches") or []],
+            data.get("group"),
+            bool(data.get("splits_prefill")),
+            list(data.get("run_quality") or []),
+        )
 
 
 def stored(result: BenchmarkResult | StoredResult) -> StoredResult:
@@ -195,15 +254,31 @@ def raw_result(data: Mapping[str, Any]) -> BenchmarkResult:
     """A benchmark entry of a report written with raw runs, as the record it was made from (its runs that
     measured nothing, such as null times, left out)."""
     names = {f.name for f in fields(RunSample)}
-    batches = [BatchResult(batch_size=int(b["batch_size"]),
-                           samples=[s for run in b.get("runs") or []
-                                    if _usable(s := RunSample(**{k: v for k, v in run.items() if k in names}))],
-                           warmups=int(b.get("warmups") or 0), error=b.get("error"), oom=b.get("status") == "oom",
-                           foreign_load=b.get("foreign_load"), retaken=int(b.get("retaken") or 0))
-               for b in data.get("batches") or []]
-    return BenchmarkResult(key=data["key"], nodeid=data["nodeid"], module=data.get("module", ""),
-                           scenario=data.get("scenario") or {}, backend=data.get("backend") or {}, batches=batches,
-                           group=data.get("group"))
+    batches = [
+        BatchResult(
+            batch_size=int(b["batch_size"]),
+            samples=[
+                s
+                for run in b.get("runs") or []
+                if _usable(s := RunSample(**{k: v for k, v in run.items() if k in names}))
+            ],
+            warmups=int(b.get("warmups") or 0),
+            error=b.get("error"),
+            oom=b.get("status") == "oom",
+            foreign_load=b.get("foreign_load"),
+            retaken=int(b.get("retaken") or 0),
+        )
+        for b in data.get("batches") or []
+    ]
+    return BenchmarkResult(
+        key=data["key"],
+        nodeid=data["nodeid"],
+        module=data.get("module", ""),
+        scenario=data.get("scenario") or {},
+        backend=data.get("backend") or {},
+        batches=batches,
+        group=data.get("group"),
+    )
 
 
 def _null_values(run: Mapping[str, Any]) -> bool:
@@ -227,10 +302,21 @@ def reference_summary(result: BenchmarkResult) -> dict[str, Any]:
     the summary of its runs' values, and each worker process's median per metric by process index (what the
     gate paired with this side's processes: scripts/replay_gate.py replays the gate from them)."""
     reduced = StoredResult.of(result)
-    return {"key": reduced.key, "nodeid": reduced.nodeid, "backend": reduced.backend,
-            "batches": [{"batch_size": b.batch_size, "status": b.status, "runs": len(b.runs),
-                         "summary": {m: summarize(v).to_json() for m, v in b.values().items()},
-                         "processes": _process_medians(b)} for b in reduced.batches]}
+    return {
+        "key": reduced.key,
+        "nodeid": reduced.nodeid,
+        "backend": reduced.backend,
+        "batches": [
+            {
+                "batch_size": b.batch_size,
+                "status": b.status,
+                "runs": len(b.runs),
+                "summary": {m: summarize(v).to_json() for m, v in b.values().items()},
+                "processes": _process_medians(b),
+            }
+            for b in reduced.batches
+        ],
+    }
 
 
 def _process_medians(batch: StoredBatch) -> dict[str, dict[str, float]]:
@@ -239,8 +325,9 @@ def _process_medians(batch: StoredBatch) -> dict[str, dict[str, float]]:
     for run in batch.runs:
         for metric, value in run.values.items():
             found.setdefault(metric, {}).setdefault(run.process, []).append(value)
-    return {m: {str(p): _rounded(float(np.median(v))) for p, v in sorted(per.items())}
-            for m, per in sorted(found.items())}
+    return {
+        m: {str(p): _rounded(float(np.median(v))) for p, v in sorted(per.items())} for m, per in sorted(found.items())
+    }
 
 
 def compact_reference(data: Any) -> Any:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..judge.quality import quality_notes
@@ -23,6 +23,8 @@ from .verdict_table import table_rows
 
 #: fail_on's word for a session that selected benchmarks and judged none.
 UNJUDGED = "unjudged"
+
+
 def counts_line(found: Mapping[Kind, int]) -> str:
     """`2 passed, 1 regressed, ...`: every kind that occurred, judged kinds first, each benchmark once."""
     order = [*JUDGED, *NOT_JUDGED]
@@ -81,8 +83,9 @@ def failing_line(session: Any) -> str | None:
 
 def summary_lines(session: Any) -> list[str]:
     # the same rows, units, ratio direction and order as the markdown report's verdict table
-    document = json_document(session.device, "", {}, {}, [o.result for o in session.outcomes], session.outcomes,
-                             counts(session.outcomes))
+    document = json_document(
+        session.device, "", {}, {}, [o.result for o in session.outcomes], session.outcomes, counts(session.outcomes)
+    )
     header, rows = table_rows(document, with_measured=False)
     lines = table(header, rows).splitlines() if rows else []
     found = counts(session.outcomes)
@@ -96,22 +99,30 @@ def summary_lines(session: Any) -> list[str]:
         lines.append(f"processes per side: {_spread(used)} over {len(used)} benchmark test(s)")
     unchecked = [o.result.key for o in session.outcomes if o.outputs_unchecked]
     if unchecked:
-        lines.append(f"outputs not compared for {len(unchecked)} benchmark(s), whose baseline (or compared ref) holds "
-                     f"no generated tokens (recorded before they were stored; --llmperf-update records them): "
-                     + ", ".join(unchecked))
+        lines.append(
+            f"outputs not compared for {len(unchecked)} benchmark(s), whose baseline (or compared ref) holds "
+            f"no generated tokens (recorded before they were stored; --llmperf-update records them): "
+            + ", ".join(unchecked)
+        )
     age = baseline_age(session.outcomes)
     if age:
         lines.append(age)
     drift = {k: v for o in session.outcomes for k, v in o.drift.items()}
     if drift:
-        lines.append("software drift since the baselines: " +
-                     "; ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(drift.items())))
+        lines.append(
+            "software drift since the baselines: "
+            + "; ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(drift.items()))
+        )
     if session.compared_to and found.get(Kind.REGRESSED):
-        lines.append(f"compared with {session.compared_to}: re-run the same command to measure again; a slowdown the "
-                     "change intends is accepted by merging it (the next comparison starts from it)")
+        lines.append(
+            f"compared with {session.compared_to}: re-run the same command to measure again; a slowdown the "
+            "change intends is accepted by merging it (the next comparison starts from it)"
+        )
     elif found.get(Kind.REGRESSED) or found.get(Kind.MISSING):
-        lines.append(f"re-run: {session.rerun()} (add --llmperf-update if the change is intended, then commit the "
-                     "changed baselines/ files)")
+        lines.append(
+            f"re-run: {session.rerun()} (add --llmperf-update if the change is intended, then commit the "
+            "changed baselines/ files)"
+        )
     return lines
 
 
@@ -130,8 +141,10 @@ def baseline_age(outcomes: Sequence[Outcome], now: datetime | None = None) -> st
     oldest, key = min(found)
     newest = max(found)[0]
     span = _ago(now - newest) + ("" if _ago(now - newest) == _ago(now - oldest) else f" to {_ago(now - oldest)}")
-    return (f"stored baselines recorded {span} ago (oldest: {key}, {oldest.date().isoformat()}); a baseline ages "
-            "by the runner's drift between sessions: judge pull requests A/B (--llmperf-compare)")
+    return (
+        f"stored baselines recorded {span} ago (oldest: {key}, {oldest.date().isoformat()}); a baseline ages "
+        "by the runner's drift between sessions: judge pull requests A/B (--llmperf-compare)"
+    )
 
 
 def _ago(delta: timedelta) -> str:
@@ -145,14 +158,22 @@ def _ago(delta: timedelta) -> str:
 def busy_line(session: Any) -> str | None:
     """One --llmperf-max-load that admits every batch size refused because the machine is busy now (each test's
     warning names its own), so a re-run needs one value."""
-    loads = [batch.foreign_load for o in session.outcomes for r in o.rows
-             if r.verdict == Verdict.REFUSED and r.note.startswith("machine busy")
-             and (batch := o.result.batch(r.batch_size)) is not None and batch.foreign_load is not None]
+    loads = [
+        batch.foreign_load
+        for o in session.outcomes
+        for r in o.rows
+        if r.verdict == Verdict.REFUSED
+        and r.note.startswith("machine busy")
+        and (batch := o.result.batch(r.batch_size)) is not None
+        and batch.foreign_load is not None
+    ]
     if not loads:
         return None
-    return (f"machine busy: {len(loads)} batch size(s) refused, other processes used up to {max(loads):.2f} cores. "
-            f"Re-run when the other work has stopped, or accept the load for all of them (noisier verdicts): "
-            f"{session.rerun(replace={'max_load': admitting(max(loads))})}")
+    return (
+        f"machine busy: {len(loads)} batch size(s) refused, other processes used up to {max(loads):.2f} cores. "
+        f"Re-run when the other work has stopped, or accept the load for all of them (noisier verdicts): "
+        f"{session.rerun(replace={'max_load': admitting(max(loads))})}"
+    )
 
 
 def _spread(values: Sequence[int]) -> str:

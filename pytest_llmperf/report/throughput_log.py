@@ -27,8 +27,16 @@ from ..measure.metrics import values_by_metric
 from ..measure.records import BenchmarkResult
 
 SCHEMA_VERSION = 1
-HEADER = ("Date", "Device", "dtype", "batch size", "cache length", "max input length", "max output length",
-          "throughput (token/s)")
+HEADER = (
+    "Date",
+    "Device",
+    "dtype",
+    "batch size",
+    "cache length",
+    "max input length",
+    "max output length",
+    "throughput (token/s)",
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,16 @@ class ThroughputRow:
         def opt(v: int | None) -> str:
             return "" if v is None else str(v)
 
-        return [self.date, self.device, self.dtype, str(self.batch_size), opt(self.cache_length),
-                opt(self.max_input_length), opt(self.max_output_length), f"{self.throughput:.0f}"]
+        return [
+            self.date,
+            self.device,
+            self.dtype,
+            str(self.batch_size),
+            opt(self.cache_length),
+            opt(self.max_input_length),
+            opt(self.max_output_length),
+            f"{self.throughput:.0f}",
+        ]
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ThroughputRow:
@@ -83,12 +99,18 @@ def rows_from_result(result: BenchmarkResult, date: str) -> list[ThroughputRow]:
         values = values_by_metric(batch.samples).get("throughput_tokens_per_s")
         if not values:
             continue
-        rows.append(ThroughputRow(
-            date=date, device=str(b.get("device", "unknown")), dtype=str(b.get("dtype", "unknown")),
-            batch_size=batch.batch_size, cache_length=b.get("cache_length"),
-            max_input_length=b.get("max_input_length") or s.get("sequence_length"),
-            max_output_length=b.get("max_output_length") or s.get("decode_length"),
-            throughput=float(statistics.median(values))))
+        rows.append(
+            ThroughputRow(
+                date=date,
+                device=str(b.get("device", "unknown")),
+                dtype=str(b.get("dtype", "unknown")),
+                batch_size=batch.batch_size,
+                cache_length=b.get("cache_length"),
+                max_input_length=b.get("max_input_length") or s.get("sequence_length"),
+                max_output_length=b.get("max_output_length") or s.get("decode_length"),
+                throughput=float(statistics.median(values)),
+            )
+        )
     return rows
 
 
@@ -105,8 +127,9 @@ def read_log(json_path: Path) -> dict[str, list[ThroughputRow]]:
     except (OSError, ValueError) as exc:
         raise ValueError(f"throughput log {json_path} is not readable JSON ({exc}); fix or remove it") from exc
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"throughput log {json_path} has schema_version {data.get('schema_version')!r}, "
-                         f"expected {SCHEMA_VERSION}")
+        raise ValueError(
+            f"throughput log {json_path} has schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+        )
     return {t: [ThroughputRow.from_json(r) for r in rows] for t, rows in data.get("targets", {}).items()}
 
 
@@ -116,8 +139,11 @@ def append_rows(report_dir: Path, device: str, target: str, rows: Iterable[Throu
     with locked(json_path):  # two updates at once: both rows land
         targets = read_log(json_path)
         targets.setdefault(target, []).extend(rows)
-        doc = {"schema_version": SCHEMA_VERSION, "device": device,
-               "targets": {t: [asdict(r) for r in rs] for t, rs in targets.items()}}
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "device": device,
+            "targets": {t: [asdict(r) for r in rs] for t, rs in targets.items()},
+        }
         write_text_atomic(json_path, json.dumps(doc, indent=1) + "\n")
         write_text_atomic(md_path, render_log(targets, title=f"Benchmark results: {device}"))
     return md_path, json_path

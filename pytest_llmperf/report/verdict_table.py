@@ -18,22 +18,32 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .tables import table
 from ..measure.metrics import DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, METRICS
+from .tables import table
 
 #: The most characters of a verdict cell (issue 22: a refusal cell was ~330 characters).
 CELL_LIMIT = 120
 _HEAD_ENDS = ("; ", " (", ". ")
 
-HEADER = ("Test", "Metric", "Batch Size", "Baseline (median)", "Now (median)", "Ratio of medians",
-          "Ratio estimate [95% CI]", "p (adjusted)", "Verdict")
+HEADER = (
+    "Test",
+    "Metric",
+    "Batch Size",
+    "Baseline (median)",
+    "Now (median)",
+    "Ratio of medians",
+    "Ratio estimate [95% CI]",
+    "p (adjusted)",
+    "Verdict",
+)
 METRIC_ORDER = {name: i for i, name in enumerate(METRICS)}
 
 
 def worse_direction(metric: str, definitions: Mapping[str, Any] | None = None) -> str | None:
     """'higher is worse' / 'lower is worse' for the metric as printed, None when unknown."""
-    better = ((definitions or {}).get(metric) or {}).get("better") or (METRICS[metric].better if metric in METRICS
-                                                                       else None)
+    better = ((definitions or {}).get(metric) or {}).get("better") or (
+        METRICS[metric].better if metric in METRICS else None
+    )
     return {"lower": "higher is worse", "higher": "lower is worse"}.get(better or "")
 
 
@@ -48,8 +58,14 @@ def _value(value: float | None, unit: str) -> str:
 
 def sort_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     metric = str(row.get("metric", ""))
-    return (str(row.get("nodeid", "")), str(row.get("key", "")), metric != "*",
-            METRIC_ORDER.get(metric, len(METRIC_ORDER)), metric, int(row.get("batch_size") or 0))
+    return (
+        str(row.get("nodeid", "")),
+        str(row.get("key", "")),
+        metric != "*",
+        METRIC_ORDER.get(metric, len(METRIC_ORDER)),
+        metric,
+        int(row.get("batch_size") or 0),
+    )
 
 
 def _gated(benchmark: Mapping[str, Any], summary: Mapping[str, Any]) -> Sequence[str]:
@@ -61,20 +77,37 @@ def _gated(benchmark: Mapping[str, Any], summary: Mapping[str, Any]) -> Sequence
 
 def unjudged_rows(outcome: Mapping[str, Any], benchmark: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Rows for a benchmark that was not compared (created, updated, refused, missing): its medians now."""
-    base = {"key": outcome.get("key"), "nodeid": outcome.get("nodeid"), "baseline": None, "ratio": None,
-            "ci_low": None, "ci_high": None, "p_value": None, "p_adjusted": None, "verdict": outcome.get("status"),
-            "note": ""}
+    base = {
+        "key": outcome.get("key"),
+        "nodeid": outcome.get("nodeid"),
+        "baseline": None,
+        "ratio": None,
+        "ci_low": None,
+        "ci_high": None,
+        "p_value": None,
+        "p_adjusted": None,
+        "verdict": outcome.get("status"),
+        "note": "",
+    }
     rows = []
     for batch in (benchmark or {}).get("batches") or []:
         if batch.get("status") != "ok":
-            rows.append({**base, "metric": "*", "batch_size": batch.get("batch_size"), "now": None,
-                         "note": f"{batch.get('status')}: {batch.get('error')}"})
+            rows.append(
+                {
+                    **base,
+                    "metric": "*",
+                    "batch_size": batch.get("batch_size"),
+                    "now": None,
+                    "note": f"{batch.get('status')}: {batch.get('error')}",
+                }
+            )
             continue
         summary = batch.get("summary") or {}
         for metric in _gated(benchmark or {}, summary):
             if metric in summary:
-                rows.append({**base, "metric": metric, "batch_size": batch.get("batch_size"),
-                             "now": summary[metric].get("p50")})
+                rows.append(
+                    {**base, "metric": metric, "batch_size": batch.get("batch_size"), "now": summary[metric].get("p50")}
+                )
     return rows or [{**base, "metric": "", "batch_size": 0, "now": None}]
 
 
@@ -102,15 +135,27 @@ def cells(row: Mapping[str, Any], definitions: Mapping[str, Any] | None = None) 
         worse = worse_direction(metric, definitions)
         ratio = f"{now / base:.3f}" + (f" ({worse})" if worse else "")
     # memory rows are held to a tolerance: their ratio is the medians' (previous column), with no interval
-    hl = ("" if row.get("ratio") is None or row.get("ci_low") is None
-          else f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
+    hl = (
+        ""
+        if row.get("ratio") is None or row.get("ci_low") is None
+        else f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+    )
     if row.get("verdict") == "improved" and row.get("p_better") is not None:
         p = f"{row['p_better']:.2g} (improving)"
     else:
         p = "" if row.get("p_value") is None else f"{row['p_value']:.2g} ({row['p_adjusted']:.2g})"
     verdict = verdict_cell(str(row.get("verdict") or ""), str(row.get("note") or ""))
-    return [str(row.get("key") or ""), metric, str(row.get("batch_size") or ""), _value(base, unit),
-            _value(now, unit), ratio, hl, p, verdict]
+    return [
+        str(row.get("key") or ""),
+        metric,
+        str(row.get("batch_size") or ""),
+        _value(base, unit),
+        _value(now, unit),
+        ratio,
+        hl,
+        p,
+        verdict,
+    ]
 
 
 def shown_note(note: str) -> str:
@@ -118,14 +163,14 @@ def shown_note(note: str) -> str:
     if not note or note.startswith("n="):
         return ""
     cuts = [i for i in (note.find(end) for end in _HEAD_ENDS) if i > 0]
-    return note[:min(cuts)] if cuts else note
+    return note[: min(cuts)] if cuts else note
 
 
 def verdict_cell(verdict: str, note: str) -> str:
     """`verdict: head of the note`, at most CELL_LIMIT characters."""
     head = shown_note(note)
     text = f"{verdict}: {head}" if head else verdict
-    return text if len(text) <= CELL_LIMIT else text[:CELL_LIMIT - 1] + "…"
+    return text if len(text) <= CELL_LIMIT else text[: CELL_LIMIT - 1] + "…"
 
 
 def note_details(document: Mapping[str, Any]) -> list[str]:
@@ -135,8 +180,10 @@ def note_details(document: Mapping[str, Any]) -> list[str]:
         note, verdict = str(row.get("note") or ""), str(row.get("verdict") or "")
         if shown_note(note) and verdict_cell(verdict, note) != f"{verdict}: {note}":
             where = f"{row.get('key')}, {'batch size' if row.get('metric') == '*' else row.get('metric')}"
-            details.append(f"{where}{'' if row.get('metric') == '*' else ' at batch size'} {row.get('batch_size')}: "
-                           f"{row.get('verdict')}: {note}")
+            details.append(
+                f"{where}{'' if row.get('metric') == '*' else ' at batch size'} {row.get('batch_size')}: "
+                f"{row.get('verdict')}: {note}"
+            )
     return details
 
 

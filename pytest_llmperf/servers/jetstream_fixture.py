@@ -8,19 +8,21 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..measure.backend import BackendError
 from ..extras import JETSTREAM, require
+from ..measure.backend import BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
+from ..processes import LOOPBACK
+from ..server_process import ProcessRegistry
 from .pool import Launch, ServerPool, fill, option, server_timeout
-from ..processes import LOOPBACK, ProcessRegistry
 
 if TYPE_CHECKING:
     from ..backends.jetstream import JetStreamBackend
 
 
 @pytest.fixture(scope="session")
-def llmperf_jetstream(request: pytest.FixtureRequest,
-                      llmperf_servers: ProcessRegistry) -> Iterator[Callable[..., JetStreamBackend]]:
+def llmperf_jetstream(
+    request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
+) -> Iterator[Callable[..., JetStreamBackend]]:
     """Start a JetStream server from a command line (or attach with --llmperf-jetstream-url).
 
     `llmperf_jetstream(["python", "run_server.py", "--port", "{port}", ...], model="llama-3-8b",
@@ -31,8 +33,14 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
     config = request.config
     pool = ServerPool(llmperf_servers, "jetstream")
 
-    def start(command: Sequence[str] | None = None, *, port: int | None = None, env: Mapping[str, str] | None = None,
-              timeout_s: float | None = None, **backend_kwargs: Any) -> JetStreamBackend:
+    def start(
+        command: Sequence[str] | None = None,
+        *,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        **backend_kwargs: Any,
+    ) -> JetStreamBackend:
         require("llmperf_jetstream", JETSTREAM)
         from ..backends.jetstream import JetStreamBackend
         from ..backends.jetstream import health_check as jetstream_health
@@ -41,16 +49,22 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
         if target:
             key = ("attach", target, tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())))
             if key not in pool.attached:
-                pool.attached[key] = JetStreamBackend(target, source=OPTIONS_BY_NAME["jetstream_url"].cli,
-                                                      **backend_kwargs)
+                pool.attached[key] = JetStreamBackend(
+                    target, source=OPTIONS_BY_NAME["jetstream_url"].cli, **backend_kwargs
+                )
             backend = pool.attached[key]
             assert isinstance(backend, JetStreamBackend)
             return backend
         if not command:
-            raise BackendError("llmperf_jetstream needs a command to start the JetStream server, or "
-                               "--llmperf-jetstream-url=HOST:PORT to attach to a running one")
-        key = (tuple(command), tuple(sorted((env or {}).items())),
-               tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())))
+            raise BackendError(
+                "llmperf_jetstream needs a command to start the JetStream server, or "
+                "--llmperf-jetstream-url=HOST:PORT to attach to a running one"
+            )
+        key = (
+            tuple(command),
+            tuple(sorted((env or {}).items())),
+            tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())),
+        )
         reused = pool.reuse(key)
         if reused is not None:
             assert isinstance(reused, JetStreamBackend)
@@ -67,6 +81,7 @@ def llmperf_jetstream(request: pytest.FixtureRequest,
             return fill(command, chosen), f"grpc://{addr}", healthy
 
         process = pool.start("JetStream", build, port=port, timeout_s=server_timeout(config, timeout_s), env=env)
+
         def make() -> JetStreamBackend:  # the backend for the server just started
             return JetStreamBackend(process.url, process=process, **backend_kwargs)
 

