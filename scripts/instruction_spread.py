@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from pytest_llmperf.measure.instructions import count_table
-from pytest_llmperf.orchestrate.counting import count
-from pytest_llmperf.orchestrate.manager import Side
+from pytest_llmperf.orchestrate.counting import count, counting_spec
 from pytest_llmperf.orchestrate.options import OPTIONS
-from pytest_llmperf.orchestrate.worker import ENV_KEEP_DUMPS
+from pytest_llmperf.orchestrate.pool import WorkerPool
+from pytest_llmperf.orchestrate.protocol import ENV_KEEP_DUMPS, Side, WorkerSpec
 
 
 def main() -> None:
@@ -46,9 +46,11 @@ def main() -> None:
         os.environ[ENV_KEEP_DUMPS] = "1"  # the workers inherit this process's environment
     started = time.monotonic()
     try:
-        runs = count([Side("", Path(args.root).resolve(), args.root)], [args.nodeid], processes=args.processes,
-                     settings=settings, work_dir=work_dir, timeout_s=3600, batch_sizes=sizes,
-                     concurrency=args.concurrency, valgrind_args=args.valgrind_arg)[""]
+        pool = WorkerPool(work_dir, json.dumps(settings), 3600.0, work_dir)
+        side = Side("", Path(args.root).resolve(), args.root)
+        specs = [counting_spec(pool, WorkerSpec(side, i, (args.nodeid,), sizes), args.valgrind_arg)
+                 for i in range(1, args.processes + 1)]
+        runs = count(pool, specs, concurrency=args.concurrency)[""]
     finally:
         if args.keep_dumps:
             print(f"dumps kept in {work_dir}")

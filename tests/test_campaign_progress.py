@@ -7,10 +7,11 @@ import subprocess
 
 import pytest
 
-from pytest_llmperf.orchestrate import manager, worker
+import pytest_llmperf
+from pytest_llmperf.orchestrate import campaign_progress, protocol, worker, worker_process
+from pytest_llmperf.orchestrate.campaign_progress import LINE_EVERY_S, STATUS_EVERY_S, CampaignProgress
 from pytest_llmperf.orchestrate.options import OPTIONS
-from pytest_llmperf.report import campaign_progress
-from pytest_llmperf.report.campaign_progress import LINE_EVERY_S, STATUS_EVERY_S, CampaignProgress
+from pytest_llmperf.orchestrate.protocol import Progress, Start
 
 
 class Clock:
@@ -37,16 +38,15 @@ class Recorded:
 
 
 def progress_record(batch_size, run, runs=10, position=(1, 2), retaken=0, key="test_a[x]"):
-    return {"type": "progress", "nodeid": f"t.py::{key}", "key": key, "batch_size": batch_size,
-            "position": list(position), "run": run, "runs": runs, "retaken": retaken}
+    return Progress(f"t.py::{key}", key, batch_size, position, run, runs, retaken)
 
 
 def poll_for(progress, clock, seconds, records=()):
-    """The manager's loop: a poll every POLL_S, records handed over on the first."""
+    """The pool's loop: a poll every POLL_S, records handed over on the first."""
     pending = list(records)
     end = clock.now + seconds
     while clock.now < end:
-        clock.now += manager.POLL_S
+        clock.now += worker_process.POLL_S
         progress.records(pending)
         pending = []
 
@@ -57,7 +57,7 @@ def test_a_ci_log_gets_a_line_at_least_every_line_every_s_from_the_first_second(
     progress = CampaignProgress(out, isatty=False, verbosity=0, clock=clock)
     progress.started("the working tree", 1, 5, 2)
     poll_for(progress, clock, 9)  # importing torch: no record yet
-    poll_for(progress, clock, 30, [{"type": "start", "nodeid": "t.py::test_a[x]"}])
+    poll_for(progress, clock, 30, [Start("t.py::test_a[x]")])
     poll_for(progress, clock, 10, [progress_record(2, 4, retaken=1)])
     times = [0.0] + [t for t, _ in out.lines]
     assert max(b - a for a, b in zip(times, times[1:])) <= LINE_EVERY_S
@@ -114,12 +114,10 @@ def test_two_workers_taking_turns_show_the_one_measuring_and_each_ends_with_its_
     progress.started("HEAD (abc1234)", 1, 5, 1)
     progress.started("the working tree", 1, 5, 1)
     clock.now += 1.0
-    progress.records([{"type": "progress", "nodeid": "t.py::a", "key": "a", "batch_size": 2, "position": [1, 2],
-                       "run": 1, "runs": 3}], side="the working tree")
+    progress.records([Progress("t.py::a", "a", 2, (1, 2), 1, 3)], side="the working tree")
     assert out.statuses[-1][1] == "llmperf: process 1 of 5 on the working tree, a, batch size 2 (1/2), run 1/3, 1 s"
     clock.now += 1.0
-    progress.records([{"type": "progress", "nodeid": "t.py::a", "key": "a", "batch_size": 2, "position": [1, 2],
-                       "run": 3, "runs": 3}], side="HEAD (abc1234)")
+    progress.records([Progress("t.py::a", "a", 2, (1, 2), 3, 3)], side="HEAD (abc1234)")
     assert out.statuses[-1][1] == "llmperf: process 1 of 5 on HEAD (abc1234), a, batch size 2 (1/2), run 3/3, 2 s"
     progress.done(2.5, side="HEAD (abc1234)")
     progress.done(2.5, side="the working tree")
@@ -129,7 +127,7 @@ def test_two_workers_taking_turns_show_the_one_measuring_and_each_ends_with_its_
 
 
 def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_sizes_last_run(tmp_path, monkeypatch):
-    monkeypatch.setenv(worker.ENV_PROCESS, "2")
+    monkeypatch.setenv(protocol.ENV_PROCESS, "2")
     clock = Clock()
     recorder = worker.WorkerRecorder(tmp_path / "w.jsonl")
     on_run = recorder.on_run("t.py::test_a", "test_a", [1, 4], clock=clock)
@@ -139,8 +137,8 @@ def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_s
             on_run(batch_size, run, 10, 0, None)
     recorder.close()
     records = [json.loads(line) for line in (tmp_path / "w.jsonl").read_text().splitlines()]
-    assert records[0] == {"type": "hello", "protocol": worker.PROTOCOL, "pid": records[0]["pid"], "process": 2,
-                          "counts": False, "turns": False}
+    assert records[0] == {"type": "hello", "protocol": protocol.PROTOCOL, "pid": records[0]["pid"], "process": 2,
+                          "counts": False, "turns": False, "plugin": pytest_llmperf.__version__}
     progress = records[1:]
     assert [(r["batch_size"], r["run"]) for r in progress] == [(1, 1), (1, 5), (1, 9), (1, 10), (4, 4), (4, 8),
                                                                (4, 10)]
@@ -148,15 +146,16 @@ def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_s
                             "position": [2, 2], "run": 10, "runs": 10, "retaken": 0}
 
 
-def test_the_manager_reads_whole_lines_only(tmp_path):
+def test_the_pool_reads_whole_records_only(tmp_path):
     path = tmp_path / "w.jsonl"
-    tail = manager.RecordTail(path)
+    tail = worker_process.RecordTail(path)
     assert tail.new() == []  # not written yet
-    path.write_text('{"type": "start", "nodeid": "a"}\n{"type": "prog')
-    assert tail.new() == [{"type": "start", "nodeid": "a"}]
+    line = protocol.to_json(Progress("a", "a", 1, None, 1, 3))
+    path.write_text('{"type": "start", "nodeid": "a"}\n' + line[:10])
+    assert tail.new() == [Start("a")]
     with open(path, "a") as handle:
-        handle.write('ress", "run": 1}\nnot json\n')
-    assert tail.new() == [{"type": "progress", "run": 1}]
+        handle.write(line[10:] + '\nnot json\n{"type": "start"}\n')  # a line that is no record is skipped
+    assert tail.new() == [Progress("a", "a", 1, None, 1, 3)]
     assert tail.new() == []
 
 
@@ -176,14 +175,19 @@ class Running:
         raise subprocess.TimeoutExpired(self.args, timeout)
 
 
+def running_worker(tmp_path, proc):
+    spec = protocol.WorkerSpec(protocol.Side("", tmp_path, "the working tree"), 1, ("t.py::a",))
+    with open(tmp_path / "w.log", "wb") as log:
+        return worker_process.RunningWorker(spec, proc, tmp_path / "none.jsonl", tmp_path / "w.log", log, tmp_path, 0.0)
+
+
 def test_the_wait_loop_hands_over_records_every_poll_and_stops_at_the_deadline(tmp_path):
     clock = Clock()
     polls = []
-    tail = manager.RecordTail(tmp_path / "none.jsonl")
-    assert manager.wait(Running(clock, 3.2), 10, lambda r: polls.append(clock.now), tail, clock=clock) == 0
+    assert running_worker(tmp_path, Running(clock, 3.2)).wait(10, lambda r: polls.append(clock.now), clock=clock) == 0
     assert polls == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.5, 3.0])
     with pytest.raises(subprocess.TimeoutExpired):
-        manager.wait(Running(clock, 100), 2, lambda r: None, tail, clock=clock)
+        running_worker(tmp_path, Running(clock, 100)).wait(2, lambda r: None, clock=clock)
     assert clock.now == pytest.approx(3.2 + 2)
 
 

@@ -13,7 +13,7 @@ from pytest_llmperf.orchestrate import worker
 from pytest_llmperf.orchestrate.option_values import DEFAULT_FAIL_ON
 from pytest_llmperf.orchestrate.options import OPTIONS_BY_NAME
 from pytest_llmperf.orchestrate.session import DEFAULT_PROCESSES, DEFAULT_RTOL
-from pytest_llmperf.report import campaign_progress
+from pytest_llmperf.orchestrate import campaign_progress
 from pytest_llmperf.report.verdict_table import CELL_LIMIT
 from tests.server_helpers import load_script
 

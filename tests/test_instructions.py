@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import os
+
 import pytest
 
 from pytest_llmperf.judge.baselines import BaselineEntry, BaselineStore
@@ -19,7 +21,7 @@ from pytest_llmperf.measure.instructions import (COUNTS_TAKEN_WITH, INSTRUCTION_
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
 from pytest_llmperf.measure.scenario import Scenario, ScenarioError, check_marker_kwargs
 from pytest_llmperf.orchestrate import counting
-from pytest_llmperf.orchestrate.manager import Measured, Side, WorkerRun
+from pytest_llmperf.orchestrate.protocol import Hello, Report, Result, Side, WorkerRun
 
 REQUEST = GenerationRequest(batch_size=2, sequence_length=8, decode_length=4, prompt="x")
 
@@ -248,22 +250,25 @@ def test_a_baseline_keeps_the_counts_of_each_process_and_gates_against_them(tmp_
 
 
 def measured(result, nodeid="m.py::t"):
-    return Measured(nodeid, result)
+    return Result(nodeid, result)
+
+
+def hello(counts):
+    return Hello(protocol=5, pid=1, process=1, counts=counts)
 
 
 def test_counting_workers_runs_join_the_timed_result_of_their_side():
-    side = Side("B", counting.Path("."), "the working tree")
+    side = Side("B", Path("."), "the working tree")
     count_part = BenchmarkResult(key="t", nodeid="m.py::t", module="m.py", scenario={}, backend={},
                                  batches=[BatchResult(1, counted=counted([7.0, 7.0]))])
-    run = WorkerRun(side, 1, measured=[measured(count_part)], counts=True)
+    run = WorkerRun(side, 1, hello(True), measured=[measured(count_part)])
     joined = counting.attach(result_with(), [run], side.label)
     assert [s.instructions for s in joined.batches[0].counted] == [{"decode_step_instructions": 7.0}] * 2
     assert joined.batches[0].samples == result_with().batches[0].samples  # the timed runs stay as they were
-    old = WorkerRun(side, 1, measured=[measured(count_part)], counts=False)
+    old = WorkerRun(side, 1, hello(False), measured=[measured(count_part)])
     assert counting.attach(result_with(), [old], "HEAD (abc)").batches[0].count_error == (
         "instructions not counted on HEAD (abc): its pytest-llmperf does not count them")
-    failed = WorkerRun(side, 1, reports=[{"nodeid": "m.py::t", "outcome": "failed", "when": "call",
-                                          "text": "Traceback\nRuntimeError: boom"}], counts=True)
+    failed = WorkerRun(side, 1, hello(True), reports=[Report("m.py::t", "call", "failed", "Traceback\nRuntimeError: boom")])
     assert counting.attach(result_with(), [failed], "the working tree").batches[0].count_error == (
         "instructions not counted: the counting process on the working tree measured nothing (RuntimeError: boom)")
     assert counting.attach(result_with(), [], "x") == result_with()  # nothing asked to count
@@ -343,26 +348,33 @@ def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monke
     import subprocess
     import time
 
-    from pytest_llmperf.orchestrate.manager import WorkerError
+    from pytest_llmperf.orchestrate.pool import WorkerPool
+    from pytest_llmperf.orchestrate.protocol import WorkerError, WorkerSpec
+    from pytest_llmperf.orchestrate.worker_process import RunningWorker
 
     started = []
 
-    def fake_count_one(side, index, nodeids, settings, work_dir, timeout_s, extra_args, batch_sizes, on_start,
-                       valgrind_args=()):
-        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-        started.append(proc)
-        on_start(proc)
-        if side.name == "A":
-            time.sleep(0.5)  # the other side's worker is running by now
-            raise WorkerError("worker process 1 on HEAD exited with code 2")
-        proc.wait()
-        raise WorkerError("stopped")
+    class Sleepers(WorkerPool):
+        """Each worker sleeps a minute; side A's fails after half a second."""
 
-    monkeypatch.setattr(counting, "_count_one", fake_count_one)
-    sides = [Side("A", tmp_path, "HEAD"), Side("B", tmp_path, "the working tree")]
+        def run(self, spec):
+            proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+            started.append(proc)
+            with self._lock:
+                self.running.add(RunningWorker(spec, proc, tmp_path / "o", tmp_path / "l", open(os.devnull, "wb"),
+                                               tmp_path, 0.0))
+            if spec.side.name == "A":
+                time.sleep(0.5)  # the other side's worker is running by now
+                raise WorkerError("worker process 1 on HEAD exited with code 2")
+            proc.wait()
+            raise WorkerError("stopped")
+
+    pool = Sleepers(tmp_path, "{}", 60.0, tmp_path)
+    specs = [WorkerSpec(Side(name, tmp_path, label), 1, ("m.py::t",)) for name, label in (("A", "HEAD"),
+                                                                                          ("B", "the working tree"))]
     begun = time.monotonic()
     with pytest.raises(WorkerError, match="on HEAD exited with code 2"):
-        counting.count(sides, ["m.py::t"], processes=1, settings={}, work_dir=tmp_path, timeout_s=60)
+        counting.count(pool, specs)
     assert time.monotonic() - begun < 30  # not the 60 s the other worker would have run
     assert len(started) == 2 and all(proc.poll() is not None for proc in started)
 

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from pytest_llmperf.judge.procedure import Schedule
-from pytest_llmperf.report import campaign_progress
+from pytest_llmperf.orchestrate import campaign_progress
 from pytest_llmperf.orchestrate.deadline import Overtime, deadline
 
 

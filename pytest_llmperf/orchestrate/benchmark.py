@@ -89,7 +89,7 @@ class Benchmark:
             scenario = replace(scenario, runs=COUNTED_RUNS, warmups=max(scenario.warmups, 1))
         # in this process nothing else stops a generate() that never returns (a worker's controller does)
         timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
-        # a worker's progress goes to the controller, which shows it (report/campaign_progress.py)
+        # a worker's progress goes to the controller, which shows it (orchestrate/campaign_progress.py)
         shown = (
             nullcontext(self.session.recorder.on_run(nodeid, key, scenario.batch_sizes))
             if self.session.recorder is not None

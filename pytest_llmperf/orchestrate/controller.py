@@ -23,7 +23,7 @@ from .checks import check_settings
 from .session import LLMPerfSession
 
 if TYPE_CHECKING:
-    from .campaign import Decision
+    from .looks import Decision
 
 
 class DeferredBenchmark(pytest.Item):

@@ -17,23 +17,20 @@ Python's objects (pymalloc's cost depends on where its arenas lie), one thread, 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
-from ..processes import stop_tree
-from ..report.campaign_progress import CampaignProgress
-from .manager import Side, WorkerError, WorkerRun, run_worker
+from .campaign_progress import CampaignProgress
+from .pool import WorkerPool
+from .protocol import ENV_COUNT, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
-from .worker import ENV_COUNT
 
 VALGRIND_ARGS = ("--tool=callgrind", "--instr-atstart=no", "--dump-line=no")
 # PYTHONMALLOC=malloc: pymalloc's free() costs 4 instructions more for a block in the part of its 1 MiB arena below
@@ -121,89 +118,60 @@ def campaign(
     llm: LLMPerfSession,
     items: Sequence[pytest.Item],
     sides: Sequence[Side],
-    work_dir: Path,
-    extra_args: Sequence[str],
-    progress: CampaignProgress | None,
+    pool: WorkerPool,
+    progress: CampaignProgress,
 ) -> dict[str, list[WorkerRun]]:
     """The counting workers of a campaign, by side: none when no test asks for instructions; a WorkerError when
     one failed. `progress` says that they run, while they run (a CI log is never silent for long)."""
-    nodeids = [item.nodeid for item in items if wants_instructions(item, llm.settings["instructions"])]
+    nodeids = tuple(item.nodeid for item in items if wants_instructions(item, llm.settings["instructions"]))
     if not nodeids or llm.device != "cpu":
         return {}
     problem = setup_problem()  # asked by a marker only: not checked at configure time
     if problem is not None:
         raise WorkerError(problem)
-    settings = {
-        **llm.settings.values,
-        "processes": 1,
-        "compare": None,
-        "json": None,
-        "update": False,
-        "update_missing": False,
-    }
     processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings["compare"] else 1
-    where = " and ".join(side.label for side in sides)
-    total = processes * len(sides)
+    specs = [counting_spec(pool, WorkerSpec(side, i, nodeids)) for i in range(1, processes + 1) for side in sides]
 
     def waiting(seconds: float, done: int) -> None:
-        if progress is not None:
-            progress.note(f"counting instructions under callgrind: {done} of {total} process(es) done, {seconds:.0f} s")
+        progress.note(
+            f"counting instructions under callgrind: {done} of {len(specs)} process(es) done, {seconds:.0f} s"
+        )
 
     started = time.monotonic()
-    runs = count(
-        sides,
-        nodeids,
-        processes=processes,
-        settings=settings,
-        work_dir=work_dir,
-        timeout_s=llm.settings["worker_timeout"],
-        extra_args=extra_args,
-        on_wait=waiting,
+    runs = count(pool, specs, on_wait=waiting)
+    where = " and ".join(side.label for side in sides)
+    progress.say(
+        f"counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
+        f"test(s) in {time.monotonic() - started:.0f} s"
     )
-    if progress is not None:
-        progress.say(
-            f"counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
-            f"test(s) in {time.monotonic() - started:.0f} s"
-        )
     return runs
 
 
+def counting_spec(pool: WorkerPool, spec: WorkerSpec, valgrind_args: Sequence[str] = ()) -> WorkerSpec:
+    """`spec` as a counting worker: under callgrind (VALGRIND_ARGS, then `valgrind_args`), with COUNTING_ENV."""
+    tag = f"count-{spec.side.name or 'worker'}{spec.index}"
+    out = pool.work_dir / f"{tag}.callgrind"
+    wrapper = (
+        "valgrind",
+        *VALGRIND_ARGS,
+        *valgrind_args,
+        f"--callgrind-out-file={out}",
+        f"--log-file={pool.work_dir / tag}.valgrind",
+    )
+    return replace(spec, tag=tag, wrapper=wrapper, environ={**COUNTING_ENV, ENV_COUNT: str(out)})
+
+
 def count(
-    sides: Sequence[Side],
-    nodeids: Sequence[str],
-    *,
-    processes: int,
-    settings: Mapping[str, Any],
-    work_dir: Path,
-    timeout_s: float,
-    extra_args: Sequence[str] = (),
-    batch_sizes: Mapping[str, Sequence[int]] | None = None,
+    pool: WorkerPool,
+    specs: Sequence[WorkerSpec],
     concurrency: int = 2,
-    valgrind_args: Sequence[str] = (),
     on_wait: Callable[[float, int], None] | None = None,
 ) -> dict[str, list[WorkerRun]]:
-    """Run `processes` counting workers per side, `concurrency` at a time (two: one per core), with `valgrind_args`
-    after VALGRIND_ARGS; a WorkerError if one failed. `on_wait` gets the seconds so far and the workers done, every
-    second while they run (from this thread: the workers run in others)."""
-    jobs = [(side, index) for index in range(1, processes + 1) for side in sides]
-    running: list[subprocess.Popen[bytes]] = []
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [
-            pool.submit(
-                _count_one,
-                side,
-                index,
-                nodeids,
-                settings,
-                work_dir,
-                timeout_s,
-                extra_args,
-                batch_sizes,
-                running.append,
-                valgrind_args=valgrind_args,
-            )
-            for side, index in jobs
-        ]
+    """Run the counting workers of `specs`, `concurrency` at a time (two: one per core), by side; a WorkerError if
+    one failed. `on_wait` gets the seconds so far and the workers done, every second while they run (from this
+    thread: the workers run in others)."""
+    with ThreadPoolExecutor(max_workers=concurrency) as threads:
+        futures = [threads.submit(pool.run, spec) for spec in specs]
         try:
             started, pending = time.monotonic(), set(futures)
             while pending:
@@ -216,50 +184,12 @@ def count(
         except BaseException:  # Ctrl-C, SIGTERM or a failed worker: none of them outlives the controller
             for future in futures:
                 future.cancel()
-            for proc in running:
-                stop_tree(proc.pid, grace_s=5, session=True)
+            pool.stop_all()
             raise
-    runs: dict[str, list[WorkerRun]] = {side.name: [] for side in sides}
+    runs: dict[str, list[WorkerRun]] = {}
     for run in done:
-        runs[run.side.name].append(run)
+        runs.setdefault(run.side.name, []).append(run)
     return runs
-
-
-def _count_one(
-    side: Side,
-    index: int,
-    nodeids: Sequence[str],
-    settings: Mapping[str, Any],
-    work_dir: Path,
-    timeout_s: float,
-    extra_args: Sequence[str],
-    batch_sizes: Mapping[str, Sequence[int]] | None,
-    on_start: Callable[[subprocess.Popen[bytes]], None],
-    valgrind_args: Sequence[str] = (),
-) -> WorkerRun:
-    tag = f"count-{side.name or 'worker'}{index}"
-    out = work_dir / f"{tag}.callgrind"
-    wrapper = [
-        "valgrind",
-        *VALGRIND_ARGS,
-        *valgrind_args,
-        f"--callgrind-out-file={out}",
-        f"--log-file={work_dir / tag}.valgrind",
-    ]
-    return run_worker(
-        side,
-        index,
-        nodeids,
-        settings=settings,
-        work_dir=work_dir,
-        timeout_s=timeout_s,
-        extra_args=extra_args,
-        batch_sizes=batch_sizes,
-        tag=tag,
-        wrapper=wrapper,
-        environ={**COUNTING_ENV, ENV_COUNT: str(out)},
-        on_start=on_start,
-    )
 
 
 def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> BenchmarkResult:
@@ -272,7 +202,7 @@ def attach(result: BenchmarkResult, runs: Sequence[WorkerRun], label: str) -> Be
         why = f"instructions not counted on {label}: its pytest-llmperf does not count them"
     elif not parts:
         failed = "; ".join(
-            r["text"].strip().splitlines()[-1] for run in runs for r in run.failures(result.nodeid) if r["text"].strip()
+            r.text.strip().splitlines()[-1] for run in runs for r in run.failures(result.nodeid) if r.text.strip()
         )
         why = f"instructions not counted: the counting process on {label} measured nothing" + (
             f" ({failed})" if failed else ""

@@ -6,6 +6,7 @@ resolves one option for the session; per-test settings add the marker on top in 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from . import option_values as parsers
-from .worker import worker_settings
+from .protocol import worker_settings
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,12 @@ class Settings:
     def resolved(self, **values: Any) -> Settings:
         """These settings with values decided by the session (an `auto` resolved for the target)."""
         return replace(self, values={**self.values, **values})
+
+    def for_worker(self) -> str:
+        """What a worker process measures with (ENV_SETTINGS, JSON): these settings, measured in the worker itself,
+        writing nothing (its controller judges, records and reports)."""
+        return json.dumps({**self.values, "processes": 1, "compare": None, "json": None, "update": False,
+                           "update_missing": False})
 
     def for_test(self, marker_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Per-test settings: the marker's keywords over the session's values."""

@@ -31,8 +31,8 @@ import select
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-#: "READ_FD,WRITE_FD": the worker's end of its two pipes (set by the manager for a round that takes turns).
-ENV_TURNS = "LLMPERF_WORKER_TURNS"
+from .protocol import ENV_TURNS  # "READ_FD,WRITE_FD": the worker's ends of its two pipes
+
 _ASK, _GO = b"?", b"g"
 
 
@@ -77,7 +77,7 @@ class Turn:
     asking: bool = False
     running: bool = False  # holds the turn
     done: bool = False  # exited (end of file)
-    free: bool = False  # ignores turns (an older pytest-llmperf): runs alone
+    free: bool = False  # ignores turns (it could not use its pipes): runs alone
     given: int = 0  # turns given so far (its runs or batch sizes)
 
 

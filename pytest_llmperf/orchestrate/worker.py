@@ -1,12 +1,11 @@
 """The worker's half of worker processes: measure, and report to the controlling pytest process.
 
-The controller (orchestrate/controller.py, through orchestrate/manager.py, the other half of this protocol) starts
-`python -m pytest NODEID...` with the environment variables below. In such a process `llmperf.measure()` measures
-as usual but, instead of judging, appends the result to the file `LLMPERF_WORKER_OUT` names; every test report
-(passed, failed, skipped, with its text) goes there too, and progress while it measures (a test started, run i of n
-of a batch size: at most one record every PROGRESS_EVERY_S, and each batch size's last run), which the manager
-reads while the worker runs (report/campaign_progress.py shows it). One JSON object per line, so a worker that dies
-leaves every line it finished. pyperf splits its manager and workers the same way.
+In a worker (protocol.py says how the pool starts one and what it answers) `llmperf.measure()` measures as usual
+but, instead of judging, hands the result to the `WorkerRecorder`, which appends it to the records file; every test
+report (passed, failed, skipped, with its text) goes there too, and progress while it measures (a test started,
+run i of n of a batch size: at most one record every PROGRESS_EVERY_S, and each batch size's last run), which the
+pool reads while the worker runs (campaign_progress.py shows it). pyperf splits its manager and workers the same
+way.
 """
 
 from __future__ import annotations
@@ -16,24 +15,28 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ..measure.instructions import ClientRequests, CountingError, InstructionClock
 from ..measure.records import BenchmarkResult, RunSample
 from ..measure.runner import RunCallback
+from .protocol import (
+    ENV_BATCHES,
+    ENV_COUNT,
+    ENV_KEEP_DUMPS,
+    ENV_OUT,
+    Hello,
+    Progress,
+    Record,
+    Report,
+    Result,
+    Start,
+    process_index,
+    to_json,
+)
 from .turns import TurnClient
 
-ENV_OUT = "LLMPERF_WORKER_OUT"
-ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"  # the controller's resolved settings, JSON
-ENV_PROCESS = "LLMPERF_WORKER_PROCESS"  # this worker's index, numbered from 1 (0 is "measured in-process")
-ENV_BATCHES = "LLMPERF_WORKER_BATCHES"  # JSON {nodeid: [batch sizes]}: measure only these (a later look)
-ENV_COUNT = "LLMPERF_WORKER_COUNT"  # a counting worker under callgrind (orchestrate/counting.py): its out file
-ENV_KEEP_DUMPS = "LLMPERF_KEEP_DUMPS"  # 1: a counting worker keeps callgrind's dumps (scripts/instruction_spread.py)
-#: 2: progress records ("start", "progress") as extra lines, which a manager that does not know them skips;
-#: 3: counting workers (ENV_COUNT); 4: turns (orchestrate/turns.py: the hello says whether it takes them)
-PROTOCOL = 4
 #: Seconds between two progress records of a worker (a fast backend finishes many runs a second).
 PROGRESS_EVERY_S = 1.0
 
@@ -42,15 +45,6 @@ def worker_out() -> Path | None:
     """The file to report to when this pytest process is a worker, else None."""
     path = os.environ.get(ENV_OUT)
     return Path(path) if path else None
-
-
-def worker_settings() -> dict[str, Any] | None:
-    raw = os.environ.get(ENV_SETTINGS)
-    return json.loads(raw) if raw else None
-
-
-def process_index() -> int:
-    return int(os.environ.get(ENV_PROCESS, "1"))
 
 
 def counting_clock() -> InstructionClock | None:
@@ -75,19 +69,10 @@ class WorkerRecorder:
         self.counter = counting_clock()  # a counting worker: instructions instead of time
         self.turns = TurnClient.from_environ()  # an A/B round's worker: waits for its turn at each run or batch size
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
-        self._write(
-            {
-                "type": "hello",
-                "protocol": PROTOCOL,
-                "pid": os.getpid(),
-                "process": process_index(),
-                "counts": self.counter is not None,
-                "turns": self.turns is not None,
-            }
-        )
+        self._write(Hello.of_this_process(counts=self.counter is not None, turns=self.turns is not None))
 
-    def _write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record) + "\n")
+    def _write(self, record: Record) -> None:
+        self._handle.write(to_json(record) + "\n")
         self._handle.flush()
 
     def record_result(self, nodeid: str, result: BenchmarkResult) -> None:
@@ -95,7 +80,7 @@ class WorkerRecorder:
         for batch in result.batches:
             for sample in [*batch.samples, *batch.counted]:
                 sample.process = index
-        self._write({"type": "result", "nodeid": nodeid, "result": result.to_json()})
+        self._write(Result(nodeid, result))
 
     def on_run(
         self, nodeid: str, key: str, batch_sizes: Sequence[int], clock: Callable[[], float] = time.monotonic
@@ -114,19 +99,8 @@ class WorkerRecorder:
             if kept < runs and last and now - last[0] < PROGRESS_EVERY_S:
                 return
             last[:] = [now]
-            position = [sizes.index(batch_size) + 1, len(sizes)] if batch_size in sizes else None
-            self._write(
-                {
-                    "type": "progress",
-                    "nodeid": nodeid,
-                    "key": key,
-                    "batch_size": batch_size,
-                    "position": position,
-                    "run": kept,
-                    "runs": runs,
-                    "retaken": retaken,
-                }
-            )
+            position = (sizes.index(batch_size) + 1, len(sizes)) if batch_size in sizes else None
+            self._write(Progress(nodeid, key, batch_size, position, kept, runs, retaken))
 
         return progress
 
@@ -137,7 +111,7 @@ class WorkerRecorder:
 
     @pytest.hookimpl
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self._write({"type": "start", "nodeid": nodeid})
+        self._write(Start(nodeid))
 
     def batch_sizes(self, nodeid: str) -> set[int] | None:
         """The batch sizes of a test this worker measures, when the controller named them (None: all)."""
@@ -160,7 +134,7 @@ class WorkerRecorder:
             outcome, text = "failed", f"xfail: {report.wasxfail}"
         elif report.failed and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]"):
             outcome, text = "passed", ""
-        self._write({"type": "report", "nodeid": report.nodeid, "when": report.when, "outcome": outcome, "text": text})
+        self._write(Report(report.nodeid, report.when, outcome, text))
 
     def close(self) -> None:
         self._handle.close()

@@ -1,7 +1,7 @@
 """Live progress of worker processes: what the controlling pytest process shows while its workers measure.
 
-Each worker appends progress records to its JSONL file (orchestrate/worker.py: a test started, run i of n of a
-batch size); the manager's wait loop reads them every fraction of a second (orchestrate/manager.py) and hands
+Each worker appends progress records to its records file (protocol.py: a test started, run i of n of a
+batch size); the pool's wait loop reads them every fraction of a second (pool.py) and hands
 them here, with the time. What is shown, by where output goes:
 
 | where                  | while a worker runs                                              | when it is done        |
@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
+
+from .protocol import Progress, Record, Start
 
 if TYPE_CHECKING:
     from ..judge.procedure import Schedule
@@ -62,16 +64,14 @@ class WorkerState:
     runs: int = 0
     retaken: int = 0
 
-    def update(self, record: Mapping[str, Any]) -> None:
-        if record.get("type") == "start":
-            self.test = _name(str(record.get("nodeid", "")))
+    def update(self, record: Record) -> None:
+        if isinstance(record, Start):
+            self.test = _name(record.nodeid)
             self.batch_size, self.position, self.run, self.runs, self.retaken = None, None, 0, 0, 0
-        elif record.get("type") == "progress":
-            self.test = str(record.get("key") or _name(str(record.get("nodeid", ""))))
-            self.batch_size = int(record["batch_size"])
-            position = record.get("position")
-            self.position = (int(position[0]), int(position[1])) if position else None
-            self.run, self.runs, self.retaken = int(record["run"]), int(record["runs"]), int(record.get("retaken", 0))
+        elif isinstance(record, Progress):
+            self.test = record.key or _name(record.nodeid)
+            self.batch_size, self.position = record.batch_size, record.position
+            self.run, self.runs, self.retaken = record.run, record.runs, record.retaken
 
     @property
     def of_total(self) -> str:
@@ -137,7 +137,7 @@ class CampaignProgress:
             self._last_line = now  # the first periodic line comes LINE_EVERY_S after the campaign starts
         self.tick()
 
-    def records(self, records: Iterable[Mapping[str, Any]], side: str | None = None) -> None:
+    def records(self, records: Iterable[Record], side: str | None = None) -> None:
         """A worker's new records (possibly none): update what it is doing, and show it when due. `side` names
         the worker when two run at once."""
         side = side if side is not None else self.active
@@ -146,7 +146,7 @@ class CampaignProgress:
             return
         for record in records:
             worker.update(record)
-            if record.get("type") in ("start", "progress"):
+            if isinstance(record, (Start, Progress)):
                 self.active = side
         self.tick()
 
@@ -206,11 +206,21 @@ class TerminalOutput:
         self._width = len(text)
 
 
-def campaign(config: pytest.Config) -> CampaignProgress | None:
-    """The campaign's progress on pytest's terminal, or None without a terminal reporter (`-p no:terminal`)."""
+class SilentOutput:
+    """`Output` where there is no terminal reporter (`-p no:terminal`): nothing is shown."""
+
+    def line(self, text: str) -> None:
+        pass
+
+    def status(self, text: str) -> None:
+        pass
+
+
+def campaign(config: pytest.Config) -> CampaignProgress:
+    """The campaign's progress on pytest's terminal (silent without a terminal reporter, `-p no:terminal`)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
-        return None
+        return CampaignProgress(SilentOutput(), isatty=False, verbosity=-1)
     return CampaignProgress(
         TerminalOutput(reporter, config.pluginmanager.get_plugin("capturemanager")),
         isatty=bool(reporter.isatty()),

@@ -1,0 +1,172 @@
+"""What the workers of a job measured, by side, and how a test is judged at a look of its schedule.
+
+The campaign (campaign.py) runs the rounds; after each round it hands every test that reached a look to
+`Measurements.outcomes`, which merges what every worker of a side measured so far per benchmark, finds the
+reference (the A side of an A/B job, or the stored baseline) and judges the rows (judge/rows.py, through
+judging.py). A test that failed or was skipped in a worker is not judged: `stopped` says what it reports.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from ..judge.procedure import Schedule
+from ..judge.rows import Reference, judge_rows
+from ..judge.verdicts import COMPARED, Outcome, Verdict
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
+from . import counting, judging
+from .protocol import Side, WorkerRun
+from .session import LLMPerfSession
+
+
+@dataclass
+class Decision:
+    """What a deferred test reports: skipped, failed with a text, or passed; and the warnings it emits."""
+
+    skip: str | None = None
+    failure: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, llm: LLMPerfSession, outcomes: Sequence[Outcome]) -> Decision:
+        """A test's decision from its benchmarks' outcomes, as --llmperf-fail-on says (judging.fail_messages)."""
+        messages, said = [], []
+        for outcome in outcomes:
+            failing, warned = judging.fail_messages(llm, outcome)
+            messages += failing
+            said += warned
+        return cls(failure="\n".join(messages) or None, warnings=said)
+
+
+@dataclass
+class Plan:
+    """One benchmark test's way through the campaign."""
+
+    item: pytest.Item
+    schedule: Schedule
+    look: int = 0  # index into schedule.looks
+    batch_sizes: list[int] | None = None  # a later look measures only these (None: all)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # by benchmark key, as judged so far
+
+    @property
+    def units(self) -> int:
+        return self.schedule.looks[self.look]
+
+    @property
+    def final(self) -> bool:
+        return self.look + 1 >= len(self.schedule.looks)
+
+
+@dataclass
+class Measurements:
+    """The sides of a job and what their workers reported so far."""
+
+    llm: LLMPerfSession
+    sides: list[Side]  # the working tree last; an A/B job's ref first
+    runs: dict[str, list[WorkerRun]] = field(default_factory=lambda: defaultdict(list))  # timing workers by side
+    counted: dict[str, list[WorkerRun]] = field(default_factory=dict)  # counting workers by side (counting.py)
+    available: dict[str, set[str]] = field(default_factory=dict)  # the tests a side has, where it was collected
+
+    @property
+    def current(self) -> Side:
+        return self.sides[-1]
+
+    def on_side(self, side: Side, nodeids: Sequence[str]) -> list[str]:
+        """Those of `nodeids` that exist on `side` (all, where it was not collected)."""
+        return [n for n in nodeids if side.name not in self.available or n in self.available[side.name]]
+
+    def stopped(self, nodeid: str, runs: dict[str, list[WorkerRun]] | None = None) -> Decision | None:
+        """A test that failed or was skipped in a worker is not judged: what it reports instead."""
+        runs = self.runs if runs is None else runs
+        for side in reversed(self.sides):  # the working tree first
+            for run in runs.get(side.name, []):
+                failures = run.failures(nodeid)
+                if failures:
+                    text = "\n".join(f.text for f in failures)
+                    if side.name == "A":
+                        return Decision(
+                            failure=f"cannot compare: the test fails on {side.label} (worker process {run.index}), "
+                            f"so there is nothing to compare with:\n{text}"
+                        )
+                    return Decision(failure=f"in worker process {run.index} ({side.label}):\n{text}")
+                reason = run.skip_reason(nodeid)
+                if reason is not None and side.name != "A":
+                    return Decision(skip=reason)
+        return None
+
+    def merged(self, nodeid: str, runs: Sequence[WorkerRun]) -> dict[str, BenchmarkResult]:
+        """The test's benchmarks as every worker of `runs` (one side's) measured them, merged per key."""
+        parts: dict[str, list[BenchmarkResult]] = defaultdict(list)
+        for run in runs:
+            for measured in run.measured:
+                if measured.nodeid == nodeid:
+                    parts[measured.result.key].append(measured.result)
+        return {key: BenchmarkResult.merge(found) for key, found in parts.items()}
+
+    def current_results(self, nodeid: str, counted: bool = False) -> list[BenchmarkResult]:
+        """The working tree's benchmarks of a test: as timed, or (counted) as its counting workers counted them."""
+        runs = self.counted if counted else self.runs
+        return list(self.merged(nodeid, runs.get(self.current.name, [])).values())
+
+    def reference(self, result: BenchmarkResult, counted: bool = False) -> Reference | Outcome:
+        """What `result` is judged against: side A's benchmark of the same key (A/B; `counted`: as its counting
+        workers counted it), or its stored baseline."""
+        llm = self.llm
+        if not llm.settings["compare"]:
+            return judging.stored_reference(llm, result, llm.store.lookup(result.module, result.key))
+        ref, label = self.sides[0], self.sides[0].label
+        side = self.merged(result.nodeid, (self.counted if counted else self.runs).get(ref.name, [])).get(result.key)
+        if side is not None:
+            side = counting.attach(side, self.counted.get(ref.name, []), label)
+        exists = result.nodeid in self.available.get(ref.name, ())
+        return judging.ab_reference(result, side, label, exists_on_a=exists)
+
+    def outcome(self, plan: Plan | None, merged: BenchmarkResult, family: int | None) -> Outcome:
+        """Record the benchmark (update modes), or judge it at this look (no plan: on its counts alone, against
+        what side A's counting workers counted)."""
+        llm = self.llm
+        merged = counting.attach(merged, self.counted.get(self.current.name, []), self.current.label)
+        scenario = Scenario.from_json(merged.scenario)
+        if llm.mode != "gate" and not llm.settings["compare"]:
+            lookup = llm.store.lookup(merged.module, merged.key)
+            if llm.mode == "update" or lookup.entry is None:
+                return judging.record(llm, merged, scenario, lookup)
+        reference = self.reference(merged, counted=plan is None)
+        if isinstance(reference, Outcome):
+            return reference
+        return judging.judge(
+            llm,
+            merged,
+            reference,
+            scenario,
+            plan.schedule if plan else None,
+            final=plan.final if plan else True,
+            previous=plan.outcomes.get(merged.key) if plan else None,
+            family=family,
+        )
+
+    def family(self, plans: Sequence[Plan]) -> int:
+        """Gated rows of every planned test, counted on what the first rounds measured: one family."""
+        count = 0
+        for plan in plans:
+            for merged in self.current_results(plan.item.nodeid):
+                reference = self.reference(merged)
+                if isinstance(reference, Outcome):
+                    continue
+                rows = judge_rows(
+                    merged,
+                    reference,
+                    Scenario.from_json(merged.scenario),
+                    splits_prefill=merged.splits_prefill,
+                    schedule=plan.schedule,
+                    final=False,
+                    max_load=float("inf"),
+                    counters_better=merged.counters_better,
+                )
+                count += sum(r.verdict in COMPARED or r.verdict == Verdict.UNDECIDED for r in rows)
+        return max(count, 1)

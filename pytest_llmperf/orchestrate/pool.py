@@ -1,0 +1,212 @@
+"""The pool of worker processes (pyperf's manager): start a worker from a spec, wait for it or for an A/B round of
+them taking turns, and stop every one still running when the controller is interrupted.
+
+A pool holds what every worker of a job shares: the work directory of their logs and records files, the settings
+they measure with, their deadline, pytest's own options of the invocation, the fork server that forks them (or
+none: each starts from scratch) and who hears their records while they run (live progress). So starting a worker
+or a round takes a `WorkerSpec` (protocol.py) and nothing else. Each worker is a `RunningWorker`
+(worker_process.py) until it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..processes import die_with_parent
+from .forkserver import ForkServer, ForkServerError
+from .protocol import (
+    ENV_BATCHES,
+    ENV_OUT,
+    ENV_PROCESS,
+    ENV_SETTINGS,
+    ENV_TURNS,
+    Hello,
+    Record,
+    Side,
+    WorkerError,
+    WorkerRun,
+    WorkerSpec,
+)
+from .turns import TurnBroker
+from .worker_process import COMPLETE_EXIT_CODES, POLL_S, Process, RunningWorker, worker_args, worker_command
+
+#: Hears a running worker's new records (often none), every POLL_S: live progress (campaign_progress.py).
+Listener = Callable[[Side, list[Record]], None]
+
+
+@dataclass
+class WorkerPool:
+    """Starts and waits for the workers of one job; `stop_all` stops those still running (from any thread)."""
+
+    work_dir: Path
+    settings: str  # JSON: the settings every worker measures with (Settings.for_worker)
+    timeout_s: float  # a worker's deadline; a round of N workers taking turns has N times it
+    logs_dir: Path  # a failed worker's log is kept here
+    extra_args: tuple[str, ...] = ()  # pytest's own options of the invocation (passthrough.py)
+    environ: Mapping[str, str] = field(default_factory=dict)  # added to every worker's environment
+    server: ForkServer | None = None  # forks the workers that have no wrapper; None: each starts from scratch
+    listener: Listener | None = None
+    running: set[RunningWorker] = field(default_factory=set, repr=False)
+    stopping: bool = False  # stop_all was called: a worker that starts now is stopped at once
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start(self, spec: WorkerSpec, fds_env: Mapping[str, Sequence[int]] | None = None) -> RunningWorker:
+        """Start one worker with its log and records file: forked by the server where there is one, else from
+        scratch (always with a wrapper). The descriptors of `fds_env` are inherited, each variable naming its
+        descriptors comma-separated."""
+        out, log = self.work_dir / f"{spec.name}.jsonl", self.work_dir / f"{spec.name}.log"
+        out.unlink(missing_ok=True)
+        env = self._environ(spec, out)
+        args = worker_args(spec.nodeids, self.extra_args)
+        fds_env = fds_env or {}
+        log_handle = open(log, "wb")  # noqa: SIM115 - closed by RunningWorker.finish() or stop()
+        try:
+            proc: Process
+            if self.server is not None and not spec.wrapper:
+                try:
+                    proc = self.server.spawn(
+                        worker_command(args),
+                        args,
+                        cwd=spec.side.root,
+                        env=env,
+                        pythonpath=spec.side.pythonpath,
+                        log_fd=log_handle.fileno(),
+                        fds_env=fds_env,
+                    )
+                except ForkServerError as exc:
+                    raise WorkerError(
+                        f"worker process {spec.index} on {spec.side.label} could not start: {exc}"
+                    ) from None
+            else:
+                env.update({name: ",".join(map(str, fds)) for name, fds in fds_env.items()})
+                command = [*spec.wrapper, *worker_command(args)]
+                proc = subprocess.Popen(
+                    die_with_parent(command, env=env, cwd=spec.side.root),
+                    cwd=spec.side.root,
+                    stdout=log_handle,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=tuple(fd for fds in fds_env.values() for fd in fds),
+                )
+        except BaseException:
+            log_handle.close()
+            raise
+        worker = RunningWorker(spec, proc, out, log, log_handle, self.logs_dir, time.monotonic())
+        with self._lock:
+            stopping = self.stopping
+            if not stopping:
+                self.running.add(worker)
+        if stopping:  # started from another thread while the pool was being stopped
+            worker.stop()
+            raise WorkerError(f"{worker.label} was stopped: the job is stopping")
+        return worker
+
+    def _environ(self, spec: WorkerSpec, out: Path) -> dict[str, str]:
+        env = spec.side.environ()
+        env.update(
+            {ENV_OUT: str(out), ENV_SETTINGS: self.settings, ENV_PROCESS: str(spec.index), "PYTHONUNBUFFERED": "1"}
+        )
+        if spec.batch_sizes:
+            env[ENV_BATCHES] = json.dumps({nodeid: list(sizes) for nodeid, sizes in spec.batch_sizes.items()})
+        env.update(self.environ)
+        env.update(spec.environ)
+        return env
+
+    def run(self, spec: WorkerSpec) -> WorkerRun:
+        """Run one worker to completion; WorkerError if it did not complete."""
+        worker = self.start(spec)
+        listener = self.listener
+        hear = (lambda records: listener(spec.side, records)) if listener is not None else None
+        try:
+            code = worker.wait(self.timeout_s, hear)
+        except subprocess.TimeoutExpired:
+            self._stop(worker)
+            raise worker.timed_out(self.timeout_s) from None
+        except BaseException as exc:  # Ctrl-C, or the controller failing: no worker outlives it
+            self._stop(worker)
+            if isinstance(exc, ForkServerError):
+                raise WorkerError(f"{worker.label} was lost: {exc}") from None
+            raise
+        return self._finish(worker, code)
+
+    def run_round(self, specs: Sequence[WorkerSpec], clock: Callable[[], float] = time.monotonic) -> list[WorkerRun]:
+        """The workers of one A/B round, alive together and taking turns at every run or batch size (turns.py), in
+        the order given (A B, or B A); their runs in that order. Past the round's deadline, or when one worker
+        fails, every worker of the round is stopped."""
+        broker = TurnBroker([spec.side.name for spec in specs])
+        workers: list[RunningWorker] = []
+        try:
+            for spec in specs:
+                child_ends = broker.pipes(spec.side.name)
+                try:
+                    workers.append(self.start(spec, {ENV_TURNS: child_ends}))
+                finally:
+                    broker.release_child_ends(child_ends)
+            codes = self._take_turns(workers, broker, clock() + self.timeout_s * len(specs), clock)
+            return [self._finish(worker, codes[i]) for i, worker in enumerate(workers)]
+        except BaseException as exc:  # Ctrl-C, a failed or late worker: no worker of the round outlives it
+            for worker in workers:
+                if not worker.log_handle.closed:
+                    self._stop(worker)
+            if isinstance(exc, ForkServerError):
+                raise WorkerError(f"the workers of round {specs[0].index} were lost: {exc}") from None
+            raise
+        finally:
+            broker.close()
+
+    def _take_turns(
+        self, workers: list[RunningWorker], broker: TurnBroker, deadline: float, clock: Callable[[], float]
+    ) -> dict[int, int]:
+        """Give turns until every worker exited; their exit codes by position. A worker that failed raises its
+        WorkerError; past the deadline, the one the round waited for is named."""
+        codes: dict[int, int] = {}
+        heard: set[int] = set()
+        while len(codes) < len(workers):
+            broker.step(POLL_S)
+            for i, worker in enumerate(workers):
+                records = worker.tail.new()
+                hello = next((r for r in records if isinstance(r, Hello)), None)
+                if hello is not None and i not in heard:
+                    heard.add(i)
+                    if not hello.turns:  # it could not use its pipes: it runs alone, no turn is given meanwhile
+                        broker.ignores_turns(worker.spec.side.name)
+                if self.listener is not None:
+                    self.listener(worker.spec.side, records)
+                code = worker.proc.poll() if i not in codes else None
+                if code is not None:
+                    codes[i] = code
+                    if codes[i] not in COMPLETE_EXIT_CODES:
+                        self._finish(worker, codes[i])  # raises its WorkerError; the other worker is stopped
+            if clock() > deadline:
+                late = broker.holding_up()
+                running = [w for i, w in enumerate(workers) if i not in codes]
+                raise next((w for w in running if w.spec.side.name == late), running[0]).timed_out(
+                    self.timeout_s, len(workers)
+                )
+        return codes
+
+    def _finish(self, worker: RunningWorker, code: int) -> WorkerRun:
+        with self._lock:
+            self.running.discard(worker)
+        return worker.finish(code)
+
+    def _stop(self, worker: RunningWorker) -> None:
+        with self._lock:
+            self.running.discard(worker)
+        worker.stop()
+
+    def stop_all(self) -> None:
+        """Stop every worker still running (the controller was interrupted while workers ran in threads)."""
+        with self._lock:
+            self.stopping = True
+            running, self.running = list(self.running), set()
+        for worker in running:
+            worker.stop()

@@ -1,0 +1,243 @@
+"""The worker protocol: everything the controlling pytest process and its worker processes say to each other.
+
+A worker is pytest on the tests it measures, run in its side's root directory by the same interpreter:
+`python -c WORKER_MAIN NODEID... -q -s --no-header -p no:cacheprovider [pytest's own options]`, started from
+scratch or forked into the same state by the fork server (forkserver.py; zygote.py documents its socket). The
+pool (pool.py) starts it with this environment:
+
+    LLMPERF_WORKER_OUT       the records file it appends to; its presence makes a pytest process a worker
+    LLMPERF_WORKER_SETTINGS  the controller's resolved settings, JSON (Settings.for_worker)
+    LLMPERF_WORKER_PROCESS   its index on its side, from 1 (0 in a record: measured in the pytest process itself)
+    LLMPERF_WORKER_BATCHES   JSON {nodeid: [batch sizes]}: measure only these (a later look); absent: all
+    LLMPERF_WORKER_TURNS     "READ_FD,WRITE_FD": its ends of the turn pipes in an A/B round (turns.py)
+    LLMPERF_WORKER_COUNT     a counting worker under callgrind: callgrind's output file (counting.py)
+    LLMPERF_KEEP_DUMPS       "1": a counting worker keeps callgrind's dumps (scripts/instruction_spread.py)
+
+The worker answers with records, one JSON object per line appended to LLMPERF_WORKER_OUT and flushed, so a worker
+that dies leaves every line it finished (a line cut short is skipped):
+
+    {"type": "hello", "protocol": N, "plugin": VERSION, "pid", "process", "counts", "turns"}   first, once
+    {"type": "start", "nodeid"}                                                   a test starts
+    {"type": "progress", "nodeid", "key", "batch_size", "position", "run", "runs", "retaken"}
+                                         run `run` of `runs` done (at most one a second, and a batch size's last)
+    {"type": "result", "nodeid", "result": BenchmarkResult.to_json()}          a benchmark measured
+    {"type": "report", "nodeid", "when", "outcome", "text"}                     a test's report (not passed setup)
+
+The pool reads them every POLL_S while the worker runs (progress) and all of them once it exits (`WorkerRun`). A
+hello of another protocol is a WorkerError naming both versions: both sides of an A/B job must import one plugin.
+In an A/B round the two workers also take turns, one byte each way over two pipes per worker (turns.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .. import __version__
+from ..measure.records import BenchmarkResult
+
+ENV_OUT = "LLMPERF_WORKER_OUT"
+ENV_SETTINGS = "LLMPERF_WORKER_SETTINGS"
+ENV_PROCESS = "LLMPERF_WORKER_PROCESS"
+ENV_BATCHES = "LLMPERF_WORKER_BATCHES"
+ENV_TURNS = "LLMPERF_WORKER_TURNS"
+ENV_COUNT = "LLMPERF_WORKER_COUNT"
+ENV_KEEP_DUMPS = "LLMPERF_KEEP_DUMPS"
+#: The one protocol this plugin speaks (5: the records above; older ones are not read).
+PROTOCOL = 5
+
+
+class WorkerError(RuntimeError):
+    """A worker process that crashed, hung or reported nothing; the message holds its log tail."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A worker's first record: who it is and what it does."""
+
+    kind: ClassVar[str] = "hello"
+    protocol: int
+    pid: int
+    process: int
+    counts: bool = False  # a counting worker that counts (under callgrind)
+    turns: bool = False  # takes turns with the other side (an A/B round)
+    plugin: str = ""  # the pytest-llmperf version it imported
+
+    @classmethod
+    def of_this_process(cls, *, counts: bool, turns: bool) -> Hello:
+        return cls(PROTOCOL, os.getpid(), process_index(), counts, turns, __version__)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A test starts (before its fixtures: a model may load for a while)."""
+
+    kind: ClassVar[str] = "start"
+    nodeid: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Run `run` of `runs` of a batch size is done; `position` is the batch size's place among the test's."""
+
+    kind: ClassVar[str] = "progress"
+    nodeid: str
+    key: str
+    batch_size: int
+    position: tuple[int, int] | None
+    run: int
+    runs: int
+    retaken: int = 0
+
+
+@dataclass(frozen=True)
+class Result:
+    """A benchmark as this worker measured it."""
+
+    kind: ClassVar[str] = "result"
+    nodeid: str
+    result: BenchmarkResult
+
+
+@dataclass(frozen=True)
+class Report:
+    """A test's report: failed or skipped at any stage, or its call's outcome, with the text pytest shows."""
+
+    kind: ClassVar[str] = "report"
+    nodeid: str
+    when: str
+    outcome: str  # passed | failed | skipped
+    text: str = ""
+
+
+Record = Hello | Start | Progress | Result | Report
+_KINDS: dict[str, type[Record]] = {k.kind: k for k in (Hello, Start, Progress, Result, Report)}
+
+
+def to_json(record: Record) -> str:
+    """One line of the records file (without its newline)."""
+    data: dict[str, Any] = {"type": record.kind}
+    for item in fields(record):
+        value = getattr(record, item.name)
+        data[item.name] = value.to_json() if isinstance(value, BenchmarkResult) else value
+    return json.dumps(data)
+
+
+def from_json(line: str | bytes) -> Record | None:
+    """The record of one line, or None for a line that is not one (cut short by a kill, an unknown type)."""
+    try:
+        data = json.loads(line)
+        kind = _KINDS[data.pop("type")]
+        known = {item.name for item in fields(kind)}
+        data = {name: value for name, value in data.items() if name in known}  # a newer worker's more: ignored
+        if kind is Result:
+            data["result"] = BenchmarkResult.from_json(data["result"])
+        elif kind is Progress and data.get("position") is not None:
+            data["position"] = tuple(data["position"])
+        return kind(**data)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def worker_settings() -> dict[str, Any] | None:
+    """In a worker, the controller's settings (ENV_SETTINGS); None in any other pytest process."""
+    raw = os.environ.get(ENV_SETTINGS)
+    return json.loads(raw) if raw else None
+
+
+def process_index() -> int:
+    """This worker's index on its side (ENV_PROCESS), 1 where it is not set."""
+    return int(os.environ.get(ENV_PROCESS, "1"))
+
+
+@dataclass(frozen=True)
+class Side:
+    """Where the workers of one side run: the working tree ("B", or "" without a comparison) or a ref ("A")."""
+
+    name: str
+    root: Path  # cwd of the workers: the rootdir of the pytest run, on this side
+    label: str  # for messages: "the working tree", "origin/main (abc1234)"
+    pythonpath: tuple[str, ...] = ()  # put first on PYTHONPATH: the user's project imports from this side
+
+    def environ(self) -> dict[str, str]:
+        """This process's environment with the side's checkout first on PYTHONPATH."""
+        env = dict(os.environ)
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker to start: on which side, its index there, the tests it runs and, at a later look, their batch
+    sizes. A counting worker runs under `wrapper` (valgrind) with `environ` added to its environment."""
+
+    side: Side
+    index: int
+    nodeids: tuple[str, ...]
+    batch_sizes: Mapping[str, Sequence[int]] | None = None
+    tag: str = ""  # names its log and records file (default: side and index)
+    wrapper: tuple[str, ...] = ()
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.tag or f"{self.side.name or 'worker'}{self.index}"
+
+
+@dataclass
+class WorkerRun:
+    """What one worker reported, once it exited: its hello, the benchmarks it measured, its tests' reports."""
+
+    side: Side
+    index: int
+    hello: Hello | None = None
+    measured: list[Result] = field(default_factory=list)
+    reports: list[Report] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def counts(self) -> bool:
+        """A counting worker that counted (its hello said so)."""
+        return self.hello is not None and self.hello.counts
+
+    def add(self, records: Sequence[Record | None]) -> None:
+        for record in records:
+            if isinstance(record, Hello) and self.hello is None:
+                self.hello = record
+            elif isinstance(record, Result):
+                self.measured.append(record)
+            elif isinstance(record, Report):
+                self.reports.append(record)
+
+    def failures(self, nodeid: str) -> list[Report]:
+        return [r for r in self.reports if r.nodeid == nodeid and r.outcome == "failed"]
+
+    def skip_reason(self, nodeid: str) -> str | None:
+        return next((r.text for r in self.reports if r.nodeid == nodeid and r.outcome == "skipped"), None)
+
+
+def read_records(path: Path) -> list[Record]:
+    """Every whole record in a records file ([] if it was never written)."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return []
+    return [record for line in lines if (record := from_json(line)) is not None]
+
+
+def hello_problem(hello: Hello | None) -> str | None:
+    """Why a worker's hello does not do (none, or another protocol); None when it does."""
+    if hello is None:
+        return "reported nothing (does that side import a pytest-llmperf that runs worker processes?)"
+    if hello.protocol != PROTOCOL:
+        return (
+            f"speaks worker protocol {hello.protocol} (pytest-llmperf {hello.plugin or 'older than 0.1.0'}); this "
+            f"controller speaks {PROTOCOL} (pytest-llmperf {__version__}). Both sides of a job must import one "
+            "pytest-llmperf"
+        )
+    return None
