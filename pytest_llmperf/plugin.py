@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from .measure.scenario import MARKER_HELP, ScenarioError
+from .measure.keywords import MARKER_HELP
+from .measure.scenario import ScenarioError
 from .offload.fixture import llmperf_offload
 from .orchestrate.fixtures import llmperf, llmperf_hf
 from .orchestrate.markers import marker_kwargs
@@ -50,12 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if (
         not hasattr(config, "workerinput")
         and config.getoption("dist", "no") == "no"
-        and (settings["compare"] or llm.processes > 1)
+        and (settings.compare or llm.processes > 1)
     ):  # under xdist, llmperf tests are refused instead
         from .orchestrate.controller import ProcessController
 
         config.pluginmanager.register(ProcessController(config, llm, _is_planned), "llmperf-controller")
-    if settings["instructions"]:
+    if settings.instructions:
         from .orchestrate.counting import check_setup
 
         check_setup(llm)
@@ -90,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if selected and not on_xdist_worker:  # before any fixture loads a model
         from .measure.allocator import steady_malloc
 
-        session.malloc = steady_malloc() if session.settings["malloc"] == "steady" else "system (--llmperf-malloc)"
+        session.malloc = steady_malloc() if session.settings.malloc == "steady" else "system (--llmperf-malloc)"
     for item in selected:
         if on_xdist_worker:  # refuse: timed tests must not run side by side with other tests
             item.stash[INVALID_MARKER_KEY] = (

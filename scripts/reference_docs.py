@@ -17,9 +17,8 @@ sys.path.insert(0, str(ROOT))
 from pytest_llmperf.measure.gpu import ENERGY_MIN_RUN_S  # noqa: E402
 from pytest_llmperf.measure.metrics import (DEFAULT_GATED_SERVER, DEFAULT_GATED_SPLIT, MEMORY_METRICS,  # noqa: E402
                                             METRICS, PERCENTILE_METHOD, TAIL_MIN_GAPS)
-from pytest_llmperf.measure.scenario import MARKER_HELP, MARKER_KEYWORDS  # noqa: E402
-from pytest_llmperf.orchestrate.benchmark import OVERRIDES  # noqa: E402
-from pytest_llmperf.orchestrate.options import OPTIONS, PER_TEST  # noqa: E402
+from pytest_llmperf.measure.keywords import MARKER_HELP, MARKER_KEYWORDS, OVERRIDES, PER_TEST  # noqa: E402
+from pytest_llmperf.orchestrate.options import OPTIONS  # noqa: E402
 
 OPTIONS_MD = ROOT / "docs" / "options.md"
 METRICS_MD = ROOT / "docs" / "metrics.md"

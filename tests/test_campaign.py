@@ -85,7 +85,7 @@ class FakeCampaign(Campaign):
         return self.pool
 
     def _prepare_sides(self, stack, items):
-        if self.llm.settings["compare"]:
+        if self.llm.settings.compare:
             root = Path(self.config.rootpath)
             self.measurements.sides = [Side("A", root, "HEAD (abc)"), Side("B", root, "the working tree")]
             self.measurements.available["A"] = {item.nodeid for item in items}

@@ -19,7 +19,8 @@ from pytest_llmperf.measure.clock import FakeClock
 from pytest_llmperf.measure.instructions import (COUNTS_TAKEN_WITH, INSTRUCTION_METRICS, InstructionClock,
                                                  count_values, counted_runs, not_counted, platform_problem)
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
-from pytest_llmperf.measure.scenario import Scenario, ScenarioError, check_marker_kwargs
+from pytest_llmperf.measure.keywords import check_marker_kwargs
+from pytest_llmperf.measure.scenario import Scenario, ScenarioError
 from pytest_llmperf.orchestrate import counting
 from pytest_llmperf.orchestrate.protocol import Hello, Report, Result, Side, WorkerRun
 

@@ -92,11 +92,10 @@ def test_unknown_knob_is_rejected_with_the_known_ones():
 def test_per_metric_rtol_in_the_marker_falls_back_to_the_sessions_rtol():
     from pathlib import Path
 
+    from pytest_llmperf.measure.keywords import build_scenario
     from pytest_llmperf.orchestrate.options import Settings
-    from pytest_llmperf.measure.scenario import build_scenario
 
-    settings = Settings({"runs": 10, "warmups": 1, "max_runs": 30, "alpha": 0.01, "rtol": 0.6, "max_load": 0.25},
-                        Path("."))
+    settings = Settings(runs=10, warmups=1, max_runs=30, alpha=0.01, rtol=0.6, max_load=0.25)
     scenario = build_scenario(settings.for_test({"rtol": {"prefill_ms": 0.1}}))
     assert scenario.rtol_for("prefill_ms") == 0.1
     assert scenario.rtol_for("decode_token_ms") == 0.6

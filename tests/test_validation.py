@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.orchestrate.hints import rerun_command
-from pytest_llmperf.measure.scenario import ScenarioError, build_scenario
+from pytest_llmperf.measure.keywords import build_scenario
+from pytest_llmperf.measure.scenario import ScenarioError
 from pytest_llmperf.orchestrate.options import OPTIONS, Settings
 
 MARKED_TEST = """
@@ -189,10 +190,9 @@ def test_the_scenario_never_coerces():
 # -- hints: what to run instead, repeating the options given --------------------------------------------
 
 def test_rerun_command_repeats_only_the_options_given(tmp_path):
-    values = {o.name: o.default for o in OPTIONS}
-    values.update(baseline_dir=str(tmp_path / "my baselines"), max_load=2.0, rtol=0.3, update=True,
-                  model={"tiny": "/m/tiny"}, fail_on=("refused",))
-    settings = Settings(values, Path(tmp_path), given=("baseline_dir", "max_load", "rtol", "update", "model"))
+    settings = Settings(baseline_dir=str(tmp_path / "my baselines"), max_load=2.0, rtol=0.3, update=True,
+                        model={"tiny": "/m/tiny"}, fail_on=("refused",), rootdir=Path(tmp_path),
+                        given=("baseline_dir", "max_load", "rtol", "update", "model"))
     command = rerun_command(settings, "cpu", "t.py::test_x", update=True, replace={"max_load": 3.5})
     assert command == (f"pytest t.py::test_x --llmperf-device=cpu --llmperf-baseline-dir='{tmp_path}/my baselines' "
                        "--llmperf-rtol=0.3 --llmperf-model=tiny=/m/tiny --llmperf-max-load=3.5 --llmperf-update")

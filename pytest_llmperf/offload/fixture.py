@@ -95,7 +95,7 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
         if opts.fast_device.startswith("cuda"):
             for other in list(started):
                 started.pop(other).close()
-        mapped = model in session.settings["model"]
+        mapped = model in session.settings.model
         if model in EMBEDDED and model not in CPU_SIZED and not mapped and opts.fast_device.startswith("cuda"):
             config = EMBEDDED[model]()
             engine = OffloadEngine.from_config(config, tokenizer_for(config.vocab_size), opts, name=model)

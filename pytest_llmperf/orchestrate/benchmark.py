@@ -20,33 +20,15 @@ from ..judge.verdicts import Outcome
 from ..measure import runner
 from ..measure.backend import Backend
 from ..measure.instructions import COUNTED_RUNS, not_counted
+from ..measure.keywords import OVERRIDES, build_scenario
 from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.records import BatchResult, BenchmarkResult
-from ..measure.scenario import Scenario, ScenarioError, build_scenario, check_metrics, check_rtol_metrics
+from ..measure.scenario import Scenario, ScenarioError, check_metrics, check_rtol_metrics
 from ..report import progress
 from ..warning import PytestLLMPerfWarning
 from .deadline import Overtime, deadline
 from .markers import marker_kwargs
 from .session import MEASURED_KEY, LLMPerfSession
-
-#: llmperf.measure() keywords besides the marker's own.
-OVERRIDES = (
-    "batch_sizes",
-    "sequence_length",
-    "decode_length",
-    "runs",
-    "warmups",
-    "max_runs",
-    "alpha",
-    "rtol",
-    "metrics",
-    "knobs",
-    "group",
-    "stop_after_oom",
-    "max_load",
-    "outputs",
-    "memory_rtol",
-)
 
 
 class Benchmark:
@@ -88,7 +70,7 @@ class Benchmark:
         if counter is not None:  # a counting worker: a few runs, counted (measure/instructions.py)
             scenario = replace(scenario, runs=COUNTED_RUNS, warmups=max(scenario.warmups, 1))
         # in this process nothing else stops a generate() that never returns (a worker's controller does)
-        timeout = self.session.settings["worker_timeout"] if self.session.recorder is None else 0
+        timeout = self.session.settings.worker_timeout if self.session.recorder is None else 0
         # a worker's progress goes to the controller, which shows it (orchestrate/campaign_progress.py)
         shown = (
             nullcontext(self.session.recorder.on_run(nodeid, key, scenario.batch_sizes))
@@ -110,7 +92,7 @@ class Benchmark:
                 else:
                     turns = self.session.recorder.turns if self.session.recorder is not None else None
                     wait = turns.wait if turns is not None else None
-                    by_run = self.session.settings["interleave"] == "run"  # else a turn per batch size
+                    by_run = self.session.settings.interleave == "run"  # else a turn per batch size
                     with shown as on_run:
                         result = runner.measure(
                             backend,

@@ -84,10 +84,10 @@ class Campaign:
         return WorkerPool(
             work_dir,
             settings=settings.for_worker(),
-            timeout_s=settings["worker_timeout"],
-            logs_dir=Path(str(settings["report_dir"] or "reports")).resolve() / "worker-logs",
+            timeout_s=settings.worker_timeout,
+            logs_dir=Path(str(settings.report_dir or "reports")).resolve() / "worker-logs",
             extra_args=tuple(passthrough_args(self.config)),
-            environ=steady_malloc_env() if settings["malloc"] == "steady" else {},
+            environ=steady_malloc_env() if settings.malloc == "steady" else {},
             listener=self._heard,
         )
 
@@ -97,7 +97,7 @@ class Campaign:
     def _prepare_sides(self, stack: contextlib.ExitStack, items: list[pytest.Item]) -> bool:
         """The working tree, and for an A/B job the ref checked out and collected first; False when the ref's
         tests cannot be collected (each test says so)."""
-        ref_name = self.llm.settings["compare"]
+        ref_name = self.llm.settings.compare
         if not ref_name:
             return True
         # a checkout and a collection can take seconds: say so first
@@ -124,7 +124,7 @@ class Campaign:
         present = [f for f in files if (side.root / f).exists()]
         if not present:
             return set()
-        timeout = self.llm.settings["worker_timeout"]
+        timeout = self.llm.settings.worker_timeout
         command = [*PYTEST, *present, "--collect-only", "-q", "-p", "no:cacheprovider", *passthrough_args(self.config)]
         try:
             done = subprocess.run(
@@ -139,7 +139,7 @@ class Campaign:
     def _fork_server(self, work_dir: Path, items: list[pytest.Item]) -> ForkServer | None:
         """The server the rounds' workers are forked from, importing; None with --llmperf-worker-start=exec or
         --llmperf-instructions-only (counting workers start under valgrind), or when it cannot start."""
-        if self.llm.settings["worker_start"] != "fork" or self.llm.settings["instructions_only"]:
+        if self.llm.settings.worker_start != "fork" or self.llm.settings.instructions_only:
             return None
         root = Path(self.config.rootpath)
         defined = [  # the test modules and the conftests among the plugins
@@ -149,7 +149,7 @@ class Campaign:
         ]
         modules = preload_for([getattr(item, "fixturenames", ()) for item in items], defined, sys.modules)
         try:
-            return ForkServer.start(work_dir, server_env(self.llm.settings["malloc"]), modules)
+            return ForkServer.start(work_dir, server_env(self.llm.settings.malloc), modules)
         except OSError as exc:
             self._say(
                 f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork server did "
@@ -183,7 +183,7 @@ class Campaign:
     def _judge_counts(self, items: list[pytest.Item]) -> None:
         """The tests measured by their counts alone (--llmperf-instructions-only): one look at what the counting
         workers counted, since a count is the same in every process."""
-        if not self.llm.settings["instructions_only"]:
+        if not self.llm.settings.instructions_only:
             return
         measured = self.measurements
         for item in [i for i in items if counting.wants_instructions(i, True)]:
@@ -237,7 +237,7 @@ class Campaign:
         def started(spec: WorkerSpec) -> None:
             self.progress.started(spec.side.label, spec.index, total, len(spec.nodeids), at_most=at_most)
 
-        if len(specs) > 1 and self.llm.settings["interleave"] != "process":
+        if len(specs) > 1 and self.llm.settings.interleave != "process":
             for spec in specs:
                 started(spec)
             done = pool.run_round(specs)
@@ -295,4 +295,4 @@ class Campaign:
             self.decisions[item.nodeid] = Decision(failure=text)
 
     def _alpha(self, item: pytest.Item) -> float:
-        return float(marker_kwargs(item).get("alpha", self.llm.settings["alpha"]))
+        return float(marker_kwargs(item).get("alpha", self.llm.settings.alpha))

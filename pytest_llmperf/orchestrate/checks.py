@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from ..measure.scenario import ScenarioError, build_scenario
+from ..measure.keywords import build_scenario
+from ..measure.scenario import ScenarioError
 from .markers import marker_kwargs
 from .session import RECORD_FACTOR, LLMPerfSession
 
@@ -57,7 +58,7 @@ def rows_expected(item: pytest.Item) -> int:
 def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
     settings = llm.settings
-    if settings["compare"] and (settings["update"] or settings["update_missing"]):
+    if settings.compare and (settings.update or settings.update_missing):
         raise pytest.UsageError(
             "llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
             "drop --llmperf-update / --llmperf-update-missing"
@@ -76,9 +77,9 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
         )
         try:
             check_can_fail(
-                llm.worker_schedule(first, settings["alpha"], family),
-                settings["rtol"],
-                reference=None if settings["compare"] else RECORD_FACTOR * first,
+                llm.worker_schedule(first, settings.alpha, family),
+                settings.rtol,
+                reference=None if settings.compare else RECORD_FACTOR * first,
                 what=what,
             )
         except SettingError as exc:

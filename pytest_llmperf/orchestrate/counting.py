@@ -63,7 +63,7 @@ def wants_instructions(item: pytest.Item, option: bool) -> bool:
 
 def check_setup(llm: LLMPerfSession) -> None:
     """Refuse --llmperf-instructions up front where it cannot count: a UsageError naming the fix."""
-    only = llm.settings["instructions_only"]
+    only = llm.settings.instructions_only
     if only and llm.mode != "gate":
         # a baseline holds wall time and counts; one recorded from counts alone would lose its timings
         raise pytest.UsageError(
@@ -123,13 +123,13 @@ def campaign(
 ) -> dict[str, list[WorkerRun]]:
     """The counting workers of a campaign, by side: none when no test asks for instructions; a WorkerError when
     one failed. `progress` says that they run, while they run (a CI log is never silent for long)."""
-    nodeids = tuple(item.nodeid for item in items if wants_instructions(item, llm.settings["instructions"]))
+    nodeids = tuple(item.nodeid for item in items if wants_instructions(item, llm.settings.instructions))
     if not nodeids or llm.device != "cpu":
         return {}
     problem = setup_problem()  # asked by a marker only: not checked at configure time
     if problem is not None:
         raise WorkerError(problem)
-    processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings["compare"] else 1
+    processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings.compare else 1
     specs = [counting_spec(pool, WorkerSpec(side, i, nodeids)) for i in range(1, processes + 1) for side in sides]
 
     def waiting(seconds: float, done: int) -> None:

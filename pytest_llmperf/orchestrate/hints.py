@@ -42,7 +42,7 @@ def rerun_command(
     for name in settings.given:
         if name in NOT_REPEATED or name in replace:
             continue
-        parts += _format(name, settings[name])
+        parts += _format(name, getattr(settings, name))
     for name, value in replace.items():
         parts += _format(name, value)
     parts += list(extra)

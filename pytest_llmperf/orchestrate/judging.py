@@ -265,7 +265,7 @@ def batch_errors(result: BenchmarkResult) -> list[str]:
 def fail_messages(session: LLMPerfSession, outcome: Outcome) -> tuple[list[str], list[str]]:
     """(the messages that fail this test, the warnings it emits). A kind listed in --llmperf-fail-on fails
     with its messages, any other only warns; batch errors, invalid values and changed outputs always fail."""
-    fail_on = session.settings["fail_on"]
+    fail_on = session.settings.fail_on
     kind = outcome.kind
     errors = [
         *outcome.errors,

@@ -117,7 +117,7 @@ class Measurements:
         """What `result` is judged against: side A's benchmark of the same key (A/B; `counted`: as its counting
         workers counted it), or its stored baseline."""
         llm = self.llm
-        if not llm.settings["compare"]:
+        if not llm.settings.compare:
             return judging.stored_reference(llm, result, llm.store.lookup(result.module, result.key))
         ref, label = self.sides[0], self.sides[0].label
         side = self.merged(result.nodeid, (self.counted if counted else self.runs).get(ref.name, [])).get(result.key)
@@ -132,7 +132,7 @@ class Measurements:
         llm = self.llm
         merged = counting.attach(merged, self.counted.get(self.current.name, []), self.current.label)
         scenario = Scenario.from_json(merged.scenario)
-        if llm.mode != "gate" and not llm.settings["compare"]:
+        if llm.mode != "gate" and not llm.settings.compare:
             lookup = llm.store.lookup(merged.module, merged.key)
             if llm.mode == "update" or lookup.entry is None:
                 return judging.record(llm, merged, scenario, lookup)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from ..measure.scenario import ScenarioError, check_marker_kwargs
+from ..measure.keywords import check_marker_kwargs
+from ..measure.scenario import ScenarioError
 
 NAME = "llmperf"
 

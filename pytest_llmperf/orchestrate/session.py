@@ -56,19 +56,19 @@ def default_cap(first: int) -> int:
 
 class LLMPerfSession:
     def __init__(self, settings: Settings) -> None:
-        self.device_given = settings["device"] is not None
-        self.device: str = settings["device"] or _detect_device()
+        self.device_given = settings.device is not None
+        self.device: str = settings.device or _detect_device()
         self.settings = settings.resolved(rtol=self.default_rtol(settings))
-        self.runs_auto = settings["runs"] == "auto"  # said in the header: 3 per worker process, 10 in one process
+        self.runs_auto = settings.runs == "auto"  # said in the header: 3 per worker process, 10 in one process
         if self.runs_auto:
             self.settings = self.settings.resolved(
                 runs=DEFAULT_RUNS["in_process" if self.measures_in_one_process else "workers"]
             )
         #: How an `auto` rtol was resolved, for the report header (None: given).
         self.rtol_auto: str | None = None
-        if settings["rtol"] == "auto":
+        if settings.rtol == "auto":
             self.rtol_auto = (
-                "auto: A/B" if settings["compare"] else f"auto: stored baselines on a {self.target_class} target"
+                "auto: A/B" if settings.compare else f"auto: stored baselines on a {self.target_class} target"
             )
         self.outcomes: list[Outcome] = []
         self.selected = 0  # llmperf tests selected in this session
@@ -84,9 +84,9 @@ class LLMPerfSession:
 
     def default_rtol(self, settings: Settings) -> float:
         """--llmperf-rtol, or the measured default for this mode and target class when it is auto."""
-        if settings["rtol"] != "auto":
-            return float(settings["rtol"])
-        return DEFAULT_RTOL["ab" if settings["compare"] else self.target_class]
+        if settings.rtol != "auto":
+            return float(settings.rtol)
+        return DEFAULT_RTOL["ab" if settings.compare else self.target_class]
 
     @property
     def target_class(self) -> str:
@@ -98,24 +98,24 @@ class LLMPerfSession:
         from ..judge.baseline_layout import machine_slug
         from ..judge.environment import cpu_identity
 
-        return self.settings["machine"] or (machine_slug(cpu_identity()) if self.device == "cpu" else None)
+        return self.settings.machine or (machine_slug(cpu_identity()) if self.device == "cpu" else None)
 
     @property
     def baseline_set(self) -> Path:
         """Where this machine's baselines lie (judge/baseline_layout.py)."""
         from ..judge.baseline_layout import set_directory
 
-        return set_directory(Path(self.settings["baseline_dir"]), self.device, self.machine)
+        return set_directory(Path(self.settings.baseline_dir), self.device, self.machine)
 
     @cached_property
     def store(self) -> BaselineStore:
         from ..judge.baselines import BaselineStore
 
         rerun = f"--llmperf-device={self.device}" + (
-            f" --llmperf-machine={self.machine}" if self.settings["machine"] else ""
+            f" --llmperf-machine={self.machine}" if self.settings.machine else ""
         )
         return BaselineStore(
-            Path(self.settings["baseline_dir"]), self.device, self.machine, rerun=rerun, updating=self.mode != "gate"
+            Path(self.settings.baseline_dir), self.device, self.machine, rerun=rerun, updating=self.mode != "gate"
         )
 
     @cached_property
@@ -127,12 +127,12 @@ class LLMPerfSession:
     @property
     def processes(self) -> int:
         """Worker processes per benchmark at the first look: the option, or the default for the target class."""
-        value = self.settings["processes"]
+        value = self.settings.processes
         return DEFAULT_PROCESSES[self.target_class] if value == "auto" else int(value)
 
     @property
     def max_processes(self) -> int:
-        return self.settings["max_processes"] or default_cap(self.processes)
+        return self.settings.max_processes or default_cap(self.processes)
 
     @property
     def recording_processes(self) -> int:
@@ -156,7 +156,7 @@ class LLMPerfSession:
     @property
     def measures_in_one_process(self) -> bool:
         """The session's settings measure in one process (no worker processes, no A/B): its runs are the units."""
-        return not self.settings["compare"] and self.processes == 1
+        return not self.settings.compare and self.processes == 1
 
     @property
     def in_process(self) -> bool:
@@ -167,13 +167,13 @@ class LLMPerfSession:
     def threads(self) -> int | None:
         """torch threads while measuring: the option, or auto = 1 on the cpu target (its timings at 2 threads
         on a shared 2-core machine spread 2-3x wider, docs/noise.md) and torch's default on a GPU target."""
-        value = self.settings["threads"]
+        value = self.settings.threads
         if value == "auto":
             return 1 if self.device == "cpu" else None
         return int(value)
 
     def threads_text(self) -> str:
-        given = self.settings["threads"]
+        given = self.settings.threads
         return f"{self.threads if self.threads is not None else 'torch default'}" + (
             f" (auto: {self.device} target)" if given == "auto" else ""
         )
@@ -183,19 +183,19 @@ class LLMPerfSession:
 
     @property
     def mode(self) -> str:
-        if self.settings["update"]:
+        if self.settings.update:
             return "update"
-        if self.settings["update_missing"]:
+        if self.settings.update_missing:
             return "update-missing"
         return "gate"
 
     def resolve_model(self, name: str, *, build_device: str = "cpu") -> Path:
         from ..backends.models import resolve_model
 
-        cache = self.settings["cache_dir"]
+        cache = self.settings.cache_dir
         return resolve_model(
             name,
-            local_models=self.settings["model"],
+            local_models=self.settings.model,
             cache_dir=Path(cache) if cache else None,
             build_device=build_device,
         )
@@ -215,7 +215,7 @@ def _detect_device() -> str:
 def check_output_paths(settings: Settings) -> None:
     """Refuse up front (not after an hour of benchmarks) a report path that is a directory."""
     for name, option in (("json", "--llmperf-json"), ("report_dir", "--llmperf-report-dir")):
-        path = settings[name]
+        path = getattr(settings, name)
         if path and (Path(path).is_dir() if name == "json" else Path(path).exists() and not Path(path).is_dir()):
             what = "a directory; give a file path" if name == "json" else "a file; give a directory"
             raise pytest.UsageError(f"llmperf: {option}={path} is {what}")

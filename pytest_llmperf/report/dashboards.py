@@ -126,7 +126,7 @@ def export_files(report_dir: Path, document: Mapping[str, Any], formats: Sequenc
 def write_session_exports(session: Any, report_dir: Path, document: Mapping[str, Any]) -> None:
     """At the end of a session: write the files of --llmperf-export; each path joins the session's `written`
     list, a file that cannot be written its `report_errors`."""
-    for path, content in export_files(report_dir, document, session.settings["export"]).items():
+    for path, content in export_files(report_dir, document, session.settings.export).items():
         try:
             write_text_atomic(path, json.dumps(content, indent=1, allow_nan=False) + "\n")
             session.written.append(path)

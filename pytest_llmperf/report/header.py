@@ -20,22 +20,22 @@ def header_lines(session: Any) -> list[str]:
     s = session.settings
     return [
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
-        f"runs={s['runs']}{' (auto)' if session.runs_auto else ''}, warmups={s['warmups']}, max_runs={s['max_runs']}, "
-        f"alpha={s['alpha']}, rtol={s['rtol']:g}"
-        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s['malloc']}, "
+        f"runs={s.runs}{' (auto)' if session.runs_auto else ''}, warmups={s.warmups}, max_runs={s.max_runs}, "
+        f"alpha={s.alpha}, rtol={s.rtol:g}"
+        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s.malloc}, "
         f"threads={session.threads_text()}, "
-        f"fail_on={','.join(s['fail_on']) or 'none'}",
+        f"fail_on={','.join(s.fail_on) or 'none'}",
         f"llmperf: {_measured_how(session)}",
         *(
             [
                 "llmperf: instructions only: the tests that count are not timed, their rows are the counts of one "
                 "process per side under callgrind (--llmperf-instructions-only)"
             ]
-            if s["instructions_only"]
+            if s.instructions_only
             else []
         ),
-        f"llmperf: baselines={'none (A/B: both sides measured here)' if s['compare'] else session.baseline_set}, "
-        f"reports={s['report_dir']}",
+        f"llmperf: baselines={'none (A/B: both sides measured here)' if s.compare else session.baseline_set}, "
+        f"reports={s.report_dir}",
     ]
 
 
@@ -44,16 +44,16 @@ def _measured_how(session: Any) -> str:
     if session.recorder is not None:
         return "a worker process of the controlling pytest process"
     where = (
-        f"the working tree against {s['compare']} (A/B, {INTERLEAVED[s['interleave']]})"
-        if s["compare"]
+        f"the working tree against {s.compare} (A/B, {INTERLEAVED[s.interleave]})"
+        if s.compare
         else "against the stored baselines"
     )
     if session.in_process:
         return (
-            f"processes=1: in this pytest process, the gate tests runs {where}: {s['runs']} at the first look, "
-            f"doubling to max_runs={s['max_runs']} for undecided rows"
+            f"processes=1: in this pytest process, the gate tests runs {where}: {s.runs} at the first look, "
+            f"doubling to max_runs={s.max_runs} for undecided rows"
         )
-    auto = " (auto)" if s["processes"] == "auto" else ""
+    auto = " (auto)" if s.processes == "auto" else ""
     if session.mode == "update":
         return (
             f"processes={session.processes}{auto}: a baseline records {session.recording_processes} worker "
@@ -68,7 +68,7 @@ def _measured_how(session: Any) -> str:
     started = {
         "fork": "forked from a server that imported the libraries both sides share",
         "exec": "each a fresh interpreter",
-    }[s["worker_start"]]
+    }[s.worker_start]
     return (
         f"processes={session.processes}{auto} per side at the first look (worker processes, {started}; the gate "
         f"tests their medians), then one more a round while rows are undecided, judged after every round up to "

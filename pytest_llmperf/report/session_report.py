@@ -30,7 +30,7 @@ from .terminal import counts_line
 
 def write_reports(session: Any) -> None:
     """Write the session's reports; their paths go to `session.written`, failures to `session.report_errors`."""
-    report_dir = Path(session.settings["report_dir"])
+    report_dir = Path(session.settings.report_dir)
     try:
         # the directory's lock: every report of every device is written under it
         with locked(report_dir / "index.html"):
@@ -59,7 +59,7 @@ def _write_reports(session: Any, report_dir: Path) -> None:
         session.device,
         now_iso(),
         session.fingerprint,
-        session.settings.values,
+        session.settings.as_dict(),
         [o.result for o in session.outcomes],
         session.outcomes,
         found,
@@ -76,13 +76,13 @@ def _write_reports(session: Any, report_dir: Path) -> None:
         session.report_errors.append(
             f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable or set --llmperf-report-dir"
         )
-    if session.settings["json"]:
+    if session.settings.json:
         try:
-            write_json(Path(session.settings["json"]), doc)
-            session.written.append(Path(session.settings["json"]))
+            write_json(Path(session.settings.json), doc)
+            session.written.append(Path(session.settings.json))
         except OSError as exc:
             session.report_errors.append(
-                f"llmperf: cannot write --llmperf-json={session.settings['json']}: {exc}. Give a writable file path"
+                f"llmperf: cannot write --llmperf-json={session.settings.json}: {exc}. Give a writable file path"
             )
     dashboards.write_session_exports(session, report_dir, document)  # --llmperf-export
     if not session.report_errors:

@@ -61,7 +61,7 @@ def judged_line(session: Any) -> tuple[str, str]:
 def session_fails(session: Any) -> bool:
     """The run fails: a benchmark ended in a kind --llmperf-fail-on lists, or (`unjudged`) the session selected
     benchmarks and judged none of them."""
-    fail_on = session.settings["fail_on"]
+    fail_on = session.settings.fail_on
     if failing(session.outcomes, fail_on):
         return True
     return UNJUDGED in fail_on and session.mode == "gate" and nothing_judged(session)
@@ -72,7 +72,7 @@ def nothing_judged(session: Any) -> bool:
 
 
 def failing_line(session: Any) -> str | None:
-    fail_on = session.settings["fail_on"]
+    fail_on = session.settings.fail_on
     found = [f"{n} {k}" for k, n in failing(session.outcomes, fail_on).items()]
     if UNJUDGED in fail_on and session.mode == "gate" and nothing_judged(session):
         found.append("nothing judged")
