@@ -464,3 +464,22 @@ def test_the_html_page_draws_a_count_as_its_point_at_its_own_tolerance():
     assert "nothing compared" not in page and "1.0200 (a count, held to its tolerance)" in page
     assert html._rtol(doc["benchmarks"][0], doc, "decode_step_instructions") == DEFAULT_RTOL
     assert html._rtol(doc["benchmarks"][0], doc, "decode_token_ms") == 0.05
+
+
+def test_a_module_markers_instructions_holds_under_a_function_marker_of_other_keywords(pytester):
+    """Every keyword merges markers nearest first (orchestrate/markers.py): a module's instructions=True is not
+    hidden by the test's own marker that sets only runs."""
+    items = pytester.getitems("""
+import pytest
+
+pytestmark = pytest.mark.llmperf(instructions=True)
+
+@pytest.mark.llmperf(runs=3)
+def test_counted(llmperf):
+    pass
+
+@pytest.mark.llmperf(instructions=False)
+def test_not_counted(llmperf):
+    pass
+""")
+    assert [counting.wants_instructions(item, False) for item in items] == [True, False]

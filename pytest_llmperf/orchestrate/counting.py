@@ -28,6 +28,7 @@ import pytest
 from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
 from .campaign_progress import CampaignProgress
+from .markers import marker_kwargs
 from .pool import WorkerPool
 from .protocol import ENV_COUNT, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
@@ -54,10 +55,9 @@ INSTALL_HINT = (
 
 
 def wants_instructions(item: pytest.Item, option: bool) -> bool:
-    """A test counts instructions when its marker says instructions=True, or --llmperf-instructions is given and
-    its marker does not say instructions=False."""
-    marker = item.get_closest_marker("llmperf")
-    given = marker.kwargs.get("instructions") if marker is not None else None
+    """A test counts instructions when its markers (merged nearest first, as every keyword) say instructions=True,
+    or --llmperf-instructions is given and they do not say instructions=False."""
+    given = marker_kwargs(item).get("instructions")
     return bool(option if given is None else given)
 
 
