@@ -15,7 +15,7 @@ import pytest
 
 from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.orchestrate.turns import ENV_TURNS, TurnBroker, TurnClient
-from pytest_llmperf.report.header import INTERLEAVED
+from pytest_llmperf.orchestrate.header import INTERLEAVED
 
 # A worker: `blocks` batch sizes, each asked for, then held HOLD_S while it logs its span; `free` ignores turns.
 WORKER = """

@@ -182,3 +182,16 @@ def counts(outcomes: Iterable[Outcome]) -> Counter[Kind]:
 def failing(outcomes: Iterable[Outcome], fail_on: Sequence[str]) -> Counter[Kind]:
     """How many benchmarks ended in each kind listed in fail_on."""
     return Counter(k for k in map(kind_of, outcomes) if k in fail_on)
+
+
+#: --llmperf-fail-on's word for a session that selected benchmarks and judged none of them.
+UNJUDGED = "unjudged"
+
+
+def run_failures(outcomes: Sequence[Outcome], fail_on: Sequence[str], *, gating: bool, selected: int) -> list[str]:
+    """Why the run fails, as --llmperf-fail-on says (`2 regressed`, `nothing judged`); empty: it does not. A gating
+    session that selected benchmarks and judged none of them fails with `unjudged`: compared nothing is no pass."""
+    found = [f"{n} {k}" for k, n in failing(outcomes, fail_on).items()]
+    if UNJUDGED in fail_on and gating and selected and not any(kind_of(o) in JUDGED for o in outcomes):
+        found.append("nothing judged")
+    return found

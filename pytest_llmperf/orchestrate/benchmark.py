@@ -1,16 +1,15 @@
 """The `llmperf` fixture object: `llmperf.measure(backend)` is the whole way of one benchmark in this process.
 
-Scenario from the marker and options; measure (measure/runner.py); then, in a worker process, hand the result
-to the controller; else record it (update modes) or judge it look by look against its stored baseline: the
-batch sizes with undecided rows get more runs, doubling up to max_runs (judge/procedure.py); and fail the
-test with an actionable message where --llmperf-fail-on says so.
+Scenario from the marker and options, then measured (measure/runner.py). `LocalBenchmark` (measured in the pytest
+process itself) records it (update modes) or judges it look by look against its stored baseline: the batch sizes
+with undecided rows get more runs, doubling up to max_runs (judge/procedure.py); and fails the test with an
+actionable message where --llmperf-fail-on says so. In a worker process the fixture is a `WorkerBenchmark`
+(worker.py), which hands what it measured to the controller.
 """
 
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,9 @@ import pytest
 from ..judge.verdicts import Outcome
 from ..measure import runner
 from ..measure.backend import Backend
-from ..measure.instructions import COUNTED_RUNS, not_counted
 from ..measure.keywords import OVERRIDES, build_scenario
 from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
-from ..measure.records import BatchResult, BenchmarkResult
+from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, check_metrics, check_rtol_metrics
 from ..report import progress
 from ..warning import PytestLLMPerfWarning
@@ -62,72 +60,11 @@ class Benchmark:
         key = f"{key}::{name}" if name else key
         if any(r.key == key for r in self.results):
             raise ScenarioError(f"{key} was measured twice in one test; pass name= to tell the measurements apart")
-        if self.session.recorder is not None:  # a worker measures the batch sizes its controller still needs
-            wanted = self.session.recorder.batch_sizes(nodeid)
-            if wanted is not None:
-                scenario = replace(scenario, batch_sizes=tuple(b for b in scenario.batch_sizes if b in wanted))
-        counter = self.session.recorder.counter if self.session.recorder is not None else None
-        if counter is not None:  # a counting worker: a few runs, counted (measure/instructions.py)
-            scenario = replace(scenario, runs=COUNTED_RUNS, warmups=max(scenario.warmups, 1))
-        # in this process nothing else stops a generate() that never returns (a worker's controller does)
-        timeout = self.session.settings.worker_timeout if self.session.recorder is None else 0
-        # a worker's progress goes to the controller, which shows it (orchestrate/campaign_progress.py)
-        shown = (
-            nullcontext(self.session.recorder.on_run(nodeid, key, scenario.batch_sizes))
-            if self.session.recorder is not None
-            else progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes)
-        )
-        try:
-            with deadline(timeout):
-                if counter is not None and not backend.clocked_in_process:
-                    result = BenchmarkResult(
-                        key=key,
-                        nodeid=nodeid,
-                        module=nodeid.split("::", 1)[0],
-                        scenario=scenario.to_json(),
-                        backend=backend.describe(),
-                        batches=[BatchResult(b, count_error=not_counted(backend)) for b in scenario.batch_sizes],
-                        group=scenario.group,
-                    )
-                else:
-                    turns = self.session.recorder.turns if self.session.recorder is not None else None
-                    wait = turns.wait if turns is not None else None
-                    by_run = self.session.settings.interleave == "run"  # else a turn per batch size
-                    with shown as on_run:
-                        result = runner.measure(
-                            backend,
-                            scenario,
-                            key=key,
-                            nodeid=nodeid,
-                            module=nodeid.split("::", 1)[0],
-                            on_run=on_run,
-                            counter=counter,
-                            before_batch=None if by_run else wait,
-                            before_run=wait if by_run else None,
-                        )
-                self.results.append(result)
-                if self.session.recorder is not None:  # a worker process: the controller judges
-                    self.session.recorder.record_result(nodeid, result)
-                    return result
-                outcome = self._judge(result, scenario, backend)
-        except Overtime:
-            pytest.fail(
-                f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
-                "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
-                "returns? Raise the timeout if it is only slow",
-                pytrace=False,
-            )
-        self.session.outcomes.append(outcome)
-        from . import judging
+        return self._measure(backend, scenario, key)
 
-        messages, said = judging.fail_messages(self.session, outcome)
-        for text in said:
-            warnings.warn_explicit(
-                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path), self.item.location[1] + 1
-            )
-        if messages:
-            pytest.fail("\n".join(messages), pytrace=False)
-        return result
+    def _measure(self, backend: Backend, scenario: Scenario, key: str) -> BenchmarkResult:
+        """Measure it (into `results`), and what follows in this mode."""
+        raise NotImplementedError  # LocalBenchmark here, WorkerBenchmark in a worker process (worker.py)
 
     def _scenario(self, backend: Backend, overrides: dict[str, Any]) -> Scenario:
         unknown = set(overrides) - set(OVERRIDES)
@@ -152,6 +89,43 @@ class Benchmark:
         except ScenarioError as exc:
             pytest.fail(f"{self.item.nodeid}: {exc}", pytrace=False)
         return scenario
+
+
+class LocalBenchmark(Benchmark):
+    """Measured in this pytest process: then recorded, or judged look by look against its stored baseline, and the
+    test fails where --llmperf-fail-on says so."""
+
+    def _measure(self, backend: Backend, scenario: Scenario, key: str) -> BenchmarkResult:
+        __tracebackhide__ = True
+        nodeid = self.item.nodeid
+        # in this process nothing else stops a generate() that never returns (a worker's controller does)
+        timeout = self.session.settings.worker_timeout
+        try:
+            with deadline(timeout):
+                with progress.benchmark(self.item.config, nodeid, key, scenario.batch_sizes) as on_run:
+                    result = runner.measure(
+                        backend, scenario, key=key, nodeid=nodeid, module=nodeid.split("::", 1)[0], on_run=on_run
+                    )
+                self.results.append(result)
+                outcome = self._judge(result, scenario, backend)
+        except Overtime:
+            pytest.fail(
+                f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
+                "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
+                "returns? Raise the timeout if it is only slow",
+                pytrace=False,
+            )
+        self.session.outcomes.append(outcome)
+        from . import judging
+
+        messages, said = judging.fail_messages(self.session, outcome)
+        for text in said:
+            warnings.warn_explicit(
+                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path), (self.item.location[1] or 0) + 1
+            )
+        if messages:
+            pytest.fail("\n".join(messages), pytrace=False)
+        return result
 
     def _judge(self, result: BenchmarkResult, scenario: Scenario, backend: Backend) -> Outcome:
         """Record it, or judge it look by look: the batch sizes with undecided rows get more runs."""

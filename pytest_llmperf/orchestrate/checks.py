@@ -78,7 +78,7 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
         try:
             check_can_fail(
                 llm.worker_schedule(first, settings.alpha, family),
-                settings.rtol,
+                llm.rtol,
                 reference=None if settings.compare else RECORD_FACTOR * first,
                 what=what,
             )

@@ -47,7 +47,7 @@ class DeferredBenchmark(pytest.Item):
             pytest.fail("llmperf: this benchmark was not measured (the campaign stopped before it)", pytrace=False)
         for text in decision.warnings:
             warnings.warn_explicit(
-                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.path), self.location[1] + 1
+                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.path), (self.location[1] or 0) + 1
             )
         if decision.skip:
             pytest.skip(decision.skip)
@@ -72,7 +72,7 @@ class ProcessController:
         planned = [item for item in items if self.is_planned(item)]
         check_settings(self.llm, planned)
         for i, item in enumerate(items):
-            if self.is_planned(item):
+            if self.is_planned(item) and item.parent is not None:
                 items[i] = DeferredBenchmark.from_parent(item.parent, name=item.name, original=item, controller=self)
 
     @pytest.hookimpl(wrapper=True)

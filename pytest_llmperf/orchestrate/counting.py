@@ -71,6 +71,7 @@ def check_setup(llm: LLMPerfSession) -> None:
             "baseline (--llmperf-update and --llmperf-update-missing record both): record with "
             "--llmperf-update --llmperf-instructions, then gate with --llmperf-instructions-only"
         )
+    problem: str | None
     if llm.device != "cpu":
         problem = (
             f"instructions are counted on the cpu target only (callgrind sees the host's instructions, not "

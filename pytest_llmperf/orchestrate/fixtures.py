@@ -39,9 +39,14 @@ def fail_unless_cuda(session: LLMPerfSession, device: str, what: str) -> None:
 @pytest.fixture
 def llmperf(request: pytest.FixtureRequest) -> Benchmark:
     """Measure a backend with this test's scenario and gate it against the baseline: `llmperf.measure(backend)`."""
-    from .benchmark import Benchmark
+    session = request.config.stash[SESSION_KEY]
+    if session.recorder is not None:  # a worker process (plugin.py decided it at configure time)
+        from .worker_benchmark import WorkerBenchmark
 
-    return Benchmark(request.config.stash[SESSION_KEY], request.node)
+        return WorkerBenchmark(session, request.node, session.recorder)
+    from .benchmark import LocalBenchmark
+
+    return LocalBenchmark(session, request.node)
 
 
 @pytest.fixture(scope="session")

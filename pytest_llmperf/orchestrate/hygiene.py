@@ -16,12 +16,14 @@ import pytest
 
 from ..judge.baseline_layout import key_of_test, stale_keys
 from ..warning import warn_at
+from .session import LLMPerfSession
 
 
 class BaselineHygiene:
-    """Registered by plugin.py with the session (LLMPerfSession) it reads: the store, the mode, the outcomes."""
+    """Registered by plugin.py in the controlling process, with the session it reads: the store, the mode, the
+    outcomes."""
 
-    def __init__(self, config: pytest.Config, llm: Any) -> None:
+    def __init__(self, config: pytest.Config, llm: LLMPerfSession) -> None:
         self.config = config
         self.llm = llm
         self.collected: dict[str, set[str]] = {}  # module -> keys of every test collected from it
@@ -31,12 +33,8 @@ class BaselineHygiene:
         self.stale: dict[str, list[str]] = {}  # module -> stale keys (reported; pruned under --llmperf-update)
 
     def _active(self) -> bool:
-        """In the controlling process of a session that benchmarked something (the store is read only then)."""
-        return (
-            not hasattr(self.config, "workerinput")
-            and getattr(self.llm, "recorder", None) is None
-            and bool(self.benchmarked)
-        )
+        """The session benchmarked something (the store is read only then)."""
+        return bool(self.benchmarked)
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         module = item.nodeid.split("::", 1)[0]

@@ -77,9 +77,6 @@ class LLMPerfSession:
         self.malloc = "system (no benchmark selected)"  # what measure/allocator.py did, for the fingerprint
         self.recorder: WorkerRecorder | None = None  # set in a worker process: results go to the controller
         self.compared_to: str | None = None  # the git ref of an A/B comparison, once checked out
-        self.written: list[Path] = []  # reports written at the end
-        self.report_errors: list[str] = []  # reports that could not be written: the session fails
-        self.report_warnings: list[str] = []
         self.processes_used: list[int] = []  # per benchmark test, units per side at its last look
 
     def default_rtol(self, settings: Settings) -> float:
@@ -87,6 +84,25 @@ class LLMPerfSession:
         if settings.rtol != "auto":
             return float(settings.rtol)
         return DEFAULT_RTOL["ab" if settings.compare else self.target_class]
+
+    @property
+    def rtol(self) -> float:
+        """--llmperf-rtol, its `auto` resolved for this session."""
+        return float(self.settings.rtol)
+
+    @property
+    def baseline_dir(self) -> Path:
+        """Where baselines/<device>/ lies (--llmperf-baseline-dir, resolved: beside the config file by default)."""
+        return Path(self.settings.baseline_dir or "baselines")
+
+    @property
+    def report_dir(self) -> Path:
+        return Path(self.settings.report_dir)
+
+    @property
+    def json_path(self) -> Path | None:
+        """--llmperf-json: the JSON report written to this path too."""
+        return Path(self.settings.json) if self.settings.json else None
 
     @property
     def target_class(self) -> str:
@@ -105,7 +121,7 @@ class LLMPerfSession:
         """Where this machine's baselines lie (judge/baseline_layout.py)."""
         from ..judge.baseline_layout import set_directory
 
-        return set_directory(Path(self.settings.baseline_dir), self.device, self.machine)
+        return set_directory(self.baseline_dir, self.device, self.machine)
 
     @cached_property
     def store(self) -> BaselineStore:
@@ -114,9 +130,7 @@ class LLMPerfSession:
         rerun = f"--llmperf-device={self.device}" + (
             f" --llmperf-machine={self.machine}" if self.settings.machine else ""
         )
-        return BaselineStore(
-            Path(self.settings.baseline_dir), self.device, self.machine, rerun=rerun, updating=self.mode != "gate"
-        )
+        return BaselineStore(self.baseline_dir, self.device, self.machine, rerun=rerun, updating=self.mode != "gate")
 
     @cached_property
     def fingerprint(self) -> dict[str, Any]:

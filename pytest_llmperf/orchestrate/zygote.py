@@ -101,11 +101,11 @@ def serve(sock: socket.socket, base_path: list[str], preloaded: set[str]) -> Non
     signal.set_wakeup_fd(wake_w)
     server = Server(sock, (wake_r, wake_w), base_path, preloaded, os.getpid())
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [])
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap(sock)
-        if sock in ready:
+        if sock.fileno() in ready:
             data, fds, _, _ = socket.recv_fds(sock, BUFFER, MAX_FDS)
             if not data:  # the controller is gone: its workers die with this process (PR_SET_PDEATHSIG)
                 return

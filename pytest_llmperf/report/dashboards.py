@@ -27,6 +27,7 @@ from ..files import write_text_atomic
 from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.scenario import Scenario
 from .stored import StoredBatch, StoredResult
+from .summary import SessionSummary, Written
 
 FORMATS = ("github-action-benchmark", "bencher")
 UNITS = {"tokens/secs": "tokens/s"}
@@ -123,15 +124,15 @@ def export_files(report_dir: Path, document: Mapping[str, Any], formats: Sequenc
     return files
 
 
-def write_session_exports(session: Any, report_dir: Path, document: Mapping[str, Any]) -> None:
-    """At the end of a session: write the files of --llmperf-export; each path joins the session's `written`
-    list, a file that cannot be written its `report_errors`."""
-    for path, content in export_files(report_dir, document, session.settings.export).items():
+def write_session_exports(session: SessionSummary, document: Mapping[str, Any], written: Written) -> None:
+    """At the end of a session: write the files of --llmperf-export; each path joins `written`, a file that cannot
+    be written its errors."""
+    for path, content in export_files(session.report_dir, document, session.export).items():
         try:
             write_text_atomic(path, json.dumps(content, indent=1, allow_nan=False) + "\n")
-            session.written.append(path)
+            written.paths.append(path)
         except OSError as exc:
-            session.report_errors.append(
+            written.errors.append(
                 f"llmperf: cannot write {path} (--llmperf-export): {exc}. Make the report "
                 "directory writable or set --llmperf-report-dir"
             )

@@ -4,7 +4,7 @@ GitHub step summary.
 
 A report that cannot be written is one clear line after the verdicts (never a traceback hiding them), and
 fails a session that would otherwise pass; a step summary that cannot be appended is a warning line. `session` is
-the orchestrate layer's LLMPerfSession.
+given a `SessionSummary` and returns what it `Written`.
 
 Two sessions may end at once over one report directory (two jobs of one checkout): each reads the accumulated
 report and writes it back, so the whole of it holds one lock of the directory (files.locked), or one session's
@@ -25,16 +25,18 @@ from ..warning import warn_at
 from . import accumulate, dashboards, mermaid, throughput_log, verdict_table
 from . import html as html_report
 from .markdown import json_document, markdown, write_atomic, write_json
+from .summary import SessionSummary, Written
 from .terminal import counts_line
 
 
-def write_reports(session: Any) -> None:
-    """Write the session's reports; their paths go to `session.written`, failures to `session.report_errors`."""
-    report_dir = Path(session.settings.report_dir)
+def write_reports(session: SessionSummary) -> Written:
+    """Write the session's reports: the paths written, and what could not be."""
+    written = Written()
+    report_dir = session.report_dir
     try:
         # the directory's lock: every report of every device is written under it
         with locked(report_dir / "index.html"):
-            _write_reports(session, report_dir)
+            _write_reports(session, report_dir, written)
             left = [
                 t
                 for name in sorted(os.listdir(report_dir))
@@ -42,24 +44,25 @@ def write_reports(session: Any) -> None:
                 for t in remove_left_temporaries(report_dir / name)
             ]
     except OSError as exc:  # the directory itself cannot be made or locked
-        session.report_errors.append(
+        written.errors.append(
             f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable or set --llmperf-report-dir"
         )
-        return
+        return written
     if left:
-        session.report_warnings.append(
+        written.warnings.append(
             f"llmperf: removed {len(left)} temporary file(s) that an interrupted session "
             f"left in {report_dir}: {', '.join(p.name for p in left)}"
         )
+    return written
 
 
-def _write_reports(session: Any, report_dir: Path) -> None:
+def _write_reports(session: SessionSummary, report_dir: Path, written: Written) -> None:
     found = counts(session.outcomes)
     document = json_document(
         session.device,
         now_iso(),
         session.fingerprint,
-        session.settings.as_dict(),
+        session.settings,
         [o.result for o in session.outcomes],
         session.outcomes,
         found,
@@ -71,30 +74,30 @@ def _write_reports(session: Any, report_dir: Path) -> None:
     try:
         write_atomic(paths[0], markdown(doc, counts_line(found)))
         write_json(paths[1], doc)
-        session.written += paths
+        written.paths += paths
     except OSError as exc:
-        session.report_errors.append(
+        written.errors.append(
             f"llmperf: cannot write the report under {report_dir}: {exc}. Make it writable or set --llmperf-report-dir"
         )
-    if session.settings.json:
+    if session.json_path is not None:
         try:
-            write_json(Path(session.settings.json), doc)
-            session.written.append(Path(session.settings.json))
+            write_json(session.json_path, doc)
+            written.paths.append(session.json_path)
         except OSError as exc:
-            session.report_errors.append(
-                f"llmperf: cannot write --llmperf-json={session.settings.json}: {exc}. Give a writable file path"
+            written.errors.append(
+                f"llmperf: cannot write --llmperf-json={session.json_path}: {exc}. Give a writable file path"
             )
-    dashboards.write_session_exports(session, report_dir, document)  # --llmperf-export
-    if not session.report_errors:
+    dashboards.write_session_exports(session, document, written)  # --llmperf-export
+    if not written.errors:
         try:
-            session.written.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
+            written.paths.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
         except OSError as exc:
-            session.report_errors.append(f"llmperf: cannot write {report_dir / 'index.html'}: {exc}")
-    _throughput_log(session, report_dir)
-    _step_summary(session, document, doc, found)
+            written.errors.append(f"llmperf: cannot write {report_dir / 'index.html'}: {exc}")
+    _throughput_log(session, report_dir, written)
+    _step_summary(session, document, doc, found, written)
 
 
-def _throughput_log(session: Any, report_dir: Path) -> None:
+def _throughput_log(session: SessionSummary, report_dir: Path, written: Written) -> None:
     """The dated throughput log (JetStream-pytorch's layout) gains a row per recorded JetStream benchmark."""
     for outcome in session.outcomes:
         result = outcome.result
@@ -107,10 +110,10 @@ def _throughput_log(session: Any, report_dir: Path) -> None:
                     throughput_log.rows_from_result(result, now_iso()[:10]),
                 )
             except OSError as exc:
-                session.report_errors.append(f"llmperf: cannot append to the throughput log in {report_dir}: {exc}")
+                written.errors.append(f"llmperf: cannot append to the throughput log in {report_dir}: {exc}")
 
 
-def _step_summary(session: Any, document: dict, doc: dict, found: Any) -> None:
+def _step_summary(session: SessionSummary, document: dict, doc: dict, found: Any, written: Written) -> None:
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not summary_path:
         return
@@ -120,7 +123,7 @@ def _step_summary(session: Any, document: dict, doc: dict, found: Any) -> None:
             handle.write(f"## llmperf: {session.device}\n\n{counts_line(found)}\n\n{table}\n\n")
             handle.write(mermaid.throughput_charts(doc))
     except OSError as exc:
-        session.report_warnings.append(
+        written.warnings.append(
             f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="
             f"{summary_path}: {exc}; the reports above are complete"
         )

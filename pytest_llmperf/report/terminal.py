@@ -1,9 +1,9 @@
 """What the terminal shows at the end: the `llmperf: <device>` section of the summary (the header lines are
-report/header.py).
+orchestrate/header.py).
 
 The section opens with the judged line (a run that judged nothing says so first, in red), then what fails the
 run, the verdict table, one count per kind (each benchmark counted once), run quality and the hints.
-`session` is the orchestrate layer's LLMPerfSession, read through its attributes.
+It reads a `SessionSummary` (report/summary.py); whether the run fails is the judge's (verdicts.run_failures).
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from typing import Any
 
 from ..judge.quality import quality_notes
 from ..judge.rows import admitting
-from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, Verdict, counts, failing, reason_of
+from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, Verdict, counts, reason_of, run_failures
 from .markdown import json_document
+from .summary import SessionSummary, Written
 from .tables import table
 from .verdict_table import table_rows
-
-#: fail_on's word for a session that selected benchmarks and judged none.
-UNJUDGED = "unjudged"
 
 
 def counts_line(found: Mapping[Kind, int]) -> str:
@@ -31,7 +29,7 @@ def counts_line(found: Mapping[Kind, int]) -> str:
     return ", ".join(f"{found[k]} {k}" for k in order if found.get(k)) or "no benchmark measured"
 
 
-def judged_line(session: Any) -> tuple[str, str]:
+def judged_line(session: SessionSummary) -> tuple[str, str]:
     """(`llmperf: judged J of N benchmarks (...)`, markup colour: green, yellow or red)."""
     outcomes: Sequence[Outcome] = session.outcomes
     kinds = [o.kind for o in outcomes]
@@ -51,37 +49,21 @@ def judged_line(session: Any) -> tuple[str, str]:
         parts.append(f"{kinds.count(Kind.INCONCLUSIVE)} of the judged inconclusive: undecided at the cap")
     total = len(outcomes) + skipped + invalid
     line = f"llmperf: judged {judged} of {total} benchmarks" + (f" ({'; '.join(parts)})" if parts else "")
-    if session.mode != "gate" and all(k in (Kind.CREATED, Kind.UPDATED) for k in kinds):
+    if not session.gating and all(k in (Kind.CREATED, Kind.UPDATED) for k in kinds):
         return line, "green"  # recording baselines judges nothing, on purpose
     if judged == 0:
         return line + ": nothing was compared", "red"
     return line, "green" if judged == total and not kinds.count(Kind.INCONCLUSIVE) else "yellow"
 
 
-def session_fails(session: Any) -> bool:
-    """The run fails: a benchmark ended in a kind --llmperf-fail-on lists, or (`unjudged`) the session selected
-    benchmarks and judged none of them."""
-    fail_on = session.settings.fail_on
-    if failing(session.outcomes, fail_on):
-        return True
-    return UNJUDGED in fail_on and session.mode == "gate" and nothing_judged(session)
-
-
-def nothing_judged(session: Any) -> bool:
-    return bool(session.selected) and not any(o.kind in JUDGED for o in session.outcomes)
-
-
-def failing_line(session: Any) -> str | None:
-    fail_on = session.settings.fail_on
-    found = [f"{n} {k}" for k, n in failing(session.outcomes, fail_on).items()]
-    if UNJUDGED in fail_on and session.mode == "gate" and nothing_judged(session):
-        found.append("nothing judged")
+def failing_line(session: SessionSummary) -> str | None:
+    found = run_failures(session.outcomes, session.fail_on, gating=session.gating, selected=session.selected)
     if not found:
         return None
-    return f"llmperf: the run fails: {', '.join(found)} (--llmperf-fail-on={','.join(fail_on) or 'none'})"
+    return f"llmperf: the run fails: {', '.join(found)} (--llmperf-fail-on={','.join(session.fail_on) or 'none'})"
 
 
-def summary_lines(session: Any) -> list[str]:
+def summary_lines(session: SessionSummary) -> list[str]:
     # the same rows, units, ratio direction and order as the markdown report's verdict table
     document = json_document(
         session.device, "", {}, {}, [o.result for o in session.outcomes], session.outcomes, counts(session.outcomes)
@@ -94,7 +76,7 @@ def summary_lines(session: Any) -> list[str]:
     if busy:
         lines.append(busy)
     lines += [f"run quality: {o.result.key}: {note}" for o in session.outcomes for note in quality_notes(o.result)]
-    used = getattr(session, "processes_used", [])
+    used = session.processes_used
     if used:
         lines.append(f"processes per side: {_spread(used)} over {len(used)} benchmark test(s)")
     unchecked = [o.result.key for o in session.outcomes if o.outputs_unchecked]
@@ -155,7 +137,7 @@ def _ago(delta: timedelta) -> str:
     return "seconds"
 
 
-def busy_line(session: Any) -> str | None:
+def busy_line(session: SessionSummary) -> str | None:
     """One --llmperf-max-load that admits every batch size refused because the machine is busy now (each test's
     warning names its own), so a re-run needs one value."""
     loads = [
@@ -181,7 +163,7 @@ def _spread(values: Sequence[int]) -> str:
     return f"median {statistics.median(values):g}" + (f", {low}-{high}" if low != high else "")
 
 
-def write_summary(terminalreporter: Any, session: Any) -> None:
+def write_summary(terminalreporter: Any, session: SessionSummary, written: Written) -> None:
     """The `llmperf: <device>` section of pytest's terminal summary."""
     terminalreporter.write_sep("=", f"llmperf: {session.device}")
     line, colour = judged_line(session)  # first: a run that judged nothing must say so
@@ -192,7 +174,7 @@ def write_summary(terminalreporter: Any, session: Any) -> None:
     if session.outcomes:
         for text in summary_lines(session):
             terminalreporter.write_line(text)
-    for path in session.written:
+    for path in written.paths:
         terminalreporter.write_line(f"report: {path}")
-    for text in [*session.report_errors, *session.report_warnings]:
+    for text in [*written.errors, *written.warnings]:
         terminalreporter.write_line(text, red=True)

@@ -1,12 +1,11 @@
 """The `llmperf:` lines of pytest's header: the device, the settings, how benchmarks are measured and judged.
 
 Shown in every session, so this module imports nothing heavy (the summary's statistics are report/terminal.py's).
-`session` is the orchestrate layer's LLMPerfSession, read through its attributes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from .session import LLMPerfSession
 
 #: How the two sides of an A/B round alternate, by --llmperf-interleave (orchestrate/turns.py).
 INTERLEAVED = {
@@ -16,7 +15,7 @@ INTERLEAVED = {
 }
 
 
-def header_lines(session: Any) -> list[str]:
+def header_lines(session: LLMPerfSession) -> list[str]:
     s = session.settings
     return [
         f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
@@ -39,7 +38,7 @@ def header_lines(session: Any) -> list[str]:
     ]
 
 
-def _measured_how(session: Any) -> str:
+def _measured_how(session: LLMPerfSession) -> str:
     s = session.settings
     if session.recorder is not None:
         return "a worker process of the controlling pytest process"

@@ -1,0 +1,135 @@
+"""The benchmark tests of a session: which they are, which cannot run here and why, and the check that each one
+measured something. A plugin object, registered in every pytest process that runs tests (plugin.py): the
+controlling one, a worker process, and a pytest-xdist worker, where every benchmark test is refused (side by side
+they would measure each other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from ..measure.scenario import ScenarioError
+from ..warning import PytestLLMPerfWarning
+from .markers import marker_kwargs
+from .session import MEASURED_KEY, LLMPerfSession, marker_devices
+
+INVALID_MARKER_KEY = pytest.StashKey[str]()  # why this benchmark test cannot run (it fails at setup)
+OTHER_DEVICES_KEY = pytest.StashKey[bool]()  # skipped: its marker's devices do not include this one
+#: Why a pytest-xdist worker refuses every benchmark test.
+XDIST_REFUSAL = (
+    "timed benchmark tests must not run under pytest-xdist (side by side they measure each other). "
+    "Run them without -n (pytest -p no:xdist, or -n 0), or deselect them with -m 'not llmperf'"
+)
+
+
+def is_llmperf(item: pytest.Item) -> bool:
+    """A benchmark test: it has an llmperf marker or uses the llmperf fixture."""
+    return item.get_closest_marker("llmperf") is not None or "llmperf" in getattr(item, "fixturenames", ())
+
+
+def is_planned(item: pytest.Item) -> bool:
+    """A benchmark test the controller measures in worker processes (not one that is skipped or invalid)."""
+    from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
+
+    if not is_llmperf(item) or INVALID_MARKER_KEY in item.stash:
+        return False
+    return evaluate_skip_marks(item) is None
+
+
+def measured_elsewhere(item: pytest.Item) -> bool:
+    """Its body ran in worker processes (controller.DeferredBenchmark)."""
+    return bool(getattr(item, "measured_elsewhere", False))
+
+
+class BenchmarkItems:
+    """Counts, checks and marks the session's benchmark tests; `refusal`: every one of them fails with it."""
+
+    def __init__(self, llm: LLMPerfSession, refusal: str | None = None) -> None:
+        self.llm = llm
+        self.refusal = refusal
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        llm = self.llm
+        selected = [item for item in items if is_llmperf(item)]
+        llm.selected = len(selected)
+        if self.refusal is not None:
+            for item in selected:
+                item.stash[INVALID_MARKER_KEY] = self.refusal
+            return
+        if selected:  # before any fixture loads a model
+            from ..measure.allocator import steady_malloc
+
+            llm.malloc = steady_malloc() if llm.settings.malloc == "steady" else "system (--llmperf-malloc)"
+        for item in selected:
+            problem = self._marker_problem(item)
+            if problem is not None:
+                item.stash[INVALID_MARKER_KEY] = problem
+                continue
+            wanted = marker_kwargs(item).get("processes")
+            if wanted not in (None, 1) and llm.in_process:  # the option wins here: say so, not in silence
+                item.warn(
+                    PytestLLMPerfWarning(
+                        f"llmperf: the marker's processes={wanted} is not used: --llmperf-processes=1 measures every "
+                        "benchmark in this pytest process (its runs are the gate's units)"
+                    )
+                )
+            devices = marker_devices(item)
+            if devices is not None and llm.device not in devices:
+                item.stash[OTHER_DEVICES_KEY] = True
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f"llmperf: runs on {', '.join(devices)}; the current device is {llm.device}"
+                    )
+                )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Count the benchmarks this session runs once -k, -m and the like have deselected theirs (`pytest -m 'not
+        llmperf'` must not fail as a session that judged nothing)."""
+        final = [item for item in session.items if is_llmperf(item) or measured_elsewhere(item)]
+        self.llm.selected = len(final)
+        self.llm.invalid_here = sum(INVALID_MARKER_KEY in item.stash for item in final)
+        self.llm.skipped_here = sum(OTHER_DEVICES_KEY in item.stash for item in final)
+
+    def _marker_problem(self, item: pytest.Item) -> str | None:
+        """Why a test's llmperf marker cannot work (a bad keyword, a schedule that could never fail), or None."""
+        from .checks import check_test_settings
+
+        try:
+            check_test_settings(self.llm, item, marker_kwargs(item))
+        except ScenarioError as exc:
+            return str(exc)
+        return None
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if INVALID_MARKER_KEY in item.stash:
+            pytest.fail(f"{item.nodeid}: {item.stash[INVALID_MARKER_KEY]}", pytrace=False)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """A benchmark test that passed without calling llmperf.measure() measured and judged nothing: it fails."""
+        report = yield
+        if (
+            call.when == "call"
+            and report.passed
+            and is_llmperf(item)
+            and MEASURED_KEY not in item.stash
+            and not measured_elsewhere(item)
+        ):
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{item.nodeid}: an llmperf benchmark test (its llmperf marker or fixture) that never "
+                "called llmperf.measure(backend): nothing was measured or judged. Call it in the test, or "
+                "drop the marker and the fixture"
+            )
+        return report
+
+
+def runs_tests(config: pytest.Config) -> bool:
+    """The session runs test bodies (not --collect-only, --setup-only or --setup-plan)."""
+    option = config.option
+    return not (option.collectonly or getattr(option, "setuponly", False) or getattr(option, "setupplan", False))

@@ -1,0 +1,119 @@
+"""What the controlling pytest process does at a session's end: fail the run where --llmperf-fail-on says so, write
+the reports, show the summary, and hand the results to other tools' formats (JUnit properties, pytest-benchmark's
+records). A plugin object registered only in the controlling process (plugin.py), never in a worker.
+
+The report layer is given a typed `SessionSummary` and returns what it `Written`; whether the run fails is the
+judge's (verdicts.run_failures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+from _pytest.junitxml import xml_key  # the LogXML of --junitxml, as record_testsuite_property finds it
+
+from ..judge.verdicts import run_failures
+from ..report.summary import SessionSummary, Written
+from .items import runs_tests
+from .session import LLMPerfSession
+
+
+class SessionEnd:
+    def __init__(self, llm: LLMPerfSession) -> None:
+        self.llm = llm
+        self.written = Written()
+
+    def summary(self) -> SessionSummary:
+        llm, settings = self.llm, self.llm.settings
+        return SessionSummary(
+            device=llm.device,
+            mode=llm.mode,
+            outcomes=list(llm.outcomes),
+            selected=llm.selected,
+            skipped_here=llm.skipped_here,
+            invalid_here=llm.invalid_here,
+            fail_on=settings.fail_on,
+            settings=settings.as_dict(),
+            report_dir=llm.report_dir,
+            json_path=llm.json_path,
+            export=settings.export,
+            fingerprint=llm.fingerprint if llm.outcomes else {},
+            compared_to=llm.compared_to,
+            processes_used=list(llm.processes_used),
+            rerun=llm.rerun,
+        )
+
+    @property
+    def benchmarked(self) -> bool:
+        return bool(self.llm.outcomes or self.llm.selected)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.benchmarked:
+            return  # no benchmark in this session: nothing to fail or write, and no statistics to import
+        summary = self.summary()
+        # A kind listed in --llmperf-fail-on fails its test; should a test have swallowed that failure, or nothing
+        # have been judged at all, the session still exits non-zero (the pytest-cov way: set the status here).
+        failures = run_failures(summary.outcomes, summary.fail_on, gating=summary.gating, selected=summary.selected)
+        if session.exitstatus == pytest.ExitCode.OK and runs_tests(session.config) and failures:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if summary.outcomes:
+            from ..report.session_report import write_reports
+
+            self.written = write_reports(summary)
+            if self.written.errors and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if not self.benchmarked:
+            return
+        if (exitstatus == pytest.ExitCode.USAGE_ERROR or not runs_tests(config)) and not self.llm.outcomes:
+            return  # refused before anything ran, or --collect-only: nothing was to be judged
+        from ..report.terminal import write_summary
+
+        write_summary(terminalreporter, self.summary(), self.written)
+
+
+class Exports:
+    """Our results in other tools' formats (the logic is report/exports.py's, imported when there are results)."""
+
+    def __init__(self, llm: LLMPerfSession) -> None:
+        self.llm = llm
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """This test's outcome, medians, ratios and verdicts (exports.junit_properties): with --junitxml in
+        pytest's default family, xunit2, whose schema has no <testcase> properties, they are testsuite properties;
+        otherwise the test's own user_properties (xunit1's <testcase> properties, pytest-reportlog). A test
+        measured in worker processes gets the time of its timed runs as its duration."""
+        outcomes = [o for o in self.llm.outcomes if o.result.nodeid == item.nodeid]
+        if call.when == "call" and outcomes:
+            from ..report import exports
+
+            properties = exports.junit_properties(outcomes)
+            xml = item.config.stash.get(xml_key, None)
+            if xml is not None and xml.family == "xunit2":
+                for name, value in properties:
+                    xml.add_global_property(name, value)
+            else:
+                item.user_properties.extend(properties)
+        report = yield
+        if call.when == "call" and outcomes:
+            from ..report import exports
+
+            report.duration = max(report.duration, exports.measured_seconds(outcomes))
+        return report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        """Before pytest-benchmark finishes (its own wrapper writes --benchmark-json, saves and compares): our
+        results join its benchmarks, with its own statistics."""
+        if self.llm.outcomes:
+            from ..report import exports
+
+            exports.add_to_pytest_benchmark(session.config, self.llm.device, [o.result for o in self.llm.outcomes])
+        return (yield)
