@@ -85,9 +85,9 @@ def sample_problem(sample: object, request: GenerationRequest) -> str | None:
         return f"decode_steps_ns={list(steps or [])[:4]!r}...: expected a list of finite times >= 0, total > 0"
     if not isinstance(sample.counters, Mapping):
         return f"counters={sample.counters!r}: expected a mapping of counter names to numbers"
-    for name, value in sample.counters.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return f"counter {name}={value!r}: expected a finite number"
+    for name, count in sample.counters.items():
+        if isinstance(count, bool) or not isinstance(count, (int, float)) or not math.isfinite(count):
+            return f"counter {name}={count!r}: expected a finite number"
     generated = (
         sample.generated_tokens if sample.generated_tokens is not None else sum(len(t) for t in sample.token_times_ns)
     )
