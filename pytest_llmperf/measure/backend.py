@@ -125,7 +125,8 @@ class Backend(ABC):
     knob_names: ClassVar[tuple[str, ...]] = ()
     #: For each counter `generate` reports in `RunSample.counters` (e.g. an offload hit rate): "lower" or
     #: "higher" is better. The gate compares counters like the timings; one not listed here is "lower".
-    counters_better: ClassVar[Mapping[str, str]] = {}
+    #: A class default: a backend whose counters depend on its model (offload's per-layer hit rates) sets its own.
+    counters_better: Mapping[str, str] = {}
     #: Greedy decoding gives the same tokens every time, so changed outputs fail the test (--llmperf-outputs).
     #: In-process engines are; a server says so only when its user does (a fixture's deterministic=True), since
     #: batching with other requests can change its numerics. Servers put it in describe() for the judge.
