@@ -104,8 +104,8 @@ def die_with_parent(
         return argv
     program = argv[0]
     if os.sep in program:
-        found = program if os.path.isabs(program) else os.path.join(str(cwd or os.getcwd()), program)
-        found = found if os.access(found, os.X_OK) and os.path.isfile(found) else None
+        path = program if os.path.isabs(program) else os.path.join(str(cwd or os.getcwd()), program)
+        found = path if os.access(path, os.X_OK) and os.path.isfile(path) else None
     else:
         found = shutil.which(program, path=(env if env is not None else os.environ).get("PATH", os.defpath))
     if found is None:

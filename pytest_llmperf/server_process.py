@@ -234,7 +234,7 @@ class ProcessRegistry:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             self.stop_all()

@@ -48,6 +48,7 @@ def _vocabulary(size: int) -> list[str]:
                 vocab.append(word)
                 if len(vocab) == size:
                     return vocab
+    raise AssertionError("unreachable: itertools.count never ends")
 
 
 def _tiny_bloom() -> Any:

@@ -261,7 +261,8 @@ class OpenAICompatBackend(Backend):
             if response.status != 200:
                 text = await response.text()
                 raise ServerAnswered(response.status, f"{response.reason}: {text[:500]}", in_stream=False)
-            events, chunks, ids = EventStream(), 0, []
+            events, chunks = EventStream(), 0
+            ids: list[int] = []
             try:
                 async for data in response.content.iter_any():
                     for event in events.feed(data):

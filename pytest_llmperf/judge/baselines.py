@@ -133,7 +133,7 @@ class BaselineStore:
 
     def recorded_elsewhere(self, module: str) -> bool:
         """Other machines of this target have a set for `module`: not missing, but for other hardware."""
-        return bool(self.machine) and bool(other_sets(self.device_dir, self.machine, module))
+        return bool(self.machine and other_sets(self.device_dir, self.machine, module))
 
     def missing_note(self, module: str) -> str:
         """Why this machine has no file for `module` yet, when other machines (or the old layout) do."""

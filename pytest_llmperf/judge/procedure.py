@@ -155,7 +155,7 @@ def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bo
     return Decisions(verdicts, np.where(improved, better, worse), needed)
 
 
-def units_needed(estimate: Estimate, margin: ArrayLike, schedule: Schedule) -> NDArray[np.int64]:
+def units_needed(estimate: Estimate, margin: NDArray[np.floating], schedule: Schedule) -> NDArray[np.int64]:
     """About how many units per side would decide each row (normal approximation: the standard error shrinks
     with the square root of the units), at most NEEDED_LIMIT."""
     z_decide = stats.norm.ppf(1 - DECISION_LEVEL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -194,8 +195,8 @@ def judge_rows(
                     _paired_up(batch.batch_size, metric, base, current[metric], unit, reference.side is not None)
                 )
     for batch_size, reason in entry.errors.items():
-        batch = result.batch(batch_size)
-        if batch is not None and batch.ok:
+        failed_before = result.batch(batch_size)
+        if failed_before is not None and failed_before.ok:
             rows.append(
                 note_row(result, "*", batch_size, Verdict.IMPROVED, f"runs now, failed in the baseline ({reason})")
             )
@@ -237,7 +238,7 @@ def _decided(
     decision = procedure.decide(
         estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final, units=len(c.current)
     )
-    verdict = decision.verdicts[()] or Verdict.UNDECIDED
+    verdict = cast("Verdict | None", decision.verdicts[()]) or Verdict.UNDECIDED  # an object array's element
     low, high = (float(x) for x in estimate.interval())
     note = f"n={len(c.reference)}/{len(c.current)} {c.unit}"
     if int(estimate.dropped):
@@ -382,6 +383,7 @@ def row_message(row: Row) -> str:
         return count_message(row)
     unit = unit_of(row.metric)
     if row.metric in MEMORY_METRICS:
+        assert row.baseline is not None and row.now is not None  # memory_row sets both
         return (
             f"{row.metric} (peak memory) at batch size {row.batch_size} regressed: baseline median "
             f"{row.baseline:.1f} {unit}, now {row.now:.1f} {unit} (+{row.now - row.baseline:.1f} {unit}, ratio "

@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from .gpu import ENERGY_MIN_RUN_S
 from .records import RunSample
 
-PERCENTILE_METHOD = "linear"  # numpy.percentile's method; named in the JSON report
+PERCENTILE_METHOD: Final = "linear"  # numpy.percentile's method; named in the JSON report
 PERCENTILES = (50, 90, 99)
 
 

@@ -46,7 +46,7 @@ class OffloadBackend(Backend):
         "schedule",
     )
     #: Which way is better for each counter, so the gate can judge them like latency.
-    counters_better: ClassVar[dict[str, str]] = {
+    counters_better: Mapping[str, str] = {
         "hit_rate": "higher",
         "decode_hit_rate": "higher",
         "cpu_expert_calls": "lower",
@@ -80,7 +80,7 @@ class OffloadBackend(Backend):
         self.name = name or engine.name
         # Per-layer hit rates are also "higher is better"; their names depend on the model's depth.
         self.counters_better = {
-            **type(self).counters_better,  # type: ignore[misc]
+            **type(self).counters_better,
             **{f"hit_rate.layer{i}": "higher" for i in range(engine.num_layers)},
         }
         super().__init__(clock or engine.clock)

@@ -40,7 +40,7 @@ class LinearFit:
         return self.a_ms + self.b_ms * tokens
 
     @classmethod
-    def fit(cls, tokens: Sequence[int], ms: Sequence[float]) -> LinearFit:
+    def fit(cls, tokens: Sequence[int], ms: Sequence[float] | np.ndarray) -> LinearFit:
         """Least squares on relative residuals (weights 1/ms: a 1-token decode expert matters as much as a
         32-token one), clamped to non-negative coefficients (noise can make a tiny intercept negative)."""
         x = np.asarray(tokens, dtype=float)

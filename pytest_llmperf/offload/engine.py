@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psutil
@@ -64,7 +64,7 @@ class OffloadEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         options = (options or OffloadOptions()).validated()
-        self.model_path = Path(model_path)
+        self.model_path: Path | None = Path(model_path)  # None: a model from memory or a config
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
             # Loaded on the host first: experts are split into tiers before anything reaches the device.
@@ -244,11 +244,12 @@ class OffloadEngine:
     def _measure_costs(self, pin: bool) -> CostModel:
         """Measured on the slow tier's own storage (pinned where it is): fetches copy from there, and a
         pageable copy of a resident expert would time the wrong bandwidth."""
-        layer = next((lay for lay in self.layers if lay.slow_gate_up is not None), None)
-        if layer is not None:
+        if (layer := next((lay for lay in self.layers if lay.slow_gate_up is not None), None)) is not None:
+            assert layer.slow_gate_up is not None and layer.slow_down is not None  # the tier is set as a pair
             gu, dn = layer.slow_gate_up[0], layer.slow_down[0]
         else:  # every expert is resident (nothing is ever fetched): a slow-tier-like host copy of one
             layer = self.layers[0]
+            assert layer.fast_gate_up is not None and layer.fast_down is not None
             gu, pinned = host_empty(layer.fast_gate_up[0].shape, self.dtype, pin)
             dn, _ = host_empty(layer.fast_down[0].shape, self.dtype, pinned)
             gu.copy_(layer.fast_gate_up[0])
@@ -295,7 +296,7 @@ class OffloadEngine:
     @property
     def costs(self) -> OnlineCosts:
         """The live cost model in use (its `base` is the start-up model with the overrides)."""
-        return self.runtime.scheduler.costs
+        return cast(OnlineCosts, self.runtime.scheduler.costs)  # every engine scheduler is built on live costs
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, clock: Clock | None = None) -> Generation:
         """Greedy decoding over the KV cache for exactly `max_new_tokens` tokens; counters cover this call."""

@@ -139,6 +139,7 @@ class OffloadedLayer:
         # Each expert timed on its own: the live cost model learns per token count (online.py).
         for e in plan.resident:
             s = self.slot[e]
+            assert self.fast_gate_up is not None and self.fast_down is not None  # a resident expert: the fast tier
             with Timer(rt.stats, "gpu_expert_ms", stream, rt.clock, rt.observer("gpu", self._tokens(offsets, e))):
                 self._apply(e, offsets, tokens, weights, hidden, out, self.fast_gate_up[s], self.fast_down[s])
         for i, e in enumerate(fetch):
@@ -159,6 +160,7 @@ class OffloadedLayer:
 
     def _load(self, slot: int, expert: int) -> None:
         rt = self.runtime
+        assert self.slow_gate_up is not None and self.slow_down is not None  # a fetched expert: the slow tier
         rt.staging.load(
             slot,
             self.slow_gate_up[self.slot[expert]],
@@ -200,6 +202,7 @@ class OffloadedLayer:
                 start = 0
                 for e, n, observe in zip(experts, sizes, observers):
                     s = self.slot[e]
+                    assert self.slow_gate_up is not None and self.slow_down is not None  # a cpu expert: the slow tier
                     part = self.adapter.run(self.module, x[start : start + n], self.slow_gate_up[s], self.slow_down[s])
                     y[start : start + n] = (part * w[start : start + n, None]).to(out_dtype)
                     start += n

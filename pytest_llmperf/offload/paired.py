@@ -13,7 +13,7 @@ into the paired ratio with its 95% interval (judge/stats.py `paired`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from ..measure.backend import BackendError, GenerationRequest
 from ..measure.metrics import run_values
@@ -29,7 +29,7 @@ POLICY_KNOBS = ("latency_cpu", "latency_gpu", "schedule")
 class PairedPolicies(OffloadBackend):
     """`PairedPolicies(backend, ("ours", {"schedule": "makespan"}), ("fiddler", {...}))`: see the module docstring."""
 
-    counters_better: ClassVar[dict[str, str]] = {
+    counters_better: Mapping[str, str] = {
         **OffloadBackend.counters_better,
         "pair.ratio": "higher",
         "pair.a_decode_tokens_per_s": "higher",
@@ -40,7 +40,7 @@ class PairedPolicies(OffloadBackend):
         self, backend: OffloadBackend, a: tuple[str, Mapping[str, Any]], b: tuple[str, Mapping[str, Any]]
     ) -> None:
         super().__init__(engine=backend.engine, name=backend.name, clock=backend.clock)
-        self.counters_better = {**backend.counters_better, **type(self).counters_better}  # type: ignore[misc]
+        self.counters_better = {**backend.counters_better, **type(self).counters_better}
         self.labels = (a[0], b[0])
         self.schedulers = (self._scheduler(*a), self._scheduler(*b))
         self._runs = 0

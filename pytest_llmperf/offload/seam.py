@@ -120,7 +120,7 @@ class ExpertsSite:
 
 def find_experts(model: torch.nn.Module) -> list[ExpertsSite]:
     """Every experts module dispatched through `ExpertsInterface`, in layer order."""
-    sites = []
+    sites: list[ExpertsSite] = []
     for name, module in model.named_modules():
         if not hasattr(module, "_apply_gate") or not hasattr(module, "num_experts"):
             continue  # not a `@use_experts_implementation` class

@@ -113,7 +113,7 @@ def side_by_side(documents: Sequence[Mapping[str, Any]], labels: Sequence[str]) 
                     for b in bench.get("batches") or []
                 ):
                     continue
-                rows = {}
+                rows: dict[int, dict[str, dict[str, Any]]] = {}
                 for bs in batch_sizes:
                     rows[bs] = {}
                     for label in labels:

@@ -126,7 +126,7 @@ def report_point(document: Mapping[str, Any], benchmark: Mapping[str, Any], metr
     """The measurement a JSON report holds, labelled with when and at which commit it was measured (the
     benchmark's own stamp in an accumulated report, else the report's)."""
     git = (document.get("fingerprint") or {}).get("git") or {}
-    measured = benchmark.get("measured") if isinstance(benchmark.get("measured"), Mapping) else {}
+    measured = stamp if isinstance(stamp := benchmark.get("measured"), Mapping) else {}
     commit = str(measured.get("commit") or git.get("commit") or "?")
     when = str(measured.get("created") or document.get("created") or "")
     dirty = measured.get("dirty", git.get("dirty"))

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..files import finite_or_null, write_text_atomic
 from ..judge.environment import describe_cpu
+from ..judge.verdicts import Kind
 from ..measure.metrics import METRICS, PERCENTILE_METHOD
 from ..measure.records import BenchmarkResult
 from .benchmark_tables import benchmark_section, runs_taken
@@ -118,7 +119,9 @@ def pairs_section(results: Sequence[BenchmarkResult | StoredResult]) -> str | No
     rows = []
     for r in map(stored, results):
         pair = r.backend.get("pair")
-        for batch in r.batches if pair else ():
+        if not pair:
+            continue
+        for batch in r.batches:
             values = batch.values() if batch.ok else {}
             a, b = values.get("pair.a_decode_tokens_per_s"), values.get("pair.b_decode_tokens_per_s")
             if not a or not b or len(a) != len(b):
@@ -213,7 +216,7 @@ def json_document(
     settings: Mapping[str, Any],
     results: Sequence[BenchmarkResult],
     outcomes: Sequence[Any],
-    counts: Mapping[str, int],
+    counts: Mapping[Kind, int],
 ) -> dict:
     """A session's JSON report: each benchmark as report/stored.py keeps it, the outcomes and verdict rows."""
     return {

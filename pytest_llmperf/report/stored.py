@@ -126,7 +126,7 @@ class StoredBatch:
     @classmethod
     def of(cls, batch: BatchResult) -> StoredBatch:
         seen = observed(batch.samples) if batch.ok else None
-        outputs = None
+        outputs: dict[str, Any] | None = None
         if seen is not None and seen.outputs is not None:
             first = seen.outputs.texts[0] if seen.outputs.texts else " ".join(map(str, seen.outputs.tokens[0]))
             outputs = {"digest": seen.outputs.digest, "sequence_0": first[:200]}

@@ -47,7 +47,7 @@ def llmperf_jetstream(
 
         target = option(config, "jetstream_url")
         if target:
-            key = ("attach", target, tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())))
+            key: tuple[Any, ...] = ("attach", target, tuple(sorted((k, str(v)) for k, v in backend_kwargs.items())))
             if key not in pool.attached:
                 pool.attached[key] = JetStreamBackend(
                     target, source=OPTIONS_BY_NAME["jetstream_url"].cli, **backend_kwargs

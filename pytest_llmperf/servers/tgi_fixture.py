@@ -49,7 +49,7 @@ def llmperf_tgi(
 
         url = option(config, "tgi_url")
         if url:
-            key = ("attach", url, require_full_length, deterministic)
+            key: tuple[Any, ...] = ("attach", url, require_full_length, deterministic)
             if key not in pool.attached:
                 pool.attached[key] = TGIBackend(
                     url,
