@@ -38,6 +38,6 @@ class SessionSummary:
 class Written:
     """What the reports of a session came to: the files written, and the lines that say what failed."""
 
-    paths: list[Path] = field(default_factory=list)
+    paths: list[Path | str] = field(default_factory=list)  # a str: a report skipped, and why (no matplotlib)
     errors: list[str] = field(default_factory=list)  # a report that could not be written: the session fails
     warnings: list[str] = field(default_factory=list)
