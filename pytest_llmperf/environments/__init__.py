@@ -19,6 +19,7 @@ from typing import Any
 _EXPORTS = {
     "detect": "detection",
     "Detection": "detection",
+    "prepare": "plan",
     "Environments": "records",
     "SideEnvironment": "records",
     "PackageChange": "records",
@@ -29,6 +30,7 @@ _EXPORTS = {
     "BuildFailed": "errors",
     "imported_distributions": "installed",
     "check_imported": "installed",
+    "default_env_dir": "cache",
 }
 
 __all__ = sorted(_EXPORTS)
