@@ -1,5 +1,5 @@
-"""The environments' records as the report reads them (JSON both ways, the header's lines), and what a worker
-imported (pytest_llmperf/environments/records.py, installed.py)."""
+"""The environments' records as the report reads them (JSON both ways, the header's lines), what a worker imported,
+and the option values (pytest_llmperf/environments/records.py, installed.py; orchestrate/option_values.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pytest_llmperf.environments.records import (
     SideEnvironment,
     unmeasured,
 )
+from pytest_llmperf.orchestrate import option_values
 
 BUMP = (PackageChange("torch", "2.5.1", "2.6.0", "uv.lock"), PackageChange("triton", "3.1.0", "3.2.0", "uv.lock"))
 
@@ -85,3 +86,37 @@ def test_check_imported_names_what_is_not_the_sides_environment():
     )
     head = SideEnvironment("head", CURRENT, sys.executable, installed={"torch": "2.6.0"})
     assert check_imported({"Torch": "2.6.0"}, head) == ()  # names compare as PEP 503 does
+
+
+@pytest.mark.parametrize("text, expected", [("auto", "auto"), (" Build ", "build"), ("code-only", "code-only")])
+def test_compare_deps_values(text, expected):
+    assert option_values.compare_deps(text) == expected
+
+
+def test_compare_deps_refuses_other_values():
+    with pytest.raises(ValueError, match="expected one of auto, build, code-only, got 'never'"):
+        option_values.compare_deps("never")
+
+
+def test_extra_dependency_paths():
+    assert option_values.path_list(["ci/torch.txt", " docker/*.env "]) == ("ci/torch.txt", "docker/*.env")
+    assert option_values.path_list("ci/torch.txt, docker/*.env") == ("ci/torch.txt", "docker/*.env")
+    with pytest.raises(ValueError, match="relative to the rootdir"):
+        option_values.path_list(["/etc/requirements.txt"])
+
+
+def test_the_options_reach_the_session_and_a_bad_value_is_a_usage_error(pytester, monkeypatch):
+    from pytest_llmperf.orchestrate.options import OPTIONS, Settings
+
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    pytester.makeini("[pytest]\nllmperf_compare_deps = code-only\nllmperf_compare_deps_paths =\n    ci/*.txt\n"
+                     "    docker/versions.env\n")  # fmt: skip
+    config = pytester.parseconfig("--llmperf-env-dir=envs", "--llmperf-base-python=/opt/base/bin/python")
+    settings = Settings.from_config(config)
+    assert settings["compare_deps"] == "code-only"
+    assert settings["compare_deps_paths"] == ("ci/*.txt", "docker/versions.env")
+    assert (settings["env_dir"], settings["base_python"]) == ("envs", "/opt/base/bin/python")
+    result = pytester.runpytest("--llmperf-compare-deps=never", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-compare-deps*expected one of auto, build, code-only*"])

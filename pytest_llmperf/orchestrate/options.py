@@ -196,6 +196,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("offload_popularity", "Offload engine: expert popularity profile (JSON written by "
            "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
            parsers.as_string, metavar="PATH"),
+    # Each side's dependencies in an A/B comparison (pytest_llmperf/environments/, docs/environments.md).
+    Option("compare_deps", "A/B: each side's environment. auto: built by uv from that side's own lock or "
+           "requirements when the sides' dependency files differ, this one shared when they do not; build: always "
+           "built, each side its own (the A/A check of the machinery); code-only: both sides run this environment "
+           "and the report names the dependency changes as not measured (default: auto)", parsers.compare_deps,
+           default="auto", metavar="auto|build|code-only"),
+    Option("base_python", "A/B: run the base side (the compared ref) with this interpreter, prepared with its "
+           "dependencies (conda, a container), instead of building its environment; its installed set is checked "
+           "against the base side's declared dependencies, and the working tree's side runs in this environment",
+           parsers.as_string, metavar="PATH"),
+    Option("env_dir", "A/B: where the sides' built environments are cached, one directory per key "
+           "(default: $XDG_CACHE_HOME/pytest-llmperf/envs)", parsers.as_string, metavar="DIR"),
+    Option("compare_deps_paths", "A/B: more files that define a side's environment, paths or globs relative to "
+           "the rootdir, beside requirements*.txt, constraints*.txt, pyproject.toml, uv.lock, poetry.lock, pdm.lock, "
+           "Pipfile.lock, environment.yml and .python-version", parsers.path_list, default=(),
+           ini_type="linelist", repeatable=True, metavar="PATH"),
     Option("export", "Also write files for benchmark dashboards into the report directory, a comma list out of "
            "github-action-benchmark (<device>.customSmallerIsBetter.json and .customBiggerIsBetter.json) and "
            "bencher (<device>.bmf.json, Bencher Metric Format), or none (default: none; docs/reports.md)",
