@@ -10,17 +10,16 @@ sees half of one.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
+from ..files import write_atomic
 from .errors import EnvironmentsError
 
 PLUGIN = "pytest-llmperf"
@@ -39,22 +38,17 @@ def _record_hash(data: bytes) -> str:
 
 def write_wheel(path: Path, files: Iterable[tuple[str, bytes]], dist_info: str) -> Path:
     """Write the wheel `path` holding `files` (archive name, bytes) and a RECORD under `dist_info`; atomic."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
+
+    def write(handle: IO[bytes]) -> None:
+        with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
             record = []
             for name, data in files:
                 archive.writestr(name, data)
                 record.append(f"{name},{_record_hash(data)},{len(data)}")
             record.append(f"{dist_info}/RECORD,,")
             archive.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return path
+
+    return write_atomic(path, write, text=False, fsync=False)  # made again from its sources if a crash loses it
 
 
 def _package_files(package: Path) -> list[tuple[str, Path]]:
