@@ -31,6 +31,14 @@ def write(root: Path, name: str, text: str) -> None:
     path.write_text(textwrap.dedent(text))
 
 
+def detected(tmp_path: Path, name: str, base_text: str, head_text: str):
+    """Detection of two sides whose only input is `name`, with these texts."""
+    base, head = sides(tmp_path)
+    write(base, name, base_text)
+    write(head, name, head_text)
+    return detect(base, head)
+
+
 def test_byte_identical_inputs_are_unchanged_without_loading_a_parser(tmp_path):
     base = uv_project(tmp_path / "base", "1.0")
     requirements_project(base, "1.0")
@@ -38,7 +46,7 @@ def test_byte_identical_inputs_are_unchanged_without_loading_a_parser(tmp_path):
     shutil.copytree(base, head)
     # In a fresh interpreter: detection of unchanged inputs reads bytes and nothing more.
     code = (
-        "import sys, json; from pytest_llmperf.environments import detect; "
+        "import sys, json; from pytest_llmperf.environments.detection import detect; "
         f"d = detect({str(base)!r}, {str(head)!r}); "
         "print(json.dumps([d.status, sorted(m for m in ('packaging', 'tomllib', 'tomli', 'yaml') if m in sys.modules),"
         " d.base.paths()]))"
@@ -51,20 +59,16 @@ def test_byte_identical_inputs_are_unchanged_without_loading_a_parser(tmp_path):
 
 
 def test_reordered_requirements_with_comments_are_the_same_in_form(tmp_path):
-    base, head = sides(tmp_path)
-    write(base, "requirements.txt", "--find-links wheels\nfastlib==1.0\nnumpy>=1.24,<3\n")
-    write(head, "requirements.txt", "# pinned for the benchmarks\nnumpy <3, >=1.24   # arrays\n-f wheels\nfastlib==1.0.0\n")
-    found = detect(base, head)
+    found = detected(tmp_path, "requirements.txt", "--find-links wheels\nfastlib==1.0\nnumpy>=1.24,<3\n",
+                     "# pinned for the benchmarks\nnumpy <3, >=1.24   # arrays\n-f wheels\nfastlib==1.0.0\n")
     assert found.status == SAME_IN_FORM and not found.differs
     assert found.files == ("requirements.txt",)
     assert "requirements.txt changed in form only" in found.summary()
 
 
 def test_a_bump_an_addition_and_a_removal_are_named(tmp_path):
-    base, head = sides(tmp_path)
-    write(base, "requirements.txt", "torch==2.5.1\noldpkg==0.3\nnumpy\n")
-    write(head, "requirements.txt", "torch==2.6.0\nnumpy\nnewpkg==1.0\n")
-    found = detect(base, head)
+    found = detected(tmp_path, "requirements.txt", "torch==2.5.1\noldpkg==0.3\nnumpy\n",
+                     "torch==2.6.0\nnumpy\nnewpkg==1.0\n")
     assert found.status == CHANGED and found.differs
     assert [str(c) for c in found.changes] == ["+newpkg 1.0", "-oldpkg 0.3", "torch 2.5.1 -> 2.6.0"]
     assert found.changes[-1] == PackageChange("torch", "2.5.1", "2.6.0", "requirements.txt")
@@ -113,7 +117,6 @@ def test_a_specifier_edited_while_the_lock_keeps_its_version_is_a_note(tmp_path)
 
 
 def test_pyproject_groups_extras_and_tool_uv_settings(tmp_path):
-    base, head = sides(tmp_path)
     template = """\
         [project]
         name = "demo"
@@ -126,9 +129,9 @@ def test_pyproject_groups_extras_and_tool_uv_settings(tmp_path):
         index-url = "{index}"
         constraint-dependencies = ["tokenizers<0.22"]
         """
-    write(base, "pyproject.toml", template.format(tf="4.44.0", fa="2.7.4", index="https://a.example/simple"))
-    write(head, "pyproject.toml", template.format(tf="4.45.0", fa="2.8.1", index="https://b.example/simple"))
-    found = detect(base, head)
+    found = detected(tmp_path, "pyproject.toml",
+                     template.format(tf="4.44.0", fa="2.7.4", index="https://a.example/simple"),
+                     template.format(tf="4.45.0", fa="2.8.1", index="https://b.example/simple"))
     assert [str(c) for c in found.changes] == ["flash-attn 2.7.4 [extra gpu] -> 2.8.1 [extra gpu]",
                                                "transformers 4.44.0 -> 4.45.0"]  # fmt: skip
     assert found.other == ('pyproject.toml [tool.uv] index-url: "https://a.example/simple" -> "https://b.example/simple"',)
@@ -151,7 +154,6 @@ def test_pipfile_lock(tmp_path):
 
 
 def test_a_conda_environment_file(tmp_path):
-    pytest.importorskip("yaml", reason="reading environment.yml needs PyYAML; tests/ runs with it (tox -e test)")
     base, head = sides(tmp_path)
     for root, version in ((base, "2.5.1"), (head, "2.6.0")):
         write(root, "environment.yml", f"channels: [pytorch]\ndependencies:\n  - pytorch::pytorch={version}\n"
@@ -160,19 +162,14 @@ def test_a_conda_environment_file(tmp_path):
 
 
 def test_a_python_version_change_is_reported_apart(tmp_path):
-    base, head = sides(tmp_path)
-    write(base, ".python-version", "3.11\n")
-    write(head, ".python-version", "3.12\n")
-    found = detect(base, head)
+    found = detected(tmp_path, ".python-version", "3.11\n", "3.12\n")
     assert found.status == CHANGED and found.changes == () and found.python_versions == ("3.11", "3.12")
     assert found.summary() == ".python-version 3.11 -> 3.12"
 
 
 def test_a_file_that_cannot_be_read_is_named(tmp_path):
-    base, head = sides(tmp_path)
-    write(base, "pyproject.toml", '[project]\nname = "demo"\ndependencies = ["fastlib==1.0"]\n')
-    write(head, "pyproject.toml", '[project]\nname = "demo"\ndependencies = ["fastlib==2.0"\n')
-    found = detect(base, head)
+    found = detected(tmp_path, "pyproject.toml", '[project]\nname = "demo"\ndependencies = ["fastlib==1.0"]\n',
+                     '[project]\nname = "demo"\ndependencies = ["fastlib==2.0"\n')
     assert found.status == UNREADABLE and found.differs
     assert len(found.unreadable) == 1 and found.unreadable[0].startswith("pyproject.toml: not valid TOML")
 
