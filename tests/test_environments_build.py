@@ -210,7 +210,7 @@ def test_a_python_version_change_is_built_only_when_this_interpreter_is_both(tmp
 
 def test_two_jobs_build_one_environment_once_and_a_changed_one_is_rebuilt(tmp_path, env_dir):
     inputs = detect(uv_project(tmp_path / "side", "2.0"), tmp_path / "side").head
-    base, uv = probe(sys.executable), find_uv()
+    base, uv = probe(sys.executable, installed=False), find_uv()
     results = []
 
     def job(copy=tmp_path.name):  # a key of its own: not the environment the bump's head side built

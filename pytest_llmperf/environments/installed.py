@@ -37,7 +37,7 @@ markers = {
     "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform,
 }
 installed = {}
-for dist in importlib.metadata.distributions():
+for dist in importlib.metadata.distributions() if sys.argv[1:] != ["--no-installed"] else ():
     name = dist.metadata["Name"]
     if name and name not in installed:
         installed[name] = dist.version
@@ -65,10 +65,12 @@ class Probe:
         return f"{self.markers['platform_python_implementation']} {self.markers['python_full_version']}"
 
 
-def probe(python: str, *, timeout: float = 120.0) -> Probe:
-    """Ask the interpreter `python` what it is and what it has installed (one subprocess)."""
+def probe(python: str, *, installed: bool = True, timeout: float = 120.0) -> Probe:
+    """Ask the interpreter `python` what it is and (unless `installed` is false) what it has installed: one
+    subprocess."""
+    command = [python, "-I", "-c", PROBE, *([] if installed else ["--no-installed"])]
     try:
-        done = subprocess.run([python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
         raise EnvironmentsError(f"{python} could not be run as a Python interpreter: {exc}") from None
     if done.returncode != 0:
@@ -77,8 +79,8 @@ def probe(python: str, *, timeout: float = 120.0) -> Probe:
     data: dict[str, Any] = json.loads(done.stdout)
     identity = {k: str(data[k]) for k in ("version", "implementation", "cache_tag", "magic")}
     identity["executable"] = str(data["base_executable"])
-    installed = {canonical_name(name): version for name, version in data["installed"].items()}
-    return Probe(str(data["executable"]), str(data["base_executable"]), identity, data["markers"], installed)
+    found = {canonical_name(name): version for name, version in data["installed"].items()}
+    return Probe(str(data["executable"]), str(data["base_executable"]), identity, data["markers"], found)
 
 
 def installed_here() -> dict[str, str]:

@@ -146,7 +146,11 @@ def prepare(
     if detection.python_versions is not None:
         from .installed import probe
 
-        version = probe(str(interpreter)).markers["python_full_version"] if interpreter else platform.python_version()
+        version = (
+            probe(str(interpreter), installed=False).markers["python_full_version"]
+            if interpreter
+            else platform.python_version()
+        )
         note, python_difference = _python_difference(detection, version)
     only_python = not (detection.changes or detection.other or detection.unreadable)
     differs = detection.differs and not (only_python and python_difference is None)
@@ -190,7 +194,7 @@ def _build_both(
 
     try:
         tool = find_uv(uv)
-        base_interpreter = probe(str(interpreter or sys.executable))
+        base_interpreter = probe(str(interpreter or sys.executable), installed=False)
         root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
         sides = [
             build.build_side(
