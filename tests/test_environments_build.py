@@ -8,6 +8,7 @@ requirements come from wheels of this environment's distributions. uv's cache is
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -236,3 +237,14 @@ def test_bytecode_is_compiled_alike_on_both_sides(tmp_path, env_dir):
         site = next(Path(side.directory).glob("lib/python*/site-packages"))
         assert list((site / "__pycache__").glob("fastlib.*.pyc"))
         assert list((site / "pytest_llmperf" / "__pycache__").glob("plugin.*.pyc"))
+
+
+def test_prune_keeps_the_newest_used_environments(tmp_path):
+    for age, name in enumerate(["newest", "middle", "oldest"]):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        cache.mark_ready(tmp_path / name, name, {"installed": {}})
+        os.utime(tmp_path / name / cache.MARKER, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "half-built").mkdir()  # no marker: a build in progress holds its lock; not prune's to take
+    (tmp_path / cache.WHEELS).mkdir()
+    assert cache.prune(tmp_path, keep=1, spare=(tmp_path / "oldest",)) == [tmp_path / "middle"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cache.WHEELS, "half-built", "newest", "oldest"]

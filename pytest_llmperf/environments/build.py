@@ -67,7 +67,9 @@ def recipe_for(inputs: DependencyInputs) -> Recipe:
     if inputs.of_kind("uv.lock") and inputs.of_kind("pyproject"):
         return Recipe(UV_LOCK)
     top = [f for f in inputs.files if f.included_by is None and not f.missing]
-    requirements = tuple(f.path for f in top if f.kind == "requirements")
+    # The .txt files (pip-compile's outputs, or plain lists); .in files (its inputs) only where there is no .txt.
+    listed = [f.path for f in top if f.kind == "requirements"]
+    requirements = tuple(p for p in listed if p.endswith(".txt")) or tuple(listed)
     if requirements:
         return Recipe(REQUIREMENTS, requirements, tuple(f.path for f in top if f.kind == "constraints"))
     if _project_dependencies(inputs):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EnvironmentsError
-from .records import SideEnvironment, canonical_name
+from .records import SHARED, SideEnvironment, canonical_name
 
 #: Run by the probed interpreter: stdlib only, isolated from PYTHONPATH and the user's site-packages. The marker
 #: environment is PEP 508's, written out as packaging.markers.default_environment() computes it.
@@ -97,7 +97,7 @@ def imported_distributions(modules: Iterable[str] | None = None) -> dict[str, st
     """The installed versions (canonical name -> version) of the distributions that provide these modules (default:
     every module imported in this process); the standard library and modules of no distribution (the project's own,
     from its checkout) are left out."""
-    names = sys.modules if modules is None else modules
+    names = list(sys.modules) if modules is None else modules  # a copy: another thread may import meanwhile
     tops = {name.partition(".")[0] for name in names if name}
     providers = importlib.metadata.packages_distributions()
     found = {}
@@ -112,7 +112,10 @@ def imported_distributions(modules: Iterable[str] | None = None) -> dict[str, st
 
 def check_imported(imported: Mapping[str, str], side: SideEnvironment) -> tuple[str, ...]:
     """What a worker of `side` imported that is not that side's environment: a distribution at another version, or
-    one the environment does not have. Empty: the worker ran the side's environment."""
+    one the environment does not have. Empty: the worker ran the side's environment (always, for a shared one: both
+    sides run it, there is no other to mix up)."""
+    if side.how == SHARED:
+        return ()
     problems = []
     for name, version in sorted(imported.items()):
         expected = side.version(name)

@@ -63,7 +63,7 @@ class SideEnvironment:
     directory: str | None = None  # where a built environment lies
     recipe: str | None = None  # what it was built from, e.g. "uv.lock" or "requirements.txt -c constraints.txt"
     build_seconds: float | None = None  # what making it cost this job (a cache hit: the check that reused it)
-    installed: Mapping[str, str] = field(default_factory=dict)  # distribution name (canonical) -> version
+    installed: Mapping[str, str] = field(default_factory=dict, hash=False)  # canonical distribution name -> version
     findings: tuple[str, ...] = ()  # what does not match the side's declared dependencies (base-python)
 
     def version(self, name: str) -> str | None:
