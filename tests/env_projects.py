@@ -57,7 +57,7 @@ def uv_project(root: Path, version: str, *, wheels: tuple[str, ...] = ("1.0", "2
     )
     if lock:
         uv = find_uv()
-        done = subprocess.run([uv.path, "lock", "--offline", "-q"], cwd=root, capture_output=True, text=True)
+        done = subprocess.run([uv.path, "lock", "--offline", "--no-cache", "-q"], cwd=root, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     return root
 

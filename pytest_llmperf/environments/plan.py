@@ -136,6 +136,8 @@ def prepare(
     settings: how both sides are built (default: BuildSettings()). interpreter: the base interpreter both sides
     are built with (default: this one's). uv: the uv binary (default: found on PATH or from the uv package).
 
+    A base_python wins over the mode: nothing is built, and the base side runs it.
+
     Raises CannotBuild (the dependencies differ and cannot be built: no uv, a file not read, a failed build; the
     message names the packages and the ways out) and EnvironmentsError (a base_python that cannot be used)."""
     if mode not in COMPARE_DEPS_MODES:
@@ -179,7 +181,7 @@ def _build_both(
             "cannot read " + "; ".join(detection.unreadable),
             changes=changes,
             other=other,
-            fix="name only files pytest-llmperf reads in llmperf_compare_deps_paths",
+            fix="fix the file; name in llmperf_compare_deps_paths only files pytest-llmperf reads",
         )
     if python_difference:
         raise CannotBuild(
@@ -210,4 +212,6 @@ def _build_both(
         ]
     except CannotBuild as exc:
         raise exc.with_differences(changes, other) from None
+    except EnvironmentsError as exc:  # a built interpreter that does not run, a plugin that is not installed here
+        raise CannotBuild(str(exc), changes=changes, other=other) from None
     return _record(detection, mode, sides[0], sides[1], not_measured=unmeasured(changes, sides[0], sides[1]))
