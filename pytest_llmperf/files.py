@@ -1,9 +1,10 @@
 """Writing files so that nothing is lost: the one atomic write and the one lock of the plugin.
 
-`write_text_atomic` writes a temporary file in the target's directory and `os.replace`s it, so a reader
-or a crash sees the old file or the new one, never half of one. It writes through a symbolic link (the
-link stays a link), keeps an existing file's mode (a new file gets the umask's default, as `open` would
-give it), and removes its temporary file whatever interrupts it (Ctrl-C included). It refuses
+`write_text_atomic` (and `write_atomic`, for bytes or a writer such as a zip file) writes a temporary file in the
+target's directory and `os.replace`s it, so a reader or a crash sees the old file or the new one, never half of
+one. It writes through a symbolic link (the link stays a link), keeps an existing file's mode (a new file gets the
+umask's default, as `open` would give it), and removes its temporary file whatever interrupts it (Ctrl-C included).
+It refuses
 (`WriteRefused`) a link to nothing (it would create a file wherever the link points, outside the project)
 and a read-only file (someone protected it: replacing it in its writable directory would be silent).
 
@@ -21,9 +22,9 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 try:
     import fcntl
@@ -73,8 +74,11 @@ def check_writable(path: Path | str) -> Path:
     return target
 
 
-def write_text_atomic(path: Path | str, text: str, *, fsync: bool = True) -> Path:
-    """Replace the file at `path` (through a symlink: its target) with `text`; returns the file written."""
+def write_atomic(
+    path: Path | str, write: Callable[[IO[Any]], object], *, text: bool = True, fsync: bool = True
+) -> Path:
+    """Replace the file at `path` (through a symlink: its target) with what `write` writes to the handle it is given
+    (text, UTF-8, or bytes); returns the file written."""
     target = check_writable(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -83,8 +87,8 @@ def write_text_atomic(path: Path | str, text: str, *, fsync: bool = True) -> Pat
         mode = _umask_mode()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "w" if text else "wb", encoding="utf-8" if text else None) as handle:
+            write(handle)
             handle.flush()
             if fsync:
                 os.fsync(handle.fileno())
@@ -95,6 +99,11 @@ def write_text_atomic(path: Path | str, text: str, *, fsync: bool = True) -> Pat
             os.unlink(tmp)
         raise
     return target
+
+
+def write_text_atomic(path: Path | str, text: str, *, fsync: bool = True) -> Path:
+    """Replace the file at `path` (through a symlink: its target) with `text`; returns the file written."""
+    return write_atomic(path, lambda handle: handle.write(text), fsync=fsync)
 
 
 def remove_left_temporaries(path: Path | str) -> list[Path]:

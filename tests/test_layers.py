@@ -14,6 +14,7 @@ LAYERS = (
     ("utilities", ("files", "extras", "warning", "leftovers")),
     ("measure", ("measure",)),  # the scenario, the Backend interface, runs and their metrics
     ("backends", ("backends", "offload", "processes", "server_process")),  # what implements the interface, and the processes it runs
+    ("environments", ("environments",)),  # each A/B side's dependencies: detected, built with uv, checked
     ("judge", ("judge",)),  # statistics, verdicts, the baseline store
     ("report", ("report",)),
     ("orchestrate", ("orchestrate", "servers", "offload.fixture")),  # the session, fixtures, workers, on top

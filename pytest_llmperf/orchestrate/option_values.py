@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ..environments.records import COMPARE_DEPS_MODES
 from ..judge.baseline_layout import check_name
 from ..measure.allocator import MODES
 from ..measure.scenario import OUTPUT_MODES
@@ -199,3 +200,23 @@ def model_map(items: list[str] | str) -> dict[str, str]:
             raise ValueError(f"expected NAME=PATH, got {item!r}")
         mapping[name.strip()] = path.strip()
     return mapping
+
+
+def compare_deps(text: str) -> str:
+    """How the sides' environments are made in an A/B comparison (pytest_llmperf/environments/plan.py)."""
+    value = str(text).strip().lower()
+    if value not in COMPARE_DEPS_MODES:
+        raise ValueError(f"expected one of {', '.join(COMPARE_DEPS_MODES)}, got {text!r}")
+    return value
+
+
+def path_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
+    """Paths or globs relative to the rootdir: CLI repeated, ini one per line, an environment variable comma or
+    whitespace separated."""
+    if isinstance(items, str):
+        items = [p for chunk in items.split(",") for p in chunk.split()]
+    paths = tuple(str(item).strip() for item in items if str(item).strip())
+    for path in paths:  # an absolute path would name one file for both sides: never a difference
+        if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
+            raise ValueError(f"expected paths or globs relative to the rootdir, got {path!r}")
+    return paths

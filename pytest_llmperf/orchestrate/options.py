@@ -25,7 +25,7 @@ from .protocol import worker_settings
 
 #: Paths resolved as pytest resolves its own: from the CLI or environment against the invocation directory, from
 #: the ini file against that file's directory.
-PATHS = ("report_dir", "baseline_dir", "cache_dir", "json")
+PATHS = ("report_dir", "baseline_dir", "cache_dir", "json", "env_dir")
 
 
 @dataclass(frozen=True)
@@ -265,6 +265,39 @@ class Settings:
         "Offload engine: expert popularity profile (JSON written by "
         "OffloadEngine.calibrate) that ranks experts for the fast device (default: round robin across layers)",
         parsers.as_string,
+        metavar="PATH",
+    )
+    # Each side's dependencies in an A/B comparison (pytest_llmperf/environments/, docs/environments.md).
+    compare_deps: str = option(
+        "A/B: each side's environment. auto: built by uv from that side's own lock or requirements when the sides' "
+        "dependency files differ, this one shared when they do not; build: always built, each side its own (the A/A "
+        "check of the machinery); code-only: both sides run this environment and the report names the dependency "
+        "changes as not measured (default: auto)",
+        parsers.compare_deps,
+        default="auto",
+        metavar="auto|build|code-only",
+    )
+    base_python: str | None = option(
+        "A/B: run the base side (the compared ref) with this interpreter, prepared with its dependencies (conda, a "
+        "container), instead of building its environment; its installed set is checked against the base side's "
+        "declared dependencies, and the working tree's side runs in this environment",
+        parsers.as_string,
+        metavar="PATH",
+    )
+    env_dir: str | None = option(
+        "A/B: where the sides' built environments are cached, one directory per key "
+        "(default: $XDG_CACHE_HOME/pytest-llmperf/envs)",
+        parsers.as_string,
+        metavar="DIR",
+    )
+    compare_deps_paths: tuple[str, ...] = option(
+        "A/B: more files that define a side's environment, paths or globs relative to the rootdir, beside "
+        "requirements*.txt, constraints*.txt, pyproject.toml, uv.lock, poetry.lock, pdm.lock, Pipfile.lock, "
+        "environment.yml and .python-version",
+        parsers.path_list,
+        default=(),
+        ini_type="linelist",
+        repeatable=True,
         metavar="PATH",
     )
     export: tuple[str, ...] = option(

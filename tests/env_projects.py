@@ -1,0 +1,77 @@
+"""Shared by tests/test_environments_*.py: small projects whose environments differ, made offline.
+
+`fastlib` is a library as local wheels: its 2.0 does 10% more work than its 1.0. A uv project pins it in
+pyproject.toml and a uv.lock that real uv writes (offline, from the project's own find-links); a requirements project
+pins it in requirements.txt with `--find-links wheels`. Both keep their wheels inside the project, as a repository
+would commit them, so each side's checkout finds its own.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from pytest_llmperf.environments.uv_runner import find_uv
+from pytest_llmperf.environments.wheels import write_wheel
+
+#: Loop iterations of fastlib.work() per version: 2.0 does 10% more work than 1.0.
+LOOPS = {"1.0": 200_000, "2.0": 220_000, "3.0": 240_000}
+
+FASTLIB = """\
+__version__ = "{version}"
+LOOPS = {loops}
+
+
+def work():
+    total = 0
+    for i in range(LOOPS):
+        total += i * i
+    return total
+"""
+
+
+def fastlib_wheel(directory: Path, version: str) -> Path:
+    """fastlib VERSION as a wheel in `directory` (a plain zip: what uv installs from)."""
+    info = f"fastlib-{version}.dist-info"
+    files = [
+        ("fastlib.py", FASTLIB.format(version=version, loops=LOOPS[version]).encode()),
+        (f"{info}/METADATA", f"Metadata-Version: 2.1\nName: fastlib\nVersion: {version}\n".encode()),
+        (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
+    ]
+    return write_wheel(directory / f"fastlib-{version}-py3-none-any.whl", files, info)
+
+
+def _wheels(root: Path, versions: tuple[str, ...]) -> None:
+    for version in versions:
+        fastlib_wheel(root / "wheels", version)
+
+
+def uv_project(root: Path, version: str, *, wheels: tuple[str, ...] = ("1.0", "2.0"), lock: bool = True) -> Path:
+    """A uv project pinning fastlib==VERSION, locked by real uv offline."""
+    root.mkdir(parents=True, exist_ok=True)
+    _wheels(root, wheels)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
+        f'dependencies = ["fastlib=={version}"]\n\n'
+        '[tool.uv]\npackage = false\nfind-links = ["wheels"]\n'
+    )
+    if lock:
+        uv = find_uv()
+        done = subprocess.run([uv.path, "lock", "--offline", "--no-cache", "-q"], cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    return root
+
+
+def requirements_project(root: Path, version: str, *, wheels: tuple[str, ...] = ("1.0", "2.0")) -> Path:
+    """A project whose requirements.txt pins fastlib==VERSION, with its wheels as find-links."""
+    root.mkdir(parents=True, exist_ok=True)
+    _wheels(root, wheels)
+    (root / "requirements.txt").write_text(f"# what the benchmarks import\n--find-links wheels\nfastlib=={version}\n")
+    return root
+
+
+def run_in(python: str, code: str) -> str:
+    """What `python -c CODE` prints (it must succeed)."""
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()

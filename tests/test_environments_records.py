@@ -1,0 +1,122 @@
+"""The environments' records as the report reads them (JSON both ways, the header's lines), what a worker imported,
+and the option values (pytest_llmperf/environments/records.py, installed.py; orchestrate/option_values.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from pytest_llmperf.environments.installed import check_imported, imported_distributions, installed_here
+from pytest_llmperf.environments.records import (
+    BASE_PYTHON,
+    BUILT,
+    CACHE_HIT,
+    CODE_ONLY,
+    CURRENT,
+    SHARED,
+    Environments,
+    PackageChange,
+    SideEnvironment,
+    unmeasured,
+)
+from pytest_llmperf.orchestrate import option_values
+
+BUMP = (PackageChange("torch", "2.5.1", "2.6.0", "uv.lock"), PackageChange("triton", "3.1.0", "3.2.0", "uv.lock"))
+
+
+def built(side, how, seconds, torch):
+    return SideEnvironment(side, how, f"/envs/{side}/bin/python", "CPython 3.11.7", f"{side}0123456789abcdef",
+                           f"/envs/{side}", "uv.lock", seconds, {"torch": torch, "triton": "3.1.0"})  # fmt: skip
+
+
+def test_per_side_environments_round_trip_through_json_and_read_in_the_header():
+    envs = Environments("auto", "changed", built("base", CACHE_HIT, 0.21, "2.5.1"), built("head", BUILT, 41.0, "2.6.0"),
+                        ("uv.lock",), BUMP, notes=("a note",), detect_seconds=0.01)  # fmt: skip
+    data = json.loads(json.dumps(envs.to_json()))
+    assert Environments.from_json(data) == envs
+    assert data["summary"] == envs.summary_line() and data["measured"] is True
+    assert envs.summary_line() == ("environments: per side (torch 2.5.1 -> 2.6.0; triton 3.1.0 -> 3.2.0; "
+                                   "base cache hit 0.2 s, head built 41.0 s) [auto]")  # fmt: skip
+    assert envs.summary_lines("base origin/main@abc1234", "head HEAD@def5678")[1:] == [
+        "  base origin/main@abc1234: env base01234567 from uv.lock, CPython 3.11.7, cache hit 0.2 s",
+        "  head HEAD@def5678:        env head01234567 from uv.lock, CPython 3.11.7, built 41.0 s",
+        "  packages that differ (2): torch 2.5.1 -> 2.6.0; triton 3.1.0 -> 3.2.0",
+        "  note: a note",
+    ]
+    # triton did not change in what was built: that change was not measured, and the record says so
+    assert unmeasured(BUMP, envs.base, envs.head) == ("triton 3.1.0 -> 3.2.0 (both sides ran 3.1.0)",)
+
+
+def test_code_only_and_shared_summaries():
+    side = SideEnvironment("base", CODE_ONLY, sys.executable, installed={"torch": "2.6.0"})
+    head = SideEnvironment("head", CODE_ONLY, sys.executable, installed={"torch": "2.6.0"})
+    missed = unmeasured(BUMP[:1], side, head)
+    envs = Environments("code-only", "changed", side, head, ("uv.lock",), BUMP[:1], not_measured=missed)
+    assert envs.summary_line() == ("environments: DEPENDENCY CHANGES NOT MEASURED: torch 2.5.1 -> 2.6.0 (both sides "
+                                   "ran 2.6.0) [code-only]")  # fmt: skip
+    assert not envs.measured and not envs.per_side
+    shared = SideEnvironment("base", SHARED, sys.executable)
+    same = Environments("auto", "same-in-form", shared, shared, ("requirements.txt",))
+    assert same.summary_line() == "environments: shared (requirements.txt changed in form only) [auto]"
+
+
+def test_a_package_change_reads_as_its_direction():
+    assert [str(PackageChange("newpkg", None, "1.0")), str(PackageChange("oldpkg", "0.3", None))] == [
+        "+newpkg 1.0",
+        "-oldpkg 0.3",
+    ]
+
+
+def test_the_distributions_behind_imported_modules():
+    import pytest as imported  # noqa: F401  (what the fingerprint names: pytest's distribution, at its version)
+
+    found = imported_distributions(["pytest", "_pytest.config", "json", "os.path", "tests.env_projects"])
+    assert found == {"pytest": installed_here()["pytest"]}  # the standard library and the project's own: none
+    assert "pytest" in imported_distributions()  # by default, every module this process imported
+
+
+def test_check_imported_names_what_is_not_the_sides_environment():
+    base = SideEnvironment("base", BASE_PYTHON, "/prepared/python", installed={"torch": "2.5.1", "numpy": "2.2.6"})
+    assert check_imported({"torch": "2.5.1"}, base) == ()
+    assert check_imported({"torch": "2.6.0", "fastlib": "1.0"}, base) == (
+        "fastlib 1.0 is not installed in the base environment",
+        "torch 2.6.0 was imported; the base environment has 2.5.1",
+    )
+    head = SideEnvironment("head", CURRENT, sys.executable, installed={"torch": "2.6.0"})
+    assert check_imported({"Torch": "2.6.0"}, head) == ()  # names compare as PEP 503 does
+
+
+@pytest.mark.parametrize("text, expected", [("auto", "auto"), (" Build ", "build"), ("code-only", "code-only")])
+def test_compare_deps_values(text, expected):
+    assert option_values.compare_deps(text) == expected
+
+
+def test_compare_deps_refuses_other_values():
+    with pytest.raises(ValueError, match="expected one of auto, build, code-only, got 'never'"):
+        option_values.compare_deps("never")
+
+
+def test_extra_dependency_paths():
+    assert option_values.path_list(["ci/torch.txt", " docker/*.env "]) == ("ci/torch.txt", "docker/*.env")
+    assert option_values.path_list("ci/torch.txt, docker/*.env") == ("ci/torch.txt", "docker/*.env")
+    with pytest.raises(ValueError, match="relative to the rootdir"):
+        option_values.path_list(["/etc/requirements.txt"])
+
+
+def test_the_options_reach_the_session_and_a_bad_value_is_a_usage_error(pytester, monkeypatch):
+    from pytest_llmperf.orchestrate.options import OPTIONS, Settings
+
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    pytester.makeini("[pytest]\nllmperf_compare_deps = code-only\nllmperf_compare_deps_paths =\n    ci/*.txt\n"
+                     "    docker/versions.env\n")  # fmt: skip
+    config = pytester.parseconfig("--llmperf-env-dir=envs", "--llmperf-base-python=/opt/base/bin/python")
+    settings = Settings.from_config(config)
+    assert settings["compare_deps"] == "code-only"
+    assert settings["compare_deps_paths"] == ("ci/*.txt", "docker/versions.env")
+    assert (settings["env_dir"], settings["base_python"]) == ("envs", "/opt/base/bin/python")
+    result = pytester.runpytest("--llmperf-compare-deps=never", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-compare-deps*expected one of auto, build, code-only*"])
