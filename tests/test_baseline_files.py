@@ -113,7 +113,8 @@ def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, mon
     result.stdout.fnmatch_lines([
         "*decode_token_ms at batch size 1: missing: the baseline holds no values of it (recorded before it was gated, "
         "or edited): not compared*",
-        "*Record the baseline again, with every metric the test gates: pytest test_x.py::test_a *--llmperf-update*",
+        "*Record the baseline again, with every batch size and metric the test gates: pytest test_x.py::test_a "
+        "*--llmperf-update*",
         "*judged 0 of 1 benchmarks (1 missing: the baseline lacks gated metrics)*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # not failing when missing is left out of --llmperf-fail-on, but said
