@@ -31,6 +31,8 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
         )
     settings = {k: v for k, v in session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
     scenario = build_scenario(settings)
+    if session.in_process:
+        load_judge()
     if not session.in_process or session.mode != "gate":
         return
     from ..judge.procedure import Schedule, SettingError, check_can_fail
@@ -46,6 +48,14 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
         )
     except SettingError as exc:
         raise ScenarioError(str(exc)) from None
+
+
+def load_judge() -> None:
+    """Import the judge (scipy.stats, some 60 MiB resident) before anything is measured in the process that judges,
+    in every mode. peak_rss_mib is the measuring process's peak: the judge loaded up front for a gate (the schedule
+    checks above) and not for the recording read as the backend's memory doubling on unchanged code (issue 39).
+    Worker processes never load it (orchestrate/benchmark.py), whatever the mode, so theirs compare as they are."""
+    from . import judging  # noqa: F401
 
 
 def rows_expected(item: pytest.Item) -> int:
