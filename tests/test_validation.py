@@ -88,6 +88,32 @@ def test_bad_environment_value_names_the_variable(project, monkeypatch):
     result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RTOL: expected a number >= 0*"])
 
 
+EMPTY_REF = "expected a git ref (e.g. origin/main, HEAD), got an empty value: an unset variable?"
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("cli", f"--llmperf-compare: {EMPTY_REF}"),
+    ("cli blank", f"--llmperf-compare: {EMPTY_REF}"),
+    ("env", f"environment variable LLMPERF_COMPARE: {EMPTY_REF}"),
+    ("ini", f"ini option llmperf_compare in *tox.ini: {EMPTY_REF}"),
+    ("cli slash", "--llmperf-compare: expected a git ref (e.g. origin/main), got 'origin/': an unset variable after"),
+])
+def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, monkeypatch, given, expected):
+    """Issue 39, case 8: `--llmperf-compare=$BASE_REF` with the variable unset in CI gated against the stored
+    baselines in silence (and against none, where there are none: a green job that compared nothing)."""
+    args = {"cli": ["--llmperf-compare="], "cli blank": ["--llmperf-compare", " "],
+            "cli slash": ["--llmperf-compare=origin/"]}.get(given, [])
+    if given == "env":
+        monkeypatch.setenv("LLMPERF_COMPARE", "")
+    if given == "ini":
+        project.makeini("[pytest]\nllmperf_compare =\n")
+    result = run(project, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*llmperf: bad value for {expected}*"])
+    assert "leave it out to gate against the stored baselines" in result.stderr.str() or given == "cli slash"
+    assert_clean(result)
+
+
 def test_max_load_inf_switches_the_check_off(project):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=5", overrides=""))
     result = run(project, "--llmperf-update", "--co")

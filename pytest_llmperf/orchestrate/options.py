@@ -29,6 +29,7 @@ class Option:
     flag: bool = False  # a CLI switch (store_true)
     repeatable: bool = False  # a CLI option given several times
     metavar: str | None = None
+    empty_given: bool = False  # an empty environment variable or ini value is a value to parse, not "unset"
 
     @property
     def cli(self) -> str:
@@ -78,14 +79,14 @@ class Option:
         if cli is not None:
             found.append(("cli", self.cli, cli))
         env = os.environ.get(self.env)
-        if env is not None and env != "":
+        if env is not None and (env != "" or self.empty_given):
             found.append(("env", f"environment variable {self.env}", env))
         try:
             ini = config.getini(self.ini)
         except ValueError as exc:  # pytest's own conversion (bool ini type): name the option
             raise pytest.UsageError(f"llmperf: bad value for ini option {self.ini} in "
                                     f"{config.inipath or 'the config file'}: {exc}") from None
-        if ini is not None and ini != [] and ini != "":
+        if ini is not None and ini != [] and (ini != "" or self.empty_given):
             found.append(("ini", f"ini option {self.ini} in {config.inipath or 'the config file'}", ini))
         return found
 
@@ -146,8 +147,8 @@ OPTIONS: tuple[Option, ...] = (
            "what it adds)",
            parsers.positive_int, metavar="N"),
     Option("compare", "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
-           "A/B in alternating worker processes, instead of against stored baselines", parsers.as_string,
-           metavar="REF"),
+           "A/B in alternating worker processes, instead of against stored baselines; an empty value is refused",
+           parsers.git_ref, metavar="REF", empty_given=True),
     Option("interleave", "How the two sides of an A/B comparison alternate: run, the two worker processes of a "
            "round run together and take turns run by run, so each pair of runs is measured a fraction of a second "
            "apart (the speed of a shared machine changes within seconds); batch, they take turns at every batch "
