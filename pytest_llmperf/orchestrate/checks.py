@@ -72,6 +72,13 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
             "llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
             "drop --llmperf-update / --llmperf-update-missing"
         )
+    cap = settings["max_processes"]
+    if cap is not None and cap < llm.processes:  # the schedule would start above its cap, the header say both
+        raise pytest.UsageError(
+            f"llmperf: --llmperf-max-processes={cap} is below --llmperf-processes={llm.processes}"
+            f"{' (auto)' if settings['processes'] == 'auto' else ''}, the processes of the first look: raise "
+            f"--llmperf-max-processes to at least {llm.processes}, or lower --llmperf-processes"
+        )
     if llm.mode != "gate" or not items:
         return
     from ..judge.procedure import SettingError, check_can_fail  # scipy.stats: loaded where a schedule is checked
@@ -79,6 +86,11 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     family = sum(rows_expected(item) for item in items)
     for item in items:
         first = llm.processes_for(item)
+        if cap is not None and cap < first:
+            raise pytest.UsageError(
+                f"llmperf: {item.nodeid}: its marker's processes={first} is above --llmperf-max-processes={cap}: "
+                f"raise --llmperf-max-processes to at least {first}, or lower the marker's processes"
+            )
         what = (
             f"{item.nodeid}: marker processes={first}"
             if "processes" in marker_kwargs(item)
