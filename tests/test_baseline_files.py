@@ -178,6 +178,23 @@ def test_a_baseline_that_gives_an_entry_twice_is_refused_naming_the_file_and_the
     assert_clean(result)
 
 
+def test_a_baseline_file_without_its_benchmarks_is_refused_not_read_as_holding_none(project):
+    """A file that exists but lost its 'benchmarks' (a merge or a hand edit that renamed it) read as holding no
+    baselines: 'no baseline for test_a ... Create it with --llmperf-update', and that update kept the renamed
+    object beside the new one."""
+    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    edit(baseline(project), lambda data: data.update(benchmark=data.pop("benchmarks")))
+    broken = baseline(project).read_text()
+    result = run(project, "--llmperf-fail-on=regressed")
+    result.assert_outcomes(failed=2)  # an unusable file fails whatever --llmperf-fail-on says
+    result.stdout.fnmatch_lines([f"*baseline file {baseline(project)} is malformed (it has no 'benchmarks'). Fix it "
+                                 "from version control*"])
+    assert "no baseline for test_a" not in result.stdout.str()
+    run(project, "--llmperf-update").assert_outcomes(failed=2)
+    assert baseline(project).read_text() == broken
+    assert_clean(result)
+
+
 def test_a_key_given_twice_deep_in_a_baseline_is_found_with_its_path():
     from pytest_llmperf.judge.baseline_format import DuplicateKey, parse
 

@@ -199,7 +199,9 @@ class BaselineStore:
 
     def _entries_of(self, path: Path, data: Mapping[str, Any]) -> dict[str, BaselineEntry]:
         fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
-        benchmarks = data.get("benchmarks", {})
+        if "benchmarks" not in data:  # every file this version writes has it, empty or not: not "no baselines"
+            raise BaselineError(f"baseline file {path} is malformed (it has no 'benchmarks'). {fix}")
+        benchmarks = data["benchmarks"]
         if not isinstance(benchmarks, Mapping):
             raise BaselineError(f"baseline file {path} is malformed ('benchmarks' is not an object). {fix}")
         try:
