@@ -113,7 +113,8 @@ def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, mon
     result.stdout.fnmatch_lines([
         "*decode_token_ms at batch size 1: missing: the baseline holds no values of it (recorded before it was gated, "
         "or edited): not compared*",
-        "*Record the baseline again, with every metric the test gates: pytest test_x.py::test_a *--llmperf-update*",
+        "*Record the baseline again, with every batch size and metric the test gates: pytest test_x.py::test_a "
+        "*--llmperf-update*",
         "*judged 0 of 1 benchmarks (1 missing: the baseline lacks gated metrics)*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # not failing when missing is left out of --llmperf-fail-on, but said
@@ -139,6 +140,75 @@ def test_an_update_keeps_the_fields_it_does_not_know(project):
     assert data["benchmarks"]["test_a"]["batches"]["1"]["reviewed"] == "yes"
     assert data["benchmarks"]["test_b"]["comment"] == "untouched"
     run(project).assert_outcomes(passed=2)  # and the gate reads it
+
+
+def merged_with_both_copies(path, change):
+    """The file as a merge that kept both sides' entry of test_a leaves it: the original, then `change`d."""
+    text = path.read_text()
+    data = json.loads(text)
+    other = json.loads(json.dumps(data["benchmarks"]["test_a"]))
+    change(other)
+    head = '  "test_a": {'
+    assert text.count(head) == 1
+    path.write_text(text.replace(head, f'  "test_a": {json.dumps(other)},\n{head}'))
+
+
+def test_a_baseline_that_gives_an_entry_twice_is_refused_naming_the_file_and_the_key(project, monkeypatch):
+    """Issue 39, case 10: a bad merge left test_a's entry twice; the last copy won in silence, here one recorded
+    twice as slow, so a 2x slowdown passed."""
+    run(project, "--llmperf-update").assert_outcomes(passed=2)
+
+    def slower(entry):
+        for metrics in entry["values"].values():
+            metrics["decode_token_ms"] = [2 * v for v in metrics["decode_token_ms"]]
+            metrics["throughput_tokens_per_s"] = [v / 2 for v in metrics["throughput_tokens_per_s"]]
+    merged_with_both_copies(baseline(project), slower)
+    merged = baseline(project).read_text()
+    assert list(json.loads(merged)["benchmarks"]) == ["test_a", "test_b"]  # what json.loads makes of it
+    monkeypatch.setenv("SLOW", "2")
+    result = run(project)
+    result.assert_outcomes(failed=2)  # every entry of the file: it cannot be used
+    result.stdout.fnmatch_lines([f"*baseline file {baseline(project)}: the key 'test_a' under 'benchmarks' is given "
+                                 "twice (a merge that kept both sides?); a JSON reader keeps the last copy in silence. "
+                                 "Remove all but one copy by hand, or move the file away and re-record it with "
+                                 "--llmperf-update; the file was left as it is*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    run(project, "--llmperf-update").assert_outcomes(failed=2)  # never overwritten: a person chooses the copy
+    assert baseline(project).read_text() == merged
+    assert_clean(result)
+
+
+def test_a_baseline_file_without_its_benchmarks_is_refused_not_read_as_holding_none(project):
+    """A file that exists but lost its 'benchmarks' (a merge or a hand edit that renamed it) read as holding no
+    baselines: 'no baseline for test_a ... Create it with --llmperf-update', and that update kept the renamed
+    object beside the new one."""
+    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    edit(baseline(project), lambda data: data.update(benchmark=data.pop("benchmarks")))
+    broken = baseline(project).read_text()
+    result = run(project, "--llmperf-fail-on=regressed")
+    result.assert_outcomes(failed=2)  # an unusable file fails whatever --llmperf-fail-on says
+    result.stdout.fnmatch_lines([f"*baseline file {baseline(project)} is malformed (it has no 'benchmarks'). Fix it "
+                                 "from version control*"])
+    assert "no baseline for test_a" not in result.stdout.str()
+    run(project, "--llmperf-update").assert_outcomes(failed=2)
+    assert baseline(project).read_text() == broken
+    assert_clean(result)
+
+
+def test_a_key_given_twice_deep_in_a_baseline_is_found_with_its_path():
+    from pytest_llmperf.judge.baseline_format import DuplicateKey, parse
+
+    text = '{"benchmarks": {"t": {"values": {"1": {"prefill_ms": [1.0], "prefill_ms": [2.0]}}}}, "x": [{}, {"a": 1, "a": 2}]}'
+    with pytest.raises(DuplicateKey) as found:
+        parse(text)
+    assert found.value.path == ("benchmarks", "t", "values", "1", "prefill_ms")
+    assert "the key 'prefill_ms' under 'benchmarks' > 't' > 'values' > '1' is given twice" in str(found.value)
+    with pytest.raises(DuplicateKey) as found:
+        parse('{"x": [{}, {"a": 1, "a": 2}]}')
+    assert found.value.path == ("x", "[1]", "a")
+    with pytest.raises(DuplicateKey, match="the key 'a' at the top is given twice"):
+        parse('{"a": 1, "a": 1}')
+    assert parse('{"a": {"b": [1, {"c": 2}]}, "b": {"b": 1}}') == {"a": {"b": [1, {"c": 2}]}, "b": {"b": 1}}
 
 
 def test_a_baseline_that_links_to_nothing_is_refused_and_nothing_is_created_there(project, tmp_path):

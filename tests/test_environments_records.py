@@ -114,9 +114,10 @@ def test_the_options_reach_the_session_and_a_bad_value_is_a_usage_error(pytester
                      "    docker/versions.env\n")  # fmt: skip
     config = pytester.parseconfig("--llmperf-env-dir=envs", "--llmperf-base-python=/opt/base/bin/python")
     settings = Settings.from_config(config)
-    assert settings["compare_deps"] == "code-only"
-    assert settings["compare_deps_paths"] == ("ci/*.txt", "docker/versions.env")
-    assert (settings["env_dir"], settings["base_python"]) == ("envs", "/opt/base/bin/python")
+    assert settings.compare_deps == "code-only"
+    assert settings.compare_deps_paths == ("ci/*.txt", "docker/versions.env")
+    # a directory given on the command line is resolved against where pytest was invoked, as pytest's own are
+    assert (settings.env_dir, settings.base_python) == (str((pytester.path / "envs").resolve()), "/opt/base/bin/python")
     result = pytester.runpytest("--llmperf-compare-deps=never", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-compare-deps*expected one of auto, build, code-only*"])

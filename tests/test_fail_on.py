@@ -210,23 +210,51 @@ def test_a_gated_metric_that_was_never_measured_is_said_and_judges_nothing(proje
 
 
 NEW_ONLY_TEST = """
+import os
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 
 @pytest.mark.llmperf(batch_sizes=[{sizes}], runs=10, warmups=0)
 def test_engine(llmperf):
-    llmperf.measure(SimulatedBackend(seed=0, noise=0.02))
+    llmperf.measure(SimulatedBackend(seed=0, noise=0.02, decode_slowdown=float(os.environ.get("SIM_DECODE", "1"))))
 """
 
 
-def test_a_benchmark_with_only_new_batch_sizes_is_new_not_passed(project):
+def test_a_benchmark_with_only_new_batch_sizes_is_missing_not_passed(project):
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1"))
     run(project, "--llmperf-update").assert_outcomes(passed=1)
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="2"))
     result = run(project)
-    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 new: no baseline for its batch sizes): "
-                                 "nothing was compared", "1 new"])
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 missing: the baseline lacks batch sizes): "
+                                 "nothing was compared", "1 missing"])
     assert result.ret == 1
+
+
+def test_a_batch_size_added_to_the_marker_is_missing_and_fails_not_new(project, monkeypatch):
+    """Issue 39, case 3: recorded at [1, 2], the marker now [1, 2, 8]: batch 8 passed as `new`, never gated (a 2x
+    slowdown there passed). It is missing, as a gated metric the baseline lacks."""
+    project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1, 2"))
+    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1, 2, 8"))
+    result = run(project, "-k", "test_engine")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "batch size 8: missing: the baseline has no entry for this batch size (it holds batch sizes 1, 2): not compared",
+        "Record the baseline again, with every batch size and metric the test gates: pytest test_engine.py::test_engine "
+        "*--llmperf-update",
+        "llmperf: judged 0 of 1 benchmarks (1 missing: the baseline lacks batch sizes)*",
+        "*| test_engine | * | 8 * | missing: the baseline has no entry for this batch size *|"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    lenient = run(project, "--llmperf-fail-on=regressed")  # said, not failing, where missing is not in the list
+    lenient.assert_outcomes(passed=1)
+    assert "missing, not failing (missing is not in --llmperf-fail-on)" in lenient.stdout.str()
+    run(project, "--llmperf-update").assert_outcomes(passed=1)  # re-recorded: batch 8 is gated
+    run(project).assert_outcomes(passed=1)
+    monkeypatch.setenv("SIM_DECODE", "2")
+    slower = run(project)
+    slower.assert_outcomes(failed=1)
+    slower.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 8 regressed*"])
 
 
 def test_every_benchmark_skipped_on_this_device_is_a_run_that_judged_nothing(project):

@@ -4,15 +4,19 @@
 to check that a run's own peak is what is read (Linux only).
 """
 
+import json
 import mmap
 import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from pytest_llmperf.judge import rows
+from pytest_llmperf.judge.baseline_layout import machine_slug
+from pytest_llmperf.judge.environment import cpu_identity
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure import memory
 from pytest_llmperf.measure.metrics import run_values
@@ -136,3 +140,34 @@ def test_a_memory_regression_message_names_the_growth():
     assert rows.row_message(row).startswith(
         "peak_rss_mib (peak memory) at batch size 4 regressed: baseline median 600.0 MiB, now 800.0 MiB "
         "(+200.0 MiB, ratio 1.333)")
+
+
+ONE_PROCESS_TEST = """
+import os
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[1, 2], sequence_length=32, decode_length=8, runs=3, warmups=0)
+def test_decode(llmperf):
+    llmperf.measure(SimulatedBackend(decode_ms=3.0, seed=os.getpid()))
+"""
+
+
+@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/clear_refs").exists(), reason="needs Linux's /proc")
+def test_in_one_process_a_gate_holds_the_memory_its_recording_held(project):
+    """Issue 39, case 4: recorded and gated with --llmperf-processes=1, unchanged code failed every time on peak
+    memory (ratio ~2): the gate had loaded the judge (scipy.stats) before measuring, the recording had not."""
+    project.makepyfile(test_perf=ONE_PROCESS_TEST)
+    args = ("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=1000", "--llmperf-processes=1")
+    # fresh interpreters, as a user's: this suite's own process has imported the judge (tests/conftest.py)
+    project.runpytest_subprocess(*args, "--llmperf-update").assert_outcomes(passed=1)
+    stored = json.loads((project.path / "baselines" / "cpu" / machine_slug(cpu_identity()) / "test_perf.json")
+                        .read_text())["benchmarks"]["test_decode"]["values"]
+    gate = project.runpytest_subprocess(*args)
+    gate.assert_outcomes(passed=1)
+    report = json.loads((project.path / "reports" / "cpu.json").read_text())["benchmarks"][0]["batches"]
+    for batch in report:
+        recorded = float(np.median(stored[str(batch["batch_size"])]["peak_rss_mib"]))
+        now = batch["summary"]["peak_rss_mib"]["p50"]
+        # unchanged code in one process: within a few MiB (measured 0.2-1 MiB apart; the judge is some 60 MiB)
+        assert abs(now - recorded) < rows.MEMORY_FLOOR_MIB / 2, (batch["batch_size"], recorded, now)

@@ -69,4 +69,4 @@ def test_a_report_with_raw_runs_is_reduced_when_rewritten_and_renders_alike(proj
     section = md.split("## test_old.py::test_old", 1)[1].split("\n## ", 1)[0]
     prefill = summarize([run_values(s)["prefill_ms"] for s in samples[2]])
     assert f"| 2          | {prefill.average:.2f} ms | {prefill.lowest:.2f} ms | {prefill.highest:.2f} ms |" in section
-    assert "outputs at batch size 1: `" in section
+    assert "outputs at batch size 1: sha256:" in section

@@ -89,6 +89,57 @@ def test_bad_environment_value_names_the_variable(project, monkeypatch):
     result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RTOL: expected a number >= 0*"])
 
 
+EMPTY_REF = "expected a git ref (e.g. origin/main, HEAD), got an empty value: an unset variable?"
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("cli", f"--llmperf-compare: {EMPTY_REF}"),
+    ("cli blank", f"--llmperf-compare: {EMPTY_REF}"),
+    ("env", f"environment variable LLMPERF_COMPARE: {EMPTY_REF}"),
+    ("ini", f"ini option llmperf_compare in *tox.ini: {EMPTY_REF}"),
+    ("cli slash", "--llmperf-compare: expected a git ref (e.g. origin/main), got 'origin/': an unset variable after"),
+])
+def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, monkeypatch, given, expected):
+    """Issue 39, case 8: `--llmperf-compare=$BASE_REF` with the variable unset in CI gated against the stored
+    baselines in silence (and against none, where there are none: a green job that compared nothing)."""
+    args = {"cli": ["--llmperf-compare="], "cli blank": ["--llmperf-compare", " "],
+            "cli slash": ["--llmperf-compare=origin/"]}.get(given, [])
+    if given == "env":
+        monkeypatch.setenv("LLMPERF_COMPARE", "")
+    if given == "ini":
+        project.makeini("[pytest]\nllmperf_compare =\n")
+    result = run(project, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*llmperf: bad value for {expected}*"])
+    assert "leave it out to gate against the stored baselines" in result.stderr.str() or given == "cli slash"
+    assert_clean(result)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--llmperf-processes=6", "--llmperf-max-processes=3"],
+     "llmperf: --llmperf-max-processes=3 is below --llmperf-processes=6, the processes of the first look: raise "
+     "--llmperf-max-processes to at least 6, or lower --llmperf-processes"),
+    (["--llmperf-processes=auto", "--llmperf-max-processes=3"],
+     "llmperf: --llmperf-max-processes=3 is below --llmperf-processes=5 (auto), *"),
+    (["--llmperf-processes=6", "--llmperf-max-processes=3", "--llmperf-update"],
+     "llmperf: --llmperf-max-processes=3 is below --llmperf-processes=6, *"),
+    (["--llmperf-processes=5", "--llmperf-max-processes=8", "-p", "marker8"],
+     "llmperf: test_engine.py::test_engine: its marker's processes=9 is above --llmperf-max-processes=8: raise "
+     "--llmperf-max-processes to at least 9, or lower the marker's processes"),
+])
+def test_a_cap_of_processes_below_the_first_look_is_refused(project, args, expected):
+    """Issue 39, case 9: --llmperf-max-processes below --llmperf-processes was accepted; the header said processes=6
+    at the first look, then up to 3."""
+    project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
+    project.makepyfile(marker8="import pytest\n\ndef pytest_collection_modifyitems(items):\n"
+                               "    for item in items:\n        item.add_marker(pytest.mark.llmperf(processes=9))\n")
+    project.syspathinsert()
+    result = run(project, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {expected}"])
+    assert_clean(result)
+
+
 def test_max_load_inf_switches_the_check_off(project):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=5", overrides=""))
     result = run(project, "--llmperf-update", "--co")

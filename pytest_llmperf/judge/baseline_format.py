@@ -13,6 +13,9 @@ commit) in place, and no line moves.
    "values": {
     "1": {
      "decode_token_ms": [6.13588, 5.57412, 6.52521],
+
+Read back with `parse`, which refuses a key given twice in one object: a merge that kept both sides' entry of a
+test is valid JSON, and `json.loads` keeps the last copy in silence.
 """
 
 from __future__ import annotations
@@ -63,3 +66,59 @@ def render(document: dict[str, Any]) -> str:
     out: list[str] = []
     _write(finite_or_null(document), (), 0, out)
     return "".join(out) + "\n"
+
+
+class DuplicateKey(ValueError):
+    """An object of the document gives one key twice; `path` leads to it, the key last."""
+
+    def __init__(self, path: tuple[str, ...]) -> None:
+        self.path = path
+        where = f" under {' > '.join(map(repr, path[:-1]))}" if len(path) > 1 else " at the top"
+        super().__init__(
+            f"the key {path[-1]!r}{where} is given twice (a merge that kept both sides?); a JSON reader keeps the "
+            "last copy in silence"
+        )
+
+
+class _Duplicated(dict[str, Any]):
+    """An object that gives a key twice or holds one that does: `path` leads to the key."""
+
+    path: tuple[str, ...] = ()
+
+
+def _inner(value: Any) -> tuple[str, ...] | None:
+    """The path to a duplicated key within a value already parsed, or None."""
+    if isinstance(value, _Duplicated):
+        return value.path
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _inner(item)
+            if found is not None:
+                return (f"[{i}]", *found)
+    return None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: the object, marked (objects are built inside out) where a key repeats."""
+    built: dict[str, Any] = {}
+    path: tuple[str, ...] | None = None
+    for key, value in pairs:
+        if path is None:
+            inner = _inner(value)
+            path = (key,) if key in built else (key, *inner) if inner is not None else None
+        built[key] = value
+    if path is None:
+        return built
+    marked = _Duplicated(built)
+    marked.path = path
+    return marked
+
+
+def parse(text: str) -> Any:
+    """A baseline file's document from its text; DuplicateKey where an object gives a key twice, ValueError
+    (json.JSONDecodeError) where the text is not JSON."""
+    document = json.loads(text, object_pairs_hook=_object)
+    path = _inner(document)
+    if path is not None:
+        raise DuplicateKey(path)
+    return document

@@ -11,7 +11,6 @@ its fix and left as it is, and the others are still converted.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from ..files import locked, write_text_atomic
 from .baseline_entry import BaselineEntry
-from .baseline_format import render
+from .baseline_format import parse, render
 from .baseline_values import check_raw_entry
 from .baselines import SCHEMA_VERSION, BaselineError
 
@@ -87,8 +86,8 @@ def migrate_file(path: Path) -> Migrated:
     with locked(path):
         try:
             text = path.read_text(encoding="utf-8")
-            data = json.loads(text)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = parse(text)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: not JSON, or a key given twice
             raise BaselineError(f"cannot read {path} ({exc}); left as it is") from None
         lines = text.count("\n")
         if isinstance(data, dict) and data.get("schema_version") == SCHEMA_VERSION:

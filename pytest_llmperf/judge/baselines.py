@@ -24,7 +24,7 @@ from typing import Any
 
 from ..files import WriteRefused, locked, write_text_atomic
 from .baseline_entry import BaselineEntry, process_medians, stored_value
-from .baseline_format import render
+from .baseline_format import DuplicateKey, parse, render
 from .baseline_layout import module_file, other_sets, set_directory
 from .baseline_values import check_entry, check_raw_entry
 
@@ -168,9 +168,14 @@ class BaselineStore:
             return None
         fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             raise BaselineError(f"cannot read baseline file {path}: {exc}. {fix}") from None
+        except DuplicateKey as exc:
+            raise BaselineError(
+                f"baseline file {path}: {exc}. Remove all but one copy by hand, or move the file away and re-record "
+                "it with --llmperf-update; the file was left as it is"
+            ) from None
         except json.JSONDecodeError as exc:
             raise BaselineError(
                 f"baseline file {path} is not valid JSON ({exc}). {fix}; the file was left as it is"
@@ -194,7 +199,9 @@ class BaselineStore:
 
     def _entries_of(self, path: Path, data: Mapping[str, Any]) -> dict[str, BaselineEntry]:
         fix = f"Fix it from version control (git checkout -- {path}) or move it away and run with --llmperf-update"
-        benchmarks = data.get("benchmarks", {})
+        if "benchmarks" not in data:  # every file this version writes has it, empty or not: not "no baselines"
+            raise BaselineError(f"baseline file {path} is malformed (it has no 'benchmarks'). {fix}")
+        benchmarks = data["benchmarks"]
         if not isinstance(benchmarks, Mapping):
             raise BaselineError(f"baseline file {path} is malformed ('benchmarks' is not an object). {fix}")
         try:

@@ -287,6 +287,11 @@ def _batch_rows(
     busy = busy_note(batch.foreign_load, entry.foreign_load.get(batch.batch_size), max_load)
     if busy and base is not None and batch.ok:
         return [*rows, note_row(result, "*", batch.batch_size, Verdict.REFUSED, busy)]
+    if base is None and reference.side is None and batch.batch_size not in entry.errors:  # added to the marker since
+        sizes = ", ".join(map(str, sorted({*entry.values, *entry.errors}))) or "none"
+        note = f"the baseline has no entry for this batch size (it holds batch sizes {sizes}): not compared"
+        note += "" if batch.ok else f"; now {batch.status}: {batch.error}"
+        return [*rows, note_row(result, "*", batch.batch_size, Verdict.MISSING, note)]
     if base is None:
         note = "no baseline for this batch size" if batch.ok else (batch.error or "")
         return [

@@ -33,8 +33,8 @@ class Verdict(_Word):
     INCONCLUSIVE = "inconclusive"  # the process cap was reached before the row was decided
     REFUSED = "refused"  # not compared: a busy machine or baseline, units that do not compare
     UNGATED = "ungated"  # a gated metric that could not be tested (not measured on one side, too few gaps)
-    MISSING = "missing"  # a gated metric this run measured and its stored baseline holds no values of
-    NEW = "new"  # a batch size with no baseline
+    MISSING = "missing"  # a gated metric or a batch size this run measured and its stored baseline holds no values of
+    NEW = "new"  # a batch size the A side of an A/B comparison did not measure, or its baseline failed at
     OOM = "oom"  # a batch size with no baseline that ran out of memory
     ERROR = "error"  # a batch size with no baseline that failed
     UNDECIDED = "undecided"  # still being measured: more units at the next look (never in a final outcome)
@@ -150,7 +150,12 @@ def reason_of(outcome: Outcome) -> str:
         return outcome.reason
     kind = kind_of(outcome)
     if kind == Kind.MISSING:
-        return "the baseline lacks gated metrics" if outcome.status == Status.COMPARED else "no baseline"
+        if outcome.status != Status.COMPARED:
+            return "no baseline"
+        lacks = {
+            "batch sizes" if r.metric == "*" else "gated metrics" for r in outcome.rows if r.verdict == Verdict.MISSING
+        }
+        return "the baseline lacks " + " and ".join(sorted(lacks))
     if kind in (Kind.CREATED, Kind.UPDATED):
         return "baseline written"
     if kind == Kind.NEW:

@@ -32,6 +32,8 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
         )
     settings = {k: v for k, v in session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
     scenario = build_scenario(settings)
+    if session.in_process:
+        load_judge()
     if not session.in_process or session.mode != "gate":
         return
     from ..judge.procedure import Schedule, SettingError, check_can_fail
@@ -49,6 +51,14 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
         raise ScenarioError(str(exc)) from None
 
 
+def load_judge() -> None:
+    """Import the judge (scipy.stats, some 60 MiB resident) before anything is measured in the process that judges,
+    in every mode. peak_rss_mib is the measuring process's peak: the judge loaded up front for a gate (the schedule
+    checks above) and not for the recording read as the backend's memory doubling on unchanged code (issue 39).
+    Worker processes never load it (orchestrate/benchmark.py), whatever the mode, so theirs compare as they are."""
+    from . import judging  # noqa: F401
+
+
 def rows_expected(item: pytest.Item) -> int:
     """Gated rows a test will have, as its marker says (DEFAULT_ROWS_PER_BATCH unless it names its metrics)."""
     kwargs = marker_kwargs(item)
@@ -63,6 +73,13 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
             "llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
             "drop --llmperf-update / --llmperf-update-missing"
         )
+    cap = settings.max_processes
+    if cap is not None and cap < llm.processes:  # the schedule would start above its cap, the header say both
+        raise pytest.UsageError(
+            f"llmperf: --llmperf-max-processes={cap} is below --llmperf-processes={llm.processes}"
+            f"{' (auto)' if settings.processes == 'auto' else ''}, the processes of the first look: raise "
+            f"--llmperf-max-processes to at least {llm.processes}, or lower --llmperf-processes"
+        )
     if llm.mode != "gate" or not items:
         return
     from ..judge.procedure import SettingError, check_can_fail  # scipy.stats: loaded where a schedule is checked
@@ -70,6 +87,11 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     family = sum(rows_expected(item) for item in items)
     for item in items:
         first = llm.processes_for(item)
+        if cap is not None and cap < first:
+            raise pytest.UsageError(
+                f"llmperf: {item.nodeid}: its marker's processes={first} is above --llmperf-max-processes={cap}: "
+                f"raise --llmperf-max-processes to at least {first}, or lower the marker's processes"
+            )
         what = (
             f"{item.nodeid}: marker processes={first}"
             if "processes" in marker_kwargs(item)

@@ -201,7 +201,8 @@ def judge(
     ):
         messages = [
             *(row_message(r) for r in rows if r.verdict == Verdict.MISSING),
-            f"Record the baseline again, with every metric the test gates: {session.rerun(result.nodeid, update=True)}",
+            f"Record the baseline again, with every batch size and metric the test gates: "
+            f"{session.rerun(result.nodeid, update=True)}",
             *messages,
         ]
     return Outcome(

@@ -26,6 +26,7 @@ class Option:
     flag: bool = False  # a CLI switch (store_true)
     repeatable: bool = False  # a CLI option given several times
     metavar: str | None = None
+    empty_given: bool = False  # an empty environment variable or ini value is a value to parse, not "unset"
 
     @property
     def cli(self) -> str:
@@ -77,7 +78,7 @@ class Option:
         if cli is not None:
             found.append(("cli", self.cli, cli))
         env = os.environ.get(self.env)
-        if env is not None and env != "":
+        if env is not None and (env != "" or self.empty_given):
             found.append(("env", f"environment variable {self.env}", env))
         try:
             ini = config.getini(self.ini)
@@ -85,7 +86,7 @@ class Option:
             raise pytest.UsageError(
                 f"llmperf: bad value for ini option {self.ini} in {config.inipath or 'the config file'}: {exc}"
             ) from None
-        if ini is not None and ini != [] and ini != "":
+        if ini is not None and ini != [] and (ini != "" or self.empty_given):
             found.append(("ini", f"ini option {self.ini} in {config.inipath or 'the config file'}", ini))
         return found
 
@@ -99,9 +100,10 @@ def option(
     flag: bool = False,
     repeatable: bool = False,
     metavar: str | None = None,
+    empty_given: bool = False,
 ) -> Any:
     """A Settings field that is an option (named after the field): its help, parser, default and CLI form."""
-    spec = Option("", help, parse, default, ini_type, flag, repeatable, metavar)
+    spec = Option("", help, parse, default, ini_type, flag, repeatable, metavar, empty_given)
     if isinstance(default, dict):
         return field(default_factory=dict, metadata={OPTION: spec})
     return field(default=default, metadata={OPTION: spec})

@@ -127,6 +127,20 @@ def as_string(text: str) -> str:
     return str(text)
 
 
+def git_ref(text: str) -> str:
+    """A git ref to compare against. Empty is refused, never read as "no comparison": an unset variable in CI
+    (`--llmperf-compare=$BASE_REF`) would gate against stored baselines, or against none, in silence."""
+    value = str(text).strip()
+    if not value:
+        raise ValueError(
+            "expected a git ref (e.g. origin/main, HEAD), got an empty value: an unset variable? Give the ref, or "
+            "leave it out to gate against the stored baselines"
+        )
+    if value.endswith("/"):
+        raise ValueError(f"expected a git ref (e.g. origin/main), got {text!r}: an unset variable after the '/'?")
+    return value
+
+
 def plain_name(text: str) -> str:
     """A device or machine name: it becomes a directory name, so never a path or '..'."""
     return check_name(str(text).strip())

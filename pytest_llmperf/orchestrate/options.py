@@ -154,10 +154,11 @@ class Settings:
         metavar="N",
     )
     compare: str | None = option(
-        "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, "
-        "A/B in alternating worker processes, instead of against stored baselines",
-        parsers.as_string,
+        "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, A/B in alternating worker "
+        "processes, instead of against stored baselines; an empty value is refused",
+        parsers.git_ref,
         metavar="REF",
+        empty_given=True,
     )
     interleave: str = option(
         "How the two sides of an A/B comparison alternate: run, the two worker processes of a "

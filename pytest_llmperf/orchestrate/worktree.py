@@ -55,17 +55,49 @@ def resolve(ref: str, rootdir: Path) -> tuple[str, Path]:
     """(commit, git toplevel) of `ref` as seen from `rootdir`; RefError with the fix otherwise."""
     try:
         toplevel = Path(_git(["rev-parse", "--show-toplevel"], rootdir))
-    except (RefError, OSError) as exc:
+    except OSError as exc:
+        raise RefError(f"--llmperf-compare {ref}: cannot run git ({exc}); install git") from None
+    except RefError as exc:
         raise RefError(f"--llmperf-compare {ref}: {rootdir} is not inside a git repository ({exc})") from None
     try:
         commit = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
     except RefError:
         raise RefError(
             f"--llmperf-compare {ref}: no such commit, branch or tag in {toplevel}. Name one that "
-            f"`git rev-parse {ref}` finds (e.g. HEAD, origin/main; fetch it first in CI: "
-            f"git fetch origin main)"
+            f"`git rev-parse {ref}` finds (e.g. HEAD, origin/main); {fetch_hint(ref, toplevel)}"
         ) from None
     return commit, toplevel
+
+
+def fetch_hint(ref: str, toplevel: Path) -> str:
+    """How to fetch `ref` so that `git rev-parse ref` finds it, also in a single-branch shallow clone (CI's
+    `actions/checkout` default), where `git fetch origin main` fills only FETCH_HEAD: the refspec names where
+    it goes, and a shallow clone fetches one commit (--depth=1), all a worktree of it needs."""
+    try:
+        remotes = _git(["remote"], toplevel).split()
+        shallow = _git(["rev-parse", "--is-shallow-repository"], toplevel) == "true"
+    except (RefError, OSError):
+        remotes, shallow = [], False
+    if not remotes:
+        return "this repository has no remote to fetch it from: name a commit it holds"
+    if any(c in ref for c in "~^@:"):  # HEAD~1, main^: a commit the shallow history stops short of
+        return (
+            "this clone's history is shallow: deepen it first (git fetch --unshallow; actions/checkout: fetch-depth: 0)"
+            if shallow
+            else "fetch what it names first"
+        )
+    depth = "--depth=1 " if shallow else ""
+    named = sorted((r for r in remotes if ref.removeprefix("refs/remotes/").startswith(f"{r}/")), key=len)
+    if named:  # origin/main: into the remote-tracking ref that names it
+        remote = named[-1]
+        branch = ref.removeprefix("refs/remotes/")[len(remote) + 1 :]
+        command = f"git fetch {depth}{remote} {branch}:refs/remotes/{remote}/{branch}"
+    else:
+        remote = "origin" if "origin" in remotes else remotes[0]
+        is_sha = 7 <= len(ref) <= 40 and all(c in "0123456789abcdef" for c in ref.lower())
+        # a commit by its hash needs no ref; a branch or tag name becomes a local one of that name (git infers which)
+        command = f"git fetch {depth}{remote} {ref}" + ("" if is_sha else f":{ref}")
+    return f"fetch it first (in CI, before pytest): {command}"
 
 
 PREFIX = "llmperf-ref-"

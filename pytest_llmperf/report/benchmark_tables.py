@@ -16,7 +16,7 @@ from ..measure.instructions import INSTRUCTION_METRICS
 from ..measure.metrics import PERCENTILES, min_runs_for_percentile, summarize
 from ..measure.records import BenchmarkResult
 from .stored import StoredBatch, StoredResult, stored
-from .tables import table
+from .tables import markdown_text, table
 
 SPLIT_LATENCY = (
     ("Prefill", "prefill_ms"),
@@ -210,7 +210,7 @@ def outputs_lines(result: BenchmarkResult | StoredResult) -> list[str]:
             )
             continue
         lines.append(
-            f"outputs at batch size {batch.batch_size}: `{str(seen['digest'])[:19]}`, sequence 0: "
+            f"outputs at batch size {batch.batch_size}: {str(seen['digest'])[:19]}, sequence 0: "
             f"{str(seen.get('sequence_0', ''))[:80]!r}"
         )
     return lines
@@ -241,7 +241,7 @@ def benchmark_section(result: BenchmarkResult | StoredResult, measured: str = ""
     split = result.splits_prefill
     counts = instructions_table(result)
     head = [
-        f"## {result.nodeid}" + (f" ({result.key.split('::')[-1]})" if "::" in result.key else ""),
+        "## " + markdown_text(result.nodeid + (f" ({result.key.split('::')[-1]})" if "::" in result.key else "")),
         *([f"Measured {measured} (UTC @ commit)."] if measured else []),
         parameters_table(result),
     ]
@@ -254,14 +254,14 @@ def benchmark_section(result: BenchmarkResult | StoredResult, measured: str = ""
     parts = [*head, latency, throughput_table(result, SPLIT_THROUGHPUT if split else SERVER_THROUGHPUT), *extra]
     notes += [f"run quality: {n}" for n in result.run_quality] + outputs_lines(result)
     failed = [
-        f"- batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok and not b.counted_only
+        f"batch size {b.batch_size}: {b.status}: {b.error}" for b in result.batches if not b.ok and not b.counted_only
     ]
     failed += [
-        f"- batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
+        f"batch size {b.batch_size}: {b.retaken} run(s) retaken because other processes were busy; "
         f"kept runs saw {b.foreign_load:.2f} foreign cores on average"
         for b in result.batches
         if b.retaken
     ]
     if notes or failed:
-        parts.append("\n".join([*(f"- {n}" for n in notes), *failed]))
+        parts.append("\n".join(f"- {markdown_text(line)}" for line in [*notes, *failed]))
     return "\n\n".join(parts)

@@ -15,7 +15,7 @@ from typing import Any
 from ..judge.baselines import now_iso
 from .accumulate import ReportError, identity, read_report
 from .markdown import write_atomic, write_json
-from .tables import table
+from .tables import markdown_text, table
 from .verdict_table import table_rows
 
 MERGED_SCHEMA = 1
@@ -149,7 +149,7 @@ def markdown(document: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]
         f"`{t['source']}` ({t['label']}, written {t['created']}, commit {str(t['commit'] or '?')[:10]})" for t in labels
     )
     parts = [
-        f"# llmperf results across targets: {', '.join(t['label'] for t in labels)}",
+        "# llmperf results across targets: " + markdown_text(", ".join(t["label"] for t in labels)),
         f"Merged {document['created']} from {sources}.",
         "Cells are medians per batch size; `oom` and `error` mark batch sizes that failed on that target; "
         "an empty cell: not measured there.",
@@ -157,7 +157,10 @@ def markdown(document: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]
     names = [t["label"] for t in labels]
     for benchmark in document["benchmarks"]:
         parts.append(
-            f"## {benchmark['nodeid']}" + (f" ({benchmark['key'].split('::')[-1]})" if "::" in benchmark["key"] else "")
+            "## "
+            + markdown_text(
+                benchmark["nodeid"] + (f" ({benchmark['key'].split('::')[-1]})" if "::" in benchmark["key"] else "")
+            )
         )
         for t in benchmark["tables"]:
             better = {"lower": ", lower is better", "higher": ", higher is better"}.get(t["better"], "")
@@ -174,7 +177,8 @@ def markdown(document: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]
         counts = doc.get("counts") or {}
         summary = ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "no counts recorded"
         parts.append(
-            f"### {label}\n\nLast session there: {summary}\n\n" + (table(header, rows) if rows else "no verdicts")
+            f"### {markdown_text(label)}\n\nLast session there: {summary}\n\n"
+            + (table(header, rows) if rows else "no verdicts")
         )
     return "\n\n".join(parts) + "\n"
 

@@ -10,7 +10,6 @@ asked with a timeout; no git, no repository or no history gives the report point
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..judge.baseline_format import parse
 from ..judge.baselines import BaselineEntry
 from .stored import run_metric_values
 
@@ -63,8 +63,8 @@ def _file_versions(path: Path, cache: dict[Path, Versions]) -> Versions:
             commit, _, when = line.partition(" ")
             text = _git(root, "show", f"{commit}:{relative}")
             try:
-                data = json.loads(text) if text else None
-            except json.JSONDecodeError:
+                data = parse(text) if text else None
+            except ValueError:  # not JSON, or a key given twice (a bad merge): not a version to plot
                 data = None
             if isinstance(data, dict):
                 versions.append((commit, when, data))

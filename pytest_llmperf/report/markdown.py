@@ -25,7 +25,7 @@ from ..measure.metrics import METRICS, PERCENTILE_METHOD
 from ..measure.records import BenchmarkResult
 from .benchmark_tables import benchmark_section, runs_taken
 from .stored import StoredBatch, StoredResult, reference_summary, stored
-from .tables import cell, table
+from .tables import markdown_text, table
 from .verdict_table import markdown_table, measured_cell, note_details
 
 
@@ -70,8 +70,8 @@ def grid_sections(results: Sequence[BenchmarkResult | StoredResult]) -> list[str
             return f"{e2e / 1000:.3f}"
 
         first = members[0]
-        title = (
-            f"## Sweep: {group} ({first.backend.get('model')}, sequence length "
+        title = "## " + markdown_text(
+            f"Sweep: {group} ({first.backend.get('model')}, sequence length "
             f"{first.scenario['sequence_length']}, decode length {first.scenario['decode_length']}, "
             f"medians of {runs_taken(members)} runs)"
         )
@@ -183,7 +183,7 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     results = [StoredResult.from_json(b) for b in document.get("benchmarks") or []]
     measured = {(b["nodeid"], b["key"]): measured_cell(b) for b in document.get("benchmarks") or []}
     parts = [
-        f"# llmperf results: {device}",
+        f"# llmperf results: {markdown_text(device)}",
         f"Written {document.get('created')}. Holds every benchmark measured on "
         "this device, the newest result of each; each says when and at which commit it was measured.",
         "\n".join(environment_lines(fp, device)),
@@ -199,7 +199,7 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     if pairs:
         parts.append(pairs)
     verdicts = markdown_table(document)
-    details = "\n".join(f"- {cell(line)}" for line in note_details(document))
+    details = "\n".join(f"- {markdown_text(line)}" for line in note_details(document))
     parts.append(
         "## Verdicts\n\nThis session: "
         + counts_line

@@ -26,6 +26,7 @@ from . import accumulate, dashboards, mermaid, throughput_log, verdict_table
 from . import html as html_report
 from .markdown import json_document, markdown, write_atomic, write_json
 from .summary import SessionSummary, Written
+from .tables import markdown_text
 from .terminal import counts_line
 
 
@@ -120,7 +121,7 @@ def _step_summary(session: SessionSummary, document: dict, doc: dict, found: Any
     try:
         with open(summary_path, "a", encoding="utf-8") as handle:
             table = verdict_table.markdown_table(document, with_measured=False)
-            handle.write(f"## llmperf: {session.device}\n\n{counts_line(found)}\n\n{table}\n\n")
+            handle.write(f"## llmperf: {markdown_text(session.device)}\n\n{counts_line(found)}\n\n{table}\n\n")
             handle.write(mermaid.throughput_charts(doc))
     except OSError as exc:
         written.warnings.append(

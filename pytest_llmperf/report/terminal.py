@@ -69,7 +69,7 @@ def summary_lines(session: SessionSummary) -> list[str]:
         session.device, "", {}, {}, [o.result for o in session.outcomes], session.outcomes, counts(session.outcomes)
     )
     header, rows = table_rows(document, with_measured=False)
-    lines = table(header, rows).splitlines() if rows else []
+    lines = table(header, rows, markdown=False).splitlines() if rows else []
     found = counts(session.outcomes)
     lines.append(counts_line(found))
     busy = busy_line(session)
