@@ -1,10 +1,10 @@
 """The summary's own lines, on outcomes built here: how old the baselines are, one count per benchmark."""
 
 from datetime import datetime, timezone
-from types import SimpleNamespace
 
 from pytest_llmperf.judge.verdicts import Kind, Outcome, Row, Status, Verdict, counts
 from pytest_llmperf.measure.records import BenchmarkResult
+from pytest_llmperf.report.summary import SessionSummary
 from pytest_llmperf.report.terminal import baseline_age, counts_line, judged_line
 
 
@@ -32,15 +32,14 @@ def test_each_benchmark_counts_once_and_new_or_refused_is_not_judged():
                                        Kind.CREATED]
     assert sum(counts(found).values()) == len(found)
     assert counts_line(counts(found)) == "1 regressed, 1 inconclusive, 1 created, 2 new, 1 refused"
-    session = SimpleNamespace(outcomes=found, skipped_here=0, invalid_here=0, mode="gate", device="cpu")
+    session = SessionSummary(outcomes=found, mode="gate", device="cpu")
     line, colour = judged_line(session)
     assert line.startswith("llmperf: judged 2 of 6 benchmarks (") and colour == "yellow"
     assert "2 new: " in line and "1 refused: nothing gated was measured" in line
 
 
 def test_a_session_that_compared_nothing_says_so_in_red():
-    session = SimpleNamespace(outcomes=[outcome("d", status=Status.NEW)], skipped_here=1, invalid_here=0,
-                              mode="gate", device="cpu")
+    session = SessionSummary(outcomes=[outcome("d", status=Status.NEW)], skipped_here=1, mode="gate", device="cpu")
     line, colour = judged_line(session)
     assert line == ("llmperf: judged 0 of 2 benchmarks (1 new: new test; 1 skipped: they run on other devices than "
                     "cpu): nothing was compared") and colour == "red"
