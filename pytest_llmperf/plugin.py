@@ -2,6 +2,7 @@
 this pytest process needs. Light to import (pytest loads this module in every run); heavy libraries load when a
 benchmark runs.
 
+- A side's collection for its controller (LLMPERF_COLLECT_OUT): what it collects, and what fails to.
 - A worker process (its controller set LLMPERF_WORKER_OUT): the benchmark tests (orchestrate/items.py) and the
   `WorkerRecorder`, which hands what they measure to the controller (orchestrate/worker.py).
 - A pytest-xdist worker: the benchmark tests, each refused (side by side they would measure each other).
@@ -23,7 +24,7 @@ from .orchestrate.fixtures import llmperf, llmperf_hf
 from .orchestrate.items import XDIST_REFUSAL, BenchmarkItems, is_planned
 from .orchestrate.options import Settings, add_options
 from .orchestrate.session import SESSION_KEY, LLMPerfSession, check_output_paths
-from .orchestrate.worker import WorkerRecorder, worker_out
+from .orchestrate.worker import CollectRecorder, WorkerRecorder, collect_out, worker_out
 from .servers.fixtures import (
     llmperf_jetstream,
     llmperf_openai,
@@ -34,6 +35,7 @@ from .servers.fixtures import (
 
 #: The names this plugin registers its objects under (pytest_unconfigure takes them out again).
 PLUGINS = (
+    "llmperf-collector",
     "llmperf-tests",
     "llmperf-worker",
     "llmperf-controller",
@@ -58,6 +60,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def plugins_for(config: pytest.Config, llm: LLMPerfSession) -> list[tuple[str, object]]:
     """The plugin objects of this pytest process's mode, decided once."""
+    collecting = collect_out()
+    if collecting is not None:  # a side's collection for a controller: what it has, and what failed
+        return [("llmperf-collector", CollectRecorder(collecting))]
     out = worker_out()
     if out is not None:  # a worker process: measure, and report to the controller
         llm.recorder = WorkerRecorder(out)
@@ -90,7 +95,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             config.pluginmanager.unregister(plugin, name)
-            if isinstance(plugin, WorkerRecorder):
+            if isinstance(plugin, (WorkerRecorder, CollectRecorder)):
                 plugin.close()
     if SESSION_KEY in config.stash:
         del config.stash[SESSION_KEY]

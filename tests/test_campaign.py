@@ -39,7 +39,8 @@ class FakePool:
         self.noise = noise
         self.specs = []  # every worker started, in order
         self.rounds = []  # the side names of each round, in order
-        self.server = None
+        self.servers = {}
+        self.work_dir = None
 
     def run(self, spec):
         self.rounds.append([spec.side.name])
@@ -81,15 +82,22 @@ class FakeCampaign(Campaign):
         super().__init__(config, config.stash[SESSION_KEY], {})
         self.pool = pool
 
-    def _pool(self, stack: ExitStack, items):
+    def _pool(self, stack: ExitStack):
         return self.pool
 
-    def _prepare_sides(self, stack, items):
+    def _sides(self, stack):
+        root = Path(self.config.rootpath)
         if self.llm.settings.compare:
-            root = Path(self.config.rootpath)
-            self.measurements.sides = [Side("A", root, "HEAD (abc)"), Side("B", root, "the working tree")]
+            return [Side("A", root, "HEAD (abc)"), Side("B", root, "the working tree")]
+        return [Side("", root, "the working tree")]
+
+    def _collect_ref(self, items, work_dir):
+        if self.llm.settings.compare:
             self.measurements.available["A"] = {item.nodeid for item in items}
-        return True
+        return items
+
+    def _fork_servers(self, stack, pool, items):
+        return {}
 
 
 @pytest.fixture

@@ -211,6 +211,11 @@ def software_drift(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> d
     for key in SOFTWARE_KEYS:
         if baseline.get(key) != current.get(key):
             drift[key] = (baseline.get(key), current.get(key))
+    # the distributions both sessions' benchmarks imported (a baseline recorded before they were kept has none)
+    base_packages, packages = baseline.get("packages") or {}, current.get("packages") or {}
+    for name in sorted(set(base_packages) & set(packages)):
+        if base_packages[name] != packages[name] and name not in drift:
+            drift[name] = (base_packages[name], packages[name])
     base_driver = {g.get("driver") for g in baseline.get("gpus") or []}
     cur_driver = {g.get("driver") for g in current.get("gpus") or []}
     if base_driver != cur_driver:

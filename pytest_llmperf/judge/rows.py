@@ -7,7 +7,6 @@ decision procedure (judge/stats.py, judge/procedure.py). A row decided at an ear
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -29,6 +28,7 @@ from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
 from .baseline_entry import BaselineEntry, process_medians, stored_value
 from .baseline_values import check_value
+from .busy import busy_note
 from .instructions import count_message
 from .verdicts import COMPARED, Row, Verdict, note_row
 
@@ -82,29 +82,6 @@ class _Comparison:
     reference: list[float]
     current: list[float]
     unit: str
-
-
-def admitting(load: float) -> float:
-    """A --llmperf-max-load that admits `load` cores: 0.25 more, rounded up to 2 significant digits (rounding to
-    nearest could land below the load: 10.24 + 0.25 -> 10)."""
-    value = load + 0.25
-    scale = 10.0 ** (1 - math.floor(math.log10(value)))
-    return math.ceil(round(value * scale, 9)) / scale
-
-
-def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
-    """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
-    if current_load is not None and current_load > max_load:
-        return (
-            f"machine busy: other processes used {current_load:.2f} cores during the runs "
-            f"(limit {max_load:g}, --llmperf-max-load); not compared"
-        )
-    if baseline_load is not None and baseline_load > max_load:
-        return (
-            f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
-            f"limit {max_load:g}, --llmperf-max-load); not compared"
-        )
-    return None
 
 
 def _reference_units(reference: Reference, batch_size: int, metric: str) -> dict[int, float]:

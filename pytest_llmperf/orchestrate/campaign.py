@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,15 +29,13 @@ from ..judge.rows import undecided_batches
 from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from ..measure.allocator import steady_malloc_env
 from ..processes import sigterm_interrupts
-from . import campaign_progress, counting, worktree
+from . import campaign_progress, counting, sides
 from .forkserver import ForkServer, ForkServerError, preload_for, server_env
 from .looks import Decision, Measurements, Plan
 from .markers import marker_kwargs
-from .passthrough import passthrough_args
 from .pool import WorkerPool
-from .protocol import Record, Side, WorkerError, WorkerRun, WorkerSpec
+from .protocol import ENV_IMPORTS, Record, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
-from .worker_process import PYTEST
 
 
 class Campaign:
@@ -51,25 +49,28 @@ class Campaign:
         self.measurements = Measurements(llm, [Side("", Path(config.rootpath), "the working tree")])
         self.plans: dict[str, Plan] = {}  # the timed tests still undecided, by node id
         self.family: int | None = None  # gated rows of the whole job, judged as one family
-        self.starting: ForkServer | None = None  # the fork server, importing until the rounds begin
+        self.foreign: set[tuple[str, str]] = set()  # (side, module) said to come from outside its checkout
 
     def run(self, items: list[pytest.Item]) -> None:
         """Measure and judge `items`, each decision into `decisions` (a test without one was not reached)."""
         with contextlib.ExitStack() as stack:
-            pool = self._pool(stack, items)
-            if not self._prepare_sides(stack, items) or not self._count(items, pool):
+            pool = self._pool(stack)
+            self.measurements.sides = self._sides(stack)
+            starting = self._fork_servers(stack, pool, items)  # they import while the ref is collected and counted
+            items = self._collect_ref(items, pool.work_dir)
+            if not items or not self._count(items, pool):
                 return
             self._judge_counts(items)
             timed = [item for item in items if item.nodeid not in self.decisions]
             if timed:
-                pool.server = self._ready(self.starting)
+                pool.servers = self._ready(starting)
                 self._rounds(timed, pool)
 
     # -- the job's set-up ---------------------------------------------------------------------------
 
-    def _pool(self, stack: contextlib.ExitStack, items: list[pytest.Item]) -> WorkerPool:
+    def _pool(self, stack: contextlib.ExitStack) -> WorkerPool:
         """The job's pool: its work directory (removed at the end; a failed worker's log is kept in the report
-        directory), SIGTERM as Ctrl-C while it runs, and the fork server, which imports meanwhile."""
+        directory), and SIGTERM as Ctrl-C while it runs."""
         left = remove_left_work_dirs()
         self._say(left_behind_line("worker directories", left), left)
         work_dir = Path(tempfile.mkdtemp(prefix=WORKERS_PREFIX))
@@ -77,70 +78,53 @@ class Campaign:
         stack.callback(self.progress.clear)
         claim(work_dir)
         stack.enter_context(sigterm_interrupts())
-        self.starting = self._fork_server(work_dir, items)
-        if self.starting is not None:
-            stack.callback(self.starting.close)
         settings = self.llm.settings
         return WorkerPool(
             work_dir,
             settings=settings.for_worker(),
             timeout_s=settings.worker_timeout,
-            logs_dir=Path(str(settings.report_dir or "reports")).resolve() / "worker-logs",
-            extra_args=tuple(passthrough_args(self.config)),
+            logs_dir=self.llm.report_dir.resolve() / "worker-logs",
             environ=steady_malloc_env() if settings.malloc == "steady" else {},
             listener=self._heard,
         )
 
+    def _sides(self, stack: contextlib.ExitStack) -> list[Side]:
+        return sides.prepare(self.config, self.llm, stack, self.progress)
+
     def _heard(self, side: Side, records: list[Record]) -> None:
         self.progress.records(records, side=side.label)
 
-    def _prepare_sides(self, stack: contextlib.ExitStack, items: list[pytest.Item]) -> bool:
-        """The working tree, and for an A/B job the ref checked out and collected first; False when the ref's
-        tests cannot be collected (each test says so)."""
-        ref_name = self.llm.settings.compare
-        if not ref_name:
-            return True
-        # a checkout and a collection can take seconds: say so first
-        self.progress.say(f"checking out {ref_name} into a git worktree and collecting its tests (the A side)")
-        root = Path(self.config.rootpath)
+    def _collect_ref(self, items: list[pytest.Item], work_dir: Path) -> list[pytest.Item]:
+        """The tests still to measure once an A/B job's ref is collected: a test whose module (or a conftest above
+        it) cannot be collected there fails now, saying why; one the ref lacks is `new`. [] when nothing can be
+        compared (its collection failed as a whole: each test says so)."""
+        ref = self.measurements.sides[0]
+        if ref.name != "A":
+            return items
         try:
-            ref = stack.enter_context(worktree.checkout(ref_name, root))
-        except worktree.RefError as exc:
-            raise pytest.UsageError(f"llmperf: {exc}") from None
-        self._say(left_behind_line("comparison worktrees", list(ref.cleared)), ref.cleared)
-        side_a = Side("A", ref.root, ref.label, ref.pythonpath)
-        self.measurements.sides = [side_a, Side("B", root, "the working tree")]
-        self.llm.compared_to = ref.label
-        try:
-            self.measurements.available["A"] = self._collect(side_a, items)
+            found = sides.collect(ref, items, work_dir, self.llm.settings.worker_timeout)
         except WorkerError as exc:
             self._fail_all(items, f"llmperf: {exc}")
-            return False
-        return True
+            return []
+        self.measurements.available["A"] = found.nodeids
+        for item in items:
+            error = found.error_for(item.nodeid)
+            if error is not None:
+                where, text = error
+                self.decisions[item.nodeid] = Decision(
+                    failure=f"cannot compare: collecting {where} on {ref.label} failed, so what the test measures "
+                    f"there is not known:\n{text}"
+                )
+        return [item for item in items if item.nodeid not in self.decisions]
 
-    def _collect(self, side: Side, items: list[pytest.Item]) -> set[str]:
-        """The planned tests that exist on a side (a test added in the working tree is 'new')."""
-        files = sorted({item.nodeid.split("::", 1)[0] for item in items})
-        present = [f for f in files if (side.root / f).exists()]
-        if not present:
-            return set()
-        timeout = self.llm.settings.worker_timeout
-        command = [*PYTEST, *present, "--collect-only", "-q", "-p", "no:cacheprovider", *passthrough_args(self.config)]
-        try:
-            done = subprocess.run(
-                command, cwd=side.root, capture_output=True, text=True, env=side.environ(), timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            raise WorkerError(
-                f"collecting the tests on {side.label} did not finish within {timeout:g} s (--llmperf-worker-timeout)"
-            ) from None
-        return {line.strip() for line in done.stdout.splitlines() if "::" in line}
-
-    def _fork_server(self, work_dir: Path, items: list[pytest.Item]) -> ForkServer | None:
-        """The server the rounds' workers are forked from, importing; None with --llmperf-worker-start=exec or
-        --llmperf-instructions-only (counting workers start under valgrind), or when it cannot start."""
+    def _fork_servers(
+        self, stack: contextlib.ExitStack, pool: WorkerPool, items: list[pytest.Item]
+    ) -> dict[str, ForkServer]:
+        """A server per environment the workers run (one, unless the sides have environments of their own), each
+        importing; none with --llmperf-worker-start=exec or --llmperf-instructions-only (counting workers start
+        under valgrind), or where one cannot start (its workers start from scratch, as a line says)."""
         if self.llm.settings.worker_start != "fork" or self.llm.settings.instructions_only:
-            return None
+            return {}
         root = Path(self.config.rootpath)
         defined = [  # the test modules and the conftests among the plugins
             m
@@ -148,25 +132,29 @@ class Campaign:
             if isinstance(m, ModuleType) and root in Path(getattr(m, "__file__", None) or "/").parents
         ]
         modules = preload_for([getattr(item, "fixturenames", ()) for item in items], defined, sys.modules)
-        try:
-            return ForkServer.start(work_dir, server_env(self.llm.settings.malloc), modules)
-        except OSError as exc:
-            self._say(
-                f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork server did "
-                f"not start ({exc})",
-                True,
-            )
-            return None
+        servers = {}
+        for side in {side.python: side for side in self.measurements.sides}.values():
+            # the side's environment, without its checkout on PYTHONPATH: the server imports what both sides share
+            env = server_env(self.llm.settings.malloc, replace(side, pythonpath=()).environ())
+            try:
+                servers[side.python] = ForkServer.start(pool.work_dir, env, modules, side.python)
+            except OSError as exc:
+                self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork server did "
+                          f"not start ({exc})", True)  # fmt: skip
+                continue
+            stack.callback(servers[side.python].close)
+        return servers
 
-    def _ready(self, server: ForkServer | None) -> ForkServer | None:
-        """`server` once it has imported; None (every worker starts from scratch, as the line says) if it failed."""
-        if server is None:
-            return None
-        try:
-            return server.ready()
-        except ForkServerError as exc:
-            self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): {exc}", True)
-            return None
+    def _ready(self, servers: dict[str, ForkServer]) -> dict[str, ForkServer]:
+        """The servers once they have imported, less any that failed (its workers start from scratch, as a line
+        says)."""
+        ready = {}
+        for python, server in servers.items():
+            try:
+                ready[python] = server.ready()
+            except ForkServerError as exc:
+                self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): {exc}", True)
+        return ready
 
     # -- counting -----------------------------------------------------------------------------------
 
@@ -207,6 +195,7 @@ class Campaign:
             due = {nodeid: plan for nodeid, plan in self.plans.items() if plan.units >= index}
             try:
                 for run in self._round(self._specs(due, index), pool):
+                    self._check_imports(run)
                     self.measurements.runs[run.side.name].append(run)
             except WorkerError as exc:
                 self._fail_all([plan.item for plan in self.plans.values()], f"llmperf: {exc}")
@@ -216,15 +205,47 @@ class Campaign:
             for nodeid in [n for n, plan in due.items() if plan.units == index]:
                 self._look(self.plans[nodeid])
 
+    def _check_imports(self, run: WorkerRun) -> None:
+        """What a worker imported: never the other side's environment (WorkerError: that round measured nothing it
+        can judge); its side's own modules from outside its checkout are said, once each; and the working tree's
+        distributions go into the stored baselines' fingerprint."""
+        imports = run.imports
+        if imports is None:
+            return
+        envs = self.llm.environments
+        if envs is not None and envs.per_side:
+            from ..environments.installed import check_imported
+
+            problems = check_imported(imports.distributions, envs.base if run.side.name == "A" else envs.head)
+            if problems:
+                raise WorkerError(
+                    f"worker process {run.index} on {run.side.label} did not run its side's environment, so the "
+                    f"round measured one side in the other's environment and nothing of it is judged: "
+                    f"{'; '.join(problems)}"
+                )
+        for name, origin in sorted(imports.foreign.items()):
+            if (run.side.label, name) not in self.foreign:
+                self.foreign.add((run.side.label, name))
+                self.progress.say(
+                    f"warning: {run.side.label} imported {name} from {origin}, not from its checkout: that copy is "
+                    "what its workers measure (install the project editable, pip install -e ., or drop that copy)"
+                )
+        if run.side == self.measurements.current:
+            self.llm.imported.update(imports.distributions)
+
     def _specs(self, due: dict[str, Plan], index: int) -> list[WorkerSpec]:
         """Round `index`'s workers: one per side that has tests due, in ABBA order (A B, B A, A B, ...)."""
-        sides = self.measurements.sides
+        order = self.measurements.sides if index % 2 else list(reversed(self.measurements.sides))
+        envs = self.llm.environments
+        # what a worker imported: checked in every round where the sides have environments of their own, else the
+        # first round's are enough for the baselines' fingerprint
+        environ = {ENV_IMPORTS: "1"} if index == 1 or (envs is not None and envs.per_side) else {}
         specs = []
-        for side in sides if index % 2 else list(reversed(sides)):
+        for side in order:
             nodeids = self.measurements.on_side(side, list(due))
             if nodeids:
                 later = {n: due[n].batch_sizes for n in nodeids if due[n].batch_sizes is not None}
-                specs.append(WorkerSpec(side, index, tuple(nodeids), later or None))  # type: ignore[arg-type]
+                specs.append(WorkerSpec(side, index, tuple(nodeids), later or None, environ=environ))  # type: ignore[arg-type]
         return specs
 
     def _round(self, specs: list[WorkerSpec], pool: WorkerPool) -> list[WorkerRun]:

@@ -91,14 +91,18 @@ class ForkServer:
         self.children: dict[int, ForkedProcess] = {}
         self.exits: dict[int, int] = {}  # exits heard before their spawn's answer was read
         self.answers: list[dict[str, Any]] = []
+        self.requests = 0  # requests sent so far (each in a file of its own)
 
     @classmethod
-    def start(cls, work_dir: Path, env: Mapping[str, str], modules: Sequence[str]) -> ForkServer:
-        """Start the server in `work_dir` with `env` (what every worker shares: the allocator's settings are read
-        when a process starts); it imports `modules` while the caller goes on (`ready` waits for it)."""
+    def start(
+        cls, work_dir: Path, env: Mapping[str, str], modules: Sequence[str], python: str = sys.executable
+    ) -> ForkServer:
+        """Start the server of the environment of `python` in `work_dir` with `env` (what every worker shares: the
+        allocator's settings are read when a process starts); it imports `modules` while the caller goes on
+        (`ready` waits for it). One server per environment: a worker forked from it runs what it imported."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        log = work_dir / "forkserver.log"
-        argv = [sys.executable, "-c", SERVER_MAIN, str(ZYGOTE), str(theirs.fileno()), json.dumps(list(modules))]
+        log = work_dir / ("forkserver.log" if python == sys.executable else f"forkserver-{abs(hash(python))}.log")
+        argv = [python, "-c", SERVER_MAIN, str(ZYGOTE), str(theirs.fileno()), json.dumps(list(modules))]
         with open(log, "wb") as handle:
             try:
                 proc = subprocess.Popen(
@@ -146,11 +150,17 @@ class ForkServer:
             "pythonpath": list(pythonpath),
             "fd_env": {name: len(group) for name, group in fds_env.items()},
         }
+        # The request goes in a file, the socket carries its path: a worker's environment can be larger than one
+        # datagram (a conftest that sets large variables; SOCK_SEQPACKET refuses it as "Message too long").
+        self.requests += 1
+        path = self.log.parent / f"forkserver-request-{self.requests}.json"
+        path.write_text(json.dumps(request), encoding="utf-8")
         try:
-            socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+            socket.send_fds(self.sock, [json.dumps({"file": str(path)}).encode()], fds)
         except OSError as exc:
             raise ForkServerError(self._died(f"took no request ({exc})")) from None
         answer = self._answer(30.0)
+        path.unlink(missing_ok=True)
         if "spawned" not in answer:
             raise ForkServerError(f"the fork server could not start a worker: {answer.get('error', answer)}")
         pid = int(answer["spawned"])

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from ..judge.baseline_layout import machine_slug
 from ..judge.baseline_values import too_few_units
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
+from ..judge.busy import admitting
 from ..judge.environment import hardware_mismatch, software_drift
 from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
 from ..judge.quality import request_failures
-from ..judge.rows import Reference, admitting, judge_rows, outputs_messages, row_message
+from ..judge.rows import Reference, judge_rows, outputs_messages, row_message
 from ..judge.verdicts import Kind, Outcome, Row, Status, Verdict, reason_of
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
@@ -193,7 +194,11 @@ def judge(
         else []
     )
     changed, changed_warnings = changed_outputs(result, rows, scenario.outputs, intended)
+    drift = {} if ab else software_drift(reference.entry.fingerprint, session.fingerprint)
     messages = verdict_messages(rows, how, scenario)
+    if drift and any(r.verdict == Verdict.REGRESSED for r in rows):  # the change may be a dependency's
+        changes = "; ".join(f"{name} {was} -> {now}" for name, (was, now) in sorted(drift.items()))
+        messages.insert(-1, f"Software changed since the baseline was recorded: {changes}")
     if (
         not ab
         and any(r.verdict == Verdict.MISSING for r in rows)
@@ -214,7 +219,7 @@ def judge(
         reference=reference.side,
         changed=changed,
         outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
-        drift={} if ab else software_drift(reference.entry.fingerprint, session.fingerprint),
+        drift=drift,
         warnings=[*warnings, *changed_warnings],
         baseline_created="" if ab else reference.entry.created,
     )

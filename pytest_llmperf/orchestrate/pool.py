@@ -2,8 +2,9 @@
 them taking turns, and stop every one still running when the controller is interrupted.
 
 A pool holds what every worker of a job shares: the work directory of their logs and records files, the settings
-they measure with, their deadline, pytest's own options of the invocation, the fork server that forks them (or
-none: each starts from scratch) and who hears their records while they run (live progress). So starting a worker
+they measure with, their deadline, the fork server of each environment that forks them (or none: each starts from
+scratch) and who hears their records while they run (live progress). Where a worker runs, with which interpreter and
+pytest options, is its side's (protocol.Side). So starting a worker
 or a round takes a `WorkerSpec` (protocol.py) and nothing else. Each worker is a `RunningWorker`
 (worker_process.py) until it exits.
 """
@@ -11,6 +12,7 @@ or a round takes a `WorkerSpec` (protocol.py) and nothing else. Each worker is a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -24,6 +26,7 @@ from .protocol import (
     ENV_BATCHES,
     ENV_OUT,
     ENV_PROCESS,
+    ENV_ROOTS,
     ENV_SETTINGS,
     ENV_TURNS,
     Hello,
@@ -48,9 +51,9 @@ class WorkerPool:
     settings: str  # JSON: the settings every worker measures with (Settings.for_worker)
     timeout_s: float  # a worker's deadline; a round of N workers taking turns has N times it
     logs_dir: Path  # a failed worker's log is kept here
-    extra_args: tuple[str, ...] = ()  # pytest's own options of the invocation (passthrough.py)
     environ: Mapping[str, str] = field(default_factory=dict)  # added to every worker's environment
-    server: ForkServer | None = None  # forks the workers that have no wrapper; None: each starts from scratch
+    servers: dict[str, ForkServer] = field(default_factory=dict)  # by interpreter: each environment's fork server
+    # (a worker without a wrapper whose environment has one is forked by it; else it starts from scratch)
     listener: Listener | None = None
     running: set[RunningWorker] = field(default_factory=set, repr=False)
     stopping: bool = False  # stop_all was called: a worker that starts now is stopped at once
@@ -63,15 +66,16 @@ class WorkerPool:
         out, log = self.work_dir / f"{spec.name}.jsonl", self.work_dir / f"{spec.name}.log"
         out.unlink(missing_ok=True)
         env = self._environ(spec, out)
-        args = worker_args(spec.nodeids, self.extra_args)
+        args = worker_args(spec.nodeids, spec.side.args)
+        server = self.servers.get(spec.side.python)
         fds_env = fds_env or {}
         log_handle = open(log, "wb")  # noqa: SIM115 - closed by RunningWorker.finish() or stop()
         try:
             proc: Process
-            if self.server is not None and not spec.wrapper:
+            if server is not None and not spec.wrapper:
                 try:
-                    proc = self.server.spawn(
-                        worker_command(args),
+                    proc = server.spawn(
+                        worker_command(args, spec.side.python),
                         args,
                         cwd=spec.side.root,
                         env=env,
@@ -85,7 +89,7 @@ class WorkerPool:
                     ) from None
             else:
                 env.update({name: ",".join(map(str, fds)) for name, fds in fds_env.items()})
-                command = [*spec.wrapper, *worker_command(args)]
+                command = [*spec.wrapper, *worker_command(args, spec.side.python)]
                 proc = subprocess.Popen(
                     die_with_parent(command, env=env, cwd=spec.side.root),
                     cwd=spec.side.root,
@@ -111,8 +115,15 @@ class WorkerPool:
 
     def _environ(self, spec: WorkerSpec, out: Path) -> dict[str, str]:
         env = spec.side.environ()
+        roots = os.pathsep.join(spec.side.pythonpath or (str(spec.side.root),))
         env.update(
-            {ENV_OUT: str(out), ENV_SETTINGS: self.settings, ENV_PROCESS: str(spec.index), "PYTHONUNBUFFERED": "1"}
+            {
+                ENV_OUT: str(out),
+                ENV_SETTINGS: self.settings,
+                ENV_PROCESS: str(spec.index),
+                ENV_ROOTS: roots,
+                "PYTHONUNBUFFERED": "1",
+            }
         )
         if spec.batch_sizes:
             env[ENV_BATCHES] = json.dumps({nodeid: list(sizes) for nodeid, sizes in spec.batch_sizes.items()})

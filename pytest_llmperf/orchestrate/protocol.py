@@ -12,6 +12,9 @@ pool (pool.py) starts it with this environment:
     LLMPERF_WORKER_TURNS     "READ_FD,WRITE_FD": its ends of the turn pipes in an A/B round (turns.py)
     LLMPERF_WORKER_COUNT     a counting worker under callgrind: callgrind's output file (counting.py)
     LLMPERF_KEEP_DUMPS       "1": a counting worker keeps callgrind's dumps (scripts/instruction_spread.py)
+    LLMPERF_WORKER_ROOTS     its side's directories (os.pathsep-joined): the project it must import from there
+    LLMPERF_WORKER_IMPORTS   "1": it ends with what it imported (every worker where the sides have environments
+                             of their own; else the first round's, for the baselines' fingerprint: ~0.1 s each)
 
 The worker answers with records, one JSON object per line appended to LLMPERF_WORKER_OUT and flushed, so a worker
 that dies leaves every line it finished (a line cut short is skipped):
@@ -22,6 +25,12 @@ that dies leaves every line it finished (a line cut short is skipped):
                                          run `run` of `runs` done (at most one a second, and a batch size's last)
     {"type": "result", "nodeid", "result": BenchmarkResult.to_json()}          a benchmark measured
     {"type": "report", "nodeid", "when", "outcome", "text"}                     a test's report (not passed setup)
+    {"type": "imports", "distributions": {NAME: VERSION}, "foreign": {MODULE: FILE}}   last (LLMPERF_WORKER_IMPORTS):
+                         what it imported, and the side's own modules it imported from outside its directories
+
+A side's tests are collected by `python -m pytest FILE... --collect-only` with LLMPERF_COLLECT_OUT naming its records
+file (an A/B job's ref, before its first round): {"type": "collect_error", "nodeid", "text"} for each collector that
+failed, then {"type": "collected", "nodeids": [...]} once the collection finished.
 
 The pool reads them every POLL_S while the worker runs (progress) and all of them once it exits (`WorkerRun`). A
 hello of another protocol is a WorkerError naming both versions: both sides of an A/B job must import one plugin.
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -47,6 +57,9 @@ ENV_BATCHES = "LLMPERF_WORKER_BATCHES"
 ENV_TURNS = "LLMPERF_WORKER_TURNS"
 ENV_COUNT = "LLMPERF_WORKER_COUNT"
 ENV_KEEP_DUMPS = "LLMPERF_KEEP_DUMPS"
+ENV_ROOTS = "LLMPERF_WORKER_ROOTS"
+ENV_IMPORTS = "LLMPERF_WORKER_IMPORTS"
+ENV_COLLECT = "LLMPERF_COLLECT_OUT"
 #: The one protocol this plugin speaks (5: the records above; older ones are not read).
 PROTOCOL = 5
 
@@ -114,8 +127,37 @@ class Report:
     text: str = ""
 
 
-Record = Hello | Start | Progress | Result | Report
-_KINDS: dict[str, type[Record]] = {k.kind: k for k in (Hello, Start, Progress, Result, Report)}
+@dataclass(frozen=True)
+class Imports:
+    """What a worker imported, written as it ends: the installed versions of the distributions behind its modules,
+    and its side's own modules that it imported from elsewhere (an installed copy of the project)."""
+
+    kind: ClassVar[str] = "imports"
+    distributions: dict[str, str] = field(default_factory=dict)
+    foreign: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CollectError:
+    """A collector that failed while a side's tests were collected (a module that does not import, a conftest)."""
+
+    kind: ClassVar[str] = "collect_error"
+    nodeid: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A side's collection finished: the tests it has."""
+
+    kind: ClassVar[str] = "collected"
+    nodeids: list[str]
+
+
+Record = Hello | Start | Progress | Result | Report | Imports | CollectError | Collected
+_KINDS: dict[str, type[Record]] = {
+    k.kind: k for k in (Hello, Start, Progress, Result, Report, Imports, CollectError, Collected)
+}
 
 
 def to_json(record: Record) -> str:
@@ -162,10 +204,22 @@ class Side:
     root: Path  # cwd of the workers: the rootdir of the pytest run, on this side
     label: str  # for messages: "the working tree", "origin/main (abc1234)"
     pythonpath: tuple[str, ...] = ()  # put first on PYTHONPATH: the user's project imports from this side
+    python: str = sys.executable  # the interpreter of its environment (environments/: a side may have its own)
+    args: tuple[str, ...] = ()  # pytest's own options of the invocation, for this side (passthrough.py)
+
+    @property
+    def own_environment(self) -> bool:
+        """Its workers run an environment of their own, not the controller's."""
+        return self.python != sys.executable
 
     def environ(self) -> dict[str, str]:
-        """This process's environment with the side's checkout first on PYTHONPATH."""
+        """This process's environment with the side's checkout first on PYTHONPATH; in an environment of its own,
+        without what points into the controller's (its PYTHONPATH, VIRTUAL_ENV) and its interpreter first on PATH."""
         env = dict(os.environ)
+        if self.own_environment:
+            for name in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH"):
+                env.pop(name, None)
+            env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *filter(None, [env.get("PATH")])])
         if self.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
         return env
@@ -199,6 +253,7 @@ class WorkerRun:
     measured: list[Result] = field(default_factory=list)
     reports: list[Report] = field(default_factory=list)
     seconds: float = 0.0
+    imports: Imports | None = None
 
     @property
     def counts(self) -> bool:
@@ -213,6 +268,8 @@ class WorkerRun:
                 self.measured.append(record)
             elif isinstance(record, Report):
                 self.reports.append(record)
+            elif isinstance(record, Imports):
+                self.imports = record
 
     def failures(self, nodeid: str) -> list[Report]:
         return [r for r in self.reports if r.nodeid == nodeid and r.outcome == "failed"]
@@ -233,11 +290,10 @@ def read_records(path: Path) -> list[Record]:
 def hello_problem(hello: Hello | None) -> str | None:
     """Why a worker's hello does not do (none, or another protocol); None when it does."""
     if hello is None:
-        return "reported nothing (does that side import a pytest-llmperf that runs worker processes?)"
-    if hello.protocol != PROTOCOL:
+        return "stopped before pytest-llmperf started in it (its log says why)"
+    if hello.protocol != PROTOCOL or (hello.plugin and hello.plugin != __version__):
         return (
-            f"speaks worker protocol {hello.protocol} (pytest-llmperf {hello.plugin or 'older than 0.1.0'}); this "
-            f"controller speaks {PROTOCOL} (pytest-llmperf {__version__}). Both sides of a job must import one "
-            "pytest-llmperf"
+            f"runs pytest-llmperf {hello.plugin or 'older than 0.1.0'} (worker protocol {hello.protocol}); this "
+            f"controller runs {__version__} (protocol {PROTOCOL}). Both sides of a job must run one pytest-llmperf"
         )
     return None

@@ -18,6 +18,7 @@ from .markers import marker_kwargs
 from .options import Settings
 
 if TYPE_CHECKING:
+    from ..environments.records import Environments
     from ..judge.baselines import BaselineStore
     from ..judge.procedure import Schedule
     from ..judge.verdicts import Outcome
@@ -76,6 +77,8 @@ class LLMPerfSession:
         self.invalid_here = 0  # of those, refused at setup: settings that cannot work
         self.malloc = "system (no benchmark selected)"  # what measure/allocator.py did, for the fingerprint
         self.recorder: WorkerRecorder | None = None  # set in a worker process: results go to the controller
+        self.environments: Environments | None = None  # an A/B job's sides' environments (environments/)
+        self.imported: dict[str, str] = {}  # the distributions the measuring processes imported: name -> version
         self.compared_to: str | None = None  # the git ref of an A/B comparison, once checked out
         self.processes_used: list[int] = []  # per benchmark test, units per side at its last look
 
@@ -134,9 +137,18 @@ class LLMPerfSession:
 
     @cached_property
     def fingerprint(self) -> dict[str, Any]:
+        """This machine and its software, as a baseline keeps it: the installed versions of the distributions the
+        benchmarks imported (here, or in the worker processes of the working tree) among them."""
+        from ..environments.installed import imported_distributions
         from ..judge.environment import fingerprint
 
-        return {**fingerprint(self.settings.rootdir), "malloc": self.malloc, "threads": self.threads_text()}
+        packages = {**imported_distributions(), **self.imported}
+        return {
+            **fingerprint(self.settings.rootdir),
+            "malloc": self.malloc,
+            "threads": self.threads_text(),
+            "packages": dict(sorted(packages.items())),
+        }
 
     @property
     def processes(self) -> int:

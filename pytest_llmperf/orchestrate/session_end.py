@@ -27,6 +27,11 @@ class SessionEnd:
 
     def summary(self) -> SessionSummary:
         llm, settings = self.llm, self.llm.settings
+        envs = llm.environments
+        fingerprint = llm.fingerprint if llm.outcomes else {}
+        if envs is not None:  # what each side ran, beside what this machine is
+            fingerprint = {**fingerprint, "environments": envs.to_json()}
+        lines = envs.summary_lines(f"A {llm.compared_to}", "B the working tree") if envs is not None else []
         return SessionSummary(
             device=llm.device,
             mode=llm.mode,
@@ -39,10 +44,11 @@ class SessionEnd:
             report_dir=llm.report_dir,
             json_path=llm.json_path,
             export=settings.export,
-            fingerprint=llm.fingerprint if llm.outcomes else {},
+            fingerprint=fingerprint,
             compared_to=llm.compared_to,
             processes_used=list(llm.processes_used),
             rerun=llm.rerun,
+            environment_lines=lines if envs is not None and (envs.per_side or not envs.measured) else lines[:1],
         )
 
     @property
@@ -112,6 +118,9 @@ class Exports:
     def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
         """Before pytest-benchmark finishes (its own wrapper writes --benchmark-json, saves and compares): our
         results join its benchmarks, with its own statistics."""
+        xml = session.config.stash.get(xml_key, None)
+        if xml is not None and self.llm.environments is not None:  # also "DEPENDENCY CHANGES NOT MEASURED"
+            xml.add_global_property("llmperf_environments", self.llm.environments.summary_line())
         if self.llm.outcomes:
             from ..report import exports
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,10 +24,16 @@ from ..measure.records import BenchmarkResult, RunSample
 from ..measure.runner import RunCallback
 from .protocol import (
     ENV_BATCHES,
+    ENV_COLLECT,
     ENV_COUNT,
+    ENV_IMPORTS,
     ENV_KEEP_DUMPS,
     ENV_OUT,
+    ENV_ROOTS,
+    Collected,
+    CollectError,
     Hello,
+    Imports,
     Progress,
     Record,
     Report,
@@ -39,6 +46,12 @@ from .turns import TurnClient
 
 #: Seconds between two progress records of a worker (a fast backend finishes many runs a second).
 PROGRESS_EVERY_S = 1.0
+
+
+def collect_out() -> Path | None:
+    """The file to report to when this pytest process collects a side's tests for its controller, else None."""
+    path = os.environ.get(ENV_COLLECT)
+    return Path(path) if path else None
 
 
 def worker_out() -> Path | None:
@@ -135,6 +148,53 @@ class WorkerRecorder:
         elif report.failed and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]"):
             outcome, text = "passed", ""
         self._write(Report(report.nodeid, report.when, outcome, text))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        if os.environ.get(ENV_IMPORTS) != "1":
+            return
+        from ..environments.installed import imported_distributions
+
+        roots = [Path(p) for p in os.environ.get(ENV_ROOTS, "").split(os.pathsep) if p]
+        self._write(Imports(imported_distributions(), foreign_modules(roots)))
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def foreign_modules(roots: Sequence[Path]) -> dict[str, str]:
+    """The modules of the project in `roots` (a side's directories) that this process imported from elsewhere, by
+    name, with the file they came from: an installed copy that shadowed the side's own code."""
+    found = {}
+    resolved = [root.resolve() for root in roots]
+    for root in resolved:
+        names = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
+        for name in sorted(names):
+            module = sys.modules.get(name)
+            origin = getattr(module, "__file__", None)
+            if origin and not any(r == Path(origin).resolve() or r in Path(origin).resolve().parents for r in resolved):
+                found[name] = origin
+    return found
+
+
+class CollectRecorder:
+    """A plugin registered only in a side's collection (LLMPERF_COLLECT_OUT): what it collected, and every
+    collector that failed, for the controller (protocol.py), which tells a test that is not on that side from one
+    that could not be collected there."""
+
+    def __init__(self, path: Path) -> None:
+        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self._write(CollectError(report.nodeid, report.longreprtext))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._write(Collected([item.nodeid for item in session.items]))
+
+    def _write(self, record: Record) -> None:
+        self._handle.write(to_json(record) + "\n")
+        self._handle.flush()
 
     def close(self) -> None:
         self._handle.close()

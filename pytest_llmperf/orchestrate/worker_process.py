@@ -26,15 +26,14 @@ from .protocol import Record, WorkerError, WorkerRun, WorkerSpec, from_json, hel
 COMPLETE_EXIT_CODES = (0, 1)
 #: Seconds between two reads of a running worker's records.
 POLL_S = 0.5
-#: A pytest of this interpreter and environment, as the ref's collection runs it (the workers: WORKER_MAIN).
-PYTEST = (sys.executable, "-m", "pytest")
-#: A worker's interpreter: pytest (`python -m pytest` with its arguments), then out without tearing down its modules.
+#: A worker's interpreter: pytest (`python -m pytest` with its arguments; pytest.main, as console_main is deprecated
+#: from pytest 9.2 and fails under PYTHONWARNINGS=error::DeprecationWarning), then out without tearing down its modules.
 #: With torch and transformers imported that teardown took 1.3-1.5 s after the last record, at the end of every
 #: round (a worker of one small test: 8.1 s in all, 7.2 s without; docs/noise.md). Everything pytest does at its
 #: end is done by then (unconfigure, cleanups, the records file closed), and the atexit handlers still run (a
 #: user's conftest may stop a server there); only non-daemon threads still running are not waited for.
 WORKER_MAIN = (
-    "import atexit, os, sys; import pytest; code = pytest.console_main(); atexit._run_exitfuncs(); "
+    "import atexit, os, sys; import pytest; code = int(pytest.main()); atexit._run_exitfuncs(); "
     "sys.stdout.flush(); sys.stderr.flush(); os._exit(code)"
 )
 
@@ -47,9 +46,9 @@ def worker_args(nodeids: Sequence[str], extra_args: Sequence[str] = ()) -> list[
     return [*nodeids, "-q", "-s", "--no-header", "-p", "no:cacheprovider", *extra_args]
 
 
-def worker_command(args: Sequence[str]) -> list[str]:
-    """The command line of a worker started from scratch."""
-    return [sys.executable, "-c", WORKER_MAIN, *args]
+def worker_command(args: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The command line of a worker started from scratch by `python` (its side's environment's)."""
+    return [python, "-c", WORKER_MAIN, *args]
 
 
 class RecordTail:

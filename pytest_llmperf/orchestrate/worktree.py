@@ -30,6 +30,7 @@ class Checkout:
     commit: str
     toplevel: Path  # the worktree's top directory
     root: Path  # the pytest rootdir's counterpart inside it
+    source: Path  # the top directory of the working tree it was checked out from
     cleared: tuple[tuple[Path, int], ...] = ()  # worktrees a killed run left, removed first: (path, its pid)
 
     @property
@@ -38,10 +39,23 @@ class Checkout:
 
     @property
     def pythonpath(self) -> tuple[str, ...]:
-        paths = [str(self.toplevel / "src")] if (self.toplevel / "src").is_dir() else []
-        if self.root != self.toplevel:
-            paths.append(str(self.root))
-        return (*paths, str(self.toplevel))
+        return import_path(self.toplevel, self.root)
+
+    def counterpart(self, path: Path) -> Path:
+        """Where a path of the working tree (an ini file, a directory) lies in this checkout; itself if outside."""
+        try:
+            return self.toplevel / Path(path).resolve().relative_to(self.source.resolve())
+        except ValueError:
+            return Path(path)
+
+
+def import_path(toplevel: Path, root: Path) -> tuple[str, ...]:
+    """What a side's workers put first on PYTHONPATH, so that each side imports its own project, also where an
+    installed copy of it would win: its `src/` (a src layout), its rootdir, its top directory."""
+    paths = [str(toplevel / "src")] if (toplevel / "src").is_dir() else []
+    if root != toplevel:
+        paths.append(str(root))
+    return (*paths, str(toplevel))
 
 
 def _git(args: list[str], cwd: Path) -> str:
@@ -135,7 +149,7 @@ def checkout(ref: str, rootdir: Path) -> Iterator[Checkout]:
     try:
         _git(["worktree", "add", "--detach", "--force", str(path), commit], toplevel)
         root = path / Path(rootdir).resolve().relative_to(toplevel.resolve())
-        yield Checkout(ref, commit, path, root, tuple(cleared))
+        yield Checkout(ref, commit, path, root, toplevel, tuple(cleared))
     finally:
         with contextlib.suppress(RefError, OSError, subprocess.SubprocessError):
             _git(["worktree", "remove", "--force", str(path)], toplevel)

@@ -10,8 +10,9 @@ Run as a file (`runpy.run_path`), never imported as part of the package: this pr
 pytest-llmperf of either side. Standard library only.
 
 Messages are JSON over a SOCK_SEQPACKET socket, descriptors beside them (SCM_RIGHTS):
-    -> {"argv": [...], "command": [...], "cwd": DIR, "env": {...}, "pythonpath": [...], "fd_env": {NAME: COUNT}}
-       + [log, fds...]   (command: the worker's whole command line, exec'd where this side shadows a module here)
+    -> {"file": PATH} + [log, fds...]    PATH holds the request (a worker's environment may outgrow a datagram):
+       {"argv": [...], "command": [...], "cwd": DIR, "env": {...}, "pythonpath": [...], "fd_env": {NAME: COUNT}}
+       (command: the worker's whole command line, exec'd where this side shadows a module here)
     <- {"ready": [modules imported], "skipped": {module: why}}   once, first
     <- {"spawned": PID} or {"error": TEXT}                         for each request, in order
     <- {"exit": PID, "code": CODE}                                 when a worker exits (a signal: -SIGNUM)
@@ -35,7 +36,7 @@ import types
 import warnings
 from dataclasses import dataclass
 
-BUFFER = 1 << 20  # a request is a worker's environment: a few KiB
+BUFFER = 1 << 16  # a message names the file that holds its request
 MAX_FDS = 16
 PR_SET_PDEATHSIG = 1
 
@@ -110,6 +111,8 @@ def serve(sock: socket.socket, base_path: list[str], preloaded: set[str]) -> Non
             if not data:  # the controller is gone: its workers die with this process (PR_SET_PDEATHSIG)
                 return
             request = json.loads(data)
+            with open(request["file"], encoding="utf-8") as handle:  # the request itself: see the docstring
+                request = json.load(handle)
             try:
                 with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock"; torch's idle threads
                     warnings.simplefilter("ignore", DeprecationWarning)
@@ -176,7 +179,7 @@ def worker(request: dict, fds: list[int], server: Server) -> None:
         sys.modules["__main__"] = types.ModuleType("__main__")  # as `python -c` has it: no file (multiprocessing)
         import pytest
 
-        code = pytest.console_main()
+        code = int(pytest.main())  # not console_main: deprecated in pytest 9.2 (an error under -W error)
         atexit._run_exitfuncs()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -174,7 +174,28 @@ def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
         f"- Host allocator: {fp.get('malloc', 'not recorded')}",
         f"- torch threads while measuring: {fp.get('threads', 'not recorded')} (--llmperf-threads)",
         f"- git commit: {fp.get('git', {}).get('commit')}" + (" (dirty)" if fp.get("git", {}).get("dirty") else ""),
+        *_sides_environments(fp.get("environments")),
     ]
+
+
+def _sides_environments(envs: Mapping[str, Any] | None) -> list[str]:
+    """An A/B job's environments: how each side's was made, and the packages that differ."""
+    if not envs:
+        return []
+    lines = [f"- {markdown_text(str(envs.get('summary')))}"]
+    for side in ("base", "head"):
+        env = envs.get(side) or {}
+        made = f"{env.get('how')}, {env.get('python_version') or env.get('python')}"
+        if env.get("build_seconds") is not None:
+            made += f", {env['build_seconds']:.1f} s"
+        lines.append(f"  - {side}: {markdown_text(made)}")
+    changes = [
+        f"{c['name']} {c.get('base') or '(none)'} -> {c.get('head') or '(none)'}" for c in envs.get("changes", [])
+    ]
+    if changes:
+        lines.append(f"  - packages that differ: {markdown_text('; '.join(changes))}")
+    lines += [f"  - not measured: {markdown_text(item)}" for item in envs.get("not_measured", [])]
+    return lines
 
 
 def markdown(document: Mapping[str, Any], counts_line: str) -> str:

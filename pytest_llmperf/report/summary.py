@@ -27,6 +27,7 @@ class SessionSummary:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     compared_to: str | None = None  # the ref of an A/B job, as checked out
     processes_used: Sequence[int] = ()  # per benchmark test, units per side at its last look
+    environment_lines: Sequence[str] = ()  # an A/B job's sides' environments (environments/records.py)
     rerun: Callable[..., str] = lambda *args, **kwargs: "pytest"  # the re-run command (orchestrate/hints.py)
 
     @property

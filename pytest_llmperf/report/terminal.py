@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..judge.busy import admitting
 from ..judge.quality import quality_notes
-from ..judge.rows import admitting
 from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, Verdict, counts, reason_of, run_failures
 from .markdown import json_document
 from .summary import SessionSummary, Written
@@ -168,6 +168,8 @@ def write_summary(terminalreporter: Any, session: SessionSummary, written: Writt
     terminalreporter.write_sep("=", f"llmperf: {session.device}")
     line, colour = judged_line(session)  # first: a run that judged nothing must say so
     terminalreporter.write_line(line, **{colour: True, "bold": colour != "green"})
+    for text in session.environment_lines:  # "DEPENDENCY CHANGES NOT MEASURED" in red
+        terminalreporter.write_line(text, red="NOT MEASURED" in text)
     fails = failing_line(session)
     if fails:
         terminalreporter.write_line(fails, red=True, bold=True)

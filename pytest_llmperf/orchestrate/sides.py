@@ -1,0 +1,133 @@
+"""The sides of a job, prepared before its first worker: where each runs, with which interpreter and pytest options,
+and which of the job's tests the compared ref has.
+
+Against stored baselines there is one side, the working tree. An A/B job (--llmperf-compare REF) checks REF out into
+a git worktree (worktree.py) and gives each side its own: the project first on PYTHONPATH (each imports its own code,
+also where an installed copy would win), pytest's own options mapped to its checkout (passthrough.py), and its
+environment (environments/: shared where the sides' dependencies are the same, else built for each side from its
+own lock or requirements). Then the ref's tests are collected: a test whose module does not collect there is an
+error on that test, never a `new` one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .campaign_progress import CampaignProgress
+from .passthrough import passthrough_args
+from .protocol import ENV_COLLECT, Collected, CollectError, Side, WorkerError, read_records
+from .session import LLMPerfSession
+from .worktree import RefError, checkout, import_path
+
+if TYPE_CHECKING:
+    from ..environments.records import Environments
+
+#: Lines of a collection's output an error quotes when the collection reported nothing.
+OUTPUT_LINES = 30
+
+
+def prepare(
+    config: pytest.Config, llm: LLMPerfSession, stack: contextlib.ExitStack, progress: CampaignProgress
+) -> list[Side]:
+    """The job's sides: the working tree, after an A/B job's ref (checked out for the life of `stack`)."""
+    root = Path(config.rootpath)
+    if not llm.settings.compare:
+        return [Side("", root, "the working tree", args=tuple(passthrough_args(config, root)))]
+    # a checkout can take seconds, an environment's build longer: say so first
+    progress.say(f"checking out {llm.settings.compare} into a git worktree (the A side)")
+    try:
+        ref = stack.enter_context(checkout(llm.settings.compare, root))
+    except RefError as exc:
+        raise pytest.UsageError(f"llmperf: {exc}") from None
+    if ref.cleared:
+        progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
+    envs = environments(llm, ref.root, root, progress)
+    llm.compared_to = ref.label
+    args_a = passthrough_args(config, ref.root, ref.counterpart)
+    return [
+        Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a)),
+        Side("B", root, "the working tree", import_path(ref.source, root), envs.head.python,
+             tuple(passthrough_args(config, root))),
+    ]  # fmt: skip
+
+
+def environments(llm: LLMPerfSession, base: Path, head: Path, progress: CampaignProgress) -> Environments:
+    """Each side's environment (environments/plan.py); a UsageError naming the packages and the ways out where the
+    dependencies differ and cannot be built."""
+    from ..environments.detection import detect
+    from ..environments.errors import EnvironmentsError
+    from ..environments.plan import prepare as prepare_environments
+    from ..environments.records import BuildSettings
+
+    settings = llm.settings
+    detection = detect(base, head, settings.compare_deps_paths)
+    if detection.differs or settings.compare_deps == "build" or settings.base_python:
+        progress.say("the sides' dependencies differ: making each side's environment (--llmperf-compare-deps)")
+    offline = os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes")
+    try:
+        envs = prepare_environments(
+            detection,
+            mode=settings.compare_deps,
+            base_python=settings.base_python,
+            env_dir=settings.env_dir,
+            settings=BuildSettings(offline=offline),
+        )
+    except EnvironmentsError as exc:
+        raise pytest.UsageError(f"llmperf: {exc}") from None
+    llm.environments = envs
+    lines = envs.summary_lines(f"A {llm.settings.compare}", "B the working tree")
+    for line in lines if envs.per_side or not envs.measured or envs.notes else lines[:1]:
+        progress.say(line)
+    return envs
+
+
+@dataclass
+class Collection:
+    """What a side's collection found: its tests, and the collectors that failed, by node id."""
+
+    nodeids: set[str] = field(default_factory=set)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def error_for(self, nodeid: str) -> tuple[str, str] | None:
+        """(the collector, what it said) when the test's module, or a directory or conftest above it, failed."""
+        for where, text in self.errors.items():
+            if not where or nodeid == where or nodeid.startswith((f"{where}::", f"{where}/")):
+                return where or "the session", text
+        return None
+
+
+def collect(side: Side, items: Sequence[pytest.Item], work_dir: Path, timeout_s: float) -> Collection:
+    """The tests of `items` that `side` has, and what could not be collected there (its records, protocol.py); a
+    WorkerError when its collection reported nothing (a conftest that raises, a usage error), quoting its output."""
+    files = sorted({item.nodeid.split("::", 1)[0] for item in items})
+    present = [f for f in files if (side.root / f).exists()]
+    if not present:
+        return Collection()
+    out = work_dir / f"collect-{side.name or 'worker'}.jsonl"
+    env = {**side.environ(), ENV_COLLECT: str(out)}
+    command = [side.python, "-m", "pytest", *present, "--collect-only", "-q", "-p", "no:cacheprovider", *side.args]
+    try:
+        done = subprocess.run(command, cwd=side.root, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise WorkerError(
+            f"collecting the tests on {side.label} did not finish within {timeout_s:g} s (--llmperf-worker-timeout)"
+        ) from None
+    records = read_records(out)
+    found = Collection(errors={r.nodeid: r.text for r in records if isinstance(r, CollectError)})
+    finished = [r for r in records if isinstance(r, Collected)]
+    if not finished:
+        output = "\n".join((done.stdout + done.stderr).strip().splitlines()[-OUTPUT_LINES:]) or "(no output)"
+        raise WorkerError(
+            f"the tests of {side.label} could not be collected (pytest exited with code {done.returncode}), so "
+            f"nothing can be compared with them:\n{output}"
+        )
+    found.nodeids = set(finished[-1].nodeids)
+    return found
