@@ -12,7 +12,7 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.scenario import Scenario
 from pytest_llmperf.orchestrate.campaign import Campaign
-from pytest_llmperf.orchestrate.protocol import PROTOCOL, Hello, Report, Result, Side, WorkerError, WorkerRun
+from pytest_llmperf.orchestrate.protocol import PROTOCOL, Hello, Imports, Report, Result, Side, WorkerError, WorkerRun
 from pytest_llmperf.orchestrate.session import SESSION_KEY
 
 TESTS = """
@@ -175,3 +175,30 @@ def test_recording_baselines_measures_one_look_of_twice_the_processes(collect, t
     assert pool.rounds == [[""]] * 4  # RECORD_FACTOR x 2 processes, one side
     assert [o.kind for o in campaign.llm.outcomes] == ["created", "created"]
     assert all(d.failure is None for d in campaign.decisions.values())
+
+
+class MixedUpPool(FakePool):
+    """Its workers of side A report what the working tree's environment has: as a worker forked from the wrong
+    environment's server would."""
+
+    def _run(self, spec):
+        run = super()._run(spec)
+        run.imports = Imports({"fastlib": "2.0"})
+        return run
+
+
+def test_a_worker_that_ran_the_other_sides_environment_fails_the_job(collect):
+    from pytest_llmperf.environments.records import BUILT, Environments, SideEnvironment
+
+    items = collect("--llmperf-compare=HEAD", "--llmperf-processes=5")
+    campaign = FakeCampaign(items[0].config, MixedUpPool())
+    envs = [SideEnvironment(side, BUILT, f"/envs/{side}/bin/python", installed={"fastlib": version})
+            for side, version in (("base", "1.0"), ("head", "2.0"))]  # fmt: skip
+    campaign.llm.environments = Environments("auto", "changed", *envs)
+    campaign.run(items)
+    assert {d.failure for d in campaign.decisions.values()} == {
+        "llmperf: worker process 1 on HEAD (abc) did not run its side's environment, so the round measured one side "
+        "in the other's environment and nothing of it is judged: fastlib 2.0 was imported; the base environment has "
+        "1.0"
+    }
+    assert campaign.llm.outcomes == []

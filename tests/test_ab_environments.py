@@ -1,0 +1,166 @@
+"""A/B with each side's own dependencies, end to end (issue 37): a pull request that only bumps a library is measured
+in each side's environment, built by real uv from that side's own files, offline from local wheels.
+
+The library, `fastlib`, sets the simulated engine's decode speed: 1.0 and 1.1 as fast as each other, 2.0 25% slower.
+So what a side measured shows which fastlib it ran. This process never imports it: only the sides' workers do.
+"""
+
+import subprocess
+import zipfile
+
+import pytest
+
+from pytest_llmperf.environments.wheels import write_wheel
+from pytest_llmperf.orchestrate.options import OPTIONS
+
+SLOWDOWN = {"1.0": 1.0, "1.1": 1.0, "2.0": 1.25}
+ENGINE = """
+import os
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=0)
+def test_engine(llmperf):
+    import fastlib  # the side's own: its environment's
+
+    index = int(os.environ.get("LLMPERF_WORKER_PROCESS", "0"))
+    llmperf.measure(SimulatedBackend(seed=index, noise=0.005, decode_slowdown=fastlib.SLOWDOWN))
+"""
+ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05",
+        "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf", "--llmperf-compare=HEAD",
+        "-W", "ignore::pytest.PytestAssertRewriteWarning")  # fmt: skip
+
+
+def fastlib_wheel(directory, version):
+    info = f"fastlib-{version}.dist-info"
+    files = [
+        ("fastlib.py", f"__version__ = {version!r}\nSLOWDOWN = {SLOWDOWN[version]}\n".encode()),
+        (f"{info}/METADATA", f"Metadata-Version: 2.1\nName: fastlib\nVersion: {version}\n".encode()),
+        (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
+    ]
+    return write_wheel(directory / f"fastlib-{version}-py3-none-any.whl", files, info)
+
+
+def requirements(version, comment="what the benchmark imports"):
+    return f"# {comment}\n--find-links wheels\nfastlib=={version}\n"
+
+
+def git(path, *args):
+    subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def env_dir(tmp_path_factory):
+    """One cache of built environments for the module: a later job reuses what an earlier one built."""
+    return tmp_path_factory.mktemp("envs")
+
+
+@pytest.fixture
+def project(pytester, monkeypatch, env_dir, tmp_path_factory):
+    """A repository whose committed requirements.txt pins fastlib 1.0 (its wheels committed beside it)."""
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("UV_OFFLINE", "1")  # no index is reachable here: the wheels are the project's
+    monkeypatch.setenv("UV_CACHE_DIR", str(env_dir.parent / "uv-cache"))
+    monkeypatch.setenv("LLMPERF_ENV_DIR", str(env_dir))
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_engine=ENGINE)
+    (pytester.path / "wheels").mkdir()
+    for version in SLOWDOWN:
+        fastlib_wheel(pytester.path / "wheels", version)
+    (pytester.path / "requirements.txt").write_text(requirements("1.0"))
+    git(pytester.path, "init", "-q")
+    git(pytester.path, "add", "-A")
+    git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+    return pytester
+
+
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_a_dependency_bump_fails_naming_the_library_and_a_rerun_reuses_both_environments(project, start):
+    (project.path / "requirements.txt").write_text(requirements("2.0"))  # the pull request: the pin alone
+    result = project.runpytest(*ARGS, f"--llmperf-worker-start={start}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base *, head *)*",
+                                 "*packages that differ (1): fastlib 1.0 -> 2.0*",
+                                 "*decode_token_ms (decode) at batch size 1 regressed*ratio 1.2*"])  # fmt: skip
+    again = project.runpytest(*ARGS, f"--llmperf-worker-start={start}")
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base cache hit *, head cache hit *)*"])
+
+
+def installed(project, tmp_path, monkeypatch, version):
+    """fastlib VERSION installed where the job's workers import it (CI installed the pull request's requirements
+    into the job's environment; this process never imports it)."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(project.path / "wheels" / f"fastlib-{version}-py3-none-any.whl") as wheel:
+        wheel.extractall(site)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+
+
+def test_unchanged_dependencies_build_nothing(project, env_dir, tmp_path, monkeypatch):
+    installed(project, tmp_path, monkeypatch, "1.0")
+    before = sorted(p.name for p in env_dir.iterdir())
+    (project.path / "notes.txt").write_text("a change that is not a dependency\n")
+    result = project.runpytest(*ARGS)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*environments: shared (dependency files unchanged)*"])
+    assert sorted(p.name for p in env_dir.iterdir()) == before
+
+
+def test_a_change_in_form_only_is_no_difference_and_said_so(project, env_dir, tmp_path, monkeypatch):
+    installed(project, tmp_path, monkeypatch, "1.0")
+    before = sorted(p.name for p in env_dir.iterdir())
+    (project.path / "requirements.txt").write_text(requirements("1.0", comment="a comment edited"))
+    result = project.runpytest(*ARGS)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*environments: shared (requirements.txt changed in form only)*"])
+    assert sorted(p.name for p in env_dir.iterdir()) == before
+
+
+def test_code_only_passes_but_says_the_dependency_change_was_not_measured(project, tmp_path, monkeypatch):
+    installed(project, tmp_path, monkeypatch, "2.0")
+    (project.path / "requirements.txt").write_text(requirements("2.0"))
+    result = project.runpytest(*ARGS, "--llmperf-compare-deps=code-only", "--junitxml=junit.xml")
+    result.assert_outcomes(passed=1)  # both sides ran fastlib 2.0: the bump is not measured, and that is said
+    result.stdout.fnmatch_lines(["*environments: DEPENDENCY CHANGES NOT MEASURED: fastlib 1.0 -> 2.0*"])
+    assert "DEPENDENCY CHANGES NOT MEASURED" in (project.path / "junit.xml").read_text()
+    assert "DEPENDENCY CHANGES NOT MEASURED" in (project.path / "reports" / "cpu.md").read_text()
+
+
+def test_dependencies_that_cannot_be_built_fail_the_job_naming_them_and_the_ways_out(project):
+    (project.path / "requirements.txt").write_text(requirements("3.0"))  # no such wheel, and no index
+    result = project.runpytest(*ARGS)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stderr.str()
+    assert "fastlib 1.0 -> 3.0" in text and "--llmperf-base-python" in text and "code-only" in text
+
+
+def test_an_aa_job_of_equal_dependencies_built_apart_passes(project):
+    """--llmperf-compare-deps=build builds each side its own environment from equal files: the machinery adds no
+    offset of its own."""
+    result = project.runpytest(*ARGS, "--llmperf-compare-deps=build")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*environments: per side (built on request; base *, head *)*"])
+
+
+def test_a_stored_baseline_names_the_dependency_that_changed_since_it_was_recorded(pytester, monkeypatch, tmp_path):
+    """The baseline's fingerprint keeps the versions of the distributions its benchmark imported: a regression
+    against it names fastlib 1.0 -> 2.0."""
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_engine=ENGINE)
+    args = ("--llmperf-device=cpu", "--llmperf-machine=runner", "--llmperf-processes=1", "--llmperf-max-load=inf",
+            "-p", "no:cacheprovider")  # fmt: skip
+    for version, flags, outcome in (("1.0", ("--llmperf-update",), "passed"), ("2.0", (), "failed")):
+        site = tmp_path / version
+        site.mkdir()
+        with zipfile.ZipFile(fastlib_wheel(tmp_path, version)) as wheel:
+            wheel.extractall(site)
+        with monkeypatch.context() as patch:
+            patch.syspath_prepend(str(site))
+            result = pytester.runpytest(*args, *flags)
+        result.assert_outcomes(**{outcome: 1})
+    result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*",
+                                 "Software changed since the baseline was recorded: fastlib 1.0 -> 2.0*"])  # fmt: skip
