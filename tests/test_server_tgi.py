@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import re
 
 import httpx
@@ -202,13 +203,15 @@ def test_backend_sees_a_slowdown_in_itl_not_ttft(tgi):
     try:
         backend.generate(request(1))
         base = [run_values(backend.generate(request(1))) for _ in range(3)]
-        configure(tgi.url, token_delay_ms=15.0)
+        configure(tgi.url, token_delay_ms=50.0)
         slow = [run_values(backend.generate(request(1))) for _ in range(3)]
     finally:
         configure(tgi.url, token_delay_ms=5.0)
         backend.close()
-    assert min(s["itl_ms"] for s in slow) > 2 * max(b["itl_ms"] for b in base)
-    assert min(s["throughput_tokens_per_s"] for s in slow) < max(b["throughput_tokens_per_s"] for b in base)
+    # 10x the delay, judged at 2x on medians: a busy machine stretched the 5 ms steps to ~8 ms, never to 25
+    median = statistics.median
+    assert median(s["itl_ms"] for s in slow) > 2 * median(b["itl_ms"] for b in base)
+    assert median(s["throughput_tokens_per_s"] for s in slow) < median(b["throughput_tokens_per_s"] for b in base)
 
 
 def test_early_eos_fails_the_run_unless_allowed(tgi):
