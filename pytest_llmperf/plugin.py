@@ -212,6 +212,43 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.exitstatus == pytest.ExitCode.OK and _runs_tests(session.config) and session_fails(llm):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if llm.outcomes:
+        if _append_history(llm) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         write_reports(llm)
         if llm.report_errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def _append_history(llm: LLMPerfSession) -> bool:
+    """The job's rows into the history store and its rows file, and the analysis the reports show (written before
+    them, so the HTML and markdown reports include it); True when the history fails the session."""
+    from pathlib import Path
+
+    from .history.job import append_job
+    from .history.rows import Job
+    from .judge.baselines import now_iso
+
+    settings = llm.settings
+    job = Job(
+        llm.device,
+        llm.fingerprint,
+        settings.rootdir,
+        llm.machine,
+        settings["compare"] if llm.compared_to else None,
+        settings["history_branch"],
+        now_iso(),
+    )
+    done = append_job(
+        llm.outcomes,
+        job,
+        store=settings["history"],
+        report_dir=Path(settings["report_dir"]),
+        rows_file=settings["history_rows"],
+        check=settings["history_check"],
+        min_effect=settings["history_min_effect"],
+        anchor=settings["history_anchor"],
+    )
+    llm.written += done.written
+    llm.report_warnings += done.lines
+    llm.report_errors += done.errors
+    return bool(done.errors)

@@ -15,6 +15,7 @@ LAYERS = (
     ("measure", ("measure",)),  # the scenario, the Backend interface, runs and their metrics
     ("backends", ("backends", "offload", "processes", "server_process")),  # what implements the interface, and the processes it runs
     ("judge", ("judge",)),  # statistics, verdicts, the baseline store
+    ("history", ("history",)),  # every job's results across jobs: the store, series, change points
     ("report", ("report",)),
     ("orchestrate", ("orchestrate", "servers", "offload.fixture")),  # the session, fixtures, workers, on top
     ("entry points", ("plugin", "cli", "__init__", "__main__")),
