@@ -20,6 +20,7 @@ ruptures is the `history` extra, imported here only: `RupturesMissing` names the
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -109,23 +110,29 @@ def outliers(values: Sequence[float], method: Method = DEFAULT_METHOD) -> list[i
     sigma = noise(values)
     if sigma == 0.0 or len(logs) < OUTLIER_NEIGHBOURS + 1:
         return []
+    k, n = OUTLIER_NEIGHBOURS, len(logs)
     limit = method.outlier_sigmas * sigma
-    found = []
-    for i in range(OUTLIER_NEIGHBOURS, len(logs)):
-        left = logs[i] - float(np.median(logs[i - OUTLIER_NEIGHBOURS : i]))
-        after = logs[i + 1 : i + 1 + OUTLIER_NEIGHBOURS]
-        right = logs[i] - float(np.median(after)) if len(after) else left
-        if abs(left) > limit and abs(right) > limit and left * right > 0:
-            found.append(i)
-    return found
+    windows = np.lib.stride_tricks.sliding_window_view(np.concatenate([logs, np.full(k, np.nan)]), k)
+    left = logs[k:] - np.median(windows[: n - k], axis=1)  # point i (>= k) against the k before it
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the newest point has no window after it: all NaN
+        after = np.nanmedian(windows[k + 1 : n + 1], axis=1)
+    right = np.where(np.isnan(after), left, logs[k:] - after)
+    flagged = (np.abs(left) > limit) & (np.abs(right) > limit) & (left * right > 0)
+    return [int(i) + k for i in np.flatnonzero(flagged)]
 
 
 def change_points(values: Sequence[float], method: Method = DEFAULT_METHOD) -> list[int]:
-    """Indices where a new level starts (the first commit after each change), oldest first. Outlier jobs
-    (`outliers`) are set aside first; a change point is the index of a commit in `values`."""
-    set_aside = set(outliers(values, method))
-    kept = [i for i in range(len(values)) if i not in set_aside]
-    return [kept[i] for i in _change_points([values[i] for i in kept], method)]
+    """Indices where a new level starts (the first commit after each change), oldest first. Each outlier job
+    (`outliers`) counts as the median of its neighbours: it moves no level, and the series keeps its length."""
+    logs = np.log(np.asarray(values, dtype=float))
+    for i in outliers(values, method):
+        logs[i] = float(
+            np.median(
+                np.delete(logs[max(0, i - OUTLIER_NEIGHBOURS) : i + 1 + OUTLIER_NEIGHBOURS], min(i, OUTLIER_NEIGHBOURS))
+            )
+        )
+    return _change_points(np.exp(logs), method)
 
 
 def _change_points(values: Sequence[float], method: Method) -> list[int]:

@@ -10,8 +10,8 @@ points, outliers, excluded runs, environment changes and the creep since the anc
 from __future__ import annotations
 
 import math
-from itertools import pairwise
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
