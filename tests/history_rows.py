@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from pytest_llmperf.history.records import Result, Run, SeriesId
@@ -10,7 +11,7 @@ TEST = "test_engine.py::test_engine"
 
 
 def sha(i: int) -> str:
-    return f"{i:040x}"
+    return hashlib.sha1(str(i).encode()).hexdigest()
 
 
 def run(i: int, *, job: str | None = None, source: str = "stored", env_fp: str = "env0", **overrides) -> Run:

@@ -6,7 +6,7 @@ level). PELT (Killick et al. 2012; ruptures' KernelCPD, its C implementation) fi
 segments' cost plus a penalty per change point; the cost is the linear kernel's, which is `l2` (squared deviation
 from the segment's mean), and the penalty
 `PENALTY * sigma^2 * ln(n)`, sigma the noise of one commit estimated robustly from the median absolute difference of
-neighbouring commits (a step moves one difference, an outlier two; neither moves their median). A change point then
+neighbouring commits (`noise`). A change point then
 stays only while Welch's t-test of the segment before it against the segment after it gives p < `p_value`: the
 weakest is dropped, one at a time, and the tests are made again on the merged segments. Welch's test, not Student's:
 a segment holding one outlier job has a large variance of its own, so that job alone never reads as a shift.
@@ -65,12 +65,15 @@ def _ruptures():
 
 
 def noise(values: Sequence[float]) -> float:
-    """The noise of one commit's value, as a relative standard deviation: the median absolute difference of
-    neighbouring commits' logarithms / (0.6745 sqrt 2), robust to steps and to single outlier jobs."""
+    """The noise of one commit's value, as a relative standard deviation: the interquartile range of the differences
+    of neighbouring commits' logarithms / (1.349 sqrt 2). A step moves one difference and an outlier job two, so
+    neither moves the quartiles; the median absolute difference would do as well on continuous values, but collapses
+    on values that repeat (a job's median of a few process medians takes few distinct values: docs/history.md)."""
     logs = np.log(np.asarray(values, dtype=float))
     if len(logs) < 3:
         return 0.0
-    return float(np.median(np.abs(np.diff(logs))) / (0.6745 * math.sqrt(2)))
+    low, high = np.percentile(np.diff(logs), [25, 75])
+    return float((high - low) / (1.349 * math.sqrt(2)))
 
 
 def two_sample_p(before: np.ndarray, after: np.ndarray) -> float:
