@@ -2,7 +2,8 @@
 
 Otava reads one CSV per test and a YAML config naming each file, its time column, its attributes and its metrics
 with their direction (+1: higher is better). The time column keeps the series' first-parent order (Otava orders by
-it): one minute apart per commit from 2000-01-01, the commit and its real time are attributes.
+it): one minute apart per commit from 2000-01-01, the commit and its real time are attributes. Otava analyses the
+last 365 days unless told otherwise: `OTAVA_CONFIG=otava.yaml otava analyze --since 2000-01-01 KEY`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def otava(series: Sequence[Series], out: Path) -> list[Path]:
             f"        column: {s.id.metric}\n        direction: {s.direction}\n"
         )
     config = out / "otava.yaml"
-    write_text_atomic(config, "# written by pytest-llmperf history export --format otava\ntests:\n" + "".join(tests))
+    write_text_atomic(
+        config,
+        "# written by pytest-llmperf history export --format otava; run: "
+        f"OTAVA_CONFIG={config.name} otava analyze --since 2000-01-01 TEST\ntests:\n" + "".join(tests),
+    )
     return [*written, config]
 
 

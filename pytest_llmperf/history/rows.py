@@ -108,7 +108,7 @@ def job_rows(job: Job, outcomes: Sequence[Outcome]) -> tuple[list[Run], list[Res
     line = lineage.first_parent_line(job.rootdir, branch) if branch else []
     git = job.fingerprint.get("git") or {}
     machine = machine_class(job)
-    common = {
+    common: dict[str, Any] = {
         "job_id": job.job_id,
         "started_at": job.started_at,
         "target": job.target,

@@ -20,7 +20,7 @@ from .analysis import Change, SeriesAnalysis
 from .detect import Method
 
 FORMAT = "pytest-llmperf history analysis"
-MAX_PLOTTED = 24  # series drawn in the report: those with changes, creep or a warning first
+MAX_PLOTTED = 24  # series drawn in the report: confirmed changes first, then creep, provisional changes, noise
 
 
 def change_json(change: Change) -> dict[str, Any]:
@@ -102,10 +102,12 @@ def series_json(a: SeriesAnalysis) -> dict[str, Any]:
 
 
 def document(analyses: Sequence[SeriesAnalysis], method: Method, min_effect: float, store: str) -> dict[str, Any]:
-    def notable(a: SeriesAnalysis) -> bool:
-        return bool(a.changes or (a.creep and a.creep.flagged) or a.warnings)
+    def rank(a: SeriesAnalysis) -> tuple:
+        """Confirmed changes first, then creep, then provisional changes, then noisy series."""
+        confirmed = any(c.state == "confirmed" for c in a.changes)
+        return (not confirmed, not (a.creep and a.creep.flagged), not a.changes, not a.warnings, a.series.id.label())
 
-    plotted = sorted(analyses, key=lambda a: (not notable(a), a.series.id.label()))[:MAX_PLOTTED]
+    plotted = sorted(analyses, key=rank)[:MAX_PLOTTED]
     changes = [c for a in analyses for c in a.changes]
     changes.sort(key=lambda c: (c.state != "confirmed", -abs(c.change)))
     return {

@@ -141,7 +141,12 @@ def section(documents: Sequence[Mapping[str, Any]]) -> str:
             else "<p class='note'>No change point in these series.</p>"
         )
         + (f"<h3>Creep since the anchor</h3><ul class='creep'>{creep}</ul>" if creep else "")
-        + (f"<h3>Noisy series</h3><ul class='history-warnings'>{warnings}</ul>" if warnings else "")
+        + (
+            f"<details><summary>{len(data['warnings'])} series noisier than the smallest change that matters"
+            f"</summary><ul class='history-warnings'>{warnings}</ul></details>"
+            if warnings
+            else ""
+        )
         + "".join(_plot(s, n) for n, s in enumerate(data["series"]))
     )
 
