@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.server_helpers import load_script
-from tests.test_html_report import BROWSER_ARGS, browser
+from tests.test_html_report import browser, opened
 
 
 @pytest.fixture(scope="module")
@@ -34,25 +34,16 @@ def test_the_report_shows_them_in_chromium_offline(replayed, tmp_path):
     _, done = replayed
     index = done["index"]
     errors, requests = [], []
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=executable, args=BROWSER_ARGS)
-        try:
-            page = chromium.new_page(viewport={"width": 1400, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(index.as_uri(), wait_until="load")
-            rows = page.evaluate("""() => [...document.querySelectorAll('table.history-changes tr.change')]
-                .map(r => [...r.cells].map(c => c.textContent))""")
-            plots = page.evaluate("""() => [...document.querySelectorAll('figure.history-series')].map(f => {
-                const box = f.querySelector('svg').getBoundingClientRect();
-                return {caption: f.querySelector('figcaption').textContent, width: box.width, height: box.height,
-                        points: f.querySelectorAll('circle.point').length,
-                        confirmed: f.querySelectorAll('line.cp.confirmed').length}; })""")
-            creep = page.evaluate("() => [...document.querySelectorAll('ul.creep li')].map(li => li.textContent)")
-            page.screenshot(path=str(tmp_path / "history.png"), full_page=True)
-        finally:
-            chromium.close()
+    with opened(sync_playwright, executable, index.as_uri(), errors, requests) as page:
+        rows = page.evaluate("""() => [...document.querySelectorAll('table.history-changes tr.change')]
+            .map(r => [...r.cells].map(c => c.textContent))""")
+        plots = page.evaluate("""() => [...document.querySelectorAll('figure.history-series')].map(f => {
+            const box = f.querySelector('svg').getBoundingClientRect();
+            return {caption: f.querySelector('figcaption').textContent, width: box.width, height: box.height,
+                    points: f.querySelectorAll('circle.point').length,
+                    confirmed: f.querySelectorAll('line.cp.confirmed').length}; })""")
+        creep = page.evaluate("() => [...document.querySelectorAll('ul.creep li')].map(li => li.textContent)")
+        page.screenshot(path=str(tmp_path / "history.png"), full_page=True)
     assert errors == [] and requests == [index.as_uri()]
     shas = done["shas"]
     injected = [r for r in rows if "[llama] prefill_ms bs 4" in r[1] and r[2].endswith(shas[20][:12])]

@@ -45,23 +45,22 @@ def test_a_job_appended_reads_back_the_same_and_twice_adds_nothing(location):
 
 
 def test_a_job_is_one_transaction(location):
-    """A job whose rows fail to insert leaves nothing of itself behind."""
+    """A job whose rows fail to insert leaves nothing of itself behind: here a result of a run that is not there
+    (the foreign key refuses it) after its job's run was inserted."""
     good = run(1)
-    bad_rows = results(good, {("decode_token_ms", 1): [1.0]})
-    bad_rows.append(bad_rows[0].__class__(**{**bad_rows[0].__dict__, "run_id": "no-such-run"}))
     with Store(location) as store:
-        with pytest.raises(StoreError):  # the second result's run is not in the store: the foreign key refuses it
-            store.db.execute("PRAGMA foreign_keys=ON") if location.dialect == "sqlite" else None
-            with store.db.writing():
-                store.db.execute("INSERT INTO llmperf_run (run_id, job_id, started_at, commit_sha, "
-                                 "on_default_branch, dirty, source, target, machine, machine_fp, env_fp, env, "
-                                 "plugin_version) VALUES ('x:stored', 'x', 't', 's', 1, 0, 'stored', 'cpu', 'm', "
-                                 "'h', 'e', '{}', '')")
-                store.db.execute("INSERT INTO llmperf_result (run_id, test, metric, batch_size, series_key, unit, "
-                                 "direction, value, process_medians) VALUES ('no-such-run', 't', 'm', 1, 'k', 'ms', "
-                                 "-1, 1.0, '[]')")
+        with pytest.raises(StoreError), store.db.writing():
+            store.db.execute(
+                "INSERT INTO llmperf_run (run_id, job_id, started_at, commit_sha, on_default_branch, dirty, source, "
+                "target, machine, machine_fp, env_fp, env, plugin_version) VALUES ('x:stored', 'x', 't', 's', 1, 0, "
+                "'stored', 'cpu', 'm', 'h', 'e', '{}', '')"
+            )
+            store.db.execute(
+                "INSERT INTO llmperf_result (run_id, test, metric, batch_size, series_key, unit, direction, value, "
+                "process_medians) VALUES ('no-such-run', 't', 'm', 1, 'k', 'ms', -1, 1.0, '[]')"
+            )
         assert store.runs() == []
-        store.append([good], bad_rows[:1])
+        store.append([good], results(good, {("decode_token_ms", 1): [1.0]}))
         assert [r.run_id for r in store.runs()] == [good.run_id]
 
 

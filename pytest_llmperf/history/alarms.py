@@ -2,15 +2,16 @@
 analyses of the series as it stood after each of the last few commits all find it.
 
 A change point near the newest commit rests on a commit or two: a single slow job there looks like a new level
-until the next jobs say otherwise (every method flags it, docs/history.md). So an alarm is confirmed only when
-`CONFIRM_AFTER` commits follow it and the analyses of the series cut at each of its last `CONFIRM_LOOKS` lengths
-(the newest included) all find a change point within `SAME_POINT` commits of it. Those analyses are computed from
+until the next jobs say otherwise (every method flags it, docs/history.md). So an alarm is confirmed only when the
+method's `confirm_after` commits have been measured from its first commit on and the analyses of the series cut at
+each of its last `confirm_looks` lengths (the newest included) all find a change point within `SAME_POINT` commits
+of it. Those analyses are computed from
 the store's rows, not remembered: the same store always gives the same states.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .detect import DEFAULT_METHOD, Method, change_points
@@ -64,6 +65,3 @@ def first_confirmations(
             if f.confirmed and not any(abs(f.index - i) <= merge for _, i in raised):
                 raised.append((length, f.index))
     return raised
-
-
-Detector = Callable[[Sequence[float]], list[int]]

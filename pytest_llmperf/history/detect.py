@@ -2,17 +2,16 @@
 change points whose two sides differ beyond noise.
 
 The values are taken as logarithms (the noise of a timing is multiplicative: a step of 5% is the same size at any
-level). PELT (Killick et al. 2012; ruptures' KernelCPD, its C implementation) finds the segmentation that minimises the
-segments' cost plus a penalty per change point; the cost is the linear kernel's, which is `l2` (squared deviation
-from the segment's mean), and the penalty
-`PENALTY * sigma^2 * ln(n)`, sigma the noise of one commit estimated robustly from the median absolute difference of
-neighbouring commits (`noise`). A change point then
-stays only while Welch's t-test of the segment before it against the segment after it gives p < `p_value`: the
-weakest is dropped, one at a time, and the tests are made again on the merged segments. Welch's test, not Student's:
-a segment holding one outlier job has a large variance of its own, so that job alone never reads as a shift.
+level). Outlier jobs (`outliers`) count as the median of their neighbours. PELT (Killick et al. 2012; ruptures'
+KernelCPD, its C implementation) finds the segmentation that minimises the segments' cost plus a penalty per change
+point: the linear kernel's cost, which is `l2` (squared deviation from the segment's mean), and a penalty of
+`penalty * sigma^2 * ln(n)`, sigma the noise of one commit (`noise`). A change point then stays only while
+Mann-Whitney's U test of the segment before it against the segment after it gives p < `p_value`: the weakest is
+dropped, one at a time, and the tests are made again on the merged segments. A rank test, not a t-test: a short
+segment holding one slow job has a large mean, not large ranks.
 
-Deterministic: PELT is an exact search and nothing is drawn at random. The parameters' defaults are measured on the
-seeded synthetic histories of tests/history_synthetic.py (docs/history.md, "How changes are found").
+Deterministic: PELT is an exact search and nothing is drawn at random. The defaults are measured on the seeded
+synthetic histories of tests/history_synthetic.py (scripts/history_methods.py; docs/history.md, "Measured").
 
 ruptures is the `history` extra, imported here only: `RupturesMissing` names the extra to install.
 """
