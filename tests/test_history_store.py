@@ -4,8 +4,10 @@ that is locked, corrupt or newer than the plugin."""
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -110,23 +112,28 @@ def test_a_store_from_a_newer_plugin_is_refused_and_left_alone(location):
         assert raw.version() == 99
 
 
-def _writer(target: str, dialect: str, worker: int, jobs: int) -> None:
-    location = Location(dialect, target)
-    with Store(location) as store:
-        for j in range(jobs):
-            runs, rows = history_rows([100.0 + j], job=f"w{worker}-{j}")
-            store.append(runs, rows)
+WRITER = """
+import sys
+from pytest_llmperf.history.backends import Location
+from pytest_llmperf.history.store import Store
+from tests.history_rows import history_rows
+
+dialect, target, worker, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with Store(Location(dialect, target)) as store:
+    for j in range(jobs):
+        store.append(*history_rows([100.0 + j], job=f"w{worker}-{j}"))
+"""
 
 
 def test_two_jobs_writing_at_once_lose_nothing(location):
+    """Two processes (plain subprocesses: multiprocessing's spawn would leave its resource tracker running)."""
     Store(location).close()  # the schema exists; the writers race on rows
-    context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_writer, args=(location.target, location.dialect, w, 15)) for w in range(2)]
-    for p in writers:
-        p.start()
-    for p in writers:
-        p.join(120)
-        assert p.exitcode == 0
+    root = Path(__file__).resolve().parents[1]
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, location.dialect, location.target, str(w), "15"], cwd=root)
+        for w in range(2)
+    ]
+    assert [p.wait(120) for p in writers] == [0, 0]
     with Store(location) as store:
         assert len(store.runs()) == 30 and len(store.results()) == 30
 
