@@ -2,6 +2,7 @@
 
 pytest-llmperf report FILE... [--out DIR]   merge several targets' reports/<device>.json into one
 pytest-llmperf migrate-baselines DIR...     convert baseline files of schema 2 to schema 3, measuring nothing
+pytest-llmperf history ...                  the history store: import, analyze, changes, mark, exclude, export
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
         "converted are left as they are. Commit the result.",
     )
     migrate.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="a baseline directory (or file)")
+    # its own parser (history/cli.py): `pytest-llmperf history --help` lists its commands
+    commands.add_parser("history", help="work on the history store (pytest-llmperf history --help)", add_help=False)
     return top
 
 
@@ -60,6 +63,11 @@ def migrate_baselines(paths: Sequence[Path]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["history"]:
+        from .history.cli import main as history_main
+
+        return history_main(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "migrate-baselines":
         return migrate_baselines(args.paths)

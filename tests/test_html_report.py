@@ -1,6 +1,7 @@
 """reports/index.html (report/html.py): written at session end, opened in a real browser (chromium through
 Playwright), with several targets, without matplotlib; and the job summary's mermaid chart."""
 
+import contextlib
 import copy
 import json
 import os
@@ -85,13 +86,10 @@ def browser():
     return sync_playwright, CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
 
 
-def test_index_html_renders_its_plots_in_chromium_offline(project, monkeypatch, tmp_path):
-    sync_playwright, executable = browser()
-    pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is part of tox -e test")
-    result = recorded_twice_then_gated(project, monkeypatch)
-    index = project.path / "reports" / "index.html"
-    result.stdout.fnmatch_lines([f"report: {index}"])
-    errors, requests = [], []
+@contextlib.contextmanager
+def opened(sync_playwright, executable, uri, errors, requests):
+    """A chromium page at `uri`, its console errors and page errors into `errors`, every URL it asks for into
+    `requests`; the browser closed at the end."""
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=executable, args=BROWSER_ARGS)
         try:
@@ -99,18 +97,29 @@ def test_index_html_renders_its_plots_in_chromium_offline(project, monkeypatch, 
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(index.as_uri(), wait_until="load")
-            figures = page.evaluate("""() => [...document.querySelectorAll('figure.plot')].map(f => {
-                const svg = f.querySelector('svg');
-                const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
-                const drawn = svg ? [...svg.querySelectorAll('path')]
-                    .filter(p => (p.getAttribute('d') || '').length > 20 && p.getBBox().width > 0) : [];
-                return {cls: f.className, width: box.width, height: box.height, paths: drawn.length,
-                        text: svg ? svg.textContent : ''}; })""")
-            screenshot = tmp_path / "index.png"
-            page.screenshot(path=str(screenshot), full_page=True)
+            page.goto(uri, wait_until="load")
+            yield page
         finally:
             chromium.close()
+
+
+def test_index_html_renders_its_plots_in_chromium_offline(project, monkeypatch, tmp_path):
+    sync_playwright, executable = browser()
+    pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is part of tox -e test")
+    result = recorded_twice_then_gated(project, monkeypatch)
+    index = project.path / "reports" / "index.html"
+    result.stdout.fnmatch_lines([f"report: {index}"])
+    errors, requests = [], []
+    with opened(sync_playwright, executable, index.as_uri(), errors, requests) as page:
+        figures = page.evaluate("""() => [...document.querySelectorAll('figure.plot')].map(f => {
+            const svg = f.querySelector('svg');
+            const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+            const drawn = svg ? [...svg.querySelectorAll('path')]
+                .filter(p => (p.getAttribute('d') || '').length > 20 && p.getBBox().width > 0) : [];
+            return {cls: f.className, width: box.width, height: box.height, paths: drawn.length,
+                    text: svg ? svg.textContent : ''}; })""")
+        screenshot = tmp_path / "index.png"
+        page.screenshot(path=str(screenshot), full_page=True)
     assert errors == [] and requests == [index.as_uri()]  # no console error, nothing fetched but the file
     kinds = [f["cls"].split()[-1] for f in figures]
     assert kinds == ["sweep", "ratio", "history"]

@@ -16,6 +16,7 @@ LAYERS = (
     ("backends", ("backends", "offload", "processes", "server_process")),  # what implements the interface, and the processes it runs
     ("environments", ("environments",)),  # each A/B side's dependencies: detected, built with uv, checked
     ("judge", ("judge",)),  # statistics, verdicts, the baseline store
+    ("history", ("history",)),  # every job's results across jobs: the store, series, change points
     ("report", ("report",)),
     ("orchestrate", ("orchestrate", "servers", "offload.fixture")),  # the session, fixtures, workers, on top
     ("entry points", ("plugin", "cli", "__init__", "__main__")),

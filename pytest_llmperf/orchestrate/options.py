@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ..history import settings as history_values
 from ..measure.keywords import PER_TEST
 from . import option_values as parsers
 from .option_sources import OPTION, Option, option
@@ -308,6 +309,48 @@ class Settings:
         parsers.export_formats,
         default=(),
         metavar="FORMATS",
+    )
+    # The history of every job's results (pytest_llmperf/history/, docs/history.md).
+    history: str = option(
+        "Where every job's results are kept for change-point detection across jobs: a SQLite file (a path, or "
+        "sqlite:///PATH; relative to the rootdir), a postgresql:// URL (the postgres extra; better from the "
+        "environment, a CI secret), or off (default: .llmperf/history.sqlite)",
+        history_values.store_location,
+        default=history_values.DEFAULT_STORE,
+        metavar="PATH|URL|off",
+    )
+    history_check: str = option(
+        "What the history does at the end of a job: report (analyse the series the job measured, list changes in the "
+        "reports), fail (also fail the session on a confirmed, unmarked regression of at least "
+        "--llmperf-history-min-effect, or a store that cannot be written), off (append only) (default: report)",
+        history_values.check_mode,
+        default="report",
+        metavar="report|fail|off",
+    )
+    history_min_effect: float = option(
+        "The smallest change of a series that matters, relative: a confirmed regression this large fails with "
+        "--llmperf-history-check=fail, creep of half of it is flagged, and a series noisier than it is warned about "
+        "(default: 0.05)",
+        parsers.non_negative_float,
+        default=0.05,
+        metavar="R",
+    )
+    history_anchor: str | None = option(
+        "The git ref creep is measured from, e.g. the last release tag (default: the oldest commit analysed)",
+        parsers.as_string,
+        metavar="REF",
+    )
+    history_branch: str | None = option(
+        "The default branch, whose first-parent commits make a series (default: origin's HEAD, else main or master)",
+        parsers.as_string,
+        metavar="NAME",
+    )
+    history_rows: bool = option(
+        "Also write the job's rows to history-rows.jsonl in the report directory, for `pytest-llmperf history "
+        "import` where the job has no database (default: true)",
+        parsers.boolean,
+        default=True,
+        metavar="true|false",
     )
     rootdir: Path = Path(".")  # the pytest rootdir
     given: tuple[str, ...] = ()  # options given on the command line, repeated by re-run hints

@@ -68,9 +68,39 @@ class SessionEnd:
         if summary.outcomes:
             from ..report.session_report import write_reports
 
+            history = self._append_history()  # before the reports, which show its analysis
+            if history.errors and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
             self.written = write_reports(summary)
+            self.written.paths[:0] = history.paths
+            self.written.warnings += history.warnings
+            self.written.errors += history.errors
             if self.written.errors and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+    def _append_history(self) -> Written:
+        """The job's rows into the history store and its rows file, and the analysis the reports show
+        (history/job.py); its errors fail the session (--llmperf-history-check=fail)."""
+        from ..history.job import append_job
+        from ..history.rows import Job
+        from ..judge.baselines import now_iso
+
+        llm, settings = self.llm, self.llm.settings
+        compared = settings.compare if llm.compared_to else None
+        job = Job(
+            llm.device, llm.fingerprint, settings.rootdir, llm.machine, compared, settings.history_branch, now_iso()
+        )
+        done = append_job(
+            llm.outcomes,
+            job,
+            store=settings.history,
+            report_dir=llm.report_dir,
+            rows_file=settings.history_rows,
+            check=settings.history_check,
+            min_effect=settings.history_min_effect,
+            anchor=settings.history_anchor,
+        )
+        return Written(list(done.written), warnings=list(done.lines), errors=list(done.errors))
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.benchmarked:

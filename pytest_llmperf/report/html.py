@@ -23,7 +23,7 @@ import numpy as np
 
 from ..judge.instructions import DEFAULT_RTOL as COUNT_RTOL
 from ..measure.instructions import INSTRUCTION_METRICS
-from . import history
+from . import history, history_changes
 from .markdown import write_atomic
 from .stored import run_metric_values
 
@@ -315,7 +315,12 @@ def page(documents: Sequence[Mapping[str, Any]]) -> str:
         for d in documents
     )
     body = "\n".join(
-        [sweep_section(plots, documents), ratio_section(plots, documents), history_section(plots, documents)]
+        [
+            sweep_section(plots, documents),
+            ratio_section(plots, documents),
+            history_section(plots, documents),
+            history_changes.section(documents),  # the history store's changes (history/, docs/history.md)
+        ]
     )
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>llmperf: "

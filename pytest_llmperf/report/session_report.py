@@ -22,7 +22,7 @@ from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import warn_at
-from . import accumulate, dashboards, mermaid, throughput_log, verdict_table
+from . import accumulate, dashboards, history_changes, mermaid, throughput_log, verdict_table
 from . import html as html_report
 from .markdown import json_document, markdown, write_atomic, write_json
 from .summary import SessionSummary, Written
@@ -73,7 +73,7 @@ def _write_reports(session: SessionSummary, report_dir: Path, written: Written) 
     if warning:
         warn_at(f"llmperf report: {warning}", paths[1])
     try:
-        write_atomic(paths[0], markdown(doc, counts_line(found)))
+        write_atomic(paths[0], markdown(doc, counts_line(found)) + history_changes.markdown_section(report_dir))
         write_json(paths[1], doc)
         written.paths += paths
     except OSError as exc:
@@ -123,6 +123,7 @@ def _step_summary(session: SessionSummary, document: dict, doc: dict, found: Any
             table = verdict_table.markdown_table(document, with_measured=False)
             handle.write(f"## llmperf: {markdown_text(session.device)}\n\n{counts_line(found)}\n\n{table}\n\n")
             handle.write(mermaid.throughput_charts(doc))
+            handle.write(history_changes.markdown_section(session.report_dir))
     except OSError as exc:
         written.warnings.append(
             f"llmperf: warning: cannot append the summary to GITHUB_STEP_SUMMARY="

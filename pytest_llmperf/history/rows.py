@@ -1,0 +1,151 @@
+"""A job's rows: from the judge's outcomes to the store's runs and results.
+
+Per benchmark and side, per batch size that ran, per gated metric: the median of each worker process's runs (the
+gate's unit; measured in one process, the median of its runs) and their median, the value a series plots. In an A/B
+job `Outcome.reference` is side A, the compared ref (the base run), and `Outcome.result` side B, the working tree
+(the head run); otherwise the result is the job's one run.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..judge.environment import SOFTWARE_KEYS
+from ..judge.verdicts import Outcome
+from ..measure.metrics import METRICS, gated_metrics, metric_better, values_by_process
+from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
+from . import lineage
+from .records import Result, Run, SeriesId, digest
+
+HARDWARE_KEYS = ("cpu_model", "cpu_signature", "cpu_isa", "cpu_cores_physical", "cpu_cores_logical", "ram_gb")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a job says about itself: typed inputs, not the session."""
+
+    target: str
+    fingerprint: Mapping[str, Any]
+    rootdir: Path
+    machine: str | None = None  # the baseline set's machine name (the cpu target's CPU slug), if any
+    compared_ref: str | None = None  # the git ref of an A/B job's side A
+    default_branch: str | None = None  # --llmperf-history-branch; None: found from git
+    started_at: str = ""
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+
+def machine_class(job: Job) -> str:
+    """A series' machine: the baseline set's name where there is one (the cpu target: its CPU), else the GPUs'
+    product and count (a GPU target's runners differ in CPU and host, not in what is measured)."""
+    if job.machine:
+        return job.machine
+    gpus = [str(g.get("name")) for g in job.fingerprint.get("gpus") or []]
+    if gpus:
+        return ", ".join(f"{gpus.count(n)}x {n}" for n in sorted(set(gpus)))
+    return str(job.fingerprint.get("cpu_model") or "machine")
+
+
+def _software(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    found = {k: fingerprint.get(k) for k in SOFTWARE_KEYS}
+    found["driver"] = sorted({str(g.get("driver")) for g in fingerprint.get("gpus") or []})
+    return found
+
+
+def _hardware(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    found = {k: fingerprint.get(k) for k in HARDWARE_KEYS}
+    found["gpus"] = [(g.get("name"), g.get("memory_gb")) for g in fingerprint.get("gpus") or []]
+    return found
+
+
+def _plugin_version() -> str:
+    try:
+        return importlib.metadata.version("pytest-llmperf")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def results_of(result: BenchmarkResult, run_id: str, target: str, machine: str) -> list[Result]:
+    """One row per batch size that ran and gated metric it measured."""
+    test = f"{result.module}::{result.key}"
+    metrics = gated_metrics(Scenario.from_json(result.scenario).metrics, result.splits_prefill)
+    rows = []
+    for batch in result.batches:
+        if not batch.ok:
+            continue
+        per_process = values_by_process(batch.samples)
+        for metric in metrics:
+            runs = [r for r in per_process.get(metric, []) if r]
+            if not runs:
+                continue
+            medians = tuple(float(np.median(r)) for r in runs)
+            rows.append(
+                Result(
+                    run_id,
+                    test,
+                    metric,
+                    batch.batch_size,
+                    SeriesId(test, metric, batch.batch_size, target, machine).key,
+                    METRICS[metric].unit if metric in METRICS else "",
+                    1 if metric_better(metric, result.counters_better) == "higher" else -1,
+                    float(np.median(medians)),
+                    medians,
+                )
+            )
+    return rows
+
+
+def job_rows(job: Job, outcomes: Sequence[Outcome]) -> tuple[list[Run], list[Result]]:
+    """The job's runs (one, or A/B's base and head) and their results."""
+    branch = lineage.default_branch(job.rootdir, job.default_branch)
+    line = lineage.first_parent_line(job.rootdir, branch) if branch else []
+    git = job.fingerprint.get("git") or {}
+    machine = machine_class(job)
+    common: dict[str, Any] = {
+        "job_id": job.job_id,
+        "started_at": job.started_at,
+        "target": job.target,
+        "machine": machine,
+        "machine_fp": digest(_hardware(job.fingerprint)),
+        "env_fp": digest(_software(job.fingerprint)),
+        "env": _software(job.fingerprint),
+        "plugin_version": _plugin_version(),
+        "ci_url": lineage.ci_url(),
+    }
+    sides: list[tuple[str, str, bool, list[BenchmarkResult]]] = []
+    if job.compared_ref is not None:
+        sides.append(("ab-base", job.compared_ref, False, [o.reference for o in outcomes if o.reference is not None]))
+        sides.append(("ab-head", "HEAD", bool(git.get("dirty")), [o.result for o in outcomes]))
+    else:
+        sides.append(("stored", "HEAD", bool(git.get("dirty")), [o.result for o in outcomes]))
+    runs, results = [], []
+    for source, ref, dirty, measured in sides:
+        placed = lineage.place(job.rootdir, ref, line)
+        sha = placed.sha if placed else str(git.get("commit") or "unknown")
+        run_id = f"{job.job_id}:{source}"
+        rows = [row for r in measured for row in results_of(r, run_id, job.target, machine)]
+        if not rows:
+            continue
+        on_line = placed is not None and placed.order is not None and not dirty and source != "ab-head"
+        runs.append(
+            Run(
+                run_id=run_id,
+                commit_sha=sha,
+                source=source,
+                commit_time=placed.time if placed else None,
+                commit_order=placed.order if placed else None,
+                branch=branch if source == "ab-base" and on_line else lineage.current_branch(job.rootdir),
+                on_default_branch=on_line,
+                dirty=dirty,
+                **common,
+            )
+        )
+        results += rows
+    return runs, results

@@ -1,0 +1,112 @@
+"""Series from the store's rows: which runs enter, in which order, and one point per commit.
+
+A series is a metric at a batch size of a test, on a target and machine class (`SeriesId`). Its points are the
+default branch's commits in first-parent order: runs measured at such a commit from a clean tree, a job against
+stored baselines or the base side of an A/B job (which measures the compared ref, a commit of the default branch).
+The head side of an A/B job is a pull request's working tree: stored, never in a series. Several runs of one commit
+(a push and the A/B jobs based on it) are one point, their median; the spread drawn is that of all their
+per-process medians. Runs a person excluded are kept aside, drawn, never analysed.
+
+The order is the default branch's first-parent line: from git where the caller gives it (the command line reads it
+from the repository), else as the jobs recorded it, else by commit time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .records import Result, Run, SeriesId
+
+
+@dataclass
+class Point:
+    commit_sha: str
+    commit_time: str | None
+    value: float  # the median of the commit's runs' values
+    low: float  # the lowest and highest per-process median of those runs
+    high: float
+    run_ids: list[str]
+    env_fp: str
+    machine_fp: str
+    sources: list[str]
+
+
+@dataclass
+class Series:
+    id: SeriesId
+    unit: str
+    direction: int  # +1 higher is better, -1 lower is better
+    points: list[Point] = field(default_factory=list)
+    excluded: list[Point] = field(default_factory=list)  # runs set aside, at their commits
+
+    @property
+    def key(self) -> str:
+        return self.id.key
+
+    @property
+    def values(self) -> list[float]:
+        return [p.value for p in self.points]
+
+
+def enters(run: Run) -> bool:
+    """A run that measured a commit of the default branch from a clean tree, and not a pull request's head."""
+    return run.source != "ab-head" and not run.dirty
+
+
+def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | None = None) -> dict[str, Series]:
+    """Every series the rows hold, by key. `line`: the default branch's first-parent commits, oldest first; when
+    given it decides which commits enter and their order (else the runs' own `on_default_branch` and order)."""
+    position = {sha: i for i, sha in enumerate(line)} if line else None
+    chosen = {
+        r.run_id: r
+        for r in runs
+        if enters(r) and (r.commit_sha in position if position is not None else r.on_default_branch)
+    }
+    ordered_by_line = position is not None or all(r.commit_order is not None for r in chosen.values())
+
+    def order(run: Run) -> tuple:
+        if position is not None:
+            return (position[run.commit_sha],)
+        if ordered_by_line:
+            return (run.commit_order,)
+        return (run.commit_time or "", run.started_at)
+
+    grouped: dict[str, dict[tuple[str, bool], list[tuple[Run, Result]]]] = defaultdict(lambda: defaultdict(list))
+    found: dict[str, Series] = {}
+    for result in results:
+        run = chosen.get(result.run_id)
+        if run is None:
+            continue
+        if result.series_key not in found:
+            sid = SeriesId(result.test, result.metric, result.batch_size, run.target, run.machine)
+            found[result.series_key] = Series(sid, result.unit, result.direction)
+        grouped[result.series_key][(run.commit_sha, run.excluded)].append((run, result))
+    for key, commits in grouped.items():
+        series = found[key]
+        items = sorted(commits.items(), key=lambda kv: (min(order(r) for r, _ in kv[1]), kv[0][1]))
+        for (sha, excluded), members in items:
+            point = _point(sha, members)
+            (series.excluded if excluded else series.points).append(point)
+    return found
+
+
+def _point(sha: str, members: Sequence[tuple[Run, Result]]) -> Point:
+    medians = [m for _, r in members for m in r.process_medians if math.isfinite(m)]
+    values = [r.value for _, r in members]
+    newest = max(members, key=lambda m: m[0].started_at)[0]
+    return Point(
+        sha,
+        members[0][0].commit_time,
+        float(np.median(values)),
+        min(medians, default=min(values)),
+        max(medians, default=max(values)),
+        [run.run_id for run, _ in members],
+        newest.env_fp,
+        newest.machine_fp,
+        sorted({run.source for run, _ in members}),
+    )

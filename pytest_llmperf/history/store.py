@@ -1,0 +1,188 @@
+"""The history store: open (creating or migrating its schema), append a job's runs and results in one transaction,
+read what a series needs, keep people's marks and exclusions.
+
+Appending is idempotent: a run already in the store (its `run_id`) is left as it is, so importing a rows file twice,
+or a job's rows file after the job itself wrote to the store, adds nothing the second time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .backends import Connection, Location, StoreError
+from .records import Mark, Result, Run
+from .schema import META, RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION, statements
+
+
+@dataclass(frozen=True)
+class Appended:
+    runs: int  # runs written now
+    results: int
+    already: int  # runs the store already held (left as they were)
+
+
+class Store:
+    def __init__(self, location: Location, *, timeout: float | None = None) -> None:
+        self.location = location
+        self.db = Connection(location) if timeout is None else Connection(location, timeout)
+        try:
+            self._migrate()
+        except BaseException:
+            self.db.close()
+            raise
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- schema -----------------------------------------------------------------------------------------------
+    def version(self) -> int:
+        if "llmperf_meta" not in self.db.tables():
+            if self.db.tables() & {"llmperf_run", "llmperf_result"}:
+                raise StoreError(f"history store {self.location.describe()} has llmperf tables but no version")
+            return 0
+        rows = self.db.execute("SELECT value FROM llmperf_meta WHERE key = 'schema_version'")
+        return int(rows[0][0]) if rows else 0
+
+    def _migrate(self) -> None:
+        found = self.version()
+        self._refuse_newer(found)
+        if found == SCHEMA_VERSION:
+            return
+        with self.db.writing():
+            found = self.version()  # another job may have migrated it meanwhile
+            self._refuse_newer(found)
+            self.db.execute(META)
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in statements(version, self.db.dialect):
+                    self.db.execute(statement)
+            self._set_version(SCHEMA_VERSION)
+
+    def migrate_to(self, version: int) -> None:
+        """Bring an empty or older store to `version` (tests build older stores with it)."""
+        with self.db.writing():
+            self.db.execute(META)
+            for v in range(self.version() + 1, version + 1):
+                for statement in statements(v, self.db.dialect):
+                    self.db.execute(statement)
+            self._set_version(version)
+
+    def _set_version(self, version: int) -> None:
+        self.db.execute("DELETE FROM llmperf_meta WHERE key = 'schema_version'")
+        self.db.execute("INSERT INTO llmperf_meta (key, value) VALUES ('schema_version', ?)", (str(version),))
+
+    def _refuse_newer(self, found: int) -> None:
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"history store {self.location.describe()} has schema version {found}, written by a newer "
+                f"pytest-llmperf (this one reads up to {SCHEMA_VERSION}): upgrade pytest-llmperf; the store is "
+                "left as it is"
+            )
+
+    # -- writing ----------------------------------------------------------------------------------------------
+    def append(self, runs: Sequence[Run], results: Sequence[Result]) -> Appended:
+        """Write a job's runs and their results in one transaction; runs already stored are skipped whole."""
+        with self.db.writing():
+            known = self._known({r.run_id for r in runs})
+            new = [r for r in runs if r.run_id not in known]
+            fresh = {r.run_id for r in new}
+            rows = [r for r in results if r.run_id in fresh]
+            self.db.executemany(_insert("llmperf_run", RUN_COLUMNS), [_run_row(r) for r in new])
+            self.db.executemany(_insert("llmperf_result", RESULT_COLUMNS), [_result_row(r) for r in rows])
+        return Appended(len(new), len(rows), len(runs) - len(new))
+
+    def _known(self, run_ids: set[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        marks = ",".join("?" * len(run_ids))
+        return {
+            r[0] for r in self.db.execute(f"SELECT run_id FROM llmperf_run WHERE run_id IN ({marks})", sorted(run_ids))
+        }
+
+    def exclude(self, run_id: str, reason: str, *, undo: bool = False) -> int:
+        """Set a run aside from every series (or take it back); the number of runs changed (0: no such run)."""
+        with self.db.writing():
+            found = self.db.execute("SELECT run_id FROM llmperf_run WHERE run_id = ? OR job_id = ?", (run_id, run_id))
+            self.db.execute(
+                "UPDATE llmperf_run SET excluded = ?, exclude_reason = ? WHERE run_id = ? OR job_id = ?",
+                (0 if undo else 1, None if undo else reason, run_id, run_id),
+            )
+        return len(found)
+
+    def mark(self, mark: Mark) -> None:
+        with self.db.writing():
+            self.db.execute(
+                "DELETE FROM llmperf_mark WHERE series_key = ? AND commit_sha = ?", (mark.series_key, mark.commit_sha)
+            )
+            self.db.execute(
+                "INSERT INTO llmperf_mark (series_key, commit_sha, state, note, marked_at) VALUES (?, ?, ?, ?, ?)",
+                (mark.series_key, mark.commit_sha, mark.state, mark.note, mark.marked_at),
+            )
+
+    def unmark(self, series_key: str, commit_sha: str) -> int:
+        with self.db.writing():
+            found = self.db.execute(
+                "SELECT 1 FROM llmperf_mark WHERE series_key = ? AND commit_sha = ?", (series_key, commit_sha)
+            )
+            self.db.execute(
+                "DELETE FROM llmperf_mark WHERE series_key = ? AND commit_sha = ?", (series_key, commit_sha)
+            )
+        return len(found)
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def runs(self) -> list[Run]:
+        rows = self.db.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM llmperf_run ORDER BY started_at, run_id")
+        return [_run_of(r) for r in rows]
+
+    def results(self, series_keys: Iterable[str] | None = None) -> list[Result]:
+        sql = f"SELECT {', '.join(RESULT_COLUMNS)} FROM llmperf_result"
+        keys = sorted(set(series_keys)) if series_keys is not None else None
+        if keys is not None:
+            if not keys:
+                return []
+            sql += f" WHERE series_key IN ({','.join('?' * len(keys))})"
+        rows = self.db.execute(sql + " ORDER BY run_id, test, metric, batch_size", keys or ())
+        return [_result_of(r) for r in rows]
+
+    def marks(self) -> list[Mark]:
+        rows = self.db.execute("SELECT series_key, commit_sha, state, note, marked_at FROM llmperf_mark")
+        return [Mark(*r) for r in rows]
+
+
+def _insert(table: str, columns: Sequence[str]) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) ON CONFLICT DO NOTHING"
+
+
+def _run_row(run: Run) -> tuple:
+    data = run.to_json()
+    data["env"] = json.dumps(run.env, sort_keys=True)
+    for name in ("on_default_branch", "dirty", "excluded"):
+        data[name] = int(bool(data[name]))
+    return tuple(data[c] for c in RUN_COLUMNS)
+
+
+def _run_of(row: Sequence) -> Run:
+    data = dict(zip(RUN_COLUMNS, row))
+    data["env"] = json.loads(data["env"] or "{}")
+    for name in ("on_default_branch", "dirty", "excluded"):
+        data[name] = bool(data[name])
+    return Run(**data)
+
+
+def _result_row(result: Result) -> tuple:
+    data = result.to_json()
+    data["process_medians"] = json.dumps(data["process_medians"])
+    return tuple(data[c] for c in RESULT_COLUMNS)
+
+
+def _result_of(row: Sequence) -> Result:
+    data = dict(zip(RESULT_COLUMNS, row))
+    data["process_medians"] = json.loads(data["process_medians"])
+    return Result.from_json(data)

@@ -1,0 +1,120 @@
+"""The history from a real session (pytester, the simulated engine, a git repository on main): every job appends
+its rows to the SQLite store by default and writes its rows file; a store it cannot write is a line that names it,
+and fails the session only with --llmperf-history-check=fail. A/B jobs store both sides, the base side in the series.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from pytest_llmperf.history.backends import Location
+from pytest_llmperf.history.rows import Job, job_rows
+from pytest_llmperf.history.series import build
+from pytest_llmperf.history.store import Store
+from pytest_llmperf.judge.verdicts import Outcome, Status
+from tests.test_plugin import ENGINE_TEST
+from tests.test_plugin import run as run_pytest
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@e"}
+
+
+def git(path, *args):
+    return subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}).stdout.strip()
+
+
+@pytest.fixture
+def project(project, monkeypatch):
+    for name in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "GITHUB_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    project.makepyfile(test_engine=ENGINE_TEST.replace("[1, 2, 4], runs=10", "[1, 2], runs=5"))
+    git(project.path, "init", "-q", "-b", "main")
+    (project.path / ".gitignore").write_text("reports/\nbaselines/\n.llmperf/\n__pycache__/\n")
+    git(project.path, "add", "-A")
+    git(project.path, "commit", "-qm", "one")
+    return project
+
+
+def store_of(project) -> Store:
+    return Store(Location("sqlite", str(project.path / ".llmperf" / "history.sqlite")))
+
+
+def test_every_job_appends_to_the_sqlite_store_and_writes_its_rows_file(project):
+    run_pytest(project, "--llmperf-update").assert_outcomes(passed=1)
+    git(project.path, "commit", "-q", "--allow-empty", "-m", "two")
+    result = run_pytest(project)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*llmperf history: 6 rows of 1 run(s) appended to *history.sqlite*"])
+    with store_of(project) as store:
+        runs = store.runs()
+        assert [r.commit_order for r in runs] == [1, 2] and all(r.on_default_branch for r in runs)
+        assert [r.branch for r in runs] == ["main", "main"] and {r.source for r in runs} == {"stored"}
+        results = store.results()
+        assert {(r.metric, r.batch_size) for r in results} == {
+            (m, b) for m in ("prefill_ms", "decode_token_ms", "throughput_tokens_per_s") for b in (1, 2)
+        }
+        assert all(len(r.process_medians) == 1 and r.value == r.process_medians[0] for r in results)
+        assert len(build(runs, results)) == 6  # a series per metric and batch size, two commits each
+    rows = (project.path / "reports" / "history-rows.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run"]["run_id"] for line in rows] == [r.run_id for r in runs]
+    analysis = json.loads((project.path / "reports" / "history.json").read_text())
+    assert analysis["series_analysed"] == 6 and analysis["changes"] == []
+
+
+def test_with_the_store_off_only_the_rows_file_is_written(project):
+    run_pytest(project, "--llmperf-update", "--llmperf-history=off").assert_outcomes(passed=1)
+    assert not (project.path / ".llmperf").exists()
+    assert (project.path / "reports" / "history-rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("check", ["report", "fail"])
+def test_a_corrupt_store_is_a_line_naming_it_and_fails_only_when_asked(project, check):
+    store = project.path / "broken.sqlite"
+    store.write_bytes(b"not a database " * 100)
+    result = run_pytest(project, "--llmperf-update", f"--llmperf-history={store}", f"--llmperf-history-check={check}")
+    result.stdout.fnmatch_lines(["*llmperf history: history store *broken.sqlite is not a readable database*"])
+    assert (result.ret == 0) == (check == "report")
+    assert "Traceback" not in result.stdout.str() and "INTERNALERROR" not in result.stdout.str()
+    assert (project.path / "reports" / "history-rows.jsonl").exists()  # nothing of the job is lost
+
+
+def test_a_bad_store_option_is_a_usage_error(project):
+    result = run_pytest(project, "--llmperf-history=mysql://somewhere")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*bad value for --llmperf-history*postgresql://URL*"])
+
+
+def test_an_ab_job_stores_both_sides_and_only_the_base_enters_a_series(tmp_path, monkeypatch):
+    """Rows of an A/B job's outcomes: side A (Outcome.reference, the compared ref) and side B (the working tree)."""
+    from pytest_llmperf.backends.simulated import SimulatedBackend
+    from pytest_llmperf.measure.runner import measure
+    from pytest_llmperf.measure.scenario import Scenario
+
+    for name in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    git(tmp_path, "init", "-q", "-b", "main")
+    git(tmp_path, "commit", "-q", "--allow-empty", "-m", "base")
+    scenario = Scenario(batch_sizes=(1,), runs=3, warmups=0)
+
+    def measured(seed, processes):
+        parts = [measure(SimulatedBackend(seed=seed + p), scenario, key="t", nodeid="t.py::t", module="t.py") for p in processes]
+        for p, part in zip(processes, parts):
+            for s in part.batches[0].samples:
+                s.process = p
+        from pytest_llmperf.measure.records import BenchmarkResult
+
+        return BenchmarkResult.merge(parts)
+
+    outcome = Outcome(measured(10, [1, 3]), Status.COMPARED, reference=measured(20, [0, 2]))
+    fingerprint = {"git": {"commit": git(tmp_path, "rev-parse", "HEAD"), "dirty": True}, "python": "3.11"}
+    runs, results = job_rows(Job("cpu", fingerprint, tmp_path, "m", compared_ref="HEAD", started_at="t"), [outcome])
+    assert [(r.source, r.on_default_branch, r.dirty) for r in runs] == [("ab-base", True, False), ("ab-head", False, True)]
+    base = [r for r in results if r.run_id == runs[0].run_id]
+    assert all(len(r.process_medians) == 2 for r in results)
+    with Store(Location("sqlite", str(tmp_path / "h.sqlite"))) as store:
+        store.append(runs, results)
+        series = build(store.runs(), store.results())
+    assert sorted(p.value for s in series.values() for p in s.points) == sorted(r.value for r in base)
