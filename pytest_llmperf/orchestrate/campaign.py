@@ -18,6 +18,7 @@ import contextlib
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -161,11 +162,25 @@ class Campaign:
     def _count(self, items: list[pytest.Item], pool: WorkerPool) -> bool:
         """Count instructions of the tests that ask for them (counting.py); False when a counting worker failed
         (each test says so; its log is kept)."""
+        progress = self.progress
+
+        def waiting(seconds: float, done: int) -> None:  # a CI log is never silent for long
+            progress.note(f"counting instructions under callgrind: {done} of {len(specs)} process(es) done, "
+                          f"{seconds:.0f} s")  # fmt: skip
+
+        started = time.monotonic()
         try:
-            self.measurements.counted = counting.campaign(self.llm, items, self.measurements.sides, pool, self.progress)
+            specs = counting.specs_for(self.llm, items, self.measurements.sides, pool)
+            if specs:
+                self.measurements.counted = counting.count(pool, specs, on_wait=waiting)
         except WorkerError as exc:
             self._fail_all(items, f"llmperf: counting instructions: {exc}")
             return False
+        if specs:
+            where = " and ".join(side.label for side in self.measurements.sides)
+            per_side = len(specs) // len(self.measurements.sides)
+            progress.say(f"counted instructions under callgrind, {per_side} process(es) on {where}: "
+                         f"{len(specs[0].nodeids)} test(s) in {time.monotonic() - started:.0f} s")  # fmt: skip
         return True
 
     def _judge_counts(self, items: list[pytest.Item]) -> None:
@@ -244,8 +259,8 @@ class Campaign:
         for side in order:
             nodeids = self.measurements.on_side(side, list(due))
             if nodeids:
-                later = {n: due[n].batch_sizes for n in nodeids if due[n].batch_sizes is not None}
-                specs.append(WorkerSpec(side, index, tuple(nodeids), later or None, environ=environ))  # type: ignore[arg-type]
+                later = {n: sizes for n in nodeids if (sizes := due[n].batch_sizes) is not None}
+                specs.append(WorkerSpec(side, index, tuple(nodeids), later or None, environ=environ))
         return specs
 
     def _round(self, specs: list[WorkerSpec], pool: WorkerPool) -> list[WorkerRun]:

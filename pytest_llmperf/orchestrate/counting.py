@@ -27,7 +27,6 @@ import pytest
 
 from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
-from .campaign_progress import CampaignProgress
 from .markers import marker_kwargs
 from .pool import WorkerPool
 from .protocol import ENV_COUNT, Side, WorkerError, WorkerRun, WorkerSpec
@@ -115,37 +114,19 @@ def _torch_supports_valgrind() -> bool | None:
     return bool(check()) if check is not None else None
 
 
-def campaign(
-    llm: LLMPerfSession,
-    items: Sequence[pytest.Item],
-    sides: Sequence[Side],
-    pool: WorkerPool,
-    progress: CampaignProgress,
-) -> dict[str, list[WorkerRun]]:
-    """The counting workers of a campaign, by side: none when no test asks for instructions; a WorkerError when
-    one failed. `progress` says that they run, while they run (a CI log is never silent for long)."""
+def specs_for(
+    llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[Side], pool: WorkerPool
+) -> list[WorkerSpec]:
+    """The counting workers of a campaign: none when no test asks for instructions (or off the cpu target); an
+    update records BASELINE_PROCESSES per side, else one. A WorkerError when this machine cannot count."""
     nodeids = tuple(item.nodeid for item in items if wants_instructions(item, llm.settings.instructions))
     if not nodeids or llm.device != "cpu":
-        return {}
+        return []
     problem = setup_problem()  # asked by a marker only: not checked at configure time
     if problem is not None:
         raise WorkerError(problem)
     processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings.compare else 1
-    specs = [counting_spec(pool, WorkerSpec(side, i, nodeids)) for i in range(1, processes + 1) for side in sides]
-
-    def waiting(seconds: float, done: int) -> None:
-        progress.note(
-            f"counting instructions under callgrind: {done} of {len(specs)} process(es) done, {seconds:.0f} s"
-        )
-
-    started = time.monotonic()
-    runs = count(pool, specs, on_wait=waiting)
-    where = " and ".join(side.label for side in sides)
-    progress.say(
-        f"counted instructions under callgrind, {processes} process(es) on {where}: {len(nodeids)} "
-        f"test(s) in {time.monotonic() - started:.0f} s"
-    )
-    return runs
+    return [counting_spec(pool, WorkerSpec(side, i, nodeids)) for i in range(1, processes + 1) for side in sides]
 
 
 def counting_spec(pool: WorkerPool, spec: WorkerSpec, valgrind_args: Sequence[str] = ()) -> WorkerSpec:

@@ -159,7 +159,7 @@ def benchmark(
     """`with benchmark(config, nodeid, key, sizes) as on_run:` the runner's per-run callback
     (None without a terminal reporter, e.g. `-p no:terminal` or an xdist worker)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter") if config is not None else None
-    if config is None or reporter is None or hasattr(config, "workerinput"):
+    if config is None or reporter is None:
         yield None
         return
     progress = Progress(
