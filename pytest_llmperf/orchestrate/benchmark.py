@@ -131,7 +131,8 @@ class LocalBenchmark(Benchmark):
         """Record it, or judge it look by look: the batch sizes with undecided rows get more runs."""
         # The judge (scipy.stats) loads only in a process that judges: a worker hands its result to the controller,
         # and importing scipy.stats changes a counting worker's memory layout from process to process (it draws
-        # its docstrings' examples from unseeded generators; docs/instructions.md), and costs seconds under valgrind.
+        # its docstrings' examples from unseeded generators: docs/notes/instructions.md, "Where the spread comes
+        # from"), and costs seconds under valgrind.
         from ..judge.procedure import Schedule
         from ..judge.rows import undecided_batches
         from . import judging
