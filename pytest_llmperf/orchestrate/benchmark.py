@@ -4,7 +4,7 @@ Scenario from the marker and options, then measured (measure/runner.py). `LocalB
 process itself) records it (update modes) or judges it look by look against its stored baseline: the batch sizes
 with undecided rows get more runs, doubling up to max_runs (judge/procedure.py); and fails the test with an
 actionable message where --llmperf-fail-on says so. In a worker process the fixture is a `WorkerBenchmark`
-(worker.py), which hands what it measured to the controller.
+(worker_benchmark.py), which hands what it measured to the controller.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Benchmark:
 
     def _measure(self, backend: Backend, scenario: Scenario, key: str) -> BenchmarkResult:
         """Measure it (into `results`), and what follows in this mode."""
-        raise NotImplementedError  # LocalBenchmark here, WorkerBenchmark in a worker process (worker.py)
+        raise NotImplementedError  # LocalBenchmark here, WorkerBenchmark in a worker process (worker_benchmark.py)
 
     def _scenario(self, backend: Backend, overrides: dict[str, Any]) -> Scenario:
         unknown = set(overrides) - set(OVERRIDES)
