@@ -8,7 +8,8 @@ GPU targets sweep the seed's batch sizes, 1 to 1920, until a batch size runs out
 import pytest
 
 # One torch thread on the cpu target: with 2 threads on this shared 2-core machine, one test's timings
-# moved up to 3.1x between sessions of unchanged code, with 1 thread at most 1.32x (docs/noise.md).
+# moved up to 3.1x between sessions of unchanged code, with 1 thread at most 1.32x
+# (docs/notes/noise.md, "What moved the timings of unchanged code, and what did not").
 CPU_SIZES = {"batch_sizes": [1, 2, 4, 8], "sequence_length": 32, "decode_length": 16, "knobs": {"threads": 1}}
 GPU_SIZES = {"batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1152, 1280, 1408,
                              1536, 1664, 1792, 1920], "sequence_length": 32, "decode_length": 100}

@@ -1,6 +1,7 @@
 """Where two callgrind dumps differ: each function's own instructions (self cost) and the calls between functions,
 highest difference first. Made to compare one counted region (a decode step) of two counting processes of the same
-code (scripts/instruction_spread.py --keep-dumps): docs/instructions.md found the spread that way.
+code (scripts/instruction_spread.py --keep-dumps): docs/notes/instructions.md found the spread that way ("Where the
+spread comes from").
 Usage: python scripts/callgrind_diff.py DUMP_A DUMP_B [--top 25] [--calls]
 """
 

@@ -53,9 +53,9 @@ def _slowed(forward):
 for cls in (LlamaForCausalLM, BloomForCausalLM):
     cls.forward = _slowed(cls.forward)
 '''
-# Host-side changes of fixed size per decode step, for the signals' table (docs/instructions.md): `work:N` runs N
-# iterations of a Python loop (the same instructions in every process: what instruction counts see), `sleep:S`
-# sleeps S seconds (wall time only).
+# Host-side changes of fixed size per decode step, for the signals' table (docs/notes/instructions.md, "What each
+# signal catches"): `work:N` runs N iterations of a Python loop (the same instructions in every process: what
+# instruction counts see), `sleep:S` sleeps S seconds (wall time only).
 STEP_CHANGE_CONFTEST = '''"""Written by scripts/gate_power.py: {kind} {amount} per decode step. Remove me."""
 import functools
 import time

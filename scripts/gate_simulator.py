@@ -10,7 +10,7 @@ Disturbed processes (probability `disturbed`) are slowed by U(1.2, 2) on every r
 on a shared runner does. A job is red when any row ends regressed or inconclusive (the README's recipe
 fails on both).
 
-    python scripts/gate_simulator.py                # the table of docs/noise.md
+    python scripts/gate_simulator.py                # the table of docs/notes/noise.md, "Synthetic jobs"
     python scripts/gate_simulator.py --jobs 2000    # tighter figures
     python scripts/gate_simulator.py --rtol 0 --noise 0.10 --jobs 1000   # only the p between noise and "regressed"
     python scripts/gate_simulator.py --rtol 0.05 --max-processes 25       # the shipped A/B defaults
@@ -136,7 +136,8 @@ def simulate(job: Job, jobs: int, seed: int = 0) -> tuple[Figures, np.ndarray]:
 
 
 def cells(rtol: float) -> tuple[tuple[str, Job], ...]:
-    """The cells of docs/noise.md's table, (label, job), the last a slowdown at 75% of the tolerance."""
+    """The cells of docs/notes/noise.md's table ("Synthetic jobs (the simulator in the test suite)"), (label, job),
+    the last a slowdown at 75% of the tolerance."""
     return (
         ("A/A, clean", Job()),
         ("A/A, disturbed", Job(disturbed=0.1)),

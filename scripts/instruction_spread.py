@@ -3,9 +3,9 @@ of its counted runs, and the spread (highest - lowest) / median over the process
 
 Every process is `valgrind --tool=callgrind --instr-atstart=no python -m pytest NODEID` in ROOT, exactly the
 counting worker of orchestrate/counting.py, two at a time by default (--concurrency 1: one at a time, on a machine
-shared with other work). docs/instructions.md took its figures with it; give --root a checkout with a conftest that
-injects work to count a changed side, and --json to keep the counts for pairing. --keep-dumps keeps every callgrind
-dump in the work directory it prints (--valgrind-arg=--dump-instr=yes for per-instruction costs), for
+shared with other work). docs/notes/instructions.md took its figures with it; give --root a checkout with a
+conftest that injects work to count a changed side, and --json to keep the counts for pairing. --keep-dumps keeps
+every callgrind dump in the work directory it prints (--valgrind-arg=--dump-instr=yes for per-instruction costs), for
 scripts/callgrind_diff.py to say where two processes' counts differ.
 Usage: python scripts/instruction_spread.py NODEID [--processes 5] [--batch-sizes 1] [--root .] [--concurrency 2]
        [--json out.json] [--keep-dumps] [--valgrind-arg=ARG ...]

@@ -5,7 +5,8 @@ thresholds fixed as the plugin fixes them); per block each takes `--runs` runs. 
 lets them measure one at a time, ABBA over the blocks (what `--llmperf-interleave=batch` does); `--mode sequential`
 runs all of A's blocks in one process, then all of B's in another (`--llmperf-interleave=process`). Rounds alternate
 which side goes first. Prints, per metric, the spread of the per-process medians on each side, the correlation of
-a round's A and B, and the spread of their log ratio: what the A/B gate tests (docs/noise.md, "Turns").
+a round's A and B, and the spread of their log ratio: what the A/B gate tests (docs/notes/noise.md, "Turns: pairs
+measured seconds apart").
 
     python scripts/pair_timing.py --mode turns --rounds 16
     python scripts/pair_timing.py --mode sequential --rounds 16 --model tiny-bloom --batch-size 4

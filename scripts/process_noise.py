@@ -9,7 +9,7 @@ at alpha with power 1 - beta needs to see a slowdown delta (normal approximation
     N per side ~ 2 (z_alpha + z_beta)^2 (sigma_p / delta)^2
 For an A/B comparison it also prints how the two sides pair up, round by round: the correlation of a round's A
 and B medians and the spread of their log ratio (what the paired gate tests), and the medians of both over the
-rows (docs/noise.md, "Turns").
+rows (docs/notes/noise.md, "Turns: pairs measured seconds apart").
 Usage: python scripts/process_noise.py aa.json [more.json ...] [--alpha 0.005] [--power 0.95]
 """
 

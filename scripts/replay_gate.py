@@ -1,4 +1,5 @@
-"""Replay the gate on real jobs' per-process medians: the tolerance and looks a runner affords (docs/noise.md).
+"""Replay the gate on real jobs' per-process medians: the tolerance and looks a runner affords
+(docs/notes/noise.md, "Real jobs on this VM").
 
 Input: the JSON reports (`--llmperf-json`) of A/B jobs of unchanged code, each taken with one look of many
 processes at rtol 0, so that every row keeps every round:

@@ -3,7 +3,7 @@
 The gate tests per-process medians (docs/gate.md). If the medians of 3 runs spread between processes as much as
 those of all the runs, the process, not the runs within it, sets the noise, and more runs per process only cost
 time. Reads JSON reports (`--llmperf-json`) of jobs with many worker processes and at least 5 runs each, e.g. the
-A/A jobs of docs/noise.md:
+A/A jobs of docs/notes/noise.md ("Real jobs on this VM"):
 
     python scripts/runs_per_process.py /work/data/aa/quiet_*.json
 """

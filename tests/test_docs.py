@@ -70,6 +70,54 @@ def test_the_readme_states_the_defaults_and_the_kinds():
 
 
 def test_every_link_between_the_pages_resolves():
-    for path in [ROOT / "README.md", *DOCS.glob("*.md")]:
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
-            assert (path.parent / target).exists(), f"{path.name} links {target}"
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links {target}"
+
+
+def sections(page):
+    """A page's headings and bold lead-ins (`**Name**`, `**Name.**`), the names a citation may give."""
+    found = []
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            found.append(line.lstrip("#").strip())
+        elif line.startswith("**"):
+            found.append(line[2:].split("**", 1)[0].rstrip(".:"))
+    return found
+
+
+def cited(text):
+    """(page, section) of every `docs/notes/PAGE.md, "Section"` in a file's text, comment markers and line breaks
+    between its words removed."""
+    text = " ".join(re.sub(r"^\s*(#:?|//)\s?", "", line) for line in text.splitlines())
+    text = " ".join(text.split())
+    return re.findall(r'docs/notes/([\w-]+\.md)[,;:]? "([^"]+)"', text)
+
+
+def test_the_notes_cited_in_the_code_hold_the_sections_they_are_cited_for():
+    """A comment that cites a note by page and section (`docs/notes/noise.md, "Turns"`) names a heading or bold
+    lead-in the page has: a section renamed or moved fails here until the comment follows it."""
+    files = [ROOT / "tox.ini", *(ROOT / "pytest_llmperf").rglob("*.py"), *(ROOT / "scripts").glob("*.py"),
+             *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]  # fmt: skip
+    citations = [
+        (path, page, section)
+        for path in files
+        if path.name != "test_docs.py"  # this file's own examples
+        for page, section in cited(path.read_text())
+    ]
+    assert len(citations) >= 20  # the package's comments cite the notes (a pattern that finds none checks nothing)
+    for path, page, section in citations:
+        assert (DOCS / "notes" / page).exists(), f"{path.relative_to(ROOT)} cites docs/notes/{page}"
+        assert any(s.startswith(section) for s in sections(DOCS / "notes" / page)), (
+            f'{path.relative_to(ROOT)} cites docs/notes/{page}, "{section}": no such section'
+        )
+
+
+def test_the_sections_the_pages_cite_exist():
+    """`[page](page.md), "Section"` between the pages names a heading or bold lead-in of that page."""
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        text = " ".join(path.read_text().split())
+        for target, section in re.findall(r'\]\(([^)#:]+\.md)\),? "([^"]+)"', text):
+            assert any(s.startswith(section) for s in sections(path.parent / target)), (
+                f'{path.relative_to(ROOT)} cites {target}, "{section}": no such section'
+            )

@@ -1,6 +1,7 @@
 """The gate's job-level figures on synthetic jobs (scripts/gate_simulator.py drives judge/stats.py and
 judge/procedure.py look by look, as the controller does): deterministic, seeded, a few seconds. These are not
-timing tests; the figures they assert are issue 21's goals (docs/noise.md), and -s prints them.
+timing tests; the figures they assert are issue 21's goals (docs/notes/noise.md, "The gate per CI job"), and -s
+prints them.
 
 Two settings: the shipped A/B defaults (rtol 0.05, 5 to 25 processes, read from the plugin) and rtol 0.03 with a
 cap of 40, where a +5% slowdown lies beyond the tolerance and must be caught (at rtol 0.05 it is the tolerance

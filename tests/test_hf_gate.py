@@ -1,14 +1,14 @@
 """The gate on a real model: a slowdown injected into the model's forward from a conftest (no change
 to the project) fails the test and names the phase it was put in, and only that phase.
 
-Baseline and gated runs are taken seconds apart in this process (pytester's in-process runs): on this
-shared machine a process can settle in a faster or slower mode for a shape, up to 1.3x apart for the
-same code (docs/noise.md). Even seconds apart in one process the whole machine drifts: in a CI run
-both phases moved by 0.90-0.91x between the two runs, which turned a 20% slowdown at rtol 0.1 into a
-ratio of 1.096 (passed). A fresh-clone run saw more still: the untouched decode read 0.68x between
-the two runs, and the slowed prefill 1.17x. So the untouched phase is the control: where it moved by more
-than 15%, the machine drifted during the experiment, which is taken again from a new baseline (three
-tries); with the control inside 1.15x, the other phase (rtol 0.2) stays unnamed.
+Baseline and gated runs are taken seconds apart in this process (pytester's in-process runs): on this shared
+machine a process can settle in a faster or slower mode for a shape, up to 1.3x apart for the same code
+(docs/notes/noise.md, "What moved the timings of unchanged code, and what did not"). Even seconds apart in one
+process the whole machine drifts: in a CI run both phases moved by 0.90-0.91x between the two runs, which
+turned a 20% slowdown at rtol 0.1 into a ratio of 1.096 (passed). A fresh-clone run saw more still: the
+untouched decode read 0.68x between the two runs, and the slowed prefill 1.17x. So the untouched phase is the
+control: where it moved by more than 15%, the machine drifted during the experiment, which is taken again from
+a new baseline (three tries); with the control inside 1.15x, the other phase (rtol 0.2) stays unnamed.
 
 The slowdown is 2x, caught while the machine drifts by less than 2/1.2 = 1.67x. A 1.5x slowdown with
 10 runs was missed twice in 20 tries (CI included): a baseline recorded in a slow mode (decode 9.5 ms
@@ -16,7 +16,7 @@ instead of 5.2 ms) and a machine that sped up 1.6x in the middle of the confirma
 1.21; and two disturbed baseline runs (39 and 11 ms among 5.2 ms ones) cost 20 of the 100 pairs of a
 10-run Mann-Whitney test, which then cannot reach alpha/2 = 0.005. 20 runs per look tolerate four such
 runs. How small a slowdown a runner catches is measured, not asserted:
-scripts/gate_power.py and docs/noise.md.
+scripts/gate_power.py and docs/notes/noise.md.
 """
 
 import re

@@ -166,7 +166,7 @@ def test_with_no_extra_installed_pytest_help_and_plain_tests_work(pytester):
 def test_a_worker_process_does_not_import_the_judge():
     """A worker hands its results to the controller: it needs no statistics. scipy.stats at import renders its
     docstrings' examples from unseeded generators, which moves a counting worker's memory layout from process to
-    process (docs/instructions.md), and costs ~6 s under valgrind."""
+    process (docs/notes/instructions.md, "Where the spread comes from"), and costs ~6 s under valgrind."""
     probe = textwrap.dedent("""
         import sys
         import pytest_llmperf.plugin, pytest_llmperf.orchestrate.benchmark, pytest_llmperf.orchestrate.worker

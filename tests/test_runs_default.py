@@ -1,5 +1,6 @@
 """`--llmperf-runs` auto: 3 runs in each worker process (the gate tests per-process medians, whose spread is the
-processes'; docs/noise.md), 10 when one process measures (its runs are the gate's units); the header says which."""
+processes'; docs/notes/noise.md, "Real jobs on this VM"), 10 when one process measures (its runs are the gate's
+units); the header says which."""
 
 import json
 from collections import Counter

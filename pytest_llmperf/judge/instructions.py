@@ -1,8 +1,8 @@
 """Instruction counts against their reference: a deterministic metric, held to a tolerance instead of a test.
 
-A count is the same in every process up to a small spread (docs/instructions.md: 0.1-0.25% per decode step of
-tiny-llama over 5 processes, 0.01% for prefill: CPython's type-attribute cache is indexed by addresses), so one
-counting process per side decides: regressed where the median count grew by
+A count is the same in every process up to a small spread (0.1-0.25% per decode step of tiny-llama over 5
+processes, 0.01% for prefill, since CPython's type-attribute cache is indexed by addresses: docs/notes/instructions.md,
+"Where the spread comes from"), so one counting process per side decides: regressed where the median count grew by
 more than the tolerance, improved where it shrank by more, else pass. A count that varies between the runs and
 processes of a side by more than the tolerance is not compared (an address- or input-dependent path would decide
 by chance): refused, with the spread. A baseline recorded by an update holds a few processes, whose spread is

@@ -16,8 +16,9 @@ undecided row (a metric at a batch size, `judge/stats.py`'s estimate of how much
 - **improved**: the mirror image (the same family-wise p, in the improving direction).
 - **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol. The looks
   between the doublings spend no alpha: there a row can only pass. A row of unchanged code that 5 processes
-  leave open can pass at the 6th or any later one instead of waiting for the 10th (synthetic jobs at the noise
-  of seed 000 here: 11 processes per test on average instead of 17, for half a point of power; docs/noise.md).
+  leave open can pass at the 6th or any later one instead of waiting for the 10th: 11 processes per test on
+  average instead of 17 at seed 000's noise, for half a point of power (docs/notes/noise.md, "A look after every
+  round").
 - undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
 
 A row decided at one look keeps its verdict; the job stops as soon as every row is decided.
@@ -41,7 +42,8 @@ from .verdicts import Verdict
 #: upper bound of its slowdown is within rtol. The family-wise error is controlled by alpha (above); this
 #: level trades processes for how often a slowdown near the tolerance is called either way.
 DECISION_LEVEL = 0.2
-#: Per-unit noise the "can it fail" check assumes: processes on a shared CPU runner scatter 3-10% (docs/noise.md).
+#: Per-unit noise the "can it fail" check assumes: processes on a shared CPU runner scatter 3-10% (docs/notes/noise.md,
+#: "What the cpu target measured").
 REFERENCE_NOISE = 0.05
 #: Past this many units a row is "far beyond the cap" in the inconclusive note.
 NEEDED_LIMIT = 10_000

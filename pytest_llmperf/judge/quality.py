@@ -26,7 +26,8 @@ from ..measure.metrics import gated_metrics, values_by_process
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 
-#: Within-process CV above which a metric's runs are called noisy (runs here scatter 1-4%, docs/noise.md).
+#: Within-process CV above which a metric's runs are called noisy: well above the 1.5-4% that the runs of one process
+#: scatter on a shared runner (docs/notes/noise.md, "What the cpu target measured").
 NOISY_CV = 0.10
 
 

@@ -7,7 +7,8 @@ memory or in reused heap memory depends on everything the process allocated and 
 same code settles into a faster or slower mode per shape, differently in each pytest session. Measured
 on the cpu target, one test's prefill ran 1.28x slower in some sessions than in others; with the
 thresholds fixed, the largest shift of unchanged code over 12 sessions fell from 1.47x to 1.26x
-(docs/noise.md). Fixing them makes every session allocate alike. Elsewhere (macOS, musl) nothing changes.
+(docs/notes/noise.md, "What moved the timings of unchanged code, and what did not"). Fixing them makes every session
+allocate alike. Elsewhere (macOS, musl) nothing changes.
 """
 
 from __future__ import annotations

@@ -33,15 +33,17 @@ INSTRUCTION_METRICS = ("prefill_instructions", "decode_step_instructions", "e2e_
 #: after uninstrumented warmups) one instrumented run comes first and is not kept: the first runs after
 #: instrumentation starts count CPython's own settling (its adaptive interpreter, its allocator, this clock's first
 #: calls: up to 3.7% of a 12 M-instruction pure-Python prefill), the later ones agree to 0.01%. A test's batch sizes
-#: all warm up before instrumentation starts (measure/runner.py), so the later ones need no settling run: two
-#: processes counted seed 000's batch 2 and 4 alike to 0.006-0.09% (docs/instructions.md). A count does not vary
-#: between runs after that; its spread over processes is what a baseline records (orchestrate/counting.py).
+#: all warm up before instrumentation starts (measure/runner.py), so the later ones need no settling run: their first
+#: counted run agrees with the next ones to a few hundredths of a percent (docs/notes/instructions.md, "What counting
+#: costs"). A count does not vary between runs after that; its spread over processes is what a baseline records
+#: (orchestrate/counting.py).
 COUNTED_RUNS = 1
 SETTLING_RUNS = 1
 #: How counts are taken, recorded with a baseline that holds counts (its fingerprint's "counts"): a count taken
 #: otherwise is not comparable. Python's objects come from glibc's malloc in a counting worker (PYTHONMALLOC=malloc),
 #: since pymalloc's free costs more below an arena's 1 MiB boundary and arenas lie where each process's history put
-#: them; with it a tiny-llama decode step counts 1.6% more (docs/instructions.md).
+#: them; with it a tiny-llama decode step counts 1.6% more (docs/notes/instructions.md, "The fix: glibc's malloc in
+#: counting workers").
 COUNTS_TAKEN_WITH = "PYTHONMALLOC=malloc"
 #: Clock readings taken once, right after instrumentation starts: the clock's own first calls settle too.
 CLOCK_WARMUP_READINGS = 24

@@ -167,7 +167,7 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
 
 
 def build_scenario(settings: Mapping[str, Any]) -> Scenario:
-    """A test's Scenario from its settings (marker > llmperf.measure() keywords > the session's options); every value
+    """A test's Scenario from its settings (llmperf.measure() keywords > marker > the session's options); every value
     is checked by type and range, never coerced, and what is not given is the Scenario's default. Whether its
     schedule can fail is orchestrate/checks.py's."""
     for name, value in settings.items():

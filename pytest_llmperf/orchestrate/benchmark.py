@@ -4,7 +4,7 @@ Scenario from the marker and options, then measured (measure/runner.py). `LocalB
 process itself) records it (update modes) or judges it look by look against its stored baseline: the batch sizes
 with undecided rows get more runs, doubling up to max_runs (judge/procedure.py); and fails the test with an
 actionable message where --llmperf-fail-on says so. In a worker process the fixture is a `WorkerBenchmark`
-(worker.py), which hands what it measured to the controller.
+(worker_benchmark.py), which hands what it measured to the controller.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Benchmark:
 
     def _measure(self, backend: Backend, scenario: Scenario, key: str) -> BenchmarkResult:
         """Measure it (into `results`), and what follows in this mode."""
-        raise NotImplementedError  # LocalBenchmark here, WorkerBenchmark in a worker process (worker.py)
+        raise NotImplementedError  # LocalBenchmark here, WorkerBenchmark in a worker process (worker_benchmark.py)
 
     def _scenario(self, backend: Backend, overrides: dict[str, Any]) -> Scenario:
         unknown = set(overrides) - set(OVERRIDES)
@@ -131,7 +131,8 @@ class LocalBenchmark(Benchmark):
         """Record it, or judge it look by look: the batch sizes with undecided rows get more runs."""
         # The judge (scipy.stats) loads only in a process that judges: a worker hands its result to the controller,
         # and importing scipy.stats changes a counting worker's memory layout from process to process (it draws
-        # its docstrings' examples from unseeded generators; docs/instructions.md), and costs seconds under valgrind.
+        # its docstrings' examples from unseeded generators: docs/notes/instructions.md, "Where the spread comes
+        # from"), and costs seconds under valgrind.
         from ..judge.procedure import Schedule
         from ..judge.rows import undecided_batches
         from . import judging

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class DeferredBenchmark(pytest.Item):
     """A benchmark test that worker processes measured: its turn in the test loop reports the decision."""
 
-    measured_elsewhere = True  # its test body ran in the workers (plugin.py's check for a measure() call)
+    measured_elsewhere = True  # its test body ran in the workers (items.py's check for a measure() call)
 
     def __init__(self, *, original: pytest.Item, controller: ProcessController, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -11,7 +11,7 @@ base cost), instrumentation starts at the first counted run (measure/instruction
 would make a count differ between processes or cost hours under valgrind: Python's hash seed, glibc's malloc for
 Python's objects (pymalloc's cost depends on where its arenas lie), one thread, and MKL's compatible code path
 (valgrind 3.19 emulates AVX2's FMA slowly: one 128x384x384 matmul took 1.8 s in MKL's AVX2 path under valgrind,
-0.01 s in the compatible one; docs/instructions.md).
+0.01 s in the compatible one; docs/notes/instructions.md, "What counting costs").
 """
 
 from __future__ import annotations

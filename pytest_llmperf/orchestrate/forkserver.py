@@ -1,8 +1,8 @@
 """The controller's half of the fork server (zygote.py is the server's): start it once per campaign, have it fork
 the workers, hear when they exit.
 
-A worker of a small test spent most of its round importing torch and transformers (docs/noise.md, "Workers forked
-from a fork server"); forked from a process that has imported them, it starts in a fraction of that. The server
+A worker of a small test spent most of its round importing torch and transformers (docs/notes/noise.md, "Workers
+forked from a server"); forked from a process that has imported them, it starts in a fraction of that. The server
 imports only what is installed in site-packages, which both sides share; each worker imports its side's project
 itself after the fork, in its side's directory, with its side's PYTHONPATH and environment. A forked worker is
 otherwise the worker `python -c WORKER_MAIN ...` would be: its own process, session and log, its own descriptors

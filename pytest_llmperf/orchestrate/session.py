@@ -26,24 +26,25 @@ if TYPE_CHECKING:
 
 
 #: Worker processes per benchmark at the first look when --llmperf-processes is auto, per target class
-#: (docs/noise.md); more follow, one a round, for the rows still undecided, up to MAX_PROCESSES_FACTOR times as
-#: many (5: alpha spent at the looks at 5, 10, 20, 25. The last look is for rows a disturbed process or two left
-#: open at 20: on synthetic jobs with a tenth of the processes slowed 1.2-2x, +10% rows were called regressed in
-#: 96.5% against 91.6% with a cap of 20, and A/A jobs red 3.0% against 4.2%; rows decided earlier cost nothing
-#: more. docs/noise.md).
+#: (docs/notes/noise.md, "The gate per CI job"); more follow, one a round, for the rows still undecided, up to
+#: MAX_PROCESSES_FACTOR (5) times as many: alpha is spent at the looks at 5, 10, 20 and 25, the last one for rows
+#: that a disturbed process or two left open at 20; rows decided earlier cost nothing more (docs/notes/noise.md,
+#: "A last look at 25 processes").
 DEFAULT_PROCESSES = {"cpu": 5, "gpu": 5}
 MAX_PROCESSES_FACTOR = 5
 #: A baseline records this many times --llmperf-processes: the gate tests a stored baseline with Mann-Whitney's exact
 #: U, whose smallest p is 1 / C(m + n, n); against 5 recorded processes a family of 12 rows reaches its level only
 #: at 20 processes now, against 10 at 10 (judge/stats.py).
 RECORD_FACTOR = 2
-#: --llmperf-rtol when auto: an A/B comparison measures both sides in one job, yet its two sides still differ by
-#: a few percent from job to job (seed 000 on a shared 2-core VM: -1.7% to +4.8%, docs/noise.md), so 0.05; a
-#: stored baseline ages by the drift between sessions, measured per target class.
+#: --llmperf-rtol when auto: an A/B comparison measures both sides in one job, yet its two sides of unchanged code
+#: still differ by a few percent from job to job (docs/notes/noise.md, "Real jobs on this VM"), so 0.05; a stored
+#: baseline ages by the drift between sessions, measured per target class (docs/notes/noise.md, "What the cpu target
+#: measured").
 DEFAULT_RTOL = {"ab": 0.05, "cpu": 0.15, "gpu": 0.05}
 #: --llmperf-runs when auto. In worker processes the gate tests per-process medians, whose spread is the
-#: processes' (seed 000, 30 rows of 16-process A/A jobs: the medians of 3 runs spread as those of 5, ratio 1.00;
-#: docs/noise.md), so a process takes pyperf's 3 values; measured in one process the runs are the units, so 10.
+#: processes': the medians of 3 runs spread as those of 5, those of 2 spread 5-7% more and move with one disturbed
+#: run (docs/notes/noise.md, "Real jobs on this VM" and "Two runs per process instead of three?"), so a process takes
+#: pyperf's 3 values; measured in one process the runs are the units, so 10.
 DEFAULT_RUNS = {"workers": 3, "in_process": 10}
 
 
@@ -192,7 +193,8 @@ class LLMPerfSession:
     @property
     def threads(self) -> int | None:
         """torch threads while measuring: the option, or auto = 1 on the cpu target (its timings at 2 threads
-        on a shared 2-core machine spread 2-3x wider, docs/noise.md) and torch's default on a GPU target."""
+        on a shared 2-core machine spread 2-3x wider: docs/notes/noise.md, "What moved the timings of unchanged code,
+        and what did not") and torch's default on a GPU target."""
         value = self.settings.threads
         if value == "auto":
             return 1 if self.device == "cpu" else None

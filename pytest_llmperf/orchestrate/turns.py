@@ -2,11 +2,10 @@
 measured a fraction of a second apart.
 
 On a shared machine the speed changes within seconds (other tenants of the host, invisible to the load meter). Two
-worker processes run one after the other are 15-30 s apart, so that change lands between them: the A and B
-processes of one round hardly correlated (-0.09 to +0.06 for tiny-llama at batch 1), and their log ratio scattered
-by 17-23%. Alive together and taking turns at every batch size, the same pairs correlated 0.79-0.87 and their ratio
-scattered by 10% (docs/noise.md, "Turns"). Taking turns at every run, whole seed-000 jobs of the same hour scattered
-by 5.5-6.6% against 8.7-11.9% with a turn per batch size (docs/noise.md, "Run by run"): a quarter of the variance.
+worker processes run one after the other are 15-30 s apart, so that change lands between them and their pair hardly
+correlates; alive together and taking turns, the pair correlates and its log ratio scatters about half as much
+(docs/notes/noise.md, "Turns: pairs measured seconds apart"). Turns at every run rather than every batch size cut a
+whole job's variance to a quarter (docs/notes/noise.md, "Run by run"), so `run` is the default.
 
 The protocol, over two pipes per worker (the descriptors in `ENV_TURNS`, inherited):
 

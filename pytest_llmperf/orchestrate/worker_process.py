@@ -29,7 +29,8 @@ POLL_S = 0.5
 #: A worker's interpreter: pytest (`python -m pytest` with its arguments; pytest.main, as console_main is deprecated
 #: from pytest 9.2 and fails under PYTHONWARNINGS=error::DeprecationWarning), then out without tearing down its modules.
 #: With torch and transformers imported that teardown took 1.3-1.5 s after the last record, at the end of every
-#: round (a worker of one small test: 8.1 s in all, 7.2 s without; docs/noise.md). Everything pytest does at its
+#: round (a worker of one small test: 8.1 s in all, 7.2 s without; docs/notes/noise.md, "What a job pays besides
+#: measuring"). Everything pytest does at its
 #: end is done by then (unconfigure, cleanups, the records file closed), and the atexit handlers still run (a
 #: user's conftest may stop a server there); only non-daemon threads still running are not waited for.
 WORKER_MAIN = (

@@ -1,10 +1,11 @@
 """The fork server's own process: import the heavy libraries both sides share once, then fork a worker per request.
 
 A worker process spent most of its start-up importing torch and transformers (4-5 s of a 6.5 s round of a small
-test on this VM; docs/noise.md), the same files for both sides. This process imports them once per campaign, then
-forks each worker from there (orchestrate/forkserver.py is the controller's half). Only modules installed in this
-interpreter's site-packages are imported here: they are identical on both sides. The project under test (an
-editable install, a side's checkout, PYTHONPATH) is imported by each worker after the fork, from its own side.
+test; docs/notes/noise.md, "Workers forked from a server"), the same files for both sides. This process imports
+them once per campaign, then forks each worker from there (orchestrate/forkserver.py is the controller's half). Only
+modules installed in this interpreter's site-packages are imported here: they are identical on both sides. The
+project under test (an editable install, a side's checkout, PYTHONPATH) is imported by each worker after the fork,
+from its own side.
 
 Run as a file (`runpy.run_path`), never imported as part of the package: this process must not import the
 pytest-llmperf of either side. Standard library only.

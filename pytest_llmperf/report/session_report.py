@@ -3,8 +3,8 @@
 GitHub step summary.
 
 A report that cannot be written is one clear line after the verdicts (never a traceback hiding them), and
-fails a session that would otherwise pass; a step summary that cannot be appended is a warning line. `session` is
-given a `SessionSummary` and returns what it `Written`.
+fails a session that would otherwise pass; a step summary that cannot be appended is a warning line.
+`write_reports` is given a `SessionSummary` and returns what it wrote (`Written`).
 
 Two sessions may end at once over one report directory (two jobs of one checkout): each reads the accumulated
 report and writes it back, so the whole of it holds one lock of the directory (files.locked), or one session's

@@ -109,8 +109,9 @@ def summary_lines(session: SessionSummary) -> list[str]:
 
 
 def baseline_age(outcomes: Sequence[Outcome], now: datetime | None = None) -> str | None:
-    """How old the stored baselines judged against are: drift between sessions reads exactly like a slowdown,
-    so an old baseline is said (docs/noise.md; pull requests are better judged A/B, --llmperf-compare)."""
+    """How old the stored baselines judged against are: drift between sessions reads exactly like a slowdown, and a
+    baseline aged past its tolerance within hours on a shared runner, so its age is said (docs/notes/noise.md, "What
+    shipped, and what is not met"); pull requests are better judged A/B (--llmperf-compare)."""
     found = []
     for outcome in outcomes:
         try:
