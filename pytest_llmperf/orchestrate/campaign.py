@@ -46,7 +46,7 @@ class Campaign:
         self.config = config
         self.llm = llm
         self.decisions: dict[str, Decision] = decisions
-        self.progress = campaign_progress.campaign(config)  # live progress of the workers
+        self.progress = campaign_progress.for_terminal(config)  # live progress of the workers
         self.measurements = Measurements(llm, [Side("", Path(config.rootpath), "the working tree")])
         self.plans: dict[str, Plan] = {}  # the timed tests still undecided, by node id
         self.family: int | None = None  # gated rows of the whole job, judged as one family
@@ -192,7 +192,7 @@ class Campaign:
         for item in [i for i in items if counting.wants_instructions(i, True)]:
             stopped = measured.stopped(item.nodeid, measured.counted)
             counted = [] if stopped else measured.current_results(item.nodeid, counted=True)
-            outcomes = [measured.outcome(None, merged, self.family) for merged in counted]
+            outcomes = [measured.judge_or_record(None, merged, self.family) for merged in counted]
             self.decisions[item.nodeid] = stopped or Decision.of(self.llm, outcomes)
             self.llm.outcomes.extend(outcomes)
 
@@ -273,19 +273,18 @@ class Campaign:
         def started(spec: WorkerSpec) -> None:
             self.progress.started(spec.side.label, spec.index, total, len(spec.nodeids), at_most=at_most)
 
-        if len(specs) > 1 and self.llm.settings.interleave != "process":
+        if len(specs) > 1 and self.llm.settings.interleave != "process":  # together, taking turns
             for spec in specs:
                 started(spec)
             done = pool.run_round(specs)
-        else:
-            done = []
-            for spec in specs:
-                started(spec)
-                done.append(pool.run(spec))
-                self.progress.done(done[-1].seconds, side=spec.side.label)
+            for run in done:
+                self.progress.done(run.seconds, side=run.side.label)
             return done
-        for run in done:
-            self.progress.done(run.seconds, side=run.side.label)
+        done = []
+        for spec in specs:  # one after the other
+            started(spec)
+            done.append(pool.run(spec))
+            self.progress.done(done[-1].seconds, side=spec.side.label)
         return done
 
     def _estimate(self) -> None:
@@ -302,8 +301,10 @@ class Campaign:
             self._finish(plan, stopped)
             return
         if self.family is None and self.llm.mode != "update":
-            self.family = self.measurements.family(list(self.plans.values()))
-        outcomes = [self.measurements.outcome(plan, m, self.family) for m in self.measurements.current_results(nodeid)]
+            self.family = self.measurements.count_family(list(self.plans.values()))
+        outcomes = [
+            self.measurements.judge_or_record(plan, m, self.family) for m in self.measurements.current_results(nodeid)
+        ]
         plan.outcomes = {o.result.key: o for o in outcomes}
         undecided = sorted({b for o in outcomes for b in undecided_batches(o.rows)})
         if undecided and not plan.final:

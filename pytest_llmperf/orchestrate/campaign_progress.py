@@ -216,7 +216,7 @@ class SilentOutput:
         pass
 
 
-def campaign(config: pytest.Config) -> CampaignProgress:
+def for_terminal(config: pytest.Config) -> CampaignProgress:
     """The campaign's progress on pytest's terminal (silent without a terminal reporter, `-p no:terminal`)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:

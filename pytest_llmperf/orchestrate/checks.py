@@ -22,7 +22,7 @@ from .session import RECORD_FACTOR, LLMPerfSession
 DEFAULT_ROWS_PER_BATCH = 3
 
 
-def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapping[str, Any]) -> None:
+def check_test_settings(llm: LLMPerfSession, item: pytest.Item, kwargs: Mapping[str, Any]) -> None:
     """Raise ScenarioError naming the keyword and the fix when a test's settings cannot work."""
     processes = kwargs.get("processes")
     if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
@@ -30,11 +30,11 @@ def check_test_settings(session: LLMPerfSession, item: pytest.Item, kwargs: Mapp
             f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
             "(worker processes per side at the first look); leave it out for --llmperf-processes"
         )
-    settings = {k: v for k, v in session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
+    settings = {k: v for k, v in llm.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
     scenario = build_scenario(settings)
-    if session.in_process:
+    if llm.in_process:
         load_judge()
-    if not session.in_process or session.mode != "gate":
+    if not llm.in_process or llm.mode != "gate":
         return
     from ..judge.procedure import Schedule, SettingError, check_can_fail
 

@@ -1,6 +1,6 @@
 """The `llmperf:` lines of pytest's header: the device, the settings, how benchmarks are measured and judged.
 
-Shown in every session, so this module imports nothing heavy (the summary's statistics are report/terminal.py's).
+Shown in every llm, so this module imports nothing heavy (the summary's statistics are report/terminal.py's).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ INTERLEAVED = {
 }
 
 
-def header_lines(session: LLMPerfSession) -> list[str]:
-    s = session.settings
+def header_lines(llm: LLMPerfSession) -> list[str]:
+    s = llm.settings
     return [
-        f"llmperf: device={session.device} ({'given' if session.device_given else 'detected'}), mode={session.mode}, "
-        f"runs={s.runs}{' (auto)' if session.runs_auto else ''}, warmups={s.warmups}, max_runs={s.max_runs}, "
+        f"llmperf: device={llm.device} ({'given' if llm.device_given else 'detected'}), mode={llm.mode}, "
+        f"runs={s.runs}{' (auto)' if llm.runs_auto else ''}, warmups={s.warmups}, max_runs={s.max_runs}, "
         f"alpha={s.alpha}, rtol={s.rtol:g}"
-        f"{f' ({session.rtol_auto})' if session.rtol_auto else ''}, malloc={s.malloc}, "
-        f"threads={session.threads_text()}, "
+        f"{f' ({llm.rtol_auto})' if llm.rtol_auto else ''}, malloc={s.malloc}, "
+        f"threads={llm.threads_text()}, "
         f"fail_on={','.join(s.fail_on) or 'none'}",
-        f"llmperf: {_measured_how(session)}",
+        f"llmperf: {_measured_how(llm)}",
         *(
             [
                 "llmperf: instructions only: the tests that count are not timed, their rows are the counts of one "
@@ -33,34 +33,34 @@ def header_lines(session: LLMPerfSession) -> list[str]:
             if s.instructions_only
             else []
         ),
-        f"llmperf: baselines={'none (A/B: both sides measured here)' if s.compare else session.baseline_set}, "
+        f"llmperf: baselines={'none (A/B: both sides measured here)' if s.compare else llm.baseline_set}, "
         f"reports={s.report_dir}",
     ]
 
 
-def _measured_how(session: LLMPerfSession) -> str:
-    s = session.settings
-    if session.recorder is not None:
+def _measured_how(llm: LLMPerfSession) -> str:
+    s = llm.settings
+    if llm.recorder is not None:
         return "a worker process of the controlling pytest process"
     where = (
         f"the working tree against {s.compare} (A/B, {INTERLEAVED[s.interleave]})"
         if s.compare
         else "against the stored baselines"
     )
-    if session.in_process:
+    if llm.in_process:
         return (
             f"processes=1: in this pytest process, the gate tests runs {where}: {s.runs} at the first look, "
             f"doubling to max_runs={s.max_runs} for undecided rows"
         )
     auto = " (auto)" if s.processes == "auto" else ""
-    if session.mode == "update":
+    if llm.mode == "update":
         return (
-            f"processes={session.processes}{auto}: a baseline records {session.recording_processes} worker "
+            f"processes={llm.processes}{auto}: a baseline records {llm.recording_processes} worker "
             f"processes (twice the first look; the gate tests their medians)"
         )
-    if session.mode == "update-missing":
+    if llm.mode == "update-missing":
         return (
-            f"processes={session.processes}{auto}: {session.recording_processes} worker processes per benchmark "
+            f"processes={llm.processes}{auto}: {llm.recording_processes} worker processes per benchmark "
             f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
             f"where a baseline is missing"
         )
@@ -69,7 +69,7 @@ def _measured_how(session: LLMPerfSession) -> str:
         "exec": "each a fresh interpreter",
     }[s.worker_start]
     return (
-        f"processes={session.processes}{auto} per side at the first look (worker processes, {started}; the gate "
+        f"processes={llm.processes}{auto} per side at the first look (worker processes, {started}; the gate "
         f"tests their medians), then one more a round while rows are undecided, judged after every round up to "
-        f"{session.max_processes} (alpha spent at the doublings and the cap), {where}"
+        f"{llm.max_processes} (alpha spent at the doublings and the cap), {where}"
     )

@@ -1,7 +1,7 @@
 """What the workers of a job measured, by side, and how a test is judged at a look of its schedule.
 
 The campaign (campaign.py) runs the rounds; after each round it hands every test that reached a look to
-`Measurements.outcomes`, which merges what every worker of a side measured so far per benchmark, finds the
+`Measurements.judge_or_record`, which merges what every worker of a side measured so far per benchmark, finds the
 reference (the A side of an A/B job, or the stored baseline) and judges the rows (judge/rows.py, through
 judging.py). A test that failed or was skipped in a worker is not judged: `stopped` says what it reports.
 """
@@ -126,7 +126,7 @@ class Measurements:
         exists = result.nodeid in self.available.get(ref.name, ())
         return judging.ab_reference(result, side, label, exists_on_a=exists)
 
-    def outcome(self, plan: Plan | None, merged: BenchmarkResult, family: int | None) -> Outcome:
+    def judge_or_record(self, plan: Plan | None, merged: BenchmarkResult, family: int | None) -> Outcome:
         """Record the benchmark (update modes), or judge it at this look (no plan: on its counts alone, against
         what side A's counting workers counted)."""
         llm = self.llm
@@ -150,7 +150,7 @@ class Measurements:
             family=family,
         )
 
-    def family(self, plans: Sequence[Plan]) -> int:
+    def count_family(self, plans: Sequence[Plan]) -> int:
         """Gated rows of every planned test, counted on what the first rounds measured: one family."""
         count = 0
         for plan in plans:

@@ -24,6 +24,7 @@ class SessionEnd:
     def __init__(self, llm: LLMPerfSession) -> None:
         self.llm = llm
         self.written = Written()
+        self.ended: SessionSummary | None = None  # filled once, when the session ends (its summary shows it)
 
     def summary(self) -> SessionSummary:
         llm, settings = self.llm, self.llm.settings
@@ -59,7 +60,7 @@ class SessionEnd:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.benchmarked:
             return  # no benchmark in this session: nothing to fail or write, and no statistics to import
-        summary = self.summary()
+        summary = self.ended = self.summary()
         # A kind listed in --llmperf-fail-on fails its test; should a test have swallowed that failure, or nothing
         # have been judged at all, the session still exits non-zero (the pytest-cov way: set the status here).
         failures = run_failures(summary.outcomes, summary.fail_on, gating=summary.gating, selected=summary.selected)
@@ -109,7 +110,7 @@ class SessionEnd:
             return  # refused before anything ran, or --collect-only: nothing was to be judged
         from ..report.terminal import write_summary
 
-        write_summary(terminalreporter, self.summary(), self.written)
+        write_summary(terminalreporter, self.ended or self.summary(), self.written)
 
 
 class Exports:
