@@ -1,8 +1,8 @@
 """Counting workers: the benchmarks that ask for instruction counts, run once per side under callgrind.
 
-How they fit the campaign (orchestrate/campaign.py): before the timing rounds, the controller starts one
-counting worker per side, `valgrind --tool=callgrind --instr-atstart=no --dump-line=no python -c WORKER_MAIN NODEID...` (A/B: the
-ref's and the working tree's at once, one per core), and attaches their counted runs to each side's timed
+How they fit the campaign (orchestrate/campaign.py): before the timing rounds, the controller starts one counting
+worker per side, `valgrind --tool=callgrind --instr-atstart=no --dump-line=no python -c WORKER_MAIN NODEID...` (A/B:
+the ref's and the working tree's at once, one per core), and attaches their counted runs to each side's timed
 result. A count is the same in every process, so these rows are decided at the first look, however many timing
 rounds follow; an update records BASELINE_PROCESSES of them, so that the baseline holds their spread.
 
