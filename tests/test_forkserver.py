@@ -166,8 +166,11 @@ def test_the_servers_environment_holds_the_allocators_settings():
 
 def test_the_server_is_not_imported_as_part_of_the_package():
     """It must not import either side's pytest-llmperf: the standard library only."""
-    source = forkserver.ZYGOTE.read_text()
-    imports = [line.split()[1] for line in source.splitlines() if line.startswith(("import ", "from "))]
+    import ast
+
+    tree = ast.parse(forkserver.ZYGOTE.read_text())
+    imports = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imports += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert imports and all(name.split(".")[0] in sys.stdlib_module_names for name in imports)
 
 
