@@ -6,6 +6,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
+from pytest_llmperf.report import benchmark_tables
 from pytest_llmperf.report import markdown as report
 from tests.test_plugin import project, run  # noqa: F401  (fixture)
 
@@ -70,7 +71,7 @@ def test_grid_and_memory_medians_are_true_medians():
     e2e = [100.0, 110.0, 120.0, 130.0]  # an even count: the median is 115, not the upper middle 120
     rss = [100.0, 110.0, 120.0, 130.0]
     r = result([sample(e, m) for e, m in zip(e2e, rss)])
-    memory = gfm_tables(report.memory_table(r))[0]
+    memory = gfm_tables(benchmark_tables.memory_table(r))[0]
     assert memory[1][:3] == ["Host RSS (measuring process)", "1", "115.00 MiB"]
     grid = report.grid_sections([r])[0]
     speed, seconds = gfm_tables(grid)
@@ -81,10 +82,10 @@ def test_grid_and_memory_medians_are_true_medians():
 
 def test_run_counts_are_the_runs_taken():
     second_look = result([sample(100.0 + i) for i in range(20)], runs=10)  # a second look doubled the runs
-    parameters = dict(gfm_tables(report.parameters_table(second_look))[0][1:])
+    parameters = dict(gfm_tables(benchmark_tables.parameters_table(second_look))[0][1:])
     assert parameters["N Runs"] == "20"
     workers = result([sample(100.0 + i, process=1 + i % 4) for i in range(20)], runs=5)  # 4 processes x 5
-    assert dict(gfm_tables(report.parameters_table(workers))[0][1:])["N Runs"] == "20 (4 processes)"
+    assert dict(gfm_tables(benchmark_tables.parameters_table(workers))[0][1:])["N Runs"] == "20 (4 processes)"
     assert "medians of 20 (4 processes) runs" in report.grid_sections([workers])[0]
 
 
