@@ -1,3 +1,9 @@
+"""The suite's shared fixtures."""
+
+from __future__ import annotations
+
+import dataclasses
+
 import pytest
 
 try:  # report/html.py imports matplotlib lazily; imported first inside a pytester in-process run, it is
@@ -44,3 +50,49 @@ def project(pytester, monkeypatch):
     monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # cleared with the other options above
     pytester.makeini("[pytest]\n")
     return pytester
+
+
+# The flags nearly every pytester run of the plugin passes: the cpu target, no cache files in the project, and no
+# refusal on a busy machine (the simulated engine's timings do not depend on the machine).
+PLUGIN_FLAGS = ("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginRun:
+    """pytest with the plugin on the test's pytester project: `run("--llmperf-update")`. A test file that needs other
+    flags overrides the fixture: `def run(run): return run.with_flags("--llmperf-runs=6")`."""
+
+    pytester: pytest.Pytester
+    flags: tuple[str, ...] = PLUGIN_FLAGS
+
+    def __call__(self, *args: str) -> pytest.RunResult:
+        """In this process (pytester's in-process run)."""
+        return self.pytester.runpytest(*self.flags, *args)
+
+    def in_subprocess(self, *args: str, timeout: float | None = None) -> pytest.RunResult:
+        """In a pytest process of its own."""
+        return self.pytester.runpytest_subprocess(*self.flags, *args, timeout=timeout)
+
+    def with_flags(self, *flags: str) -> PluginRun:
+        """These flags too; a `--name=value` replaces the value of `--name` where the flags already give one."""
+        kept = list(self.flags)
+        for flag in flags:
+            name = flag.partition("=")[0] + "="
+            at = [i for i, old in enumerate(kept) if flag.startswith("--") and old.startswith(name)]
+            if at:
+                kept[at[0]] = flag
+            else:
+                kept.append(flag)
+        return dataclasses.replace(self, flags=tuple(kept))
+
+    def without(self, *names: str) -> PluginRun:
+        """Without the flags for these options (`--llmperf-max-load`: the run reads the machine's load)."""
+        for name in names:
+            assert name.startswith("--") and any(f.partition("=")[0] == name for f in self.flags), name
+        return dataclasses.replace(self, flags=tuple(f for f in self.flags if f.partition("=")[0] not in names))
+
+
+@pytest.fixture
+def run(pytester: pytest.Pytester) -> PluginRun:
+    """Runs the plugin under pytester with the suite's usual flags (PLUGIN_FLAGS)."""
+    return PluginRun(pytester)

@@ -84,22 +84,23 @@ def project(pytester, monkeypatch, model_cache):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", f"--llmperf-rtol={RTOL}", "-p", "no:cacheprovider", *args)
+@pytest.fixture
+def run(run):
+    return run.without("--llmperf-max-load").with_flags(f"--llmperf-rtol={RTOL}")
 
 
 @pytest.mark.parametrize(("phase", "metric", "other"), [("prefill", "prefill_ms (prefill)", "decode_token_ms"),
                                                         ("decode", "decode_token_ms (decode)", "prefill_ms")])
-def test_an_injected_slowdown_fails_and_names_its_phase(project, monkeypatch, phase, metric, other):
+def test_an_injected_slowdown_fails_and_names_its_phase(project, run, monkeypatch, phase, metric, other):
     drifts = []
     for _ in range(3):
         monkeypatch.delenv("LLMPERF_SLOW_PHASE", raising=False)
-        update = run(project, "--llmperf-update")
+        update = run("--llmperf-update")
         if "not written: a baseline measured on a busy machine" in update.stdout.str():
             pytest.skip("the machine was busy while the baseline was taken; re-run on a quiet machine")
         update.assert_outcomes(passed=1)
         monkeypatch.setenv("LLMPERF_SLOW_PHASE", phase)
-        result = run(project)
+        result = run()
         if "1 refused" in result.stdout.str():  # other processes kept the machine busy: nothing can be judged
             pytest.skip("the machine was busy during the gated runs (refused, not judged); re-run on a quiet machine")
         drift = control_ratio(result.stdout.str(), other)

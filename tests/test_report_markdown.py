@@ -39,9 +39,9 @@ def gfm_tables(text):
     return tables
 
 
-def test_a_pipe_in_a_test_id_stays_in_its_cell(project):  # noqa: F811
+def test_a_pipe_in_a_test_id_stays_in_its_cell(project, run):  # noqa: F811
     project.makepyfile(test_engine=PIPE_TEST)
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     md = (project.path / "reports" / "cpu.md").read_text()
     verdicts = gfm_tables(md.split("## Verdicts", 1)[1])[0]
     header, rows = verdicts[0], verdicts[1:]
