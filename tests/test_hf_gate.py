@@ -24,6 +24,7 @@ import re
 import pytest
 
 pytest.importorskip("torch", reason="the hf extra is not installed: pip install pytest-llmperf[hf]")
+pytestmark = pytest.mark.serial  # times a real model and asserts the gate's verdicts: alone, after the parallel tests
 # Imported here, before pytester's in-process runs: modules that a run imports for the first time are
 # dropped from sys.modules after it, which leaves transformers' lazy modules unusable for the next run.
 from transformers import LlamaForCausalLM  # noqa: E402, F401

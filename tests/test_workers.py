@@ -327,6 +327,7 @@ def steady_load():
         proc.wait()
 
 
+@pytest.mark.serial  # reads the machine's load beside one steady neighbour: alone, after the parallel tests
 def test_a_steady_load_does_not_refuse_an_ab_comparison(repo, run, steady_load):
     # Both sides run beside the same neighbour, so A/B still judges (a stored-baseline gate refuses a
     # comparison whose runs stayed busy: tests/test_load.py, with the load injected).
