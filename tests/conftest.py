@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import os
 import subprocess
 import types
@@ -29,6 +30,13 @@ try:  # the same for torch, which --llmperf-instructions asks whether valgrind i
     import torch  # noqa: F401
 except ImportError:  # tox -e noextras
     pass
+# And for what the backends import when used, which tests of the servers reach first inside a pytester run or
+# outside it depending on the order a worker of xdist gets them in: httpx builds its map of httpcore's exceptions
+# once, and after a run dropped httpcore a refused connection came out as a raw httpcore.ConnectError
+# (test_server_requests then test_server_tgi::test_fixture_bad_url_option, in one process).
+for _name in ("httpx", "httpcore", "aiohttp", "grpc", "transformers"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_name)
 
 
 @pytest.fixture(scope="session")
