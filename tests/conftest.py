@@ -213,7 +213,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
         function = getattr(item, "function", None)
         if function is not None and _mentions([function, *_fixture_functions(item)]) & SPAWNS:
             processes.append(item)
-        elif SLOW_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("slow") is not None:
+        elif SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
             slow.append(item)
         else:
             fast.append(item)
