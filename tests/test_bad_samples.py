@@ -28,10 +28,10 @@ def test_fine(llmperf):
 """
 
 
-def run(pytester, *args):
+@pytest.fixture
+def run(run):
     # peak memory grows over pytester's in-process sessions: held to a tolerance that lets the timings speak
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf",
-                              "--llmperf-memory-rtol=10", *args)
+    return run.with_flags("--llmperf-memory-rtol=10")
 
 
 def assert_clean(result):
@@ -58,9 +58,9 @@ def assert_clean(result):
     ("s.token_times_ns = [t[::-1] for t in s.token_times_ns]", "returned token_times_ns[0] going backwards"),
     ("s.counters = {'hit_rate': float('nan')}", "returned counter hit_rate=nan: expected a finite number"),
 ])
-def test_a_run_that_measures_nothing_fails_its_batch_and_writes_no_baseline(project, change, expected):
+def test_a_run_that_measures_nothing_fails_its_batch_and_writes_no_baseline(project, run, change, expected):
     project.makepyfile(test_x=BROKEN.format(change=change))
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(passed=1, failed=1)
     text = result.stdout.str()
     assert "batch size 1 failed: InvalidSample: " in text and expected in text, text
@@ -72,15 +72,15 @@ def test_a_run_that_measures_nothing_fails_its_batch_and_writes_no_baseline(proj
     broken = next(b for b in report["benchmarks"] if b["key"] == "test_broken")
     assert [b["status"] for b in broken["batches"]] == ["error", "error"]
     # the next session reads that report, its baselines and its index without a word
-    again = run(project, "-k", "test_fine")
+    again = run("-k", "test_fine")
     again.assert_outcomes(passed=1)
     assert_clean(again)
 
 
-def test_a_report_an_older_version_wrote_with_null_values_is_read_without_them(project):
+def test_a_report_an_older_version_wrote_with_null_values_is_read_without_them(project, run):
     """T3: NaN times written as null by a version that did not check runs; every later session died reading it."""
     project.makepyfile(test_x=BROKEN.format(change="pass"))
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     path = project.path / "reports" / "cpu.json"
     report = json.loads(path.read_text())
     broken = next(b for b in report["benchmarks"] if b["key"] == "test_broken")
@@ -89,7 +89,7 @@ def test_a_report_an_older_version_wrote_with_null_values_is_read_without_them(p
         batch["runs"][1]["values"] = {k: None for k in batch["runs"][1]["values"]}
         batch["summary"]["prefill_ms"]["average"] = None
     path.write_text(json.dumps(report))
-    result = run(project, "-k", "test_fine")
+    result = run("-k", "test_fine")
     result.assert_outcomes(passed=1)
     assert_clean(result)
     kept = next(b for b in json.loads(path.read_text())["benchmarks"] if b["key"] == "test_broken")
@@ -100,12 +100,12 @@ def test_a_report_an_older_version_wrote_with_null_values_is_read_without_them(p
 
 
 
-def test_a_report_of_a_run_without_load_limit_leaves_later_sessions_whole(project, monkeypatch):
+def test_a_report_of_a_run_without_load_limit_leaves_later_sessions_whole(project, run, monkeypatch):
     """T2: --llmperf-max-load=inf wrote max_load: null; every later session that did not measure that benchmark
     again died in pytest_sessionfinish, and a regression lost its FAILURES text, summary and JUnit file."""
     slow = "SimulatedBackend(decode_slowdown=float(__import__('os').environ.get('SLOW', '1')))"
     project.makepyfile(test_x=BROKEN.format(change="pass").replace("Broken()", slow))
-    run(project, "--llmperf-update").assert_outcomes(passed=2)  # run() passes --llmperf-max-load=inf
+    run("--llmperf-update").assert_outcomes(passed=2)  # run() passes --llmperf-max-load=inf
     report = json.loads((project.path / "reports" / "cpu.json").read_text())
     assert [b["scenario"]["max_load"] for b in report["benchmarks"]] == [None, None]
     assert Scenario.from_json(report["benchmarks"][0]["scenario"]).max_load == float("inf")  # null: no limit

@@ -35,9 +35,9 @@ def project(project, monkeypatch):
     return project
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "--llmperf-machine=m", "-p", "no:cacheprovider",
-                              "--llmperf-max-load=inf", "--llmperf-memory-rtol=10", "--llmperf-runs=6", *args)
+@pytest.fixture
+def run(run):
+    return run.with_flags("--llmperf-machine=m", "--llmperf-memory-rtol=10", "--llmperf-runs=6")
 
 
 def baseline(pytester):
@@ -66,41 +66,41 @@ def keep_runs(count):
     return change
 
 
-def test_a_baseline_of_one_run_is_refused_and_never_written(project, monkeypatch):
+def test_a_baseline_of_one_run_is_refused_and_never_written(project, run, monkeypatch):
     """S3: a baseline of too few runs passed a 4.25x slowdown once; one run cannot give a verdict at all."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     edit(baseline(project), keep_runs(1))
     monkeypatch.setenv("SLOW", "4.25")
     monkeypatch.setenv("SLOW_PREFILL", "4.25")
-    result = run(project, "-k", "test_a")
+    result = run("-k", "test_a")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*baseline *test_x.json: entry 'test_a', batch size 1: the baseline holds 1 run; the "
                                  "gate needs at least 2 to estimate their spread. Re-record it: pytest "
                                  "test_x.py::test_a *--llmperf-update*"])
     assert_clean(result)
     before = baseline(project).read_text()
-    update = run(project, "-k", "test_a", "--llmperf-update", "--llmperf-runs=1")
+    update = run("-k", "test_a", "--llmperf-update", "--llmperf-runs=1")
     update.assert_outcomes(failed=1)
     update.stdout.fnmatch_lines(["*not written to *test_x.json: entry 'test_a', batch size 1: the baseline holds 1 "
                                  "run*Record more runs (runs=, --llmperf-runs)*"])
     assert baseline(project).read_text() == before
 
 
-def test_a_baseline_of_two_runs_says_it_limits_the_verdict(project, monkeypatch):
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+def test_a_baseline_of_two_runs_says_it_limits_the_verdict(project, run, monkeypatch):
+    run("--llmperf-update").assert_outcomes(passed=2)
     edit(baseline(project), keep_runs(2))
     monkeypatch.setenv("SLOW", "4.25")
     monkeypatch.setenv("SLOW_PREFILL", "4.25")
-    result = run(project, "-k", "test_a")
+    result = run("-k", "test_a")
     result.assert_outcomes(failed=1)  # never a pass
     assert "pass " not in "".join(line for line in result.stdout.lines if line.startswith("| test_a"))
     assert ("the baseline's 2 runs limit it: re-record it with more (runs= or --llmperf-runs, --llmperf-update)"
             in result.stdout.str())
 
 
-def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, monkeypatch):
+def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, run, monkeypatch):
     """S4: a 2x decode slowdown passed, the baseline holding no decode values: 'ungated' rows only."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
 
     def drop(data):
         values = data["benchmarks"]["test_a"]["values"]["1"]
@@ -108,7 +108,7 @@ def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, mon
         values.pop("throughput_tokens_per_s")
     edit(baseline(project), drop)
     monkeypatch.setenv("SLOW", "2")
-    result = run(project, "-k", "test_a")
+    result = run("-k", "test_a")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*decode_token_ms at batch size 1: missing: the baseline holds no values of it (recorded before it was gated, "
@@ -118,14 +118,14 @@ def test_a_baseline_without_a_gated_metric_is_missing_it_not_passed(project, mon
         "*judged 0 of 1 benchmarks (1 missing: the baseline lacks gated metrics)*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # not failing when missing is left out of --llmperf-fail-on, but said
-    lenient = run(project, "-k", "test_a", "--llmperf-fail-on=regressed")
+    lenient = run("-k", "test_a", "--llmperf-fail-on=regressed")
     lenient.assert_outcomes(passed=1)
     assert "missing, not failing (missing is not in --llmperf-fail-on)" in lenient.stdout.str()
 
 
-def test_an_update_keeps_the_fields_it_does_not_know(project):
+def test_an_update_keeps_the_fields_it_does_not_know(project, run):
     """S5: an update dropped a top-level 'notes' and an entry's 'comment' without a word."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
 
     def annotate(data):
         data["notes"] = "recorded on the quiet runner"
@@ -133,13 +133,13 @@ def test_an_update_keeps_the_fields_it_does_not_know(project):
         data["benchmarks"]["test_a"]["batches"]["1"]["reviewed"] = "yes"
         data["benchmarks"]["test_b"]["comment"] = "untouched"
     edit(baseline(project), annotate)
-    run(project, "-k", "test_a", "--llmperf-update").assert_outcomes(passed=1)  # test_a re-recorded, test_b kept
+    run("-k", "test_a", "--llmperf-update").assert_outcomes(passed=1)  # test_a re-recorded, test_b kept
     data = json.loads(baseline(project).read_text())
     assert data["notes"] == "recorded on the quiet runner"
     assert data["benchmarks"]["test_a"]["comment"] == "decode is slow on purpose"
     assert data["benchmarks"]["test_a"]["batches"]["1"]["reviewed"] == "yes"
     assert data["benchmarks"]["test_b"]["comment"] == "untouched"
-    run(project).assert_outcomes(passed=2)  # and the gate reads it
+    run().assert_outcomes(passed=2)  # and the gate reads it
 
 
 def merged_with_both_copies(path, change):
@@ -153,10 +153,10 @@ def merged_with_both_copies(path, change):
     path.write_text(text.replace(head, f'  "test_a": {json.dumps(other)},\n{head}'))
 
 
-def test_a_baseline_that_gives_an_entry_twice_is_refused_naming_the_file_and_the_key(project, monkeypatch):
+def test_a_baseline_that_gives_an_entry_twice_is_refused_naming_the_file_and_the_key(project, run, monkeypatch):
     """Issue 39, case 10: a bad merge left test_a's entry twice; the last copy won in silence, here one recorded
     twice as slow, so a 2x slowdown passed."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
 
     def slower(entry):
         for metrics in entry["values"].values():
@@ -166,31 +166,31 @@ def test_a_baseline_that_gives_an_entry_twice_is_refused_naming_the_file_and_the
     merged = baseline(project).read_text()
     assert list(json.loads(merged)["benchmarks"]) == ["test_a", "test_b"]  # what json.loads makes of it
     monkeypatch.setenv("SLOW", "2")
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=2)  # every entry of the file: it cannot be used
     result.stdout.fnmatch_lines([f"*baseline file {baseline(project)}: the key 'test_a' under 'benchmarks' is given "
                                  "twice (a merge that kept both sides?); a JSON reader keeps the last copy in silence. "
                                  "Remove all but one copy by hand, or move the file away and re-record it with "
                                  "--llmperf-update; the file was left as it is*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    run(project, "--llmperf-update").assert_outcomes(failed=2)  # never overwritten: a person chooses the copy
+    run("--llmperf-update").assert_outcomes(failed=2)  # never overwritten: a person chooses the copy
     assert baseline(project).read_text() == merged
     assert_clean(result)
 
 
-def test_a_baseline_file_without_its_benchmarks_is_refused_not_read_as_holding_none(project):
+def test_a_baseline_file_without_its_benchmarks_is_refused_not_read_as_holding_none(project, run):
     """A file that exists but lost its 'benchmarks' (a merge or a hand edit that renamed it) read as holding no
     baselines: 'no baseline for test_a ... Create it with --llmperf-update', and that update kept the renamed
     object beside the new one."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     edit(baseline(project), lambda data: data.update(benchmark=data.pop("benchmarks")))
     broken = baseline(project).read_text()
-    result = run(project, "--llmperf-fail-on=regressed")
+    result = run("--llmperf-fail-on=regressed")
     result.assert_outcomes(failed=2)  # an unusable file fails whatever --llmperf-fail-on says
     result.stdout.fnmatch_lines([f"*baseline file {baseline(project)} is malformed (it has no 'benchmarks'). Fix it "
                                  "from version control*"])
     assert "no baseline for test_a" not in result.stdout.str()
-    run(project, "--llmperf-update").assert_outcomes(failed=2)
+    run("--llmperf-update").assert_outcomes(failed=2)
     assert baseline(project).read_text() == broken
     assert_clean(result)
 
@@ -211,15 +211,15 @@ def test_a_key_given_twice_deep_in_a_baseline_is_found_with_its_path():
     assert parse('{"a": {"b": [1, {"c": 2}]}, "b": {"b": 1}}') == {"a": {"b": [1, {"c": 2}]}, "b": {"b": 1}}
 
 
-def test_a_baseline_that_links_to_nothing_is_refused_and_nothing_is_created_there(project, tmp_path):
+def test_a_baseline_that_links_to_nothing_is_refused_and_nothing_is_created_there(project, run, tmp_path):
     """S6: an update created the link's target, outside the repository, and its directory."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     path = baseline(project)
     path.unlink()
     elsewhere = tmp_path / "outside" / "dir" / "x.json"
     path.symlink_to(elsewhere)
     for args in ((), ("--llmperf-update",)):
-        result = run(project, *args)
+        result = run(*args)
         result.assert_outcomes(failed=2)
         result.stdout.fnmatch_lines([f"*baseline file {path} is a symbolic link to {elsewhere}, which does not exist. "
                                      "Fix the link, or remove it and record the baselines with --llmperf-update*"])
@@ -227,30 +227,30 @@ def test_a_baseline_that_links_to_nothing_is_refused_and_nothing_is_created_ther
     assert not (tmp_path / "outside").exists()
 
 
-def test_a_read_only_baseline_is_not_replaced(project):
+def test_a_read_only_baseline_is_not_replaced(project, run):
     """S7: a 0444 baseline was replaced on update (its mode kept) without a word."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     path = baseline(project)
     path.chmod(0o444)
     before = path.read_text()
-    result = run(project, "--llmperf-update", "-k", "test_a")
+    result = run("--llmperf-update", "-k", "test_a")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*baseline file not written: {path} is read-only (mode 0444), so it was not "
                                  f"replaced. Make it writable (chmod u+w {path})*"])
     assert path.read_text() == before
-    run(project, "-k", "test_a").assert_outcomes(passed=1)  # gating reads it as ever
+    run("-k", "test_a").assert_outcomes(passed=1)  # gating reads it as ever
 
 
-def test_temporary_files_a_killed_write_left_are_removed_and_said(project):
+def test_temporary_files_a_killed_write_left_are_removed_and_said(project, run):
     """L2: SIGKILL mid-write left .NAME.json.<random>.tmp for good (the stale .lock was already removed)."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     left_baseline = baseline(project).parent / ".test_x.json.k1ll3d_x.tmp"
     left_report = project.path / "reports" / ".cpu.json.k1ll3d_y.tmp"
     stale_lock = baseline(project).parent / ".test_x.json.lock"
     unrelated = baseline(project).parent / ".other.json.tmp"
     for path in (left_baseline, left_report, stale_lock, unrelated):
         path.write_text("half")
-    result = run(project, "--llmperf-update", "-k", "test_a")
+    result = run("--llmperf-update", "-k", "test_a")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*removed 1 temporary file(s) that an interrupted session left in *reports: "
                                  ".cpu.json.k1ll3d_y.tmp*",

@@ -33,15 +33,15 @@ def test_a_device_or_machine_name_that_is_a_path_is_refused(project, name, optio
     assert not (project.path / "baselines").exists() and not (project.path / "reports").exists()
 
 
-def test_each_machine_keeps_its_own_set_and_is_compared_only_with_it(project):
+def test_each_machine_keeps_its_own_set_and_is_compared_only_with_it(project, run):
     laptop = project.path / "baselines" / "cpu" / "laptop" / "test_engine.json"
-    run(project, "--llmperf-machine=laptop", "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-machine=laptop", "--llmperf-update").assert_outcomes(passed=1)
     before = laptop.read_bytes()
     assert json.loads(before)["machine"] == "laptop"
 
     # The runner has no set yet: refused, not compared (another machine's set is no baseline for it), saying
     # whose sets exist and how to record its own; --llmperf-fail-on decides whether that fails the job.
-    result = run(project, "--llmperf-machine=runner")
+    result = run("--llmperf-machine=runner")
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*1 refused*"])
     text = " ".join(result.stdout.str().split())
@@ -51,32 +51,32 @@ def test_each_machine_keeps_its_own_set_and_is_compared_only_with_it(project):
                      r".*--llmperf-machine=runner.* --llmperf-update",
                      text)  # the hint repeats the options given (hints.py)
     # Following the hint records the runner's set, leaves the laptop's alone, and then gates.
-    run(project, "--llmperf-machine=runner", "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-machine=runner", "--llmperf-update").assert_outcomes(passed=1)
     assert laptop.read_bytes() == before
-    run(project, "--llmperf-machine=runner").assert_outcomes(passed=1)
+    run("--llmperf-machine=runner").assert_outcomes(passed=1)
     # Without --llmperf-machine, the cpu target's set is this CPU's own.
-    result = run(project)
+    result = run()
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines([f"*no baseline for test_engine in {baseline_file(project)}*laptop, runner*"])
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     assert baseline_file(project).exists() and laptop.read_bytes() == before
 
 
-def test_the_header_shows_this_machines_set(project):
-    result = run(project, "--llmperf-machine=ci-1", "--co")
+def test_the_header_shows_this_machines_set(project, run):
+    result = run("--llmperf-machine=ci-1", "--co")
     result.stdout.fnmatch_lines([f"llmperf: baselines={project.path / 'baselines' / 'cpu' / 'ci-1'}, reports=*"])
 
 
-def test_a_file_of_the_layout_before_per_machine_sets_is_named(project):
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_a_file_of_the_layout_before_per_machine_sets_is_named(project, run):
+    run("--llmperf-update").assert_outcomes(passed=1)
     old = project.path / "baselines" / "cpu" / "test_engine.json"
     baseline_file(project).rename(old)
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     text = " ".join(result.stdout.str().split())
     assert f"{old} is in the layout from before per-machine baselines and is not read" in text
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
-    run(project).assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
+    run().assert_outcomes(passed=1)
 
 
 def test_stale_keys_keep_named_measurements_of_existing_tests():
@@ -91,24 +91,24 @@ def test_second(llmperf, engine):
 """
 
 
-def test_entries_of_tests_that_no_longer_exist_are_reported_and_pruned_by_a_whole_module_update(project):
+def test_entries_of_tests_that_no_longer_exist_are_reported_and_pruned_by_a_whole_module_update(project, run):
     project.makepyfile(test_engine=TWO_TESTS)
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     project.makepyfile(test_engine=ENGINE_TEST + "\ndef test_plain():\n    pass\n")  # test_second was deleted
     path = baseline_file(project)
-    result = run(project)
+    result = run()
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([f"stale baseline entries in {path} (their tests no longer exist in test_engine.py): "
                                  "test_second. Remove them with: pytest test_engine.py --llmperf-device=cpu "
                                  "--llmperf-update (the whole module, no -k)"])
     # A partial selection neither reports nor prunes: the other tests were not looked at.
-    result = run(project, "test_engine.py::test_engine", "--llmperf-update")
+    result = run("test_engine.py::test_engine", "--llmperf-update")
     assert "stale baseline" not in result.stdout.str()
-    run(project, "--llmperf-update", "-k", "not plain").assert_outcomes(passed=1)  # test_plain deselected
+    run("--llmperf-update", "-k", "not plain").assert_outcomes(passed=1)  # test_plain deselected
     assert "test_second" in json.loads(path.read_text())["benchmarks"]
     # The whole module updated: pruned, and said so.
-    result = run(project, "--llmperf-update", "test_engine.py")
+    result = run("--llmperf-update", "test_engine.py")
     result.stdout.fnmatch_lines([f"pruned stale baseline entries from {path} (their tests no longer exist): "
                                  "test_second"])
     assert list(json.loads(path.read_text())["benchmarks"]) == ["test_engine"]
-    assert "stale" not in run(project).stdout.str()
+    assert "stale" not in run().stdout.str()

@@ -172,12 +172,12 @@ def as_schema_2(path):
 
 
 @pytest.mark.parametrize("update", [False, True], ids=["gate", "update"])
-def test_a_schema_2_file_names_the_migration_and_is_never_rewritten_in_passing(project, update):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_a_schema_2_file_names_the_migration_and_is_never_rewritten_in_passing(project, run, update):  # noqa: F811
+    run("--llmperf-update").assert_outcomes(passed=1)
     path = baseline_file(project)
     as_schema_2(path)
     before = path.read_bytes()
-    result = run(project, *(["--llmperf-update"] if update else []))
+    result = run(*(["--llmperf-update"] if update else []))
     result.assert_outcomes(failed=1)
     text = " ".join(result.stdout.str().split())
     assert (f"baseline file {path} is in the format of schema 2" in text and "Convert the set once, without "
@@ -185,7 +185,7 @@ def test_a_schema_2_file_names_the_migration_and_is_never_rewritten_in_passing(p
     assert path.read_bytes() == before
     done = migrate(path.parent)
     assert done.returncode == 0 and "1 file(s) converted" in done.stdout, done.stderr
-    gated = run(project)
+    gated = run()
     gated.assert_outcomes(passed=1)
     gated.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks", "1 passed*"])
 

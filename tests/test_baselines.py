@@ -10,13 +10,13 @@ from .test_plugin import ENGINE_TEST, baseline_file, run
 
 
 @pytest.fixture
-def recorded(pytester, monkeypatch):
+def recorded(pytester, run, monkeypatch):
     for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT", "LLMPERF_DEVICE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (read once worker processes exist): one process per entry
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE_TEST)
-    run(pytester, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     return pytester
 
 
@@ -29,59 +29,59 @@ def edit_baseline(pytester, change):
 
 
 @pytest.mark.parametrize("update", [False, True], ids=["gate", "update"])
-def test_corrupt_json_is_named_and_left_as_it_was(recorded, update):
+def test_corrupt_json_is_named_and_left_as_it_was(recorded, run, update):
     path = baseline_file(recorded)
     path.write_text('{"schema_version": 1, "device": "cpu", "benchmarks": {')
     before = path.read_bytes()
-    result = run(recorded, *(["--llmperf-update"] if update else []))
+    result = run(*(["--llmperf-update"] if update else []))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*baseline file {path} is not valid JSON*git checkout -- {path}*"])
     assert path.read_bytes() == before
 
 
-def test_unknown_schema_version(recorded):
+def test_unknown_schema_version(recorded, run):
     edit_baseline(recorded, lambda d: d.update(schema_version=99))
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*has schema_version 99; this pytest-llmperf reads 3. Upgrade pytest-llmperf*"])
 
 
-def test_file_for_another_device(recorded):
+def test_file_for_another_device(recorded, run):
     edit_baseline(recorded, lambda d: d.update(device="a100"))
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*is for device 'a100', but it lies under the directory of device 'cpu'. Move it*"
                                  "or move it away and record this device's own*never overwrites a file it cannot use*"])
     # Following the hint does not loop: --llmperf-update refuses too, and the file is kept.
     before = baseline_file(recorded).read_bytes()
-    result = run(recorded, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*is for device 'a100'*"])
     assert baseline_file(recorded).read_bytes() == before
 
 
-def test_unwritable_baseline_directory(recorded):
+def test_unwritable_baseline_directory(recorded, run):
     blocker = recorded.path / "not-a-dir"
     blocker.write_text("a file where a directory should be")
-    result = run(recorded, "--llmperf-update", f"--llmperf-baseline-dir={blocker}")
+    result = run("--llmperf-update", f"--llmperf-baseline-dir={blocker}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*cannot write baseline file*not-a-dir*point --llmperf-baseline-dir elsewhere*"])
     assert blocker.read_text() == "a file where a directory should be"
 
 
-def test_baseline_from_another_gpu_is_refused_with_both_names(recorded):
+def test_baseline_from_another_gpu_is_refused_with_both_names(recorded, run):
     edit_baseline(recorded, lambda d: d["benchmarks"]["test_engine"]["fingerprint"].update(
         gpus=[{"name": "NVIDIA A100-SXM4-80GB", "driver": "550"}]))
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*was measured on GPU 'NVIDIA A100-SXM4-80GB', this machine has 'no GPU'; "
                                  "not compared*"])
 
 
-def test_baseline_from_another_cpu_warns_and_counts_as_refused(recorded):
+def test_baseline_from_another_cpu_warns_and_counts_as_refused(recorded, run):
     edit_baseline(recorded, lambda d: d["benchmarks"]["test_engine"]["fingerprint"].update(
         cpu_model="Some Other CPU", torch="0.0.1"))
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*was measured on CPU 'Some Other CPU [[]*not compared*", "*1 refused*",
                                  "*software drift since the baselines: torch 0.0.1 -> *"])
@@ -93,23 +93,23 @@ OTHER_HOSTS = (("vendor_id=AuthenticAMD cpu family=25 model=1 stepping=1", ["avx
                ("vendor_id=AuthenticAMD cpu family=25 model=17 stepping=1", ["avx2", "avx512f", "avx512_bf16"]))
 
 
-def test_baseline_from_a_cpu_with_the_same_name_but_other_isa_is_refused(recorded):
+def test_baseline_from_a_cpu_with_the_same_name_but_other_isa_is_refused(recorded, run):
     # A VM reports "AMD EPYC" for hosts of different generations; the signature and ISA tell them apart.
     recorded_on = json.loads(baseline_file(recorded).read_text())["benchmarks"]["test_engine"]["fingerprint"]
     signature, isa = next(host for host in OTHER_HOSTS if host[0] != recorded_on["cpu_signature"])
     edit_baseline(recorded, lambda d: d["benchmarks"]["test_engine"]["fingerprint"].update(
         cpu_signature=signature, cpu_isa=isa))
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(passed=1, warnings=1)
     described = f"{signature}; {' '.join(isa)}"
     result.stdout.fnmatch_lines([f"*was measured on CPU '* [[]{described}[]]', this machine has *not compared*",
                                  "*1 refused*"])
 
 
-def test_baseline_without_a_cpu_signature_is_not_compared(recorded):
+def test_baseline_without_a_cpu_signature_is_not_compared(recorded, run):
     edit_baseline(recorded, lambda d: [d["benchmarks"]["test_engine"]["fingerprint"].pop(k)
                                        for k in ("cpu_signature", "cpu_isa")])
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*no CPU signature recorded*not compared*", "*1 refused*"])
 
@@ -166,11 +166,11 @@ SCHEMA_1 = {"schema_version": 1, "device": "cpu", "module": "test_engine.py", "b
     for key in ("test_engine", "test_gone", "test_other")}}
 
 
-def test_a_schema_1_file_is_named_with_the_update_command_and_left_alone(recorded):
+def test_a_schema_1_file_is_named_with_the_update_command_and_left_alone(recorded, run):
     path = baseline_file(recorded)
     path.write_text(json.dumps(SCHEMA_1))
     before = path.read_bytes()
-    result = run(recorded)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*baseline file {path} holds per-run values of one process (schema 1)*"
                                  "Re-record it on this machine: pytest test_engine.py --llmperf-device=cpu "
@@ -178,17 +178,17 @@ def test_a_schema_1_file_is_named_with_the_update_command_and_left_alone(recorde
     assert path.read_bytes() == before
 
 
-def test_update_rewrites_a_schema_1_file_and_names_the_entries_it_dropped(recorded):
+def test_update_rewrites_a_schema_1_file_and_names_the_entries_it_dropped(recorded, run):
     path = baseline_file(recorded)
     path.write_text(json.dumps(SCHEMA_1))
-    result = run(recorded, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(passed=1)
     data = json.loads(path.read_text())
     assert data["schema_version"] == 3 and list(data["benchmarks"]) == ["test_engine"]
     result.stdout.fnmatch_lines([f"*baseline file {path} was rewritten as schema 3*cannot be converted and were "
                                  "dropped: test_gone, test_other. Re-record them with: pytest test_engine.py*"])
     assert "test_engine," not in result.stdout.str()  # re-recorded: not dropped
-    run(recorded).assert_outcomes(passed=1)
+    run().assert_outcomes(passed=1)
 
 
 # Bad values: read (the file named, with entry, batch size and metric; nothing overwritten) ...
@@ -237,12 +237,12 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 @pytest.mark.parametrize("update", [False, True], ids=["gate", "update"])
-def test_a_bad_baseline_value_is_named_and_nothing_is_overwritten(recorded, case, update):
+def test_a_bad_baseline_value_is_named_and_nothing_is_overwritten(recorded, run, case, update):
     change, message = BAD_VALUES[case]
     edit_baseline(recorded, change)
     path = baseline_file(recorded)
     before = path.read_bytes()
-    result = run(recorded, *(["--llmperf-update"] if update else []))
+    result = run(*(["--llmperf-update"] if update else []))
     result.assert_outcomes(failed=1)
     text = " ".join(result.stdout.str().split())
     assert f"baseline file {path}: entry 'test_engine'" in text and message in text, text

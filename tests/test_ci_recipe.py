@@ -170,6 +170,7 @@ def test_the_recipe_installs_cpu_torch_first_and_names_nothing_of_this_repositor
         assert ours not in text, ours
 
 
+@pytest.mark.serial  # times a real engine and asserts main green: alone, after the parallel tests
 def test_the_recipe_runs_in_a_user_project_main_green_and_a_slower_pull_request_red(user_project, tmp_path):
     project, venv = user_project
     stored, ab = steps("stored"), steps("ab")

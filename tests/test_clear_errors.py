@@ -30,8 +30,9 @@ def project(pytester, monkeypatch, model_cache):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
+@pytest.fixture
+def run(run):
+    return run.without("--llmperf-device")
 
 
 def one_line_failure(result, expected):
@@ -43,49 +44,49 @@ def one_line_failure(result, expected):
 
 @pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 @pytest.mark.parametrize(("fixture", "model"), [("llmperf_hf", "tiny-llama"), ("llmperf_offload", "tiny-mixtral")])
-def test_gpu_target_without_cuda(project, fixture, model):
+def test_gpu_target_without_cuda(project, run, fixture, model):
     project.makepyfile(test_model=HF_TEST.format(fixture=fixture, model=model))
-    result = run(project, "--llmperf-device=a100")
+    result = run("--llmperf-device=a100")
     one_line_failure(result, "--llmperf-device=a100 is a GPU target, but torch")
     result.stdout.fnmatch_lines(["*sees no CUDA device on this machine. Run it on the GPU machine, or measure "
                                  "the cpu target: --llmperf-device=cpu*"])
 
 
-def test_model_directory_without_tokenizer(project, tmp_path):
+def test_model_directory_without_tokenizer(project, run, tmp_path):
     model_dir = tmp_path / "no-tokenizer"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(EMBEDDED["tiny-llama"]().to_json_string())
     project.makepyfile(test_model=HF_TEST.format(fixture="llmperf_hf", model=str(model_dir)))
-    result = run(project, "--llmperf-device=cpu")
+    result = run("--llmperf-device=cpu")
     one_line_failure(result, f"llmperf_hf('{model_dir}'): cannot load a tokenizer from {model_dir}")
     result.stdout.fnmatch_lines([f"*save them there with tokenizer.save_pretrained('{model_dir}')*"])
 
 
-def test_model_directory_without_weights(project, tmp_path):
+def test_model_directory_without_weights(project, run, tmp_path):
     model_dir = tmp_path / "no-weights"
     config = EMBEDDED["tiny-llama"]()
     tokenizer_for(config.vocab_size).save_pretrained(model_dir)
     (model_dir / "config.json").write_text(config.to_json_string())
     project.makepyfile(test_model=HF_TEST.format(fixture="llmperf_hf", model=str(model_dir)))
-    result = run(project, "--llmperf-device=cpu")
+    result = run("--llmperf-device=cpu")
     one_line_failure(result, f"cannot load the model from {model_dir}")
 
 
-def test_unknown_model_name(project):
+def test_unknown_model_name(project, run):
     project.makepyfile(test_model=HF_TEST.format(fixture="llmperf_hf", model="tiny-lama"))
-    result = run(project, "--llmperf-device=cpu")
+    result = run("--llmperf-device=cpu")
     one_line_failure(result, "llmperf_hf('tiny-lama'): unknown model 'tiny-lama'")
 
 
-def test_bad_dtype(project):
+def test_bad_dtype(project, run):
     project.makepyfile(test_model=HF_TEST.format(fixture="llmperf_hf", model="tiny-llama")
                        .replace("llmperf_hf('tiny-llama')", "llmperf_hf('tiny-llama', dtype='fp8')"))
-    result = run(project, "--llmperf-device=cpu")
+    result = run("--llmperf-device=cpu")
     one_line_failure(result, "dtype 'fp8' is not one of fp32, fp16, bf16, int8")
 
 
-def test_offload_bad_option_value(project):
+def test_offload_bad_option_value(project, run):
     project.makepyfile(test_model=HF_TEST.format(fixture="llmperf_offload", model="tiny-mixtral")
                        .replace("llmperf_offload('tiny-mixtral')", "llmperf_offload('tiny-mixtral', schedule='fast')"))
-    result = run(project, "--llmperf-device=cpu")
+    result = run("--llmperf-device=cpu")
     one_line_failure(result, "llmperf_offload('tiny-mixtral'): offload option schedule='fast'")

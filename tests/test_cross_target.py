@@ -15,8 +15,8 @@ from tests.test_plugin import project, run  # noqa: F401  (fixture)
 
 
 @pytest.fixture
-def two_targets(project, tmp_path):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def two_targets(project, run, tmp_path):  # noqa: F811
+    run("--llmperf-update").assert_outcomes(passed=1)
     cpu = json.loads((project.path / "reports" / "cpu.json").read_text())
     a100 = copy.deepcopy(cpu)
     a100["device"] = "a100"

@@ -23,9 +23,9 @@ def benchmark_cli(*args, cwd):
                           text=True, timeout=120)
 
 
-def test_pytest_benchmark_compare_reads_our_json_throughput_included(project):  # noqa: F811
+def test_pytest_benchmark_compare_reads_our_json_throughput_included(project, run):  # noqa: F811
     out = project.path / "not-yet" / "bench.json"  # pytest-benchmark would not make the folder itself
-    run(project, "--llmperf-update", f"--benchmark-json={out}").assert_outcomes(passed=1)
+    run("--llmperf-update", f"--benchmark-json={out}").assert_outcomes(passed=1)
     document = json.loads(out.read_text())
     entries = {b["name"]: b for b in document["benchmarks"]}
     assert {"test_engine[bs=1]:prefill_ms", "test_engine[bs=4]:decode_token_ms",
@@ -56,14 +56,14 @@ def test_pytest_benchmark_compare_reads_our_json_throughput_included(project):  
     assert "test_engine[bs=4]:decode_token_ms" in text and "test_engine[bs=2]:throughput_tokens_per_s" in text
 
 
-def test_benchmark_compare_on_a_second_run_reads_the_saved_first(project, monkeypatch):  # noqa: F811
+def test_benchmark_compare_on_a_second_run_reads_the_saved_first(project, run, monkeypatch):  # noqa: F811
     storage = project.path / "stored"
-    run(project, "--llmperf-update", f"--benchmark-storage=file://{storage}", "--benchmark-save=first"
+    run("--llmperf-update", f"--benchmark-storage=file://{storage}", "--benchmark-save=first"
         ).assert_outcomes(passed=1)
     saved = list(storage.rglob("0001_first.json"))
     assert len(saved) == 1
     monkeypatch.setenv("SIM_SEED", "1")
-    result = run(project, f"--benchmark-storage=file://{storage}", "--benchmark-compare=0001",
+    result = run(f"--benchmark-storage=file://{storage}", "--benchmark-compare=0001",
                  "--benchmark-compare-fail=median:50%")
     result.assert_outcomes(passed=1)
     text = result.stdout.str() + result.stderr.str()
@@ -73,7 +73,7 @@ def test_benchmark_compare_on_a_second_run_reads_the_saved_first(project, monkey
 
     # a real slowdown trips pytest-benchmark's own --benchmark-compare-fail on our entries
     monkeypatch.setenv("SIM_PREFILL", "2")
-    result = run(project, "--llmperf-rtol=5", f"--benchmark-storage=file://{storage}", "--benchmark-compare=0001",
+    result = run("--llmperf-rtol=5", f"--benchmark-storage=file://{storage}", "--benchmark-compare=0001",
                  "--benchmark-compare-fail=median:50%")
     assert "Performance has regressed" in result.stdout.str() + result.stderr.str()
     assert "test_engine[bs=4]:prefill_ms" in result.stdout.str()
@@ -94,16 +94,16 @@ def suite_properties(root):
     return {p.get("name"): p.get("value") for p in suite.find("properties").iter("property")}
 
 
-def test_junit_xml_is_valid_xunit2_with_the_results_as_testsuite_properties(project, monkeypatch):  # noqa: F811
+def test_junit_xml_is_valid_xunit2_with_the_results_as_testsuite_properties(project, run, monkeypatch):  # noqa: F811
     xml = project.path / "created.xml"
-    run(project, "--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=1)
+    run("--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=1)
     props = suite_properties(valid_xunit2(xml))
     assert props[f"{PREFIX} outcome"] == "created" and props[f"{PREFIX} not judged because"] == "baseline written"
     assert float(props[f"{PREFIX} bs=2 prefill_ms median (ms)"]) > 0
 
     monkeypatch.setenv("SIM_SEED", "1")
     xml = project.path / "gate.xml"
-    result = run(project, f"--junitxml={xml}")
+    result = run(f"--junitxml={xml}")
     result.assert_outcomes(passed=1)
     assert "record_property" not in result.stdout.str()  # pytest's own warning about testcase properties
     root = valid_xunit2(xml)
@@ -127,10 +127,10 @@ def test_junit_xml_is_valid_xunit2_with_the_results_as_testsuite_properties(proj
     assert f"{PREFIX} bs=4 throughput_tokens_per_s ratio now/baseline (medians, lower is worse)" in props
 
 
-def test_junit_xunit1_keeps_the_properties_on_the_testcase(project):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_junit_xunit1_keeps_the_properties_on_the_testcase(project, run):  # noqa: F811
+    run("--llmperf-update").assert_outcomes(passed=1)
     xml = project.path / "x1.xml"
-    run(project, "-o", "junit_family=xunit1", f"--junitxml={xml}").assert_outcomes(passed=1)
+    run("-o", "junit_family=xunit1", f"--junitxml={xml}").assert_outcomes(passed=1)
     root = ET.parse(xml).getroot()
     assert root.find("testsuite").find("properties") is None
     case = next(root.iter("testcase"))
@@ -138,14 +138,14 @@ def test_junit_xunit1_keeps_the_properties_on_the_testcase(project):  # noqa: F8
     assert props[f"{PREFIX} outcome"] == "passed" and props[f"{PREFIX} bs=2 decode_token_ms verdict"] == "pass"
 
 
-def test_junit_says_refused_when_every_row_was_refused(project):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_junit_says_refused_when_every_row_was_refused(project, run):  # noqa: F811
+    run("--llmperf-update").assert_outcomes(passed=1)
     store = BaselineStore.at(machine_dir(project))
     entry = store.get("test_engine.py", "test_engine")
     entry.foreign_load = {bs: 5.0 for bs in (1, 2, 4)}  # recorded while other work kept 5 cores busy
     store.write("test_engine.py", entry)
     xml = project.path / "busy.xml"
-    result = run(project, "--llmperf-max-load=1", f"--junitxml={xml}")
+    result = run("--llmperf-max-load=1", f"--junitxml={xml}")
     result.assert_outcomes(passed=1)  # refused is not listed in --llmperf-fail-on by default
     props = suite_properties(valid_xunit2(xml))
     assert props[f"{PREFIX} outcome"] == "refused"
@@ -154,12 +154,12 @@ def test_junit_says_refused_when_every_row_was_refused(project):  # noqa: F811
     assert verdicts and all(v.startswith("refused: ") for v in verdicts)
 
 
-def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, monkeypatch):  # noqa: F811
+def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, run, monkeypatch):  # noqa: F811
     monkeypatch.setenv("LLMPERF_PROCESSES", "2")
     xml = project.path / "workers.xml"
     # the call's duration alone: by default a testcase's time also holds its setup and teardown (a few ms here,
     # which a loaded machine pushed past the tolerance below)
-    run(project, "--llmperf-update", f"--junitxml={xml}", "-o", "junit_duration_report=call").assert_outcomes(passed=1)
+    run("--llmperf-update", f"--junitxml={xml}", "-o", "junit_duration_report=call").assert_outcomes(passed=1)
     case = next(valid_xunit2(xml).iter("testcase"))
     report = json.loads((project.path / "reports" / "cpu.json").read_text())
     runs = [r for b in report["benchmarks"][0]["batches"] for r in b["runs"]]

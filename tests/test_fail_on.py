@@ -36,11 +36,6 @@ def project(pytester, monkeypatch):
     return pytester
 
 
-def run(pytester, *args):
-    # The simulated engine's timings do not depend on the machine: no quiet machine needed.
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
-
-
 def from_another_cpu(pytester):
     """Make every stored baseline look measured on another CPU (whatever the file layout)."""
     def walk(node):
@@ -61,41 +56,41 @@ def from_another_cpu(pytester):
         path.write_text(json.dumps(data))
 
 
-def test_judged_line_comes_first_and_counts_what_was_compared(project):
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
-    result = run(project)
+def test_judged_line_comes_first_and_counts_what_was_compared(project, run):
+    run("--llmperf-update").assert_outcomes(passed=2)
+    result = run()
     result.assert_outcomes(passed=2)
     lines = result.stdout.lines
     first = lines.index(next(line for line in lines if "llmperf: cpu" in line and line.startswith("=")))
     assert lines[first + 1] == "llmperf: judged 1 of 1 benchmarks"
 
 
-def test_update_run_says_it_judged_nothing_and_passes(project):
-    result = run(project, "--llmperf-update")
+def test_update_run_says_it_judged_nothing_and_passes(project, run):
+    result = run("--llmperf-update")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 created: baseline written)", "1 created"])
 
 
-def test_refused_not_listed_passes_the_test_but_a_run_that_judged_nothing_fails(project):
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+def test_refused_not_listed_passes_the_test_but_a_run_that_judged_nothing_fails(project, run):
+    run("--llmperf-update").assert_outcomes(passed=2)
     from_another_cpu(project)
-    result = run(project)
+    result = run()
     assert result.ret == 1  # every benchmark refused: nothing judged, and `unjudged` is in the default fail_on
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU): nothing "
                                  "was compared",
                                  "llmperf: the run fails: nothing judged (--llmperf-fail-on=*unjudged)"])
-    result = run(project, "--llmperf-fail-on=regressed,missing")  # without unjudged: green, and says why
+    result = run("--llmperf-fail-on=regressed,missing")  # without unjudged: green, and says why
     assert result.ret == 0
     result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: baseline from another CPU): nothing "
                                  "was compared"])
     assert "the run fails" not in result.stdout.str()
 
 
-def test_refused_listed_fails_with_the_reason(project):
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+def test_refused_listed_fails_with_the_reason(project, run):
+    run("--llmperf-update").assert_outcomes(passed=2)
     from_another_cpu(project)
-    result = run(project, "--llmperf-fail-on=regressed,missing,refused,inconclusive")
+    result = run("--llmperf-fail-on=regressed,missing,refused,inconclusive")
     assert result.ret == 1
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
@@ -106,69 +101,69 @@ def test_refused_listed_fails_with_the_reason(project):
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
-def test_fail_on_from_the_environment_and_ini(project, monkeypatch):
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+def test_fail_on_from_the_environment_and_ini(project, run, monkeypatch):
+    run("--llmperf-update").assert_outcomes(passed=2)
     from_another_cpu(project)
     project.makeini("[pytest]\nllmperf_fail_on = refused\n")
-    run(project).assert_outcomes(passed=1, failed=1)
+    run().assert_outcomes(passed=1, failed=1)
     monkeypatch.setenv("LLMPERF_FAIL_ON", "none")  # the environment beats the ini
-    assert run(project).ret == 0
+    assert run().ret == 0
 
 
-def test_missing_not_listed_warns_instead_of_failing(project):
-    result = run(project, "--llmperf-fail-on=regressed")
+def test_missing_not_listed_warns_instead_of_failing(project, run):
+    result = run("--llmperf-fail-on=regressed")
     assert result.ret == 0
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(["*missing, not failing (missing is not in --llmperf-fail-on)*",
                                  "llmperf: judged 0 of 1 benchmarks (1 missing: no baseline): nothing was compared"])
 
 
-def test_regressed_fails_by_default_and_not_when_left_out(project, monkeypatch):
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+def test_regressed_fails_by_default_and_not_when_left_out(project, run, monkeypatch):
+    run("--llmperf-update").assert_outcomes(passed=2)
     monkeypatch.setenv("SIM_PREFILL", "3")
-    run(project).assert_outcomes(passed=1, failed=1)
-    result = run(project, "--llmperf-fail-on=missing")
+    run().assert_outcomes(passed=1, failed=1)
+    result = run("--llmperf-fail-on=missing")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks"])
 
 
 @pytest.mark.parametrize("value", ["regresed", "refused,maybe", ",", "all"])
-def test_bad_fail_on_is_a_usage_error_naming_the_option(project, value):
-    result = run(project, f"--llmperf-fail-on={value}")
+def test_bad_fail_on_is_a_usage_error_naming_the_option(project, run, value):
+    result = run(f"--llmperf-fail-on={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value for --llmperf-fail-on: expected a comma list out of regressed, "
                                  "missing, inconclusive, refused, unjudged (or none)*"])
     assert "INTERNALERROR" not in result.stderr.str()
 
 
-def test_fail_on_and_threads_are_in_the_header(project):
-    result = run(project, "--co")
+def test_fail_on_and_threads_are_in_the_header(project, run):
+    result = run("--co")
     result.stdout.fnmatch_lines(["llmperf: device=cpu (given), *threads=1 (auto: cpu target), "
                                  "fail_on=regressed,missing,inconclusive,unjudged"])
-    result = run(project, "--co", "--llmperf-threads=2", "--llmperf-fail-on=refused,regressed")
+    result = run("--co", "--llmperf-threads=2", "--llmperf-fail-on=refused,regressed")
     result.stdout.fnmatch_lines(["*threads=2, fail_on=regressed,refused"])
 
 
 
 @pytest.fixture
-def inconclusive(project, monkeypatch):
+def inconclusive(project, run, monkeypatch):
     """A slowdown near the tolerance in noisy runs that max_runs cannot settle: 10 runs, one look."""
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
     for name, value in (("SIM_NOISE", "0.2"), ("SIM_PREFILL", "1.25"), ("SIM_SEED", "4")):
         monkeypatch.setenv(name, value)
     return project
 
 
-def test_inconclusive_not_listed_passes_and_is_counted(inconclusive):
-    result = run(inconclusive, "--llmperf-fail-on=regressed,missing", "--llmperf-max-runs=10")
+def test_inconclusive_not_listed_passes_and_is_counted(inconclusive, run):
+    result = run("--llmperf-fail-on=regressed,missing", "--llmperf-max-runs=10")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at the "
                                  "cap)", "*| prefill_ms | 1 *| inconclusive: *undecided at the cap of 10 runs*",
                                  "1 inconclusive"])
 
 
-def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconclusive):
-    result = run(inconclusive, "--llmperf-max-runs=10")
+def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconclusive, run):
+    result = run("--llmperf-max-runs=10")
     assert result.ret == 1
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size 1 inconclusive: baseline median*undecided at the "
@@ -177,8 +172,8 @@ def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconc
                                  "llmperf: the run fails: 1 inconclusive (--llmperf-fail-on=*"])
 
 
-def test_more_runs_decide_what_one_look_could_not(inconclusive):
-    result = run(inconclusive, "--llmperf-max-runs=80")
+def test_more_runs_decide_what_one_look_could_not(inconclusive, run):
+    result = run("--llmperf-max-runs=80")
     result.stdout.fnmatch_lines(["*| prefill_ms | 1 *| regressed *"])
 
 
@@ -193,17 +188,17 @@ def test_energy(llmperf):
 """
 
 
-def test_a_gated_metric_that_was_never_measured_is_said_and_judges_nothing(project):
+def test_a_gated_metric_that_was_never_measured_is_said_and_judges_nothing(project, run):
     project.makepyfile(test_engine=UNMEASURED_TEST)
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
-    result = run(project)
+    run("--llmperf-update").assert_outcomes(passed=1)
+    result = run()
     result.assert_outcomes(passed=1)  # refused warns by default
     result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 refused: nothing gated was measured): "
                                  "nothing was compared",
                                  "*| energy_j_per_token | 1 *| ungated: not measured in these runs: not gated*",
                                  "1 refused"])
     assert result.ret == 1  # nothing judged
-    strict = run(project, "--llmperf-fail-on=regressed,missing,refused")
+    strict = run("--llmperf-fail-on=regressed,missing,refused")
     strict.assert_outcomes(failed=1)
     strict.stdout.fnmatch_lines(["*test_energy: refused (nothing gated was measured), and --llmperf-fail-on lists "
                                  "refused*"])
@@ -220,24 +215,24 @@ def test_engine(llmperf):
 """
 
 
-def test_a_benchmark_with_only_new_batch_sizes_is_missing_not_passed(project):
+def test_a_benchmark_with_only_new_batch_sizes_is_missing_not_passed(project, run):
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1"))
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="2"))
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 missing: the baseline lacks batch sizes): "
                                  "nothing was compared", "1 missing"])
     assert result.ret == 1
 
 
-def test_a_batch_size_added_to_the_marker_is_missing_and_fails_not_new(project, monkeypatch):
+def test_a_batch_size_added_to_the_marker_is_missing_and_fails_not_new(project, run, monkeypatch):
     """Issue 39, case 3: recorded at [1, 2], the marker now [1, 2, 8]: batch 8 passed as `new`, never gated (a 2x
     slowdown there passed). It is missing, as a gated metric the baseline lacks."""
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1, 2"))
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1, 2, 8"))
-    result = run(project, "-k", "test_engine")
+    result = run("-k", "test_engine")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "batch size 8: missing: the baseline has no entry for this batch size (it holds batch sizes 1, 2): not compared",
@@ -246,29 +241,29 @@ def test_a_batch_size_added_to_the_marker_is_missing_and_fails_not_new(project, 
         "llmperf: judged 0 of 1 benchmarks (1 missing: the baseline lacks batch sizes)*",
         "*| test_engine | * | 8 * | missing: the baseline has no entry for this batch size *|"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    lenient = run(project, "--llmperf-fail-on=regressed")  # said, not failing, where missing is not in the list
+    lenient = run("--llmperf-fail-on=regressed")  # said, not failing, where missing is not in the list
     lenient.assert_outcomes(passed=1)
     assert "missing, not failing (missing is not in --llmperf-fail-on)" in lenient.stdout.str()
-    run(project, "--llmperf-update").assert_outcomes(passed=1)  # re-recorded: batch 8 is gated
-    run(project).assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)  # re-recorded: batch 8 is gated
+    run().assert_outcomes(passed=1)
     monkeypatch.setenv("SIM_DECODE", "2")
-    slower = run(project)
+    slower = run()
     slower.assert_outcomes(failed=1)
     slower.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 8 regressed*"])
 
 
-def test_every_benchmark_skipped_on_this_device_is_a_run_that_judged_nothing(project):
+def test_every_benchmark_skipped_on_this_device_is_a_run_that_judged_nothing(project, run):
     project.makepyfile(test_engine=NEW_ONLY_TEST.format(sizes="1").replace(
         "@pytest.mark.llmperf(", "@pytest.mark.llmperf(devices=['a100'], "))
-    result = run(project)
+    result = run()
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["llmperf: judged 0 of 1 benchmarks (1 skipped: they run on other devices than cpu): "
                                  "nothing was compared", "llmperf: the run fails: nothing judged*"])
     assert result.ret == 1
-    assert run(project, "--llmperf-fail-on=regressed,missing").ret == 0
+    assert run("--llmperf-fail-on=regressed,missing").ret == 0
 
 
-def test_a_run_without_benchmarks_is_not_an_llmperf_run(project):
+def test_a_run_without_benchmarks_is_not_an_llmperf_run(project, run):
     project.makepyfile(test_engine="def test_plain():\n    pass\n")
-    result = run(project)
+    result = run()
     assert result.ret == 0 and "llmperf: judged" not in result.stdout.str()

@@ -11,6 +11,8 @@ import pytest
 
 from tests.server_helpers import load_script
 
+# hundreds of simulated jobs a test: about 30 s in all, out of the fast loop (tox -e fast)
+pytestmark = pytest.mark.slow
 simulator = load_script("gate_simulator")
 Job = simulator.Job
 SHIPPED = Job.shipped()

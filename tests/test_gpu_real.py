@@ -103,13 +103,14 @@ def project(pytester, monkeypatch, model_cache):
     return pytester
 
 
-def run(pytester, *args):
+@pytest.fixture
+def run(run):
     # the device is detected (h100, a100...): the GPU target, its fingerprint and its baseline folder
-    return pytester.runpytest("--llmperf-rtol=10", "--llmperf-max-load=inf", "-p", "no:cacheprovider", *args)
+    return run.without("--llmperf-device").with_flags("--llmperf-rtol=10")
 
 
-def test_a_gpu_benchmark_records_energy_and_memory_and_gates_200_mb_more_vram(project, monkeypatch):
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_a_gpu_benchmark_records_energy_and_memory_and_gates_200_mb_more_vram(project, run, monkeypatch):
+    run("--llmperf-update").assert_outcomes(passed=1)
     reports = list((project.path / "reports").glob("*.json"))
     assert len(reports) == 1 and reports[0].stem != "cpu", reports
     document = json.loads(reports[0].read_text())
@@ -127,9 +128,9 @@ def test_a_gpu_benchmark_records_energy_and_memory_and_gates_200_mb_more_vram(pr
     fingerprint = document["fingerprint"]
     assert fingerprint["gpus"] and fingerprint["cuda"], fingerprint
 
-    run(project).assert_outcomes(passed=1)  # unchanged: outputs equal, memory within its tolerance
+    run().assert_outcomes(passed=1)  # unchanged: outputs equal, memory within its tolerance
     monkeypatch.setenv("LLMPERF_HOLD_MB", "200")
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*cuda_peak_allocated_mib (peak memory) at batch size 1 regressed: baseline median "
                                  "* MiB, now * MiB (+* MiB, ratio *)*"])

@@ -19,6 +19,7 @@ def backend(request, model_cache):
         yield b
 
 
+@pytest.mark.slow  # generate on each embedded model, twice: 3-30 s (torch's threads wait out a busy machine)
 def test_manual_kv_cache_loop_yields_the_tokens_of_generate(backend):
     request = GenerationRequest(batch_size=2, sequence_length=24, decode_length=6, prompt=make_prompt(24))
     sample = backend.generate(request)

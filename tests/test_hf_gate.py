@@ -24,6 +24,7 @@ import re
 import pytest
 
 pytest.importorskip("torch", reason="the hf extra is not installed: pip install pytest-llmperf[hf]")
+pytestmark = pytest.mark.serial  # times a real model and asserts the gate's verdicts: alone, after the parallel tests
 # Imported here, before pytester's in-process runs: modules that a run imports for the first time are
 # dropped from sys.modules after it, which leaves transformers' lazy modules unusable for the next run.
 from transformers import LlamaForCausalLM  # noqa: E402, F401
@@ -84,22 +85,23 @@ def project(pytester, monkeypatch, model_cache):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", f"--llmperf-rtol={RTOL}", "-p", "no:cacheprovider", *args)
+@pytest.fixture
+def run(run):
+    return run.without("--llmperf-max-load").with_flags(f"--llmperf-rtol={RTOL}")
 
 
 @pytest.mark.parametrize(("phase", "metric", "other"), [("prefill", "prefill_ms (prefill)", "decode_token_ms"),
                                                         ("decode", "decode_token_ms (decode)", "prefill_ms")])
-def test_an_injected_slowdown_fails_and_names_its_phase(project, monkeypatch, phase, metric, other):
+def test_an_injected_slowdown_fails_and_names_its_phase(project, run, monkeypatch, phase, metric, other):
     drifts = []
     for _ in range(3):
         monkeypatch.delenv("LLMPERF_SLOW_PHASE", raising=False)
-        update = run(project, "--llmperf-update")
+        update = run("--llmperf-update")
         if "not written: a baseline measured on a busy machine" in update.stdout.str():
             pytest.skip("the machine was busy while the baseline was taken; re-run on a quiet machine")
         update.assert_outcomes(passed=1)
         monkeypatch.setenv("LLMPERF_SLOW_PHASE", phase)
-        result = run(project)
+        result = run()
         if "1 refused" in result.stdout.str():  # other processes kept the machine busy: nothing can be judged
             pytest.skip("the machine was busy during the gated runs (refused, not judged); re-run on a quiet machine")
         drift = control_ratio(result.stdout.str(), other)

@@ -68,35 +68,35 @@ def project(pytester, monkeypatch, model_cache):
     return pytester
 
 
-def run(pytester, *args, fresh=False):
+@pytest.fixture
+def run(run):
     # alpha 0.05: 5 runs against a baseline of 5 can show a regression of one of its 6 rows at 0.05 / 6, not at 0.01
     # (Mann-Whitney's smallest p is 1/252); these tests are about outputs and memory, held to tolerances.
-    # fresh: a pytest process of its own. Measured in this one, the held memory can land on heap pages that earlier
-    # tests freed and left resident (glibc does not trim under --llmperf-malloc=steady), and the peak does not grow.
-    runner = pytester.runpytest_subprocess if fresh else pytester.runpytest
-    return runner("--llmperf-device=cpu", "--llmperf-rtol=10", "--llmperf-max-load=inf", "--llmperf-alpha=0.05",
-                  "-p", "no:cacheprovider", *args)
+    # run.in_subprocess: a pytest process of its own. Measured in this one, the held memory can land on heap pages
+    # that earlier tests freed and left resident (glibc does not trim under --llmperf-malloc=steady), and the peak
+    # does not grow.
+    return run.with_flags("--llmperf-rtol=10", "--llmperf-alpha=0.05")
 
 
-def test_perturbed_logits_fail_with_outputs_changed_and_unchanged_code_passes(project, monkeypatch):
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
-    run(project).assert_outcomes(passed=1)
+def test_perturbed_logits_fail_with_outputs_changed_and_unchanged_code_passes(project, run, monkeypatch):
+    run("--llmperf-update").assert_outcomes(passed=1)
+    run().assert_outcomes(passed=1)
     monkeypatch.setenv("LLMPERF_PERTURB", "1")
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*test_llama: batch size 1: outputs changed from the baseline (its digest sha256:*, "
                                  "now sha256:*); sequence 0 now reads '*'",
                                  "batch size 2: outputs changed from the baseline (its digest sha256:*"])
 
 
-def test_holding_200_mb_more_during_forward_is_a_peak_memory_regression(project, monkeypatch):
-    run(project, "--llmperf-update", fresh=True).assert_outcomes(passed=1)
-    unchanged = run(project, fresh=True)
+def test_holding_200_mb_more_during_forward_is_a_peak_memory_regression(project, run, monkeypatch):
+    run.in_subprocess("--llmperf-update").assert_outcomes(passed=1)
+    unchanged = run.in_subprocess()
     unchanged.assert_outcomes(passed=1)
     unchanged.stdout.no_fnmatch_line("*peak_rss_mib*")  # within the tolerance: no verdict row, nothing to say
     assert "| Host RSS (measuring process) | 1 " in (project.path / "reports" / "cpu.md").read_text()
     monkeypatch.setenv("LLMPERF_HOLD_MB", "200")
-    result = run(project, fresh=True)
+    result = run.in_subprocess()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*peak_rss_mib (peak memory) at batch size 1 regressed: baseline median * MiB, "
                                  "now * MiB (+* MiB, ratio *), *memory: medians within 10% and 16 MiB*"])

@@ -41,9 +41,9 @@ def project(pytester, monkeypatch):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=1000",
-                              "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+@pytest.fixture
+def run(run):
+    return run.with_flags("--llmperf-max-load=1000", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
 def git(path, *args):
@@ -51,19 +51,19 @@ def git(path, *args):
                    capture_output=True)
 
 
-def recorded_twice_then_gated(project, monkeypatch):
+def recorded_twice_then_gated(project, run, monkeypatch):
     """Two committed baselines (history), then a gated run: every view of the page has data."""
     git(project.path, "init", "-q", ".")
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     git(project.path, "add", "-A")
     git(project.path, "commit", "-qm", "first baseline")
     monkeypatch.setenv("SIM_SEED", "1")
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     git(project.path, "add", "-A")
     git(project.path, "commit", "-qm", "second baseline")
     monkeypatch.setenv("SIM_SEED", "2")
     monkeypatch.setenv("SIM_DECODE", "1.3")
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)  # decode 1.3x slower: regressed, and the page shows it
     return result
 
@@ -103,10 +103,10 @@ def opened(sync_playwright, executable, uri, errors, requests):
             chromium.close()
 
 
-def test_index_html_renders_its_plots_in_chromium_offline(project, monkeypatch, tmp_path):
+def test_index_html_renders_its_plots_in_chromium_offline(project, run, monkeypatch, tmp_path):
     sync_playwright, executable = browser()
     pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is part of tox -e test")
-    result = recorded_twice_then_gated(project, monkeypatch)
+    result = recorded_twice_then_gated(project, run, monkeypatch)
     index = project.path / "reports" / "index.html"
     result.stdout.fnmatch_lines([f"report: {index}"])
     errors, requests = [], []
@@ -133,11 +133,11 @@ def test_index_html_renders_its_plots_in_chromium_offline(project, monkeypatch, 
     assert screenshot.stat().st_size > 20_000
 
 
-def test_several_targets_share_the_plots_and_history_needs_no_git(project, tmp_path):
+def test_several_targets_share_the_plots_and_history_needs_no_git(project, run, tmp_path):
     pytest.importorskip("matplotlib")
     from pytest_llmperf.report.html import write_index
 
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     cpu = json.loads((project.path / "reports" / "cpu.json").read_text())
     a100 = copy.deepcopy(cpu)
     a100["device"] = "a100"
@@ -169,10 +169,10 @@ def test_without_matplotlib_the_page_is_skipped_with_one_line_and_pytest_passes(
     assert not (project.path / "reports" / "index.html").exists() and (project.path / "reports" / "cpu.md").exists()
 
 
-def test_job_summary_gets_a_mermaid_throughput_chart(project, monkeypatch, tmp_path):
+def test_job_summary_gets_a_mermaid_throughput_chart(project, run, monkeypatch, tmp_path):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     text = summary.read_text()
     assert "## llmperf: cpu" in text
     chart = text.split("```mermaid\n", 1)[1].split("```", 1)[0].splitlines()
@@ -206,11 +206,11 @@ def test_sweep(llmperf, dtype):
 """
 
 
-def test_group_members_are_labelled_with_their_test(project):
+def test_group_members_are_labelled_with_their_test(project, run):
     pytest.importorskip("matplotlib")
     project.makepyfile(test_engine=GROUP_TEST)
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
-    run(project).assert_outcomes(passed=2)
+    run("--llmperf-update").assert_outcomes(passed=2)
+    run().assert_outcomes(passed=2)
     page = (project.path / "reports" / "index.html").read_text()
     sweep = page.split("<figure class='plot sweep'>")[1].split("</figure>")[0]
     ratio = page.split("<figure class='plot ratio'>")[1].split("</figure>")[0]

@@ -42,15 +42,15 @@ def project(pytester, monkeypatch, tmp_path_factory):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf",
-                              "--llmperf-processes=3", "--llmperf-update", *args)
+@pytest.fixture
+def run(run):
+    return run.with_flags("--llmperf-processes=3", "--llmperf-update")
 
 
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGKILL"])
-def test_an_interrupted_worker_leaves_no_temporary_directory_and_its_log_is_kept(project, name):
+def test_an_interrupted_worker_leaves_no_temporary_directory_and_its_log_is_kept(project, run, name):
     project.makepyfile(test_x=WORKER_DIES.format(name=name))
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     kept = project.path / "reports" / "worker-logs" / "worker2.log"
     result.stdout.fnmatch_lines([f"*worker process 2 on the working tree exited with code *. Its log ({kept}) ends "
@@ -61,7 +61,7 @@ def test_an_interrupted_worker_leaves_no_temporary_directory_and_its_log_is_kept
     assert [c for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
 
 
-def test_what_a_killed_controller_left_is_removed_by_the_next_run_which_says_so(project):
+def test_what_a_killed_controller_left_is_removed_by_the_next_run_which_says_so(project, run):
     project.makepyfile(test_x=WORKER_DIES.format(name="SIGKILL").replace('== "2"', '== "no worker"'))
     killed = project.temp / "llmperf-workers-killed1"  # as a controller killed by SIGKILL leaves it
     killed.mkdir()
@@ -75,7 +75,7 @@ def test_what_a_killed_controller_left_is_removed_by_the_next_run_which_says_so(
     leftovers.claim(running)
     unknown = project.temp / "llmperf-workers-unknown"  # no owner file: whose it is cannot be told
     unknown.mkdir()
-    result = run(project)
+    result = run()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*llmperf: removed 2 worker directories that a killed pytest-llmperf run left: "
                                  f"*llmperf-workers-*1 (pid *), *llmperf-workers-*1 (pid *)*"])

@@ -24,11 +24,7 @@ def test_a_long_campaign_is_estimated_from_its_first_round():
     assert campaign_progress.campaign_estimate(3.0, []) is None
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
-
-
-def test_the_estimate_is_said_after_the_first_round(project, monkeypatch):
+def test_the_estimate_is_said_after_the_first_round(project, run, monkeypatch):
     monkeypatch.setattr(campaign_progress, "LONG_FIRST_LOOK_S", 0)  # every campaign is long
     project.makepyfile(test_x="""
 import pytest
@@ -38,7 +34,7 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_engine(llmperf):
     llmperf.measure(SimulatedBackend())
 """)
-    result = run(project, "--llmperf-processes=3", "--llmperf-update")
+    result = run("--llmperf-processes=3", "--llmperf-update")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["llmperf: process 1 of 6 *",  # an update records twice --llmperf-processes
                                  "llmperf: at * s per round, the first look's 6 rounds take about * min; fewer "
@@ -70,9 +66,9 @@ def test_after(llmperf):
 """
 
 
-def test_a_generate_that_hangs_in_this_process_is_stopped_at_the_worker_timeout(project):
+def test_a_generate_that_hangs_in_this_process_is_stopped_at_the_worker_timeout(project, run):
     project.makepyfile(test_x=HANGS)
-    result = run(project, "--llmperf-update", "--llmperf-worker-timeout=2")
+    result = run("--llmperf-update", "--llmperf-worker-timeout=2")
     result.assert_outcomes(failed=1, passed=1)  # the next benchmark still runs
     result.stdout.fnmatch_lines(["*test_hangs: the measurement did not finish within 2 s (--llmperf-worker-timeout, "
                                  "here for a benchmark measured in this pytest process), so it was stopped*"])

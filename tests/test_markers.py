@@ -7,10 +7,10 @@ import json
 import pytest
 
 
-def run(pytester, *args):
+@pytest.fixture
+def run(run):
     # peak memory grows over pytester's in-process sessions: held to a tolerance that lets the timings speak
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf",
-                              "--llmperf-memory-rtol=10", *args)
+    return run.with_flags("--llmperf-memory-rtol=10")
 
 
 def assert_clean(result):
@@ -54,9 +54,9 @@ def test_case(llmperf, case):
 """
 
 
-def test_markers_of_module_class_test_and_case_merge_the_nearest_winning(project):
+def test_markers_of_module_class_test_and_case_merge_the_nearest_winning(project, run):
     project.makepyfile(test_x=MERGED)
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(passed=5)
     assert_clean(result)
     found = stored(project)
@@ -64,7 +64,7 @@ def test_markers_of_module_class_test_and_case_merge_the_nearest_winning(project
         "test_module": [1, 2], "test_own": [1, 2], "TestClass::test_method": [4], "test_case[1]": [2],
         "test_case[3]": [3]}
     # the gated metrics of a nearer marker, the batch sizes of a farther one: each keyword from its nearest marker
-    gate = run(project)
+    gate = run()
     gate.assert_outcomes(passed=5)
     rows = {line.split("|")[1].strip() + ":" + line.split("|")[2].strip() for line in gate.stdout.lines
             if line.startswith("| test") or line.startswith("| TestClass")}
@@ -72,7 +72,7 @@ def test_markers_of_module_class_test_and_case_merge_the_nearest_winning(project
     assert "test_own:decode_token_ms" not in rows
 
 
-def test_two_markers_on_one_test_that_disagree_are_refused_naming_both(project):
+def test_two_markers_on_one_test_that_disagree_are_refused_naming_both(project, run):
     project.makepyfile(test_x="""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
@@ -82,7 +82,7 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_twice(llmperf):
     llmperf.measure(SimulatedBackend())
 """)
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(errors=1)  # refused at setup: nothing measured
     result.stdout.fnmatch_lines(["*two @pytest.mark.llmperf markers on the test give runs two values (* and *); "
                                  "keep one of them*"])
@@ -97,7 +97,7 @@ def test_twice(llmperf):
                                                  "prefill_ms, decode_token_ms, throughput_tokens_per_s;"),
     ('{"peak_rss_mib": 0.5}', "rtol names peak_rss_mib, which this test does not gate"),
 ])
-def test_a_tolerance_for_a_metric_that_is_not_gated_is_refused(project, rtol, expected):
+def test_a_tolerance_for_a_metric_that_is_not_gated_is_refused(project, run, rtol, expected):
     project.makepyfile(test_x=f"""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
@@ -106,14 +106,14 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_tolerant(llmperf):
     llmperf.measure(SimulatedBackend())
 """)
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(failed=1)
     assert expected in result.stdout.str(), result.stdout.str()
     assert stored(project) == {}
     assert_clean(result)
 
 
-def test_a_tolerance_for_a_gated_metric_and_a_default_is_taken(project):
+def test_a_tolerance_for_a_gated_metric_and_a_default_is_taken(project, run):
     project.makepyfile(test_x="""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
@@ -122,7 +122,7 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_tolerant(llmperf):
     llmperf.measure(SimulatedBackend())
 """)
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
 
 
 NEVER_MEASURES = """
@@ -145,10 +145,10 @@ def test_plain():
 
 
 @pytest.mark.parametrize("processes", ["1", "5"])
-def test_a_benchmark_test_that_never_measures_fails_saying_so(project, monkeypatch, processes):
+def test_a_benchmark_test_that_never_measures_fails_saying_so(project, run, monkeypatch, processes):
     monkeypatch.setenv("LLMPERF_PROCESSES", processes)  # in this process, and in worker processes
     project.makepyfile(test_x=NEVER_MEASURES)
-    result = run(project, "--llmperf-max-processes=20")
+    result = run("--llmperf-max-processes=20")
     result.assert_outcomes(failed=2, skipped=1, passed=1)
     result.stdout.fnmatch_lines(["*test_x.py::test_marked_only: an llmperf benchmark test (its llmperf marker or "
                                  "fixture) that never called llmperf.measure(backend): "
@@ -159,7 +159,8 @@ def test_a_benchmark_test_that_never_measures_fails_saying_so(project, monkeypat
 
 
 @pytest.mark.parametrize("processes", ['"2"', "'auto'"])
-def test_a_marker_processes_that_is_not_a_count_is_refused_with_worker_processes_too(project, monkeypatch, processes):
+def test_a_marker_processes_that_is_not_a_count_is_refused_with_worker_processes_too(project, run, monkeypatch,
+                                                                                   processes):
     """T1: an INTERNALERROR (a str compared with an int) once; now the marker's test is refused at setup."""
     monkeypatch.setenv("LLMPERF_PROCESSES", "3")
     project.makepyfile(test_x=f"""
@@ -170,7 +171,7 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_engine(llmperf):
     llmperf.measure(SimulatedBackend())
 """)
-    result = run(project)
+    result = run()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*processes={eval(processes)!r} is not valid: expected an integer >= 1*leave it out "
                                  "for --llmperf-processes*"])

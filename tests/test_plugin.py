@@ -38,10 +38,9 @@ def project(pytester, monkeypatch):
     return pytester
 
 
-def run(pytester, *args):
-    # The simulated engine's timings do not depend on the machine, so these runs need no quiet machine.
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=1000",
-                              "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+@pytest.fixture
+def run(run):
+    return run.with_flags("--llmperf-max-load=1000", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
 def machine_dir(pytester):
@@ -53,15 +52,15 @@ def baseline_file(pytester):
     return machine_dir(pytester) / "test_engine.json"
 
 
-def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeypatch):
-    result = run(project)
+def test_whole_lifecycle_missing_update_unchanged_slower_update(project, run, monkeypatch):
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*no baseline for test_engine in *baselines/cpu/{machine_slug(cpu_identity())}/"
                                  "test_engine.json (device cpu)*",
                                  "*--llmperf-device=cpu --llmperf-max-load=1000 --llmperf-update*"])
     assert not baseline_file(project).exists()
 
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     stored = json.loads(baseline_file(project).read_text())
     assert stored["schema_version"] == 3 and stored["device"] == "cpu"
     entry = stored["benchmarks"]["test_engine"]
@@ -69,13 +68,13 @@ def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeyp
     assert len(entry["values"]["4"]["prefill_ms"]) == 10  # its runs
 
     monkeypatch.setenv("SIM_SEED", "1")
-    result = run(project)
+    result = run()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*= llmperf: cpu =*", "1 passed"])
 
     monkeypatch.setenv("SIM_SEED", "2")
     monkeypatch.setenv("SIM_DECODE", "1.2")
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed: baseline median*ratio 1.1*"])
     assert "prefill_ms (prefill) at batch" not in result.stdout.str()
@@ -83,34 +82,34 @@ def test_whole_lifecycle_missing_update_unchanged_slower_update(project, monkeyp
 
     monkeypatch.setenv("SIM_DECODE", "1.0")
     monkeypatch.setenv("SIM_PREFILL", "1.2")
-    result = run(project)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size*regressed*"])
 
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
-    run(project).assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
+    run().assert_outcomes(passed=1)
 
 
-def test_update_missing_writes_only_what_is_missing(project):
+def test_update_missing_writes_only_what_is_missing(project, run):
     project.makepyfile(test_other=ENGINE_TEST.replace("test_engine(", "test_other("))
-    run(project, "--llmperf-update", "test_engine.py").assert_outcomes(passed=1)
+    run("--llmperf-update", "test_engine.py").assert_outcomes(passed=1)
     before = baseline_file(project).read_bytes()
-    run(project, "--llmperf-update-missing").assert_outcomes(passed=2)
+    run("--llmperf-update-missing").assert_outcomes(passed=2)
     assert baseline_file(project).read_bytes() == before
     assert (machine_dir(project) / "test_other.json").exists()
 
 
-def test_update_keeps_entries_of_tests_not_selected(project):
+def test_update_keeps_entries_of_tests_not_selected(project, run):
     project.makepyfile(test_engine=ENGINE_TEST + ENGINE_TEST.split("@pytest.mark.llmperf")[1].join(
         ["\n@pytest.mark.llmperf", ""]).replace("def test_engine(", "def test_second("))
-    run(project, "--llmperf-update").assert_outcomes(passed=2)
-    run(project, "--llmperf-update", "-k", "test_second").assert_outcomes(passed=1, deselected=1)
+    run("--llmperf-update").assert_outcomes(passed=2)
+    run("--llmperf-update", "-k", "test_second").assert_outcomes(passed=1, deselected=1)
     assert set(json.loads(baseline_file(project).read_text())["benchmarks"]) == {"test_engine", "test_second"}
 
 
-def test_failing_batch_is_recorded_and_the_sweep_goes_on(project, monkeypatch):
+def test_failing_batch_is_recorded_and_the_sweep_goes_on(project, run, monkeypatch):
     monkeypatch.setenv("SIM_FAIL_AT", "2")
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*batch size 2 failed: RuntimeError: boom*"])
     report = (project.path / "reports" / "cpu.md").read_text()
@@ -121,10 +120,10 @@ def test_failing_batch_is_recorded_and_the_sweep_goes_on(project, monkeypatch):
     assert not baseline_file(project).exists()  # a broken measurement is never stored as the new normal
 
 
-def test_reports_hold_seed_tables_per_run_values_and_fingerprint(project, monkeypatch, tmp_path):
+def test_reports_hold_seed_tables_per_run_values_and_fingerprint(project, run, monkeypatch, tmp_path):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     md = (project.path / "reports" / "cpu.md").read_text()
     for line in ("| Parameter ", "| Step           | Batch Size | Average", "| Decode (token) |",
                  "| Decode (total) |", "tokens/secs", "p99 needs at least 100 runs", "## Verdicts"):
@@ -138,26 +137,26 @@ def test_reports_hold_seed_tables_per_run_values_and_fingerprint(project, monkey
     assert "llmperf: cpu" in summary.read_text()
 
 
-def test_marker_devices_skip_with_a_reason_naming_both(project):
+def test_marker_devices_skip_with_a_reason_naming_both(project, run):
     project.makepyfile(test_gpu="""
         import pytest
         @pytest.mark.llmperf(devices=["a100"])
         def test_on_a100(llmperf):
             raise AssertionError("must not run on cpu")
     """)
-    result = run(project, "-rs", "test_gpu.py")
+    result = run("-rs", "test_gpu.py")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*llmperf: runs on a100; the current device is cpu*"])
 
 
-def test_unknown_marker_keyword_is_rejected(project):
+def test_unknown_marker_keyword_is_rejected(project, run):
     project.makepyfile(test_typo="""
         import pytest
         @pytest.mark.llmperf(batchsize=[1])
         def test_typo(llmperf):
             pass
     """)
-    result = run(project, "test_typo.py")
+    result = run("test_typo.py")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*unknown keyword(s) batchsize; known: batch_sizes*"])
 
@@ -183,29 +182,29 @@ def test_ini_twins_from_each_config_format(pytester, style, monkeypatch):
                                  "alpha=0.05*"])
 
 
-def test_precedence_marker_over_cli_over_env_over_ini(project, monkeypatch):
+def test_precedence_marker_over_cli_over_env_over_ini(project, run, monkeypatch):
     project.makeini("[pytest]\nllmperf_runs = 3\nllmperf_warmups = 2\n")
     monkeypatch.setenv("LLMPERF_RUNS", "4")
     monkeypatch.setenv("LLMPERF_WARMUPS", "0")
-    result = run(project, "--llmperf-runs=5", "--co")
+    result = run("--llmperf-runs=5", "--co")
     result.stdout.fnmatch_lines(["*runs=5, warmups=0,*"])  # CLI beats env; env beats ini
-    run(project, "--llmperf-runs=5", "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-runs=5", "--llmperf-update").assert_outcomes(passed=1)
     stored = json.loads(baseline_file(project).read_text())["benchmarks"]["test_engine"]
     assert stored["scenario"]["runs"] == 10  # the marker's runs=10 beats the CLI
 
 
-def test_bad_option_value_is_a_usage_error_naming_the_option(project, monkeypatch):
-    result = run(project, "--llmperf-alpha=2")
+def test_bad_option_value_is_a_usage_error_naming_the_option(project, run, monkeypatch):
+    result = run("--llmperf-alpha=2")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*llmperf: bad value for --llmperf-alpha: expected a number in (0, 1)*"])
     monkeypatch.setenv("LLMPERF_RUNS", "zero")
-    result = run(project)
+    result = run()
     result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RUNS*"])
 
 
-def test_xdist_refuses_timed_tests_with_a_clear_message(project):
+def test_xdist_refuses_timed_tests_with_a_clear_message(project, run):
     pytest.importorskip("xdist")
-    result = run(project, "-n", "1")
+    result = run("-n", "1")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*timed benchmark tests must not run under pytest-xdist*-p no:xdist*"])
 
@@ -219,9 +218,9 @@ def test_xdist_says_nothing_without_llmperf_tests(pytester):
     assert not [line for line in result.stdout.lines if "llmperf: " in line and not line.startswith(header)]
 
 
-def test_results_join_pytest_benchmark_json(project):
+def test_results_join_pytest_benchmark_json(project, run):
     pytest.importorskip("pytest_benchmark")
     out = project.path / "benchmark.json"
-    run(project, "--llmperf-update", f"--benchmark-json={out}").assert_outcomes(passed=1)
+    run("--llmperf-update", f"--benchmark-json={out}").assert_outcomes(passed=1)
     names = [b["name"] for b in json.loads(out.read_text())["benchmarks"]]
     assert "test_engine[bs=1]:prefill_ms" in names and "test_engine[bs=4]:decode_token_ms" in names

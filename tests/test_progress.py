@@ -168,39 +168,40 @@ def project(pytester, monkeypatch):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=1000",
-                              "--llmperf-update", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+@pytest.fixture
+def run(run):
+    return run.with_flags("--llmperf-max-load=1000", "--llmperf-update", "-W",
+                          "ignore::pytest.PytestAssertRewriteWarning")
 
 
 BATCH_LINES = ["llmperf test_engine: batch size 1 (1/3), run 5/5, median e2e * ms, * tokens/s",
                "llmperf test_engine: batch size 2 (2/3), run 5/5, median e2e * ms, * tokens/s"]
 
 
-def test_verbose_prints_a_line_per_batch_size_then_the_result_on_the_tests_line(project):
-    result = run(project, "-v")
+def test_verbose_prints_a_line_per_batch_size_then_the_result_on_the_tests_line(project, run):
+    result = run("-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([*BATCH_LINES, "test_engine.py::test_engine PASSED*"], consecutive=True)
     # oom: no runs, no progress line (the report says oom)
     result.stdout.no_fnmatch_line("llmperf test_engine: batch size 4*")
 
 
-def test_default_without_a_tty_prints_a_line_per_batch_size_and_the_dot_after_the_file(project):
-    result = run(project)
+def test_default_without_a_tty_prints_a_line_per_batch_size_and_the_dot_after_the_file(project, run):
+    result = run()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["test_engine.py ", *BATCH_LINES, "test_engine.py .*"], consecutive=True)
 
 
-def test_quiet_prints_no_progress(project):
-    result = run(project, "-q")
+def test_quiet_prints_no_progress(project, run):
+    result = run("-q")
     result.assert_outcomes(passed=1)
     assert "llmperf test_engine: batch size" not in result.stdout.str()
 
 
 @pytest.mark.parametrize("capture", ["fd", "sys", "no", "tee-sys"])
-def test_progress_stays_out_of_captured_output(project, monkeypatch, capture):
+def test_progress_stays_out_of_captured_output(project, run, monkeypatch, capture):
     monkeypatch.setenv("FAIL_AFTER", "1")
-    result = run(project, f"--capture={capture}")
+    result = run(f"--capture={capture}")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert out.count("llmperf test_engine: batch size 1 (1/3), run 5/5") == 1  # once: not also in a captured section
@@ -211,9 +212,9 @@ def test_progress_stays_out_of_captured_output(project, monkeypatch, capture):
 
 
 @pytest.mark.parametrize("verbosity", [[], ["-q"]])
-def test_on_a_terminal_the_status_is_erased_and_pytests_lines_read_as_without_it(project, verbosity):
+def test_on_a_terminal_the_status_is_erased_and_pytests_lines_read_as_without_it(project, run, verbosity):
     project.makeconftest(TTY_CONFTEST)
-    result = run(project, *verbosity)
+    result = run(*verbosity)
     result.assert_outcomes(passed=1)
     raw = result.stdout.str()
     assert "[test_engine: batch size 1 (1/3), run 1/5, median e2e" in raw and "\b" in raw
@@ -222,9 +223,9 @@ def test_on_a_terminal_the_status_is_erased_and_pytests_lines_read_as_without_it
     assert not any("test_engine: batch size" in line for line in shown)
 
 
-def test_xdist_refusal_is_unchanged(project):
+def test_xdist_refusal_is_unchanged(project, run):
     pytest.importorskip("xdist")
-    result = run(project, "-n", "1")
+    result = run("-n", "1")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*timed benchmark tests must not run under pytest-xdist*"])
     assert "llmperf test_engine: batch size" not in result.stdout.str()

@@ -63,6 +63,12 @@ def assert_shown(sample, output):
         at = found + 1
 
 
+def drifted(output):
+    """A verdict row of unchanged code outside rtol=1, 2x either way: the machine moved between recording and gating
+    (seen here: a baseline recorded 2.5-5x slower while other jobs held both cores, then 'improved')."""
+    return re.search(r"\| (improved|regressed) +\|$", output, re.M) is not None
+
+
 @pytest.fixture
 def project(tmp_path, model_cache, monkeypatch):
     for name in [n for n in os.environ if n.startswith("LLMPERF_") and n != "LLMPERF_LEAK_TAG"]:
@@ -94,6 +100,7 @@ def test_the_install_lines_pin_the_cpu_torch_this_suite_runs():
     assert 'pip install "pytest-llmperf[hf]"' in cpu[1]
 
 
+@pytest.mark.serial  # times a real model and asserts the README's verdicts: alone, after the parallel tests
 def test_the_readme_flow_runs_as_written(project):
     path = project[0]
     files = readme_files()
@@ -104,12 +111,16 @@ def test_the_readme_flow_runs_as_written(project):
     (path / "tests/perf/test_tiny.py").write_text(files["tests/perf/test_tiny.py"])
     quickstart = next(text for _, text in blocks("bash") if "--llmperf-update" in text)
     record, commit, gate = quickstart.splitlines()
-    code, out = sh(project, record)
-    assert code == 0, out
-    stored = path / "baselines" / "cpu" / machine_slug(cpu_identity()) / "tests" / "perf" / "test_tiny.json"
-    assert stored.is_file() and "baselines/cpu/<machine>/tests/perf/test_tiny.json" in record
-    assert sh(project, commit)[0] == 0
-    code, out = sh(project, gate)
+    for _ in range(3):  # a baseline recorded while other jobs held this shared machine is no change of the code
+        code, out = sh(project, record)
+        assert code == 0, out
+        stored = path / "baselines" / "cpu" / machine_slug(cpu_identity()) / "tests" / "perf" / "test_tiny.json"
+        assert stored.is_file() and "baselines/cpu/<machine>/tests/perf/test_tiny.json" in record
+        assert sh(project, commit)[0] == 0
+        code, out = sh(project, gate)
+        if not drifted(out):
+            break
+    assert not drifted(out), f"the machine's speed moved 2x between recording and gating, in 3 tries:\n{out}"
     assert code == 0, out
     assert_shown(quick_output, out)
 

@@ -10,14 +10,14 @@ def report_json(pytester):
     return json.loads((pytester.path / "reports" / "cpu.json").read_text())
 
 
-def test_reports_keep_every_benchmark_newest_result_with_when_and_commit(project):  # noqa: F811
+def test_reports_keep_every_benchmark_newest_result_with_when_and_commit(project, run):  # noqa: F811
     project.makepyfile(test_other=ENGINE_TEST.replace("test_engine(", "test_other("))
-    run(project, "--llmperf-update", "test_engine.py").assert_outcomes(passed=1)
+    run("--llmperf-update", "test_engine.py").assert_outcomes(passed=1)
     first = report_json(project)
     first_created = first["benchmarks"][0]["measured"]["created"]
     assert "commit" in first["benchmarks"][0]["measured"]
 
-    run(project, "--llmperf-update", "test_other.py").assert_outcomes(passed=1)
+    run("--llmperf-update", "test_other.py").assert_outcomes(passed=1)
     data = report_json(project)
     assert [b["key"] for b in data["benchmarks"]] == ["test_engine", "test_other"]
     assert {o["key"]: o["status"] for o in data["outcomes"]} == {"test_engine": "created", "test_other": "created"}
@@ -27,7 +27,7 @@ def test_reports_keep_every_benchmark_newest_result_with_when_and_commit(project
     assert "## test_engine.py::test_engine" in md and "## test_other.py::test_other" in md
     assert md.count("Measured ") >= 2
 
-    run(project, "test_engine.py").assert_outcomes(passed=1)  # gate one: its entry is replaced, the other kept
+    run("test_engine.py").assert_outcomes(passed=1)  # gate one: its entry is replaced, the other kept
     data = report_json(project)
     statuses = {o["key"]: o["status"] for o in data["outcomes"]}
     assert statuses == {"test_engine": "compared", "test_other": "created"}
@@ -39,11 +39,11 @@ def test_reports_keep_every_benchmark_newest_result_with_when_and_commit(project
     assert "(higher is worse)" in verdicts and "(lower is worse)" in verdicts and "tokens/secs" in verdicts
 
 
-def test_a_corrupt_previous_report_is_kept_aside_and_warned_about(project):  # noqa: F811
+def test_a_corrupt_previous_report_is_kept_aside_and_warned_about(project, run):  # noqa: F811
     reports = project.path / "reports"
     reports.mkdir()
     (reports / "cpu.json").write_text("{ not json")
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*llmperf report: *cpu.json: not valid JSON*Moved it to *cpu.json.corrupt-*"])
     aside = list(reports.glob("cpu.json.corrupt-*"))
@@ -51,11 +51,11 @@ def test_a_corrupt_previous_report_is_kept_aside_and_warned_about(project):  # n
     assert report_json(project)["benchmarks"][0]["key"] == "test_engine"
 
 
-def test_ratio_is_now_over_baseline_improved_shows_its_p_and_order_is_stable(project, monkeypatch):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_ratio_is_now_over_baseline_improved_shows_its_p_and_order_is_stable(project, run, monkeypatch):  # noqa: F811
+    run("--llmperf-update").assert_outcomes(passed=1)
     monkeypatch.setenv("SIM_SEED", "3")
     monkeypatch.setenv("SIM_PREFILL", "0.5")  # twice as fast: prefill latency halves, throughput rises
-    result = run(project)
+    result = run()
     result.assert_outcomes(passed=1)
     data = report_json(project)
     rows = verdict_table.document_rows(data)

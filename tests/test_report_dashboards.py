@@ -70,8 +70,8 @@ def check_bencher_metric_format(bmf):
             assert metric["lower_value"] <= metric["value"] <= metric["upper_value"]
 
 
-def test_exports_pass_their_consumers_rules_with_the_reports_numbers(project):  # noqa: F811
-    result = run(project, "--llmperf-update", EXPORT)
+def test_exports_pass_their_consumers_rules_with_the_reports_numbers(project, run):  # noqa: F811
+    result = run("--llmperf-update", EXPORT)
     result.assert_outcomes(passed=1)
     reports = project.path / "reports"
     smaller = json.loads((reports / "cpu.customSmallerIsBetter.json").read_text())
@@ -103,19 +103,19 @@ def test_exports_pass_their_consumers_rules_with_the_reports_numbers(project):  
     assert {e["name"].rsplit(" ", 1)[1] for e in bigger} == {"throughput_tokens_per_s"}
 
 
-def test_export_is_off_by_default_and_set_by_the_ini_key(project):  # noqa: F811
+def test_export_is_off_by_default_and_set_by_the_ini_key(project, run):  # noqa: F811
     def exports():  # history.json is the history's analysis (docs/history.md), written by every job
         return sorted(p.name for p in (project.path / "reports").glob("*.json") if p.name != "history.json")
 
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     assert exports() == ["cpu.json"]
     project.makeini("[pytest]\nllmperf_export = bencher\n")
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     assert exports() == ["cpu.bmf.json", "cpu.json"]
 
 
-def test_a_bad_export_value_is_a_usage_error_naming_the_option(project):  # noqa: F811
-    result = run(project, "--llmperf-export=github")
+def test_a_bad_export_value_is_a_usage_error_naming_the_option(project, run):  # noqa: F811
+    result = run("--llmperf-export=github")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*bad value for --llmperf-export: expected a comma list out of "
                                  "github-action-benchmark, bencher (or none), got 'github'*"])

@@ -26,18 +26,18 @@ def committed_medians(path, commit, key, metric):
 
 
 @pytest.fixture
-def history(project, monkeypatch):  # noqa: F811
+def history(project, run, monkeypatch):  # noqa: F811
     """Three committed baselines, each slower in prefill, then a gated run at the last speed."""
     git(project.path, "init", "-q", ".")
     commits = []
     for slowdown in SLOWDOWNS:
         monkeypatch.setenv("SIM_PREFILL", str(slowdown))
-        run(project, "--llmperf-update").assert_outcomes(passed=1)
+        run("--llmperf-update").assert_outcomes(passed=1)
         git(project.path, "add", "baselines")
         git(project.path, "commit", "-qm", f"baseline at prefill x{slowdown}")
         commits.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.path, capture_output=True,
                                       text=True, check=True).stdout.strip())
-    run(project).assert_outcomes(passed=1)  # unchanged code against the last baseline: its report is the 4th point
+    run().assert_outcomes(passed=1)  # unchanged code against the last baseline: its report is the 4th point
     return project, commits
 
 

@@ -8,6 +8,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
+from pytest_llmperf.report import benchmark_tables
 from pytest_llmperf.report import markdown as report
 from pytest_llmperf.report.benchmark_tables import memory_table, parameters_table
 from tests.test_plugin import project, run  # noqa: F401  (fixture)
@@ -53,9 +54,9 @@ def gfm_tables(text):
     return tables
 
 
-def test_a_pipe_in_a_test_id_stays_in_its_cell(project):  # noqa: F811
+def test_a_pipe_in_a_test_id_stays_in_its_cell(project, run):  # noqa: F811
     project.makepyfile(test_engine=PIPE_TEST)
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     md = (project.path / "reports" / "cpu.md").read_text()
     verdicts = gfm_tables(md.split("## Verdicts", 1)[1])[0]
     header, rows = verdicts[0], verdicts[1:]
@@ -79,12 +80,12 @@ def test_md(llmperf, variant):
 """
 
 
-def test_markdown_in_a_test_id_is_shown_as_text_in_the_report_and_the_job_summary(project, monkeypatch):  # noqa: F811
+def test_markdown_in_a_test_id_is_shown_as_text_in_the_report_and_the_job_summary(project, run, monkeypatch):  # noqa: F811
     """Issue 39, case 12: a test id holding `[x](y)` or `<b>` rendered as a link or bold."""
     project.makepyfile(test_md=MARKDOWN_TEST.format(ids=IDS))
     summary = project.path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    run(project, "--llmperf-update", "test_md.py").assert_outcomes(passed=len(IDS))
+    run("--llmperf-update", "test_md.py").assert_outcomes(passed=len(IDS))
     keys = {b["key"] for b in json.loads((project.path / "reports" / "cpu.json").read_text())["benchmarks"]}
     assert len(keys) == len(IDS) and "test_md[[x](y)]" in keys and "test_md[<b>bold</b>]" in keys
     md = (project.path / "reports" / "cpu.md").read_text()

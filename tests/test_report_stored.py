@@ -21,9 +21,9 @@ def test_long(llmperf):
 """
 
 
-def test_a_run_costs_the_same_bytes_however_many_tokens_it_generated(project):  # noqa: F811
+def test_a_run_costs_the_same_bytes_however_many_tokens_it_generated(project, run):  # noqa: F811
     project.makepyfile(test_engine=LONG_TEST)
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+    run("--llmperf-update").assert_outcomes(passed=1)
     text = (project.path / "reports" / "cpu.json").read_text()
     data = json.loads(text)
     runs = [r for b in data["benchmarks"][0]["batches"] for r in b["runs"]]
@@ -41,8 +41,8 @@ def raw_run(sample):
     return {**sample.to_json(), "values": run_values(sample)}
 
 
-def test_a_report_with_raw_runs_is_reduced_when_rewritten_and_renders_alike(project):  # noqa: F811
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_a_report_with_raw_runs_is_reduced_when_rewritten_and_renders_alike(project, run):  # noqa: F811
+    run("--llmperf-update").assert_outcomes(passed=1)
     path = project.path / "reports" / "cpu.json"
     data = json.loads(path.read_text())
     old = json.loads(json.dumps(data["benchmarks"][0]))
@@ -58,7 +58,7 @@ def test_a_report_with_raw_runs_is_reduced_when_rewritten_and_renders_alike(proj
                              "reference": None})
     path.write_text(json.dumps(data))
 
-    run(project, "--llmperf-update").assert_outcomes(passed=1)  # measures test_engine; test_old is carried over
+    run("--llmperf-update").assert_outcomes(passed=1)  # measures test_engine; test_old is carried over
     data = json.loads(path.read_text())
     kept = next(b for b in data["benchmarks"] if b["key"] == "test_old")
     first = kept["batches"][0]["runs"][0]

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from .doubles.leaks import assert_gone, descendants
-from .server_helpers import TGI_DOUBLE, clean_env, run_inner
+from .server_helpers import TGI_DOUBLE, clean_env
 
 BENCHMARK = f"""
 import json, os, sys
@@ -39,17 +39,18 @@ def project(pytester, monkeypatch):
     assert_gone(descendants() - before, within_s=5)  # the server is stopped, also after a failure
 
 
-def run(pytester, *args):
+@pytest.fixture
+def run(run):
     # timings and memory are not what this is about (in-process pytester runs grow the measuring process); alpha
     # 0.05: 5 runs against a baseline of 5 can show a regression of one of 3 rows at 0.05 / 3, not at 0.01 / 3
-    return run_inner(pytester, "--llmperf-max-load=inf", "--llmperf-rtol=10", "--llmperf-memory-rtol=10",
-                     "--llmperf-alpha=0.05", *args)
+    return run.with_flags("-p", "pytest_llmperf.servers.fixtures", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                          "--llmperf-rtol=10", "--llmperf-memory-rtol=10", "--llmperf-alpha=0.05")
 
 
-def test_a_dropped_stream_is_a_failed_request_that_fails_the_test_and_is_never_stored(project, monkeypatch):
+def test_a_dropped_stream_is_a_failed_request_that_fails_the_test_and_is_never_stored(project, run, monkeypatch):
     # every second request's connection is closed after 2 of its 4 tokens: one request of every run of batch 2
     monkeypatch.setenv("DOUBLE_CONFIG", json.dumps({"drop_after": 2, "drop_every": 2}))
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*batch size 2: 5 of 10 requests failed, not timed (first: request ?: the stream broke after 2 of 4 tokens: *",
@@ -58,21 +59,21 @@ def test_a_dropped_stream_is_a_failed_request_that_fails_the_test_and_is_never_s
     report = (project.path / "reports" / "cpu.md").read_text()
     assert "- run quality: batch size 2: 5 of 10 requests failed" in report
     monkeypatch.delenv("DOUBLE_CONFIG")
-    run(project, "--llmperf-update").assert_outcomes(passed=1)  # a server that completes every request
+    run("--llmperf-update").assert_outcomes(passed=1)  # a server that completes every request
 
 
-def test_changed_server_outputs_warn_unless_the_server_is_declared_deterministic(project, monkeypatch):
-    run(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_changed_server_outputs_warn_unless_the_server_is_declared_deterministic(project, run, monkeypatch):
+    run("--llmperf-update").assert_outcomes(passed=1)
     baseline = next(project.path.rglob("baselines/**/test_bench.json")).read_text()
     assert '"outputs": "sha256:' in baseline  # the digest of the server's token ids (return_token_ids), per batch size
-    run(project).assert_outcomes(passed=1)
+    run().assert_outcomes(passed=1)
     monkeypatch.setenv("DOUBLE_CONFIG", json.dumps({"output_salt": "changed"}))  # same prompt, other tokens
-    warned = run(project)
+    warned = run()
     warned.assert_outcomes(passed=1)
     warned.stdout.fnmatch_lines(["*outputs changed from the baseline (its digest *); sequence 0 now reads *"
                                  "(not failing: the server is not declared deterministic; pass deterministic=True*"])
     monkeypatch.setenv("DETERMINISTIC", "1")
-    failed = run(project)
+    failed = run()
     failed.assert_outcomes(failed=1)
     failed.stdout.fnmatch_lines(["*test_server: batch size 2: outputs changed from the baseline (its digest "
                                  "sha256:*, now sha256:*); sequence 0 now reads '*'"])

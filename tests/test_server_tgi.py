@@ -511,6 +511,7 @@ def test_tgi_gate(llmperf, llmperf_tgi):
 """
 
 
+@pytest.mark.serial  # times a server's tokens and asserts the verdict: alone, after the parallel tests
 def test_the_gate_catches_a_slower_tgi_and_the_report_has_the_server_tables(pytester, monkeypatch, tmp_path):
     clean_env(monkeypatch)
     monkeypatch.setenv("PATH", f"{LAUNCHER.parent}:{__import__('os').environ['PATH']}")

@@ -38,27 +38,23 @@ def test_xpass(llmperf):
 """
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
-
-
 @pytest.mark.parametrize("processes", ["1", "5"])
 @pytest.mark.parametrize("select", [("-m", "not llmperf"), ("-k", "plain")])
-def test_deselecting_every_benchmark_is_not_a_session_that_judged_nothing(project, monkeypatch, processes, select):
+def test_deselecting_every_benchmark_is_not_a_session_that_judged_nothing(project, run, monkeypatch, processes, select):
     """`-m 'not llmperf'` (the README's way to run the other tests under xdist) exited 1: 'nothing judged'."""
     monkeypatch.setenv("LLMPERF_PROCESSES", processes)
     project.makepyfile(test_x=TESTS)
-    result = run(project, *select)
+    result = run(*select)
     result.assert_outcomes(passed=1, deselected=1)
     assert result.ret == pytest.ExitCode.OK
     assert "nothing judged" not in result.stdout.str()
 
 
 @pytest.mark.parametrize("processes", ["1", "5"])
-def test_collect_only_judges_nothing_and_fails_nothing(project, monkeypatch, processes):
+def test_collect_only_judges_nothing_and_fails_nothing(project, run, monkeypatch, processes):
     monkeypatch.setenv("LLMPERF_PROCESSES", processes)
     project.makepyfile(test_x=TESTS)
-    result = run(project, "--collect-only", "-q")
+    result = run("--collect-only", "-q")
     assert result.ret == pytest.ExitCode.OK
     assert "llmperf: judged" not in result.stdout.str()
     assert not (project.path / "reports").exists()
@@ -68,27 +64,27 @@ def test_collect_only_judges_nothing_and_fails_nothing(project, monkeypatch, pro
     (("--llmperf-processes=2", "--llmperf-max-processes=2"), "*cannot fail*"),  # refused at collection
     (("--llmperf-compare=HEAD",), "*is not inside a git repository*"),  # refused as the campaign starts
 ])
-def test_a_usage_error_says_only_the_error(project, args, said):
+def test_a_usage_error_says_only_the_error(project, run, args, said):
     project.makepyfile(test_x=TESTS.replace("batch_sizes=[1]", "batch_sizes=[1, 2, 4, 8]"))
-    result = run(project, *args)
+    result = run(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([said])
     assert "llmperf: judged" not in result.stdout.str() and "the run fails" not in result.stdout.str()
 
 
 @pytest.mark.parametrize("processes", ["1", "5"])
-def test_xfail_means_the_same_in_worker_processes_as_in_this_one(project, monkeypatch, processes):
+def test_xfail_means_the_same_in_worker_processes_as_in_this_one(project, run, monkeypatch, processes):
     """In worker processes an xfailed benchmark was reported skipped, with the repr of the llmperf fixture as its
     reason, and a strict XPASS as xfailed."""
     monkeypatch.setenv("LLMPERF_PROCESSES", processes)
     project.makepyfile(test_x=XFAIL)
-    result = run(project, "--llmperf-update", "-rxXf")
+    result = run("--llmperf-update", "-rxXf")
     result.assert_outcomes(failed=1, xfailed=1, xpassed=1)
     result.stdout.fnmatch_lines(["XFAIL test_x.py::test_xfail - known", "XPASS test_x.py::test_xpass - may pass",
                                  "FAILED test_x.py::test_xpass_strict - [[]XPASS(strict)] now passes"])
 
 
-def test_a_marker_processes_the_session_does_not_use_is_said(project):
+def test_a_marker_processes_the_session_does_not_use_is_said(project, run):
     project.makepyfile(test_x="""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
@@ -97,15 +93,15 @@ from pytest_llmperf.backends.simulated import SimulatedBackend
 def test_engine(llmperf):
     llmperf.measure(SimulatedBackend())
 """)
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*PytestLLMPerfWarning: llmperf: the marker's processes=3 is not used: "
                                  "--llmperf-processes=1 measures every benchmark in this pytest process*"])
 
 
-def test_a_marker_rtol_auto_is_refused_saying_where_auto_belongs(project):
+def test_a_marker_rtol_auto_is_refused_saying_where_auto_belongs(project, run):
     project.makepyfile(test_x=TESTS.replace("warmups=0)", "warmups=0, rtol='auto')"))
-    result = run(project)
+    result = run()
     result.assert_outcomes(errors=1, passed=1)
     result.stdout.fnmatch_lines(["*rtol='auto' is not valid: expected a finite number >= 0 (or a {metric: number} "
                                  "mapping); auto is --llmperf-rtol's: leave rtol out to use the session's*"])

@@ -30,10 +30,6 @@ def project(pytester, monkeypatch):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-max-load=inf", *args)
-
-
 def assert_clean(result):
     text = result.stdout.str() + result.stderr.str()
     assert "INTERNALERROR" not in text and "Traceback" not in text
@@ -60,8 +56,8 @@ def assert_clean(result):
     ("--llmperf-memory-rtol=nan", "--llmperf-memory-rtol: expected a number >= 0, got 'nan'"),
     ("--llmperf-memory-rtol=-0.1", "--llmperf-memory-rtol: expected a number >= 0"),
 ])
-def test_bad_option_is_a_usage_error_naming_it(project, arg, expected):
-    result = run(project, arg)
+def test_bad_option_is_a_usage_error_naming_it(project, run, arg, expected):
+    result = run(arg)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*llmperf: bad value for {expected}*"])
     assert_clean(result)
@@ -73,18 +69,18 @@ def test_bad_option_is_a_usage_error_naming_it(project, arg, expected):
     ("llmperf_alpha = 2", "ini option llmperf_alpha in * expected a number in (0, 1), got '2'"),
     ("llmperf_update = maybe", "ini option llmperf_update in *"),
 ])
-def test_bad_ini_value_names_the_ini_option(project, line, expected):
+def test_bad_ini_value_names_the_ini_option(project, run, line, expected):
     project.makeini(f"[pytest]\n{line}\n")
-    result = run(project)
+    result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{expected}*"])
     assert "invalid literal" not in result.stderr.str()
     assert_clean(result)
 
 
-def test_bad_environment_value_names_the_variable(project, monkeypatch):
+def test_bad_environment_value_names_the_variable(project, run, monkeypatch):
     monkeypatch.setenv("LLMPERF_RTOL", "NaN")
-    result = run(project)
+    result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RTOL: expected a number >= 0*"])
 
@@ -99,7 +95,7 @@ EMPTY_REF = "expected a git ref (e.g. origin/main, HEAD), got an empty value: an
     ("ini", f"ini option llmperf_compare in *tox.ini: {EMPTY_REF}"),
     ("cli slash", "--llmperf-compare: expected a git ref (e.g. origin/main), got 'origin/': an unset variable after"),
 ])
-def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, monkeypatch, given, expected):
+def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, run, monkeypatch, given, expected):
     """Issue 39, case 8: `--llmperf-compare=$BASE_REF` with the variable unset in CI gated against the stored
     baselines in silence (and against none, where there are none: a green job that compared nothing)."""
     args = {"cli": ["--llmperf-compare="], "cli blank": ["--llmperf-compare", " "],
@@ -108,7 +104,7 @@ def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, m
         monkeypatch.setenv("LLMPERF_COMPARE", "")
     if given == "ini":
         project.makeini("[pytest]\nllmperf_compare =\n")
-    result = run(project, *args)
+    result = run(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*llmperf: bad value for {expected}*"])
     assert "leave it out to gate against the stored baselines" in result.stderr.str() or given == "cli slash"
@@ -127,30 +123,30 @@ def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, m
      "llmperf: test_engine.py::test_engine: its marker's processes=9 is above --llmperf-max-processes=8: raise "
      "--llmperf-max-processes to at least 9, or lower the marker's processes"),
 ])
-def test_a_cap_of_processes_below_the_first_look_is_refused(project, args, expected):
+def test_a_cap_of_processes_below_the_first_look_is_refused(project, run, args, expected):
     """Issue 39, case 9: --llmperf-max-processes below --llmperf-processes was accepted; the header said processes=6
     at the first look, then up to 3."""
     project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
     project.makepyfile(marker8="import pytest\n\ndef pytest_collection_modifyitems(items):\n"
                                "    for item in items:\n        item.add_marker(pytest.mark.llmperf(processes=9))\n")
     project.syspathinsert()
-    result = run(project, *args)
+    result = run(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {expected}"])
     assert_clean(result)
 
 
-def test_max_load_inf_switches_the_check_off(project):
+def test_max_load_inf_switches_the_check_off(project, run):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=5", overrides=""))
-    result = run(project, "--llmperf-update", "--co")
+    result = run("--llmperf-update", "--co")
     assert result.ret == 0
 
 
 # -- settings that can never fail ------------------------------------------------------------------------
 
-def test_a_session_whose_runs_cannot_fail_is_refused_naming_the_runs_needed(project):
+def test_a_session_whose_runs_cannot_fail_is_refused_naming_the_runs_needed(project, run):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
-    result = run(project, "--llmperf-runs=1", "--llmperf-max-runs=1")
+    result = run("--llmperf-runs=1", "--llmperf-max-runs=1")
     result.assert_outcomes(errors=1)  # refused at setup, before any run
     result.stdout.fnmatch_lines(["*runs=1, max_runs=1 cannot fail: judging 3 gated row(s) over looks at [[]1] units "
                                  "per side*slowdown to * (twice the tolerance) would not be called regressed*"
@@ -160,20 +156,20 @@ def test_a_session_whose_runs_cannot_fail_is_refused_naming_the_runs_needed(proj
     assert_clean(result)
 
 
-def test_a_marker_whose_runs_cannot_fail_fails_at_setup_and_more_runs_can(project):
+def test_a_marker_whose_runs_cannot_fail_fails_at_setup_and_more_runs_can(project, run):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=1, max_runs=1, batch_sizes=[1, 2, 4, 8]",
                                                       overrides=""))
-    result = run(project)
+    result = run()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*runs=1, max_runs=1 cannot fail: judging 12 gated row(s)*"])
     project.makepyfile(test_engine=MARKED_TEST.format(marker="runs=3, max_runs=12", overrides=""))
-    assert "cannot fail" not in run(project, "--llmperf-update").stdout.str()
+    assert "cannot fail" not in run("--llmperf-update").stdout.str()
 
 
 @pytest.mark.parametrize("processes", ['"2"', "0", "True", "2.0", "'auto'"])
-def test_a_marker_processes_that_is_not_a_count_is_refused_at_setup(project, processes):
+def test_a_marker_processes_that_is_not_a_count_is_refused_at_setup(project, run, processes):
     project.makepyfile(test_engine=MARKED_TEST.format(marker=f"processes={processes}", overrides=""))
-    result = run(project)
+    result = run()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*processes={eval(processes)!r} is not valid: expected an integer >= 1*"])
     assert_clean(result)
@@ -204,26 +200,26 @@ def test_a_marker_processes_that_is_not_a_count_is_refused_at_setup(project, pro
     ('memory_rtol=float("nan")', "memory_rtol=nan is not valid: expected a finite number >= 0"),
     ('memory_rtol=float("inf")', "memory_rtol=inf is not valid"),
 ])
-def test_bad_marker_value_fails_the_test_naming_the_keyword(project, marker, expected):
+def test_bad_marker_value_fails_the_test_naming_the_keyword(project, run, marker, expected):
     project.makepyfile(test_engine=MARKED_TEST.format(marker=marker, overrides=""))
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(errors=1)  # refused at setup, before any run
     assert f"@pytest.mark.llmperf: {expected}" in result.stdout.str()
     assert not list((project.path / "baselines").rglob("*.json"))  # nothing measured, nothing written
     assert_clean(result)
 
 
-def test_bad_override_in_measure_names_the_setting(project):
+def test_bad_override_in_measure_names_the_setting(project, run):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=", batch_sizes=[1.5]"))
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(failed=1)
     assert "batch_sizes=[1.5] is not valid: expected a list of distinct integers" in result.stdout.str()
     assert_clean(result)
 
 
-def test_a_typo_in_metrics_is_refused_with_the_known_names(project):
+def test_a_typo_in_metrics_is_refused_with_the_known_names(project, run):
     project.makepyfile(test_engine=MARKED_TEST.format(marker='metrics=["prefil_ms"]', overrides=""))
-    result = run(project, "--llmperf-update")
+    result = run("--llmperf-update")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*metrics: unknown metric(s) prefil_ms for the simulated backend (a typo would "
                                  "gate nothing); known: prefill_ms, decode_token_ms*"])
@@ -269,20 +265,20 @@ def test_busy_hints_say_what_to_run_instead_once_with_one_max_load():
     assert "--llmperf-update on a quiet machine" in base and "--llmperf-max-load=1.2" in base
 
 
-def test_hints_repeat_the_baseline_dir_and_max_load(project, tmp_path):
+def test_hints_repeat_the_baseline_dir_and_max_load(project, run, tmp_path):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
     elsewhere = tmp_path / "elsewhere"
-    result = run(project, f"--llmperf-baseline-dir={elsewhere}")
+    result = run(f"--llmperf-baseline-dir={elsewhere}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"  pytest test_engine.py::test_engine --llmperf-device=cpu "
                                  f"--llmperf-baseline-dir={elsewhere} --llmperf-max-load=inf --llmperf-update"])
     # Following the hint records where the gate then looks: no second refusal.
-    run(project, f"--llmperf-baseline-dir={elsewhere}", "--llmperf-update").assert_outcomes(passed=1)
-    run(project, f"--llmperf-baseline-dir={elsewhere}").assert_outcomes(passed=1)
+    run(f"--llmperf-baseline-dir={elsewhere}", "--llmperf-update").assert_outcomes(passed=1)
+    run(f"--llmperf-baseline-dir={elsewhere}").assert_outcomes(passed=1)
 
 
-def test_a_bad_worker_start_is_a_usage_error_naming_the_choices(project):
-    result = run(project, "--llmperf-worker-start=spawn")
+def test_a_bad_worker_start_is_a_usage_error_naming_the_choices(project, run):
+    result = run("--llmperf-worker-start=spawn")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-worker-start*expected one of fork, exec*"])
     assert_clean(result)

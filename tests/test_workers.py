@@ -6,6 +6,7 @@ of that module, which only the working tree's workers import. Every worker proce
 `python -m pytest`, so these tests take a few seconds each.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -81,12 +82,13 @@ def repo(pytester, monkeypatch):
     return pytester
 
 
-def run(pytester, *args):
-    return pytester.runpytest(*ARGS, *args)
+@pytest.fixture
+def run(run):
+    return dataclasses.replace(run, flags=ARGS)  # these, not the usual flags: the workers' runs read the load
 
 
-def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(repo):
-    result = run(repo, "--llmperf-compare", "HEAD")
+def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(repo, run):
+    result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*process 1 of 5 on HEAD (*", "*process 5 of 5 on the working tree*",
                                  "*decode_token_ms*pass*"])
@@ -97,9 +99,9 @@ def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(
 
 
 @pytest.mark.parametrize("start", ["fork", "exec"])
-def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo, start):
+def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo, run, start):
     write_speed(repo, decode=1.10)  # uncommitted: only the working tree's workers import it
-    result = run(repo, "--llmperf-compare", "HEAD", f"--llmperf-worker-start={start}")
+    result = run("--llmperf-compare", "HEAD", f"--llmperf-worker-start={start}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*n=5/5 pairs*",
                                  "*compared with HEAD (*) in alternating worker processes*"])
@@ -107,17 +109,17 @@ def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo, st
     assert worktrees(repo) == [f"worktree {repo.path}"]
 
 
-def test_a_fork_server_that_cannot_start_leaves_the_workers_started_from_scratch(repo, monkeypatch):
+def test_a_fork_server_that_cannot_start_leaves_the_workers_started_from_scratch(repo, run, monkeypatch):
     monkeypatch.setattr(forkserver, "ZYGOTE", repo.path / "missing.py")
-    result = run(repo, "--llmperf-compare", "HEAD")
+    result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork "
                                  "server (--llmperf-worker-start=fork) exited with code 1*"])
 
 
-def test_changed_outputs_in_the_working_tree_fail_against_the_refs_own_tokens(repo):
+def test_changed_outputs_in_the_working_tree_fail_against_the_refs_own_tokens(repo, run):
     write_speed(repo, changed=2)  # same speed, other tokens from the third on
-    result = run(repo, "--llmperf-compare", "HEAD")
+    result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*test_engine: batch size 1: outputs changed from HEAD (*): sequence 0 differs first "
                                  "at generated token 2 (id 102 -> 103)*",
@@ -125,22 +127,22 @@ def test_changed_outputs_in_the_working_tree_fail_against_the_refs_own_tokens(re
     result.stdout.no_fnmatch_line("*regressed:*")
 
 
-def test_a_test_only_in_the_working_tree_is_new_not_failed(repo):
+def test_a_test_only_in_the_working_tree_is_new_not_failed(repo, run):
     repo.makepyfile(test_added=ENGINE.replace("def test_engine(", "def test_added("))
-    result = run(repo, "--llmperf-compare", "HEAD")
+    result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*1 new*"])
 
 
-def test_a_bad_ref_is_a_usage_error_naming_it(repo):
-    result = run(repo, "--llmperf-compare", "no-such-branch")
+def test_a_bad_ref_is_a_usage_error_naming_it(repo, run):
+    result = run("--llmperf-compare", "no-such-branch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-compare no-such-branch: no such commit, branch or tag*"])
     assert worktrees(repo) == [f"worktree {repo.path}"]
 
 
-def test_compare_refuses_to_update_baselines(repo):
-    result = run(repo, "--llmperf-compare", "HEAD", "--llmperf-update")
+def test_compare_refuses_to_update_baselines(repo, run):
+    result = run("--llmperf-compare", "HEAD", "--llmperf-update")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-compare measures against a git ref and writes no baselines*"])
 
@@ -154,42 +156,42 @@ def test_too_few_processes_to_fail_are_refused_with_the_number_needed(repo):
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 
-def test_stored_baselines_hold_per_process_values_and_gate_them(repo):
+def test_stored_baselines_hold_per_process_values_and_gate_them(repo, run):
     # the simulated engine's timings do not depend on the machine: a busy one must not refuse them here
     quiet = "--llmperf-max-load=inf"
-    run(repo, "--llmperf-update", quiet).assert_outcomes(passed=1)
+    run("--llmperf-update", quiet).assert_outcomes(passed=1)
     stored = json.loads((repo.path / "baselines" / "cpu" / "runner" / "test_engine.json").read_text())
     entry = stored["benchmarks"]["test_engine"]
     assert entry["unit"] == "process"
     assert entry["batches"]["1"]["runs_per_process"] == [3] * 10  # an update records twice the first look
     assert len(entry["values"]["1"]["prefill_ms"]) == 10  # and each process's median: what the gate tests
-    run(repo, quiet).assert_outcomes(passed=1)
+    run(quiet).assert_outcomes(passed=1)
     write_speed(repo, prefill=1.2)
-    result = run(repo, quiet)
+    result = run(quiet)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=10/5 processes*"])
 
 
-def test_a_crashing_worker_fails_with_its_log_tail(repo):
+def test_a_crashing_worker_fails_with_its_log_tail(repo, run):
     write_speed(repo, hook="print('about to crash'); import os; os._exit(3)")
-    result = run(repo)
+    result = run()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*worker process 1 on the working tree exited with code 3*", "*about to crash*"])
 
 
-def test_a_workers_atexit_handlers_run_though_it_skips_the_interpreters_teardown(repo):
+def test_a_workers_atexit_handlers_run_though_it_skips_the_interpreters_teardown(repo, run):
     # a worker leaves through os._exit (manager.WORKER_MAIN); a user's conftest may stop a server at exit
     log = repo.path / "atexit.log"
     write_speed(repo, hook=f"import atexit, os; atexit.register(lambda: open({str(log)!r}, 'a').write("
                            "os.environ['LLMPERF_WORKER_PROCESS'] + chr(10)))")  # uncommitted: the working tree's
-    result = run(repo, "--llmperf-compare", "HEAD")
+    result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(passed=1)
     assert sorted(log.read_text().split()) == ["1", "2", "3", "4", "5"]
 
 
-def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo):
+def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo, run):
     write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
-    result = run(repo, "--llmperf-worker-timeout=8")
+    result = run("--llmperf-worker-timeout=8")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within 8 s*"])
     pid = int((repo.path / "worker.pid").read_text())
@@ -297,18 +299,18 @@ def test_identical_pairs_give_no_evidence_either_way():
     assert same.p_worse() == 1.0 and same.ratio() == 1.0
 
 
-def test_a_test_failing_on_the_ref_cannot_be_compared_and_says_so(repo):
+def test_a_test_failing_on_the_ref_cannot_be_compared_and_says_so(repo, run):
     write_speed(repo, hook="raise RuntimeError('broken at the base commit')")
     git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "broken")
     write_speed(repo)  # fixed in the working tree
-    result = run(repo, "--llmperf-compare", "HEAD")
+    result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*cannot compare: the test fails on HEAD (*", "*broken at the base commit*"])
 
 
-def test_under_xdist_worker_processes_are_not_started_and_the_tests_are_refused(repo):
+def test_under_xdist_worker_processes_are_not_started_and_the_tests_are_refused(repo, run):
     pytest.importorskip("xdist")
-    result = run(repo, "-n", "2")
+    result = run("-n", "2")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*timed benchmark tests must not run under pytest-xdist*"])
     result.stdout.no_fnmatch_line("*llmperf: process 1 of*")
@@ -325,10 +327,11 @@ def steady_load():
         proc.wait()
 
 
-def test_a_steady_load_does_not_refuse_an_ab_comparison(repo, steady_load):
+@pytest.mark.serial  # reads the machine's load beside one steady neighbour: alone, after the parallel tests
+def test_a_steady_load_does_not_refuse_an_ab_comparison(repo, run, steady_load):
     # Both sides run beside the same neighbour, so A/B still judges (a stored-baseline gate refuses a
     # comparison whose runs stayed busy: tests/test_load.py, with the load injected).
-    result = run(repo, "--llmperf-compare", "HEAD", "--llmperf-max-load=0.25")
+    result = run("--llmperf-compare", "HEAD", "--llmperf-max-load=0.25")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks", "1 passed"])
 
