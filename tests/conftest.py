@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
 import importlib
+import importlib.util
+import inspect
 import os
 import subprocess
 import types
@@ -154,6 +157,27 @@ def _methods(cls: type, named: Iterable[str]) -> Iterator[object]:
                 yield from (part for part in (member, getattr(member, "fget", None)) if _followed(part))
 
 
+def _imported_inside(code: types.CodeType, package: str) -> dict[str, object]:
+    """What the imports inside a function bind (the package imports its heavy parts where they are used:
+    `from .uv_runner import find_uv`), for those of our modules that import here."""
+    bound: dict[str, object] = {}
+    instructions = list(dis.get_instructions(code))
+    module: types.ModuleType | None = None
+    for at, instruction in enumerate(instructions):
+        if instruction.opname == "IMPORT_NAME":
+            level = instructions[at - 2].argval if at >= 2 else 0
+            name = "." * (level if isinstance(level, int) else 0) + str(instruction.argval)
+            try:
+                module = importlib.import_module(importlib.util.resolve_name(name, package) if level else name)
+            except Exception:  # an optional library not installed here, or one whose import fails
+                module = None
+            if module is not None and str(getattr(module, "__file__", "")).startswith(_FOLLOWED):
+                bound.update(vars(module))
+        elif instruction.opname == "IMPORT_FROM" and module is not None:
+            bound[str(instruction.argval)] = getattr(module, str(instruction.argval), None)
+    return bound
+
+
 @functools.cache
 def _refers_to(func: Any) -> tuple[frozenset[str], tuple[object, ...], tuple[type, ...]]:
     """The names a function's code refers to, and the functions and classes of ours among them."""
@@ -167,7 +191,10 @@ def _refers_to(func: Any) -> tuple[frozenset[str], tuple[object, ...], tuple[typ
         code = codes.pop()
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
         names.update(code.co_names)
-    functions = [scope[n] for n in names if _followed(scope.get(n))]
+        scope.update(_imported_inside(code, func.__globals__.get("__package__") or ""))
+    # A decorated function (contextlib.contextmanager, functools.wraps): the function it wraps.
+    values = [inspect.unwrap(scope[n]) if callable(scope.get(n)) else scope.get(n) for n in names]
+    functions = [value for value in values if _followed(value)]
     for cell in func.__closure__ or ():  # a decorated function: the function it wraps
         with contextlib.suppress(ValueError):
             if _followed(cell.cell_contents):

@@ -17,7 +17,6 @@ from pytest_llmperf.history.series import build
 from pytest_llmperf.history.store import Store
 from pytest_llmperf.judge.verdicts import Outcome, Status
 from tests.test_plugin import ENGINE_TEST
-from tests.test_plugin import run as run_pytest
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@e"}
 
@@ -38,14 +37,19 @@ def project(project, monkeypatch):
     return project
 
 
+@pytest.fixture
+def run(run):
+    return run.with_flags("--llmperf-max-load=1000", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
 def store_of(project) -> Store:
     return Store(Location("sqlite", str(project.path / ".llmperf" / "history.sqlite")))
 
 
-def test_every_job_appends_to_the_sqlite_store_and_writes_its_rows_file(project):
-    run_pytest(project, "--llmperf-update").assert_outcomes(passed=1)
+def test_every_job_appends_to_the_sqlite_store_and_writes_its_rows_file(project, run):
+    run("--llmperf-update").assert_outcomes(passed=1)
     git(project.path, "commit", "-q", "--allow-empty", "-m", "two")
-    result = run_pytest(project)
+    result = run()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*llmperf history: 6 rows of 1 run(s) appended to *history.sqlite*"])
     with store_of(project) as store:
@@ -64,25 +68,25 @@ def test_every_job_appends_to_the_sqlite_store_and_writes_its_rows_file(project)
     assert analysis["series_analysed"] == 6 and analysis["changes"] == []
 
 
-def test_with_the_store_off_only_the_rows_file_is_written(project):
-    run_pytest(project, "--llmperf-update", "--llmperf-history=off").assert_outcomes(passed=1)
+def test_with_the_store_off_only_the_rows_file_is_written(project, run):
+    run("--llmperf-update", "--llmperf-history=off").assert_outcomes(passed=1)
     assert not (project.path / ".llmperf").exists()
     assert (project.path / "reports" / "history-rows.jsonl").exists()
 
 
 @pytest.mark.parametrize("check", ["report", "fail"])
-def test_a_corrupt_store_is_a_line_naming_it_and_fails_only_when_asked(project, check):
+def test_a_corrupt_store_is_a_line_naming_it_and_fails_only_when_asked(project, run, check):
     store = project.path / "broken.sqlite"
     store.write_bytes(b"not a database " * 100)
-    result = run_pytest(project, "--llmperf-update", f"--llmperf-history={store}", f"--llmperf-history-check={check}")
+    result = run("--llmperf-update", f"--llmperf-history={store}", f"--llmperf-history-check={check}")
     result.stdout.fnmatch_lines(["*llmperf history: history store *broken.sqlite is not a readable database*"])
     assert (result.ret == 0) == (check == "report")
     assert "Traceback" not in result.stdout.str() and "INTERNALERROR" not in result.stdout.str()
     assert (project.path / "reports" / "history-rows.jsonl").exists()  # nothing of the job is lost
 
 
-def test_a_bad_store_option_is_a_usage_error(project):
-    result = run_pytest(project, "--llmperf-history=mysql://somewhere")
+def test_a_bad_store_option_is_a_usage_error(project, run):
+    result = run("--llmperf-history=mysql://somewhere")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value for --llmperf-history*postgresql://URL*"])
 

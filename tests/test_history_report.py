@@ -9,6 +9,8 @@ import pytest
 from tests.server_helpers import load_script
 from tests.test_html_report import browser, opened
 
+pytestmark = pytest.mark.slow  # the replay runs git and a browser (a script loaded by path, which tests/conftest.py cannot follow)
+
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):

@@ -26,7 +26,8 @@ def postgres():
         yield url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The PostgreSQL side starts a server: slow (tests/conftest.py cannot see a fixture asked for by name).
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def location(request, tmp_path):
     if request.param == "sqlite":
         return Location("sqlite", str(tmp_path / "history.sqlite"))
