@@ -1,16 +1,21 @@
 """Measure change-point methods on the seeded synthetic histories of the issue's goals (docs/history.md).
 
-    python scripts/history_methods.py [--seeds 100] [--penalties 2,3,4] [--kernels linear,rbf] [--min-sizes 2,3]
+    python scripts/history_methods.py [--seeds 400] [--first-seed 0] [--penalties 2] [--p-values 0.005]
+        [--looks 2] [--confirm-ps 3e-4] [--confirm-levels 20] [--kernels linear] [--min-sizes 3]
 
-For each method: confirmed false alarms per 100 commits in pure noise (the series replayed as analysed after every
-commit), a 5% step at commit 30 of 60 found within 2 commits and exactly, three 2% steps flagged as creep and the
-drift reported, confirmed alarms at a +30% outlier job, and the delay until a 5% step is confirmed. Prints one
-table row per method. Needs the `history` extra (ruptures) and numpy.
+Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
+(history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
+pure noise at CV 1/3/5/10%, counted as a user sees them (the series analysed after every commit, each alarm once,
+however long it lasted) and, in brackets, in one analysis of all 100 commits; a 5% step at commit 30 of 60 found
+within 2 commits and exactly; three 2% steps flagged as creep and the drift reported; histories with a confirmed
+alarm near a +30% outlier job, and the same histories without the job (noise's own); and the share of 5% steps
+(CV 3%) confirmed within 8 commits, with the median delay. Needs the `history` extra (ruptures) and numpy.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -25,17 +30,18 @@ from pytest_llmperf.history.detect import Method  # noqa: E402
 from tests.history_synthetic import Case, history  # noqa: E402
 
 MIN_EFFECT = 0.025  # half the default --llmperf-history-min-effect (creep.py)
+OUTLIER_AT = (10, 50, 90, 99)
 
 
 def noise_rate(method: Method, cv: float, seeds: range) -> tuple[float, float]:
-    """Confirmed alarms per 100 commits in pure noise: in the analysis of all 100 commits, and replayed as analysed
-    after every commit (each alarm counted once, however long it lasted)."""
-    final = streamed = 0
+    """Confirmed alarms per 100 commits in pure noise: replayed as analysed after every commit (each alarm counted
+    once, however long it lasted), and in the one analysis of all 100 commits."""
+    streamed = final = 0
     for s in seeds:
         values = history(Case(100, cv), s)
-        final += sum(f.confirmed for f in Analyses(values, method).found())
         streamed += len(first_confirmations(values, method))
-    return 100 * final / (len(seeds) * 100), 100 * streamed / (len(seeds) * 100)
+        final += sum(f.confirmed for f in Analyses(values, method).found())
+    return 100 * streamed / (len(seeds) * 100), 100 * final / (len(seeds) * 100)
 
 
 def step(method: Method, seeds: range, cv: float = 0.03) -> tuple[float, float]:
@@ -56,21 +62,24 @@ def creep_case(method: Method, seeds: range) -> tuple[float, float, float]:
         if c is not None and c.flagged:
             flagged += 1
             drifts.append(c.drift)
-    lo, hi = (np.percentile(drifts, [5, 95]) if drifts else (float("nan"),) * 2)
+    lo, hi = np.percentile(drifts, [5, 95]) if drifts else (float("nan"),) * 2
     return flagged / len(seeds), float(lo), float(hi)
 
 
-def outliers(method: Method, seeds: range) -> int:
-    """Histories with a confirmed alarm within 2 commits of a +30% job, in the analyses made while that job was
-    the newest commit and in the 8 after it."""
-    bad = 0
-    for at in (10, 50, 90, 99):
-        for s in seeds:
-            analyses = Analyses(history(Case(100, 0.03, outliers=((at, 0.30),)), s), method)
-            bad += any(
-                f.confirmed and abs(f.index - at) <= 2 for n in range(at + 1, min(at + 10, 101)) for f in analyses.found(n)
-            )
-    return bad
+def alarm_near(analyses: Analyses, at: int) -> bool:
+    """A confirmed alarm within 2 commits of `at` in the analyses made while `at` was the newest commit and after
+    each of the 8 commits that follow it."""
+    lengths = range(at + 1, min(at + 10, len(analyses.values) + 1))
+    return any(f.confirmed and abs(f.index - at) <= 2 for n in lengths for f in analyses.found(n))
+
+
+def outliers(method: Method, seeds: range) -> tuple[int, int]:
+    """Histories with a confirmed alarm near a +30% job, and the same histories without the job."""
+    spiked = clean = 0
+    for at, s in itertools.product(OUTLIER_AT, seeds):
+        spiked += alarm_near(Analyses(history(Case(100, 0.03, outliers=((at, 0.30),)), s), method), at)
+        clean += alarm_near(Analyses(history(Case(100, 0.03), s), method), at)
+    return spiked, clean
 
 
 def delay(method: Method, seeds: range) -> tuple[float, float]:
@@ -84,32 +93,48 @@ def delay(method: Method, seeds: range) -> tuple[float, float]:
 
 def main() -> None:
     args = argparse.ArgumentParser()
-    args.add_argument("--seeds", type=int, default=100)
-    args.add_argument("--penalties", default="2,2.5,3")
+    args.add_argument("--seeds", type=int, default=400)
+    args.add_argument("--first-seed", type=int, default=0)
     args.add_argument("--kernels", default="linear")
+    args.add_argument("--penalties", default="2")
     args.add_argument("--min-sizes", default="3")
     args.add_argument("--p-values", default="0.005")
     args.add_argument("--looks", default="2")
+    args.add_argument("--confirm-ps", default=str(Method.confirm_p))
+    args.add_argument("--confirm-levels", default=str(Method.confirm_level))
     a = args.parse_args()
-    seeds = range(a.seeds)
-    print("| method | noise CV 1/3/5/10% (confirmed per 100 commits) | 5% step ±2 / exact | creep flagged, "
-          "drift 5-95% | outlier alarms | confirmed <= 8 after, median delay | s |")
+    seeds = range(a.first_seed, a.first_seed + a.seeds)
+    print(f"seeds {seeds.start}-{seeds.stop - 1}")
+    print(
+        "| method | noise CV 1/3/5/10%: confirmed per 100 commits, replayed (one analysis) | 5% step ±2 / exact | "
+        "creep flagged, drift 5-95% | outlier alarms (without the job) | confirmed <= 8 after, median delay | s |"
+    )
     print("|---|---|---|---|---|---|---|")
-    for kernel in a.kernels.split(","):
-        for penalty in map(float, a.penalties.split(",")):
-            for min_size in map(int, a.min_sizes.split(",")):
-                for p, looks in [(p, k) for p in map(float, a.p_values.split(",")) for k in map(int, a.looks.split(","))]:
-                    method = Method(kernel, penalty, min_size, p, confirm_looks=looks)
-                    t = time.perf_counter()
-                    found = [noise_rate(method, cv, seeds) for cv in (0.01, 0.03, 0.05, 0.10)]
-                    rates = "/".join(f"{f:.2f}" for f, _ in found) + " (replayed: " + "/".join(
-                        f"{r:.2f}" for _, r in found) + ")"
-                    near, exact = step(method, seeds)
-                    flagged, lo, hi = creep_case(method, seeds)
-                    soon, median = delay(method, seeds)
-                    print(f"| {kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} | {rates} | {near:.0%} / {exact:.0%} | "
-                          f"{flagged:.0%}, {lo:+.1%}..{hi:+.1%} | {outliers(method, seeds)} | {soon:.0%}, "
-                          f"{median:g} | {time.perf_counter() - t:.0f} |", flush=True)
+    grid = itertools.product(
+        a.kernels.split(","),
+        *(map(float, x.split(",")) for x in (a.penalties,)),
+        *(map(int, x.split(",")) for x in (a.min_sizes,)),
+        *(map(float, x.split(",")) for x in (a.p_values,)),
+        *(map(int, x.split(",")) for x in (a.looks,)),
+        *(map(float, x.split(",")) for x in (a.confirm_ps,)),
+        *(map(int, x.split(",")) for x in (a.confirm_levels,)),
+    )
+    for kernel, penalty, min_size, p, looks, confirm_p, level in grid:
+        method = Method(kernel, penalty, min_size, p, confirm_looks=looks, confirm_p=confirm_p, confirm_level=level)
+        t = time.perf_counter()
+        found = [noise_rate(method, cv, seeds) for cv in (0.01, 0.03, 0.05, 0.10)]
+        rates = "/".join(f"{r:.2f}" for r, _ in found) + " (" + "/".join(f"{f:.2f}" for _, f in found) + ")"
+        near, exact = step(method, seeds)
+        flagged, lo, hi = creep_case(method, seeds)
+        spiked, clean = outliers(method, seeds)
+        soon, median = delay(method, seeds)
+        name = f"{kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} confirm p {confirm_p:g} level {level}"
+        print(
+            f"| {name} | {rates} | {near:.0%} / {exact:.0%} | {flagged:.0%}, {lo:+.1%}..{hi:+.1%} | "
+            f"{spiked} ({clean}) of {len(OUTLIER_AT) * len(seeds)} | {soon:.0%}, {median:g} | "
+            f"{time.perf_counter() - t:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

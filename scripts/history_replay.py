@@ -9,7 +9,8 @@ per-process medians at the level and spread a recorded baseline's hold (log-norm
 recorded values themselves, seeded), scaled by the injected changes, and writes
 its rows file as a job does (history/rowsfile.py). `pytest-llmperf history import` merges them into OUT/history.sqlite;
 the analysis is written to OUT/reports/history.json and the page to OUT/reports/index.html. Prints the injected
-changes and what the analysis found.
+changes and what the analysis found. `--streamed` also replays every series with nothing injected commit by commit,
+as a job at every commit analyses it, and counts the alarms confirmed (each once, however long it lasted).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf.cli import main as cli_main  # noqa: E402
 from pytest_llmperf.history import lineage, rowsfile, series, summary  # noqa: E402
+from pytest_llmperf.history.alarms import first_confirmations  # noqa: E402
 from pytest_llmperf.history.analysis import analyze  # noqa: E402
 from pytest_llmperf.history.backends import Location  # noqa: E402
 from pytest_llmperf.history.detect import DEFAULT_METHOD  # noqa: E402
@@ -158,7 +160,18 @@ def replay(
     (reports / "history.json").write_text(json.dumps(data, indent=1, sort_keys=True))
     document = {"device": "cpu", "created": "replayed", "benchmarks": [], "settings": {"report_dir": str(reports)}}
     write_index([document], reports / "index.html")
-    return {"shas": shas, "analysis": data, "index": reports / "index.html"}
+    return {"shas": shas, "analysis": data, "index": reports / "index.html", "series": built}
+
+
+def injected_into(sid: SeriesId) -> bool:
+    return any(i.test in sid.test and i.metric == sid.metric and i.batch_size == sid.batch_size for i in INJECTED)
+
+
+def streamed(built: dict) -> tuple[int, int, int]:
+    """(alarms, series, commits): the series with nothing injected, replayed as analysed after every commit."""
+    quiet = [s for s in built.values() if not injected_into(s.id)]
+    alarms = sum(len(first_confirmations([p.value for p in s.points], DEFAULT_METHOD)) for s in quiet)
+    return alarms, len(quiet), sum(len(s.points) for s in quiet)
 
 
 def main() -> None:
@@ -168,6 +181,7 @@ def main() -> None:
     args.add_argument("--seed", type=int, default=0)
     args.add_argument("--baselines", type=Path, default=DEFAULT_BASELINES)
     args.add_argument("--draw", choices=("lognormal", "resample"), default="lognormal")
+    args.add_argument("--streamed", action="store_true", help="count the alarms of a job at every commit")
     a = args.parse_args()
     done = replay(a.out, a.jobs, a.seed, a.baselines, a.draw)
     for i in INJECTED:
@@ -177,6 +191,12 @@ def main() -> None:
         print(f"found: job {job} {change['state']} {change['change']:+.1%} {change['series']}")
     for item in done["analysis"]["creep"]:
         print(f"creep: {item['drift']:+.1%} {item['series']}")
+    if a.streamed:
+        alarms, quiet, commits = streamed(done["series"])
+        print(
+            f"streamed: {alarms} alarm(s) confirmed in {quiet} series with nothing injected, analysed after every "
+            f"commit ({100 * alarms / commits:.2f} per 100 commits per series)"
+        )
     print(f"wrote {done['index']}")
 
 

@@ -1,12 +1,18 @@
-"""When a change point is an alarm: `provisional` while few commits follow it, `confirmed` once enough do and the
-analyses of the series as it stood after each of the last few commits all find it.
+"""When a change point is an alarm: `provisional` when found, `confirmed` once the commits after it say, beyond the
+noise of a series analysed after every commit, that the level moved.
 
-A change point near the newest commit rests on a commit or two: a single slow job there looks like a new level
-until the next jobs say otherwise (every method flags it, docs/history.md). So an alarm is confirmed only when the
-method's `confirm_after` commits have been measured from its first commit on and the analyses of the series cut at
-each of its last `confirm_looks` lengths (the newest included) all find a change point within `SAME_POINT` commits
-of it. Those analyses are computed from
-the store's rows, not remembered: the same store always gives the same states.
+A job analyses its series at every commit, so a rule that a single analysis passes at a given rate is tried a
+hundred times in a hundred commits: noise near the newest commits makes change points that last an analysis or
+two. Counted that way (`first_confirmations`), the change points of one analysis are not a rate a user sees
+(docs/history.md, "Measured"). A change point is confirmed when, in the analysis of the series as it stands:
+- at least the method's `confirm_after` commits, outlier jobs aside, have been measured from it on (up to the next
+  change point): a slow job at the newest commit is not a level;
+- the analyses of the series cut at each of its last `confirm_looks` lengths all find it, within `SAME_POINT`;
+- Student's t-test of those commits against the level before it gives p < `confirm_p`, a stricter test than the
+  one that found it: the point was placed where the two sides differ most, and is tried again at every commit;
+- that level holds at least `confirm_level` commits (outlier jobs aside), or `confirm_level_after_change` where it
+  starts at a confirmed change: a level of a few commits is too easily a stretch of noise on its own.
+Each is computed from the store's rows, not remembered: the same store always gives the same states.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .detect import DEFAULT_METHOD, Method, change_points
+import numpy as np
+
+from .detect import DEFAULT_METHOD, Method, change_points, outliers, student_p
 
 SAME_POINT = 1  # commits a change point may move between analyses and still be the same
 #: Series shorter than this are not analysed: too few commits to tell a level from noise.
@@ -35,29 +43,60 @@ class Analyses:
         self.values = list(values)
         self.method = method
         self._done: dict[int, list[int]] = {}
+        self._set_aside: dict[int, frozenset[int]] = {}
 
     def at(self, length: int) -> list[int]:
         if length not in self._done:
-            self._done[length] = change_points(self.values[:length], self.method) if length >= MIN_COMMITS else []
+            values = self.values[:length]
+            self._done[length] = (
+                change_points(values, self.method, self.set_aside(length)) if length >= MIN_COMMITS else []
+            )
         return self._done[length]
+
+    def set_aside(self, length: int) -> frozenset[int]:
+        """The outlier jobs of the series cut at `length`."""
+        if length not in self._set_aside:
+            self._set_aside[length] = frozenset(outliers(self.values[:length], self.method))
+        return self._set_aside[length]
 
     def found(self, length: int | None = None) -> list[Found]:
         """The change points of the series cut at `length` (all of it by default), each with its state."""
         length = len(self.values) if length is None else length
-        return [Found(i, self._confirmed(i, length), length - i) for i in self.at(length)]
+        points = self.at(length)
+        states: dict[int, bool] = {}
+        return [Found(i, self._confirmed(k, points, length, states), length - i) for k, i in enumerate(points)]
 
-    def _confirmed(self, index: int, length: int) -> bool:
-        if length - index < self.method.confirm_after:
-            return False
-        looks = range(length, length - self.method.confirm_looks, -1)
-        return all(any(abs(j - index) <= SAME_POINT for j in self.at(n)) for n in looks)
+    def _confirmed(self, k: int, points: list[int], length: int, states: dict[int, bool]) -> bool:
+        """Whether the k-th change point of the analysis at `length` is confirmed (module docstring)."""
+        if k not in states:
+            method, i = self.method, points[k]
+            start, end = points[k - 1] if k else 0, points[k + 1] if k + 1 < len(points) else length
+            logs, aside = np.log(np.asarray(self.values[:length], dtype=float)), self.set_aside(length)
+            before = [logs[j] for j in range(start, i) if j not in aside]
+            after = [logs[j] for j in range(i, end) if j not in aside]
+            looks = range(length - 1, length - method.confirm_looks, -1)
+            states[k] = (
+                len(after) >= method.confirm_after
+                and all(any(abs(j - i) <= SAME_POINT for j in self.at(n)) for n in looks)
+                and (
+                    len(before) >= method.confirm_level
+                    or (
+                        k > 0
+                        and len(before) >= method.confirm_level_after_change
+                        and self._confirmed(k - 1, points, length, states)
+                    )
+                )
+                and student_p(before, after) < method.confirm_p
+            )
+        return states[k]
 
 
 def first_confirmations(
     values: Sequence[float], method: Method = DEFAULT_METHOD, *, start: int = MIN_COMMITS, merge: int = 3
 ) -> list[tuple[int, int]]:
     """Replay the series as if analysed after every commit: (length when first confirmed, index) of each alarm,
-    an alarm within `merge` commits of one already raised being the same one (one alarm per change)."""
+    an alarm within `merge` commits of one already raised being the same one (one alarm per change). This is the
+    count a user sees: a job at every commit, each alarm once, however long it lasted."""
     analyses = Analyses(values, method)
     raised: list[tuple[int, int]] = []
     for length in range(start, len(values) + 1):
