@@ -171,7 +171,8 @@ class Campaign:
         started = time.monotonic()
         try:
             specs = counting.specs_for(self.llm, items, self.measurements.sides, pool)
-            if specs:
+            if specs:  # said when it starts, whatever it takes: a CI log hears of callgrind before it waits on it
+                progress.say(f"counting instructions under callgrind: {len(specs)} process(es), up to two at a time")
                 self.measurements.counted = counting.count(pool, specs, on_wait=waiting)
         except WorkerError as exc:
             self._fail_all(items, f"llmperf: counting instructions: {exc}")
