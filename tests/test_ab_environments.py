@@ -83,7 +83,9 @@ def test_a_dependency_bump_fails_naming_the_library_and_a_rerun_reuses_both_envi
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base *, head *)*",
                                  "*packages that differ (1): fastlib 1.0 -> 2.0*",
-                                 "*decode_token_ms (decode) at batch size 1 regressed*ratio 1.2*"])  # fmt: skip
+                                 "*decode_token_ms (decode) at batch size 1 regressed*ratio 1.2*",
+                                 "The sides' dependencies differ (each side measured in its own environment): "
+                                 "fastlib 1.0 -> 2.0"])  # fmt: skip
     again = project.runpytest(*ARGS, f"--llmperf-worker-start={start}")
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base cache hit *, head cache hit *)*"])

@@ -199,6 +199,11 @@ def judge(
     if drift and any(r.verdict == Verdict.REGRESSED for r in rows):  # the change may be a dependency's
         changes = "; ".join(f"{name} {was} -> {now}" for name, (was, now) in sorted(drift.items()))
         messages.insert(-1, f"Software changed since the baseline was recorded: {changes}")
+    envs = llm.environments if ab else None
+    if envs is not None and envs.changes and any(r.verdict == Verdict.REGRESSED for r in rows):
+        where = "each side measured in its own environment" if envs.measured else "not measured: code only"
+        changes = "; ".join(map(str, envs.changes))
+        messages.insert(-1, f"The sides' dependencies differ ({where}): {changes}")
     if (
         not ab
         and any(r.verdict == Verdict.MISSING for r in rows)
