@@ -6,7 +6,9 @@ an environment of its own (docs/history.md, "Otava").
 
 Per case and seed: the series go into a store as a job's rows would, `pytest-llmperf history export --format otava`
 writes Otava's CSV and config, and `otava analyze` runs with its defaults (window 50, P 0.001, M 0). Prints, per
-case, how many of Otava's change points this plugin's analysis has within 2 commits, and the reverse.
+case, how many of Otava's change points this plugin's analysis has within 2 commits, and the reverse; and, since the
+injected changes are known, how many of each side's change points lie within 2 commits of one, and of Otava's
+points ours lacks, how many do (where the two differ, which one is at a change). Totals at the end.
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ CASES = {
 def otava_points(otava: str, out: Path, key: str, shas: list[str]) -> list[int]:
     env = {**os.environ, "OTAVA_CONFIG": str(out / "otava.yaml")}
     done = subprocess.run(
-        [otava, "analyze", key, "--since", "2000-01-01", "--output", "json"], capture_output=True, text=True, env=env, check=True, timeout=300
+        [otava, "analyze", key, "--since", "2000-01-01", "--output", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
     )
     text = done.stdout[done.stdout.index("{") :]
     found = []
@@ -52,13 +59,20 @@ def otava_points(otava: str, out: Path, key: str, shas: list[str]) -> list[int]:
     return found
 
 
+def near(point: int, points: list[int]) -> bool:
+    return any(abs(point - p) <= 2 for p in points)
+
+
 def main() -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--otava", required=True)
     args.add_argument("--seeds", type=int, default=30)
     a = args.parse_args()
+    totals = dict.fromkeys(("theirs", "matched", "theirs_true", "matched_true", "ours", "ours_matched"), 0)
     for name, case in CASES.items():
-        ours_matched = theirs_matched = ours_total = theirs_total = 0
+        steps = [at for at, _ in case.steps]
+        counts = dict.fromkeys(("theirs", "matched", "theirs_true", "matched_true", "ours", "ours_matched"), 0)
+        counts.update(ours_true=0, unmatched_true=0)
         differences = []
         for seed in range(a.seeds):
             with tempfile.TemporaryDirectory() as tmp:
@@ -77,19 +91,33 @@ def main() -> None:
                     finally:
                         sys.stdout = saved
                 theirs = otava_points(a.otava, out, series.key, [r.commit_sha for r in runs])
-            ours_total, theirs_total = ours_total + len(ours), theirs_total + len(theirs)
-            theirs_matched += sum(any(abs(t - o) <= 2 for o in ours) for t in theirs)
-            ours_matched += sum(any(abs(t - o) <= 2 for t in theirs) for o in ours)
+            counts["theirs"] += len(theirs)
+            counts["ours"] += len(ours)
+            counts["matched"] += sum(near(t, ours) for t in theirs)
+            counts["ours_matched"] += sum(near(o, theirs) for o in ours)
+            counts["theirs_true"] += sum(near(t, steps) for t in theirs)
+            counts["matched_true"] += sum(near(t, steps) and near(t, ours) for t in theirs)
+            counts["unmatched_true"] += sum(near(t, steps) and not near(t, ours) for t in theirs)
+            counts["ours_true"] += sum(near(o, steps) for o in ours)
             if sorted(ours) != sorted(theirs):
                 differences.append(f"seed {seed}: ours {ours}, Otava {theirs}")
-        share = theirs_matched / theirs_total if theirs_total else float("nan")
+        for key in totals:
+            totals[key] += counts[key]
+        share = counts["matched"] / counts["theirs"] if counts["theirs"] else float("nan")
         print(
-            f"{name}: Otava {theirs_total} change points, {theirs_matched} ({share:.0%}) within 2 commits of ours; "
-            f"ours {ours_total}, {ours_matched} within 2 of Otava's",
+            f"{name}: Otava {counts['theirs']} change points, {counts['matched']} ({share:.0%}) within 2 commits of "
+            f"ours; of the {counts['theirs'] - counts['matched']} others, {counts['unmatched_true']} within 2 of an "
+            f"injected change; ours {counts['ours']}, {counts['ours_matched']} within 2 of Otava's; within 2 of an "
+            f"injected change: Otava's {counts['theirs_true']}, ours {counts['ours_true']}",
             flush=True,
         )
         for line in differences[:6]:
             print(f"    {line}")
+    print(
+        f"all: Otava {totals['theirs']}, {totals['matched']} ({totals['matched'] / totals['theirs']:.1%}) within 2 "
+        f"commits of ours; ours {totals['ours']}, {totals['ours_matched']} within 2 of Otava's; Otava's within 2 of "
+        f"an injected change: {totals['theirs_true']}, {totals['matched_true']} of them within 2 of ours"
+    )
 
 
 if __name__ == "__main__":
