@@ -51,6 +51,11 @@ def append_job(
     runs, results = job_rows(job, outcomes)
     if not runs:
         return done
+    if job.default_branch and lineage.branch_ref(job.rootdir, job.default_branch) is None:
+        done.lines.append(  # every run of this job is then off the series' line: say why
+            f"llmperf history: --llmperf-history-branch={job.default_branch} is no branch of this repository: the "
+            "job's runs are stored but enter no series"
+        )
     problems = done.errors if check == "fail" else done.lines
     if rows_file:
         path = report_dir / rowsfile.FILE_NAME
@@ -103,6 +108,11 @@ def _analyse(
     anchor_sha = (
         lineage.git(job.rootdir, "rev-parse", "--verify", "--quiet", f"{anchor}^{{commit}}") if anchor else None
     )
+    if anchor and not anchor_sha:  # a typo must not quietly move where creep is measured from
+        done.lines.append(
+            f"llmperf history: --llmperf-history-anchor={anchor} is no commit of this repository: creep is measured "
+            "from the oldest commit analysed"
+        )
     try:
         analyses = analyze(built, min_effect=min_effect, anchor=anchor_sha, marks=marks)
     except RupturesMissing as exc:
