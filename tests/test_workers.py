@@ -172,6 +172,17 @@ def test_stored_baselines_hold_per_process_values_and_gate_them(repo, run):
     result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size * regressed*n=10/5 processes*"])
 
 
+def test_a_test_the_workers_deselect_fails_rather_than_passing_unmeasured(repo, run):
+    """The ini's addopts apply in a worker; the command line's -m does not reach it (a test it deselects would
+    leave nothing to judge, and pass)."""
+    repo.makeini('[pytest]\naddopts = -m "not heavy"\nmarkers = heavy\n')
+    heavy = ENGINE.replace("def test_engine(", "@pytest.mark.heavy\ndef test_heavy(")
+    repo.makepyfile(test_engine=heavy + ENGINE[ENGINE.index("@pytest.mark.llmperf"):])
+    result = run("--llmperf-update", "-m", "")  # both here; the worker deselects test_heavy
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*not run in any worker process on the working tree: deselected there?*"])
+
+
 def test_a_crashing_worker_fails_with_its_log_tail(repo, run):
     write_speed(repo, hook="print('about to crash'); import os; os._exit(3)")
     result = run()

@@ -97,6 +97,12 @@ class Measurements:
                 reason = run.skip_reason(nodeid)
                 if reason is not None and side.name != "A":
                     return Decision(skip=reason)
+        current = runs.get(self.current.name, [])
+        if current and not any(report.nodeid == nodeid for run in current for report in run.reports):
+            return Decision(  # it measured nothing, so judging it would find nothing to fail on: a green nothing
+                failure=f"not run in any worker process on {self.current.label}: deselected there? (the ini's "
+                "addopts, such as -m or -k, apply in the workers; the command line's do not reach them)"
+            )
         return None
 
     def merged(self, nodeid: str, runs: Sequence[WorkerRun]) -> dict[str, BenchmarkResult]:
