@@ -162,3 +162,10 @@ def finite_or_null(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite_or_null(v) for v in value]
     return value
+
+
+def strict_json(document: Any) -> str:
+    """A JSON file's text: sorted keys, indented, NaN and infinities as null (strict readers refuse them)."""
+    import json
+
+    return json.dumps(finite_or_null(document), indent=1, sort_keys=True, default=str, allow_nan=False) + "\n"

@@ -101,3 +101,15 @@ def test_the_installed_command_runs_history(store):
         check=False,
     )
     assert done.returncode == 0 and "schema version 2" in done.stdout
+
+
+def test_an_anchor_git_does_not_know_and_an_unwritable_out_are_one_line_and_exit_2(store, tmp_path, capsys):
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    capsys.readouterr()
+    args = ["history", "--store", str(store), "analyze", "--repo", str(tmp_path / "repo")]
+    assert main([*args, "--anchor", "v9"]) == 2
+    assert "--anchor v9 is no commit of the repository" in capsys.readouterr().err
+    (tmp_path / "taken").mkdir()
+    assert main([*args, "--out", str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "taken" in err and "Traceback" not in err

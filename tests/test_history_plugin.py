@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
 
 from pytest_llmperf.history.backends import Location
+from pytest_llmperf.history.lineage import first_parent_line
 from pytest_llmperf.history.rows import Job, job_rows
 from pytest_llmperf.history.series import build
 from pytest_llmperf.history.store import Store
@@ -22,7 +24,9 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAM
 
 
 def git(path, *args):
-    return subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=path, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -108,6 +112,22 @@ def test_a_branch_or_anchor_that_is_no_ref_is_said_not_ignored(project, run):
         assert [r.on_default_branch for r in store.runs()] == [False]
 
 
+def test_an_earlier_jobs_analysis_is_not_shown_as_this_ones(project, run):
+    stale = project.path / "reports" / "history.json"
+    stale.parent.mkdir()
+    stale.write_text('{"format": "pytest-llmperf history analysis", "changes": [], "creep": []}')
+    run("--llmperf-update", "--llmperf-history=off").assert_outcomes(passed=1)
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize("check", ["report", "fail"])
+def test_runs_that_can_enter_no_series_are_said_and_fail_when_asked(project, run, check):
+    shutil.rmtree(project.path / ".git")  # no default branch, as in a directory that is no git repository
+    result = run("--llmperf-update", f"--llmperf-history-check={check}")
+    result.stdout.fnmatch_lines(["*llmperf history: no default branch found*the job's runs are stored but enter no series"])
+    assert (result.ret == 0) == (check == "report")
+
+
 def test_a_bad_store_option_is_a_usage_error(project, run):
     result = run("--llmperf-history=mysql://somewhere")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -127,7 +147,10 @@ def test_an_ab_job_stores_both_sides_and_only_the_base_enters_a_series(tmp_path,
     scenario = Scenario(batch_sizes=(1,), runs=3, warmups=0)
 
     def measured(seed, processes):
-        parts = [measure(SimulatedBackend(seed=seed + p), scenario, key="t", nodeid="t.py::t", module="t.py") for p in processes]
+        parts = [
+            measure(SimulatedBackend(seed=seed + p), scenario, key="t", nodeid="t.py::t", module="t.py")
+            for p in processes
+        ]
         for p, part in zip(processes, parts):
             for s in part.batches[0].samples:
                 s.process = p
@@ -137,8 +160,14 @@ def test_an_ab_job_stores_both_sides_and_only_the_base_enters_a_series(tmp_path,
 
     outcome = Outcome(measured(10, [1, 3]), Status.COMPARED, reference=measured(20, [0, 2]))
     fingerprint = {"git": {"commit": git(tmp_path, "rev-parse", "HEAD"), "dirty": True}, "python": "3.11"}
-    runs, results = job_rows(Job("cpu", fingerprint, tmp_path, "m", compared_ref="HEAD", started_at="t"), [outcome])
-    assert [(r.source, r.on_default_branch, r.dirty) for r in runs] == [("ab-base", True, False), ("ab-head", False, True)]
+    line = first_parent_line(tmp_path, "main")
+    runs, results = job_rows(
+        Job("cpu", fingerprint, tmp_path, "m", compared_ref="HEAD", started_at="t"), [outcome], line
+    )
+    assert [(r.source, r.on_default_branch, r.dirty) for r in runs] == [
+        ("ab-base", True, False),
+        ("ab-head", False, True),
+    ]
     base = [r for r in results if r.run_id == runs[0].run_id]
     assert all(len(r.process_medians) == 2 for r in results)
     with Store(Location("sqlite", str(tmp_path / "h.sqlite"))) as store:

@@ -80,6 +80,13 @@ def analyze_series(
     first = max(0, len(series.points) - MAX_COMMITS)
     points = series.points[first:]
     values = [p.value for p in points]
+    if not all(math.isfinite(v) and v > 0 for v in values):  # the analysis works on logs: on ratios of values
+        result = SeriesAnalysis(series, first, [], [], [], float("nan"))
+        result.warnings.append(
+            f"{series.id.label()}: holds values that are zero, negative or not finite: not analysed (changes are "
+            "found as ratios)"
+        )
+        return result
     sigma = noise(values)
     result = SeriesAnalysis(series, first, [], [], [], sigma)
     if len(values) < MIN_COMMITS:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..files import write_text_atomic
+from ..files import strict_json, write_text_atomic
 from . import export, lineage, rowsfile, series, summary
 from .analysis import DEFAULT_MIN_EFFECT, Change, analyze
 from .backends import StoreError, parse_location
@@ -32,6 +31,10 @@ from .settings import DEFAULT_STORE
 from .store import Store
 
 PROG = "pytest-llmperf history"
+
+
+class BadArgument(Exception):
+    """An argument the command cannot use (a ref git does not know); said in one line, exit 2."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -133,6 +136,8 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
     anchor = (
         lineage.git(args.repo, "rev-parse", "--verify", "--quiet", f"{args.anchor}^{{commit}}") if args.anchor else None
     )
+    if args.anchor and not anchor:
+        raise BadArgument(f"--anchor {args.anchor} is no commit of the repository {args.repo} (--repo)")
     analyses = analyze(_series(store, args), min_effect=args.min_effect, anchor=anchor, marks=store.marks())
     changes = [c for a in analyses for c in a.changes]
     if args.command == "changes":
@@ -143,7 +148,7 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
         return 0
     data = summary.document(analyses, DEFAULT_METHOD, args.min_effect, store.location.describe())
     if args.out:
-        write_text_atomic(args.out, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        write_text_atomic(args.out, strict_json(data))
         print(f"wrote {args.out}")
     for change in changes:
         print(change_line(change))
@@ -202,6 +207,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return run(args)
-    except (StoreError, rowsfile.RowsFileError, RupturesMissing) as exc:
+    except (StoreError, rowsfile.RowsFileError, RupturesMissing, BadArgument, OSError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -10,21 +10,20 @@ the session, and so does a store error.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import write_text_atomic
+from ..files import strict_json, write_text_atomic
 from ..judge.verdicts import Outcome
 from . import lineage, rowsfile, series, summary
 from .analysis import analyze
 from .backends import Location, StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
+from .records import Result, Run
 from .rows import Job, job_rows
+from .settings import ANALYSIS_FILE
 from .store import Store
-
-ANALYSIS_FILE = "history.json"
 
 
 @dataclass
@@ -48,26 +47,21 @@ def append_job(
     anchor: str | None = None,
 ) -> HistoryDone:
     done = HistoryDone()
-    runs, results = job_rows(job, outcomes)
-    if not runs:
-        return done
-    if job.default_branch and lineage.branch_ref(job.rootdir, job.default_branch) is None:
-        done.lines.append(  # every run of this job is then off the series' line: say why
-            f"llmperf history: --llmperf-history-branch={job.default_branch} is no branch of this repository: the "
-            "job's runs are stored but enter no series"
-        )
+    # The reports read the analysis from the report directory: one left by an earlier job must not pass for this one's.
+    (report_dir / ANALYSIS_FILE).unlink(missing_ok=True)
     problems = done.errors if check == "fail" else done.lines
-    if rows_file:
-        path = report_dir / rowsfile.FILE_NAME
-        try:
-            done.written.append(rowsfile.append(path, runs, results))
-        except OSError as exc:
-            problems.append(f"llmperf history: cannot write the rows file {path}: {exc}")
     try:
         location = parse_location(store, job.rootdir)
     except ValueError as exc:
         problems.append(f"llmperf history: --llmperf-history={exc}")
+        location = None
+    if location is None and not rows_file:
         return done
+    line = _first_parent_line(job, problems)
+    runs, results = job_rows(job, outcomes, line)
+    if not runs:
+        return done
+    kept = _write_rows(report_dir, runs, results, problems) if rows_file else None
     if location is None:
         return done
     try:
@@ -76,10 +70,12 @@ def append_job(
             if check == "off":
                 return done
             keys = {r.series_key for r in results}
-            built = series.build(opened.runs(), opened.results(keys), _line(job))
+            built = series.build(opened.runs(), opened.results(keys), line or None)
             marks = opened.marks()
     except StoreError as exc:
         problems.append(f"llmperf history: {exc}")
+        if kept is None:  # nothing of the job is lost: its rows go where `history import` reads them
+            _write_rows(report_dir, runs, results, problems)
         return done
     done.lines.append(
         f"llmperf history: {appended.results} rows of {appended.runs} run(s) appended to {location.describe()}"
@@ -88,9 +84,31 @@ def append_job(
     return done
 
 
-def _line(job: Job) -> list[str] | None:
+def _write_rows(report_dir: Path, runs: list[Run], results: list[Result], problems: list[str]) -> Path | None:
+    path = report_dir / rowsfile.FILE_NAME
+    try:
+        return rowsfile.append(path, runs, results)
+    except OSError as exc:
+        problems.append(f"llmperf history: cannot write the rows file {path}: {exc}")
+        return None
+
+
+def _first_parent_line(job: Job, problems: list[str]) -> list[str]:
+    """The default branch's first-parent commits, which order the series; where there are none, why (a run off
+    that line is stored but enters no series)."""
     branch = lineage.default_branch(job.rootdir, job.default_branch)
-    return (lineage.first_parent_line(job.rootdir, branch) or None) if branch else None
+    line = lineage.first_parent_line(job.rootdir, branch) if branch else []
+    if line:
+        return line
+    if branch is None:
+        why = "no default branch found (not a git repository, or none of origin's HEAD, main, master; name it with "
+        why += "--llmperf-history-branch)"
+    elif job.default_branch and lineage.branch_ref(job.rootdir, branch) is None:
+        why = f"--llmperf-history-branch={branch} is no branch of this repository"
+    else:
+        why = f"no first-parent line of {branch} here (a shallow clone? fetch it whole: fetch-depth: 0)"
+    problems.append(f"llmperf history: {why}: the job's runs are stored but enter no series")
+    return []
 
 
 def _analyse(
@@ -115,13 +133,13 @@ def _analyse(
         )
     try:
         analyses = analyze(built, min_effect=min_effect, anchor=anchor_sha, marks=marks)
-    except RupturesMissing as exc:
-        done.lines.append(f"llmperf {exc}")
+    except RupturesMissing as exc:  # nothing analysed: with --llmperf-history-check=fail, that fails
+        (done.errors if check == "fail" else done.lines).append(f"llmperf {exc}")
         return
     data = summary.document(analyses, DEFAULT_METHOD, min_effect, location.describe())
     path = report_dir / ANALYSIS_FILE
     try:
-        done.written.append(write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n"))
+        done.written.append(write_text_atomic(path, strict_json(data)))
     except OSError as exc:
         done.lines.append(f"llmperf history: cannot write {path}: {exc}")
     confirmed = [c for a in analyses for c in a.changes if c.state == "confirmed" and c.mark is None]

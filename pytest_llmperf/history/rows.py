@@ -102,10 +102,10 @@ def results_of(result: BenchmarkResult, run_id: str, target: str, machine: str) 
     return rows
 
 
-def job_rows(job: Job, outcomes: Sequence[Outcome]) -> tuple[list[Run], list[Result]]:
-    """The job's runs (one, or A/B's base and head) and their results."""
-    branch = lineage.default_branch(job.rootdir, job.default_branch)
-    line = lineage.first_parent_line(job.rootdir, branch) if branch else []
+def job_rows(job: Job, outcomes: Sequence[Outcome], line: list[str]) -> tuple[list[Run], list[Result]]:
+    """The job's runs (one, or A/B's base and head) and their results; `line`: the default branch's first-parent
+    commits, oldest first (job.py finds it once per job)."""
+    branch = lineage.default_branch(job.rootdir, job.default_branch) if line else None
     git = job.fingerprint.get("git") or {}
     machine = machine_class(job)
     common: dict[str, Any] = {

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_STORE = ".llmperf/history.sqlite"
+# The analysis a job leaves in its report directory for the reports (history/job.py writes it, report/ reads it).
+ANALYSIS_FILE = "history.json"
+ANALYSIS_FORMAT = "pytest-llmperf history analysis"
 CHECKS = ("off", "report", "fail")
 
 

@@ -18,8 +18,9 @@ import numpy as np
 
 from .analysis import Change, SeriesAnalysis
 from .detect import Method
+from .settings import ANALYSIS_FORMAT
 
-FORMAT = "pytest-llmperf history analysis"
+FORMAT = ANALYSIS_FORMAT
 MAX_PLOTTED = 24  # series drawn in the report: confirmed changes first, then creep, provisional changes, noise
 
 

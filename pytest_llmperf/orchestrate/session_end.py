@@ -91,16 +91,21 @@ class SessionEnd:
         job = Job(
             llm.device, llm.fingerprint, settings.rootdir, llm.machine, compared, settings.history_branch, now_iso()
         )
-        done = append_job(
-            llm.outcomes,
-            job,
-            store=settings.history,
-            report_dir=llm.report_dir,
-            rows_file=settings.history_rows,
-            check=settings.history_check,
-            min_effect=settings.history_min_effect,
-            anchor=settings.history_anchor,
-        )
+        try:
+            done = append_job(
+                llm.outcomes,
+                job,
+                store=settings.history,
+                report_dir=llm.report_dir,
+                rows_file=settings.history_rows,
+                check=settings.history_check,
+                min_effect=settings.history_min_effect,
+                anchor=settings.history_anchor,
+            )
+        except Exception as exc:  # a bug or a store's damaged row: the job's verdicts and reports still stand
+            line = f"llmperf history: not appended or analysed ({type(exc).__name__}: {exc}); the verdicts stand"
+            failed = settings.history_check == "fail"
+            return Written(warnings=[] if failed else [line], errors=[line] if failed else [])
         return Written(list(done.written), warnings=list(done.lines), errors=list(done.errors))
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

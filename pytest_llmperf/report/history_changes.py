@@ -16,17 +16,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-FILE_NAME = "history.json"
+from ..history.settings import ANALYSIS_FILE, ANALYSIS_FORMAT
+from .tables import table
+
 WIDTH, HEIGHT, PAD = 560, 170, 36
 COLOURS = {"regression": "#c62828", "improvement": "#2e7d32"}
 
 
 def read(report_dir: Path | str) -> dict[str, Any] | None:
     try:
-        data = json.loads((Path(report_dir) / FILE_NAME).read_text(encoding="utf-8"))
+        data = json.loads((Path(report_dir) / ANALYSIS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("format") == "pytest-llmperf history analysis" else None
+    return data if isinstance(data, dict) and data.get("format") == ANALYSIS_FORMAT else None
 
 
 def _esc(value: Any) -> str:
@@ -159,14 +161,18 @@ def markdown_section(report_dir: Path | str) -> str:
     confirmed = [c for c in data["changes"] if c["state"] == "confirmed"]
     if not confirmed and not data["creep"]:
         return ""
-    lines = ["", "## History across jobs", "", "| series | last good..first bad | change | mark |", "|---|---|---|---|"]
-    lines += [
-        f"| {c['series']} | `{c['last_good'][:12]}..{c['first_bad'][:12]}` | {c['change']:+.1%} {c['kind']} | "
-        f"{c['mark'] or ''} |"
+    rows = [
+        [
+            c["series"],
+            f"{c['last_good'][:12]}..{c['first_bad'][:12]}",
+            f"{c['change']:+.1%} {c['kind']}",
+            c["mark"] or "",
+        ]
         for c in confirmed
     ]
-    lines += [
-        f"| {c['series']} (creep) | `{c['from'][:12]}..{c['to'][:12]}` | {c['drift']:+.1%} {c['kind']} | |"
+    rows += [
+        [f"{c['series']} (creep)", f"{c['from'][:12]}..{c['to'][:12]}", f"{c['drift']:+.1%} {c['kind']}", ""]
         for c in data["creep"]
-    ]
+    ]  # escaped by tables.table: a test id may hold `|`, `[` or `<`
+    lines = ["", "## History across jobs", "", table(["series", "last good..first bad", "change", "mark"], rows)]
     return "\n".join(lines) + "\n"

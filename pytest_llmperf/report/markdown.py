@@ -10,7 +10,6 @@ the verdicts, the definitions and the fingerprint; the markdown is rendered from
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import finite_or_null, write_text_atomic
+from ..files import strict_json, write_text_atomic
 from ..judge.environment import describe_cpu
 from ..judge.verdicts import Kind
 from ..measure.metrics import METRICS, PERCENTILE_METHOD
@@ -274,6 +273,4 @@ def write_atomic(path: Path, text: str) -> None:
 
 def write_json(path: Path, document: Mapping[str, Any]) -> None:
     """Strict JSON: a NaN or infinite value (a failed batch's cell) is written as null."""
-    write_atomic(
-        path, json.dumps(finite_or_null(document), indent=1, sort_keys=True, default=str, allow_nan=False) + "\n"
-    )
+    write_atomic(path, strict_json(document))

@@ -1,0 +1,32 @@
+"""Series the analysis cannot take as ratios (a counter that stays at zero) and the markdown section of changes: a
+warning, not an exception at the end of a job; test ids escaped in the table."""
+
+from __future__ import annotations
+
+import json
+
+from pytest_llmperf.history.analysis import analyze_series
+from pytest_llmperf.history.series import Series, SeriesId
+from pytest_llmperf.history.settings import ANALYSIS_FILE, ANALYSIS_FORMAT
+from pytest_llmperf.report.history_changes import markdown_section
+from tests.history_rows import history_rows
+from pytest_llmperf.history.series import build
+
+
+def test_a_series_of_zeros_is_a_warning_not_an_exception():
+    runs, rows = history_rows([0.0] * 12, metric="fetches")
+    (series,) = build(runs, rows).values()
+    analysis = analyze_series(series)
+    assert analysis.changes == [] and analysis.creep is None
+    assert "zero, negative or not finite: not analysed" in analysis.warnings[0]
+
+
+def test_the_markdown_section_escapes_test_ids(tmp_path):
+    change = {"series": "t.py::t[a|b] decode_token_ms bs 1", "state": "confirmed", "last_good": "a" * 40,
+              "first_bad": "b" * 40, "change": 0.08, "kind": "regression", "mark": None}  # fmt: skip
+    data = {"format": ANALYSIS_FORMAT, "changes": [change], "creep": []}
+    (tmp_path / ANALYSIS_FILE).write_text(json.dumps(data))
+    section = markdown_section(tmp_path)
+    (row,) = [line for line in section.splitlines() if "decode_token_ms" in line]
+    assert "a\\|b" in row and row.count(" | ") == 3  # four columns: the id's `|` is escaped
+    assert "+8.0% regression" in row
