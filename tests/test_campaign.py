@@ -202,3 +202,26 @@ def test_a_worker_that_ran_the_other_sides_environment_fails_the_job(collect):
         "1.0"
     }
     assert campaign.llm.outcomes == []
+
+
+def test_a_counting_worker_that_ran_the_other_sides_environment_fails_the_job(collect, tmp_path, monkeypatch):
+    """Counted, not timed (--llmperf-instructions-only): the counting workers' imports are checked too."""
+    from pytest_llmperf.environments.records import BUILT, Environments, SideEnvironment
+    from pytest_llmperf.orchestrate import counting
+    from pytest_llmperf.orchestrate.protocol import ENV_IMPORTS
+
+    monkeypatch.setattr(counting, "setup_problem", lambda: None)  # what valgrind would count is not the point here
+    items = collect("--llmperf-compare=HEAD", "--llmperf-instructions-only")
+    pool = MixedUpPool()
+    pool.work_dir = tmp_path
+    campaign = FakeCampaign(items[0].config, pool)
+    envs = [SideEnvironment(side, BUILT, f"/envs/{side}/bin/python", installed={"fastlib": version})
+            for side, version in (("base", "1.0"), ("head", "2.0"))]  # fmt: skip
+    campaign.llm.environments = Environments("auto", "changed", *envs)
+    campaign.run(items)
+    assert pool.specs and all(spec.environ.get(ENV_IMPORTS) == "1" for spec in pool.specs)
+    assert {d.failure for d in campaign.decisions.values()} == {
+        "llmperf: counting instructions: worker process 1 on HEAD (abc) did not run its side's environment, so the "
+        "round measured one side in the other's environment and nothing of it is judged: fastlib 2.0 was imported; "
+        "the base environment has 1.0"
+    }

@@ -171,9 +171,14 @@ class Campaign:
         started = time.monotonic()
         try:
             specs = counting.specs_for(self.llm, items, self.measurements.sides, pool)
+            envs = self.llm.environments
+            if envs is not None and envs.per_side:  # a count, like a timing, is of its own side's environment
+                specs = [replace(spec, environ={**spec.environ, ENV_IMPORTS: "1"}) for spec in specs]
             if specs:  # said when it starts, whatever it takes: a CI log hears of callgrind before it waits on it
                 progress.say(f"counting instructions under callgrind: {len(specs)} process(es), up to two at a time")
                 self.measurements.counted = counting.count(pool, specs, on_wait=waiting)
+                for run in (run for runs in self.measurements.counted.values() for run in runs):
+                    self._check_imports(run)
         except WorkerError as exc:
             self._fail_all(items, f"llmperf: counting instructions: {exc}")
             return False
