@@ -162,6 +162,12 @@ class Environments:
         lines += [f"  note: {note}" for note in self.notes]
         return lines
 
+    def shown_lines(self, base_label: str, head_label: str) -> list[str]:
+        """What the header and the summary show: the whole block where the sides differ, something is not
+        measured or there is a note; else its first line."""
+        lines = self.summary_lines(base_label, head_label)
+        return lines if self.per_side or not self.measured or self.notes else lines[:1]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,

@@ -9,7 +9,6 @@ actionable message where --llmperf-fail-on says so. In a worker process the fixt
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, check_metrics, check_rtol_metrics
 from ..report import progress
-from ..warning import PytestLLMPerfWarning
 from .deadline import Overtime, deadline
 from .markers import marker_kwargs
 from .session import MEASURED_KEY, LLMPerfSession
@@ -116,15 +114,9 @@ class LocalBenchmark(Benchmark):
                 pytrace=False,
             )
         self.session.outcomes.append(outcome)
-        from . import judging
+        from .looks import Decision
 
-        messages, said = judging.fail_messages(self.session, outcome)
-        for text in said:
-            warnings.warn_explicit(
-                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.item.path), (self.item.location[1] or 0) + 1
-            )
-        if messages:
-            pytest.fail("\n".join(messages), pytrace=False)
+        Decision.of(self.session, [outcome]).report(self.item)
         return result
 
     def _judge(self, result: BenchmarkResult, scenario: Scenario, backend: Backend) -> Outcome:

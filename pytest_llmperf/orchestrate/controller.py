@@ -12,13 +12,11 @@ statistics it brings (numpy, scipy), are imported only when a benchmark test is 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..warning import PytestLLMPerfWarning
 from .checks import check_settings
 from .session import LLMPerfSession
 
@@ -45,14 +43,7 @@ class DeferredBenchmark(pytest.Item):
         decision = self.controller.decisions.get(self.nodeid)
         if decision is None:
             pytest.fail("llmperf: this benchmark was not measured (the campaign stopped before it)", pytrace=False)
-        for text in decision.warnings:
-            warnings.warn_explicit(
-                PytestLLMPerfWarning(text), PytestLLMPerfWarning, str(self.path), (self.location[1] or 0) + 1
-            )
-        if decision.skip:
-            pytest.skip(decision.skip)
-        if decision.failure:
-            pytest.fail(decision.failure, pytrace=False)
+        decision.report(self)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.original.reportinfo()

@@ -19,6 +19,7 @@ from ..judge.rows import Reference, judge_rows
 from ..judge.verdicts import COMPARED, Outcome, Verdict
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
+from ..warning import warn_at
 from . import counting, judging
 from .protocol import Side, WorkerRun
 from .session import LLMPerfSession
@@ -41,6 +42,16 @@ class Decision:
             messages += failing
             said += warned
         return cls(failure="\n".join(messages) or None, warnings=said)
+
+    def report(self, item: pytest.Item) -> None:
+        """As the test: its warnings at the test's line, then skipped or failed (else it passes)."""
+        __tracebackhide__ = True
+        for text in self.warnings:
+            warn_at(text, item.path, (item.location[1] or 0) + 1)
+        if self.skip:
+            pytest.skip(self.skip)
+        if self.failure:
+            pytest.fail(self.failure, pytrace=False)
 
 
 @dataclass

@@ -32,7 +32,6 @@ class SessionEnd:
         fingerprint = llm.fingerprint if llm.outcomes else {}
         if envs is not None:  # what each side ran, beside what this machine is
             fingerprint = {**fingerprint, "environments": envs.to_json()}
-        lines = envs.summary_lines(f"A {llm.compared_to}", "B the working tree") if envs is not None else []
         return SessionSummary(
             device=llm.device,
             mode=llm.mode,
@@ -49,7 +48,7 @@ class SessionEnd:
             compared_to=llm.compared_to,
             processes_used=list(llm.processes_used),
             rerun=llm.rerun,
-            environment_lines=lines if envs is not None and (envs.per_side or not envs.measured) else lines[:1],
+            environment_lines=envs.shown_lines(f"A {llm.compared_to}", "B the working tree") if envs else [],
         )
 
     @property

@@ -83,8 +83,7 @@ def environments(llm: LLMPerfSession, base: Path, head: Path, progress: Campaign
     except EnvironmentsError as exc:
         raise pytest.UsageError(f"llmperf: {exc}") from None
     llm.environments = envs
-    lines = envs.summary_lines(f"A {llm.settings.compare}", "B the working tree")
-    for line in lines if envs.per_side or not envs.measured or envs.notes else lines[:1]:
+    for line in envs.shown_lines(f"A {llm.compared_to}", "B the working tree"):
         progress.say(line)
     return envs
 
