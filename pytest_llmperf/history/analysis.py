@@ -65,7 +65,8 @@ class SeriesAnalysis:
     warnings: list[str] = field(default_factory=list)
 
 
-def _level(values: Sequence[float]) -> float:
+def level(values: Sequence[float]) -> float:
+    """A segment's level: the geometric mean of its values."""
     return float(math.exp(np.mean(np.log(values))))
 
 
@@ -108,9 +109,9 @@ def analyze_series(
             first + f.index,
             lo.commit_sha,
             hi.commit_sha,
-            _level(before),
-            _level(after),
-            _level(after) / _level(before) - 1,
+            level(before),
+            level(after),
+            level(after) / level(before) - 1,
             series.direction,
             "confirmed" if f.confirmed else "provisional",
             f.commits_after,

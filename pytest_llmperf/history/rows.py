@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..judge.baseline_entry import process_medians
 from ..judge.environment import SOFTWARE_KEYS
 from ..judge.verdicts import Outcome
 from ..measure.metrics import METRICS, gated_metrics, metric_better, values_by_process
@@ -85,7 +86,7 @@ def results_of(result: BenchmarkResult, run_id: str, target: str, machine: str) 
             runs = [r for r in per_process.get(metric, []) if r]
             if not runs:
                 continue
-            medians = tuple(float(np.median(r)) for r in runs)
+            medians = tuple(process_medians(runs))
             rows.append(
                 Result(
                     run_id,

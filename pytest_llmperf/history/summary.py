@@ -9,14 +9,11 @@ points, outliers, excluded runs, environment changes and the creep since the anc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
-import numpy as np
-
-from .analysis import Change, SeriesAnalysis
+from .analysis import Change, SeriesAnalysis, level
 from .detect import Method
 from .settings import ANALYSIS_FORMAT
 
@@ -49,7 +46,7 @@ def _segments(values: Sequence[float], points: Sequence[int], outliers: Sequence
     for a, b in pairwise(edges):
         kept = [values[i] for i in range(a, b) if i not in outliers]
         if kept:
-            found.append({"start": a, "end": b, "level": float(math.exp(np.mean(np.log(kept))))})
+            found.append({"start": a, "end": b, "level": level(kept)})
     return found
 
 
@@ -82,7 +79,7 @@ def series_json(a: SeriesAnalysis) -> dict[str, Any]:
             for p in s.points
         ],
         "excluded": [{"commit": p.commit_sha, "value": p.value, "at": commits.get(p.commit_sha)} for p in s.excluded],
-        "segments": _segments([p.value for p in s.points], a.points, a.outliers),
+        "segments": _segments(s.values, a.points, a.outliers),
         "change_points": a.points,
         "states": [c.state for c in a.changes],
         "outliers": a.outliers,

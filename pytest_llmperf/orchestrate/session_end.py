@@ -81,14 +81,17 @@ class SessionEnd:
     def _append_history(self) -> Written:
         """The job's rows into the history store and its rows file, and the analysis the reports show
         (history/job.py); its errors fail the session (--llmperf-history-check=fail)."""
+        from datetime import datetime, timezone
+
         from ..history.job import append_job
         from ..history.rows import Job
-        from ..judge.baselines import now_iso
 
         llm, settings = self.llm, self.llm.settings
         compared = settings.compare if llm.compared_to else None
+        # to the microsecond: the store lists runs by it, and two jobs can end within one second
+        ended_at = datetime.now(timezone.utc).isoformat(timespec="microseconds")
         job = Job(
-            llm.device, llm.fingerprint, settings.rootdir, llm.machine, compared, settings.history_branch, now_iso()
+            llm.device, llm.fingerprint, settings.rootdir, llm.machine, compared, settings.history_branch, ended_at
         )
         try:
             done = append_job(
