@@ -224,3 +224,11 @@ def test_results_join_pytest_benchmark_json(project, run):
     run("--llmperf-update", f"--benchmark-json={out}").assert_outcomes(passed=1)
     names = [b["name"] for b in json.loads(out.read_text())["benchmarks"]]
     assert "test_engine[bs=1]:prefill_ms" in names and "test_engine[bs=4]:decode_token_ms" in names
+
+
+def test_reports_and_baselines_go_beside_the_config_when_run_from_a_subdirectory(project, run, monkeypatch):
+    (project.path / "sub").mkdir()
+    monkeypatch.chdir(project.path / "sub")
+    run("--llmperf-update", str(project.path / "test_engine.py")).assert_outcomes(passed=1)
+    assert (project.path / "reports" / "cpu.md").exists() and (project.path / "baselines").is_dir()
+    assert not (project.path / "sub" / "reports").exists()

@@ -39,7 +39,7 @@ class CoreOptions:
         metavar="NAME",
     )
     report_dir: str = option(
-        "Directory for reports/<device>.md and .json (default: reports)",
+        "Directory for reports/<device>.md and .json (default: reports beside the config file)",
         parsers.as_string,
         default="reports",
         metavar="DIR",
@@ -243,6 +243,8 @@ class Settings(HistoryOptions, EnvironmentOptions, ServerOptions, CoreOptions):
             return cls.from_json(inherited, Path(config.rootpath))
         values = {o.name: o.value(config) for o in OPTIONS}
         config_dir = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+        if OPTIONS_BY_NAME["report_dir"].source(config) is None:  # by default beside the config, as baselines/
+            values["report_dir"] = str(config_dir / "reports")
         for name in PATHS:
             if values[name] is None:
                 continue
@@ -250,8 +252,6 @@ class Settings(HistoryOptions, EnvironmentOptions, ServerOptions, CoreOptions):
             values[name] = str((Path(base) / Path(values[name]).expanduser()).resolve())
         if values["baseline_dir"] is None:
             values["baseline_dir"] = str(config_dir / "baselines")
-        if values["report_dir"] == "reports" and OPTIONS_BY_NAME["report_dir"].source(config) is None:
-            values["report_dir"] = str(config_dir / "reports")
         values["instructions"] = values["instructions"] or values["instructions_only"]
         given = tuple(o.name for o in OPTIONS if o.source(config) == "cli")
         return cls(**values, rootdir=Path(config.rootpath), given=given)
