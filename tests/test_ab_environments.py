@@ -82,6 +82,7 @@ def test_a_dependency_bump_fails_naming_the_library_and_a_rerun_reuses_both_envi
     result = project.runpytest(*ARGS, f"--llmperf-worker-start={start}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base *, head *)*",
+                                 "*  A HEAD (*): *env * from requirements.txt*",
                                  "*packages that differ (1): fastlib 1.0 -> 2.0*",
                                  "*decode_token_ms (decode) at batch size 1 regressed*ratio 1.2*",
                                  "The sides' dependencies differ (each side measured in its own environment): "

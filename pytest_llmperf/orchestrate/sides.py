@@ -49,8 +49,8 @@ def prepare(
         raise pytest.UsageError(f"llmperf: {exc}") from None
     if ref.cleared:
         progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
+    llm.compared_to = ref.label  # before the environments, whose lines name the A side by it
     envs = environments(llm, ref.root, root, progress)
-    llm.compared_to = ref.label
     args_a = passthrough_args(config, ref.root, ref.counterpart)
     return [
         Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a)),
