@@ -77,6 +77,23 @@ def test_the_distributions_behind_imported_modules():
     assert "pytest" in imported_distributions()  # by default, every module this process imported
 
 
+def test_the_projects_own_egg_info_is_not_a_dependency(tmp_path, monkeypatch):
+    # `pip install -e .` with setuptools writes src/<name>.egg-info into the working tree; a worker that imports the
+    # project from src/ then finds it as a distribution, which no built environment has (the project is never
+    # installed there): counted as a dependency, every per-side round would be refused.
+    package = tmp_path / "src" / "ownproj"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    info = tmp_path / "src" / "ownproj.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: ownproj\nVersion: 0.3\n")
+    (info / "top_level.txt").write_text("ownproj\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    assert imported_distributions(["ownproj", "pytest"]) == {"ownproj": "0.3", "pytest": installed_here()["pytest"]}
+    own = imported_distributions(["ownproj", "pytest"], own=[tmp_path, tmp_path / "src"])
+    assert own == {"pytest": installed_here()["pytest"]}
+
+
 def test_check_imported_names_what_is_not_the_sides_environment():
     base = SideEnvironment("base", BASE_PYTHON, "/prepared/python", installed={"torch": "2.5.1", "numpy": "2.2.6"})
     assert check_imported({"torch": "2.5.1"}, base) == ()

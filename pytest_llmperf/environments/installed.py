@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .errors import EnvironmentsError
@@ -93,20 +94,26 @@ def installed_here() -> dict[str, str]:
     return found
 
 
-def imported_distributions(modules: Iterable[str] | None = None) -> dict[str, str]:
+def imported_distributions(modules: Iterable[str] | None = None, *, own: Iterable[str | Path] = ()) -> dict[str, str]:
     """The installed versions (canonical name -> version) of the distributions that provide these modules (default:
     every module imported in this process); the standard library and modules of no distribution (the project's own,
-    from its checkout) are left out."""
+    from its checkout) are left out. `own`: a side's import roots; a distribution whose metadata lies directly in
+    one (the egg-info that setuptools writes into src/ at `pip install -e .`) is the project itself, not a
+    dependency, and is left out too."""
     names = list(sys.modules) if modules is None else modules  # a copy: another thread may import meanwhile
     tops = {name.partition(".")[0] for name in names if name}
     providers = importlib.metadata.packages_distributions()
+    roots = {Path(root).resolve() for root in own}
     found = {}
     for top in sorted(tops):
-        for dist in providers.get(top, ()):
+        for name in providers.get(top, ()):
             try:
-                found[canonical_name(dist)] = importlib.metadata.version(dist)
+                dist = importlib.metadata.distribution(name)
             except importlib.metadata.PackageNotFoundError:
                 continue
+            if roots and Path(str(dist.locate_file(""))).resolve() in roots:
+                continue
+            found[canonical_name(name)] = dist.version
     return found
 
 

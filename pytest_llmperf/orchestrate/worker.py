@@ -156,7 +156,7 @@ class WorkerRecorder:
         from ..environments.installed import imported_distributions
 
         roots = [Path(p) for p in os.environ.get(ENV_ROOTS, "").split(os.pathsep) if p]
-        self._write(Imports(imported_distributions(), foreign_modules(roots)))
+        self._write(Imports(imported_distributions(own=roots), foreign_modules(roots)))
 
     def close(self) -> None:
         self._handle.close()
