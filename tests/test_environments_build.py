@@ -176,6 +176,20 @@ def test_a_failed_build_names_the_packages_and_leaves_nothing_half_built(tmp_pat
     assert left == []
 
 
+def test_requirements_beside_project_dependencies_install_both(tmp_path, env_dir):
+    # A package's own dependencies in pyproject.toml, its tools in requirements-dev.txt: both are what the project
+    # runs with. Built from requirements-dev.txt alone, neither side had fastlib, and the bump measured nothing.
+    roots = {}
+    for side, version in (("base", "1.0"), ("head", "2.0")):
+        root = roots[side] = uv_project(tmp_path / side, version, lock=False)
+        (root / "requirements-dev.txt").write_text("--find-links wheels\n")
+    detection = detect(roots["base"], roots["head"])
+    assert [str(change) for change in detection.changes] == ["fastlib 1.0 -> 2.0"]
+    envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
+    assert envs.base.recipe == "pyproject.toml requirements-dev.txt"
+    assert (envs.base.version("fastlib"), envs.head.version("fastlib")) == ("1.0", "2.0")
+
+
 def test_a_lock_not_built_here_names_its_export(tmp_path):
     base, head = tmp_path / "base", tmp_path / "head"
     for root, version in ((base, "1.0"), (head, "2.0")):

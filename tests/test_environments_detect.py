@@ -116,6 +116,38 @@ def test_a_specifier_edited_while_the_lock_keeps_its_version_is_a_note(tmp_path)
     assert found.notes == ("fastlib: pyproject.toml declares 1.0 -> >=1.0; uv.lock has 1.0 on both sides",)
 
 
+@pytest.mark.parametrize("lock", ["poetry.lock", "pdm.lock"])
+def test_a_requirements_pin_bumped_beside_a_lock_that_is_not_built_from_is_a_change(tmp_path, lock):
+    # The environment is built from requirements.txt (recipe.py), so it decides; the other lock is a note. Read lock
+    # first, this pull request was "changed in form only" and passed green.
+    base, head = sides(tmp_path)
+    for root, version in ((base, "1.0"), (head, "2.0")):
+        write(root, lock, '[[package]]\nname = "fastlib"\nversion = "1.0"\n')
+        write(root, "requirements.txt", f"fastlib=={version}\n")
+    found = detect(base, head)
+    assert found.status == CHANGED
+    assert found.changes == (PackageChange("fastlib", "1.0", "2.0", "requirements.txt"),)
+    assert found.notes == ()  # the lock did not move: nothing more to say
+
+
+def test_a_lock_that_is_not_built_from_moving_beside_unchanged_requirements_is_a_note(tmp_path):
+    base, head = sides(tmp_path)
+    for root, version in ((base, "1.0"), (head, "2.0")):
+        write(root, "poetry.lock", f'[[package]]\nname = "fastlib"\nversion = "{version}"\n')
+        write(root, "requirements.txt", "fastlib==1.0\n")
+    found = detect(base, head)
+    assert found.status == SAME_IN_FORM
+    assert found.notes == ("fastlib: poetry.lock declares 1.0 -> 2.0; requirements.txt has 1.0 on both sides",)
+
+
+def test_moving_from_requirements_to_a_uv_lock_is_a_change_of_recipe(tmp_path):
+    base = requirements_project(tmp_path / "base", "1.0")
+    head = uv_project(tmp_path / "head", "1.0")
+    found = detect(base, head)
+    assert found.status == CHANGED
+    assert "built from requirements -> uv.lock" in found.other
+
+
 def test_pyproject_groups_extras_and_tool_uv_settings(tmp_path):
     template = """\
         [project]

@@ -60,6 +60,11 @@ def test_code_only_and_shared_summaries():
     shared = SideEnvironment("base", SHARED, sys.executable)
     same = Environments("auto", "same-in-form", shared, shared, ("requirements.txt",))
     assert same.summary_line() == "environments: shared (requirements.txt changed in form only) [auto]"
+    noted = Environments("auto", "same-in-form", shared, shared, ("poetry.lock",), notes=("fastlib: poetry.lock ...",))
+    assert noted.summary_line() == (
+        "environments: shared (poetry.lock changed, not what the environment is built from: see the notes) [auto]"
+    )
+    assert "  note: fastlib: poetry.lock ..." in noted.shown_lines("A", "B")
 
 
 def test_a_package_change_reads_as_its_direction():

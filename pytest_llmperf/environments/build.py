@@ -1,11 +1,12 @@
-"""Building one side's environment with uv, from that side's own files, into the cache.
+"""Building one side's environment with uv, from that side's own files (its recipe: recipe.py), into the cache.
 
 Both sides are built alike: the same base interpreter, the same flags (bytecode compiled at install, or not, on
 both), the same uv. From a uv.lock: `uv sync --frozen --no-install-project` into UV_PROJECT_ENVIRONMENT (the side's
-[tool.uv] holds). From requirements files: `uv venv`, then `uv pip install -r ... -c ...`. From pyproject.toml
-dependencies alone: `uv pip install -r pyproject.toml` (resolved when built: not locked). The project itself is never
-installed: workers import it from the side's checkout. Then this plugin goes in (plugin_install.py), and the
-environment's installed set is recorded in its marker.
+[tool.uv] holds). From requirements files: `uv venv`, then `uv pip install -r ... -c ...` (with `-r pyproject.toml`
+where it declares [project] dependencies). From pyproject.toml dependencies alone: `uv pip install -r
+pyproject.toml` (resolved when built: not locked). The project itself is never installed: workers import it from the
+side's checkout. Then this plugin goes in (plugin_install.py), and the environment's installed set is recorded in
+its marker.
 """
 
 from __future__ import annotations
@@ -16,78 +17,17 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from . import cache, formats, plugin_install, wheels
-from .errors import BuildFailed, CannotBuild
+from .errors import BuildFailed
 from .inputs import DependencyInputs
 from .installed import Probe, probe
+from .recipe import REQUIREMENTS, UV_LOCK, Recipe, recipe_for
 from .records import BUILT, CACHE_HIT, BuildSettings, SideEnvironment
 from .uv_runner import Uv
-
-UV_LOCK, REQUIREMENTS, PYPROJECT = "uv.lock", "requirements", "pyproject.toml"
-#: How to turn a lock pytest-llmperf does not build from into one it does.
-EXPORTS = {
-    "poetry.lock": "poetry export -o requirements.txt",
-    "pdm.lock": "pdm export -o requirements.txt",
-    "Pipfile.lock": "pipenv requirements > requirements.txt",
-}
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """What a side's environment is built from."""
-
-    kind: str  # UV_LOCK, REQUIREMENTS or PYPROJECT
-    requirements: tuple[str, ...] = ()  # -r files (REQUIREMENTS)
-    constraints: tuple[str, ...] = ()  # -c files (REQUIREMENTS)
-
-    @property
-    def label(self) -> str:
-        if self.kind != REQUIREMENTS:
-            return self.kind
-        return " ".join([*self.requirements, *(f"-c {c}" for c in self.constraints)])
-
-
-def _project_dependencies(inputs: DependencyInputs) -> bool:
-    file = inputs.get("pyproject.toml")
-    if file is None or file.data is None:
-        return False
-    try:
-        declared = formats.read(file)
-    except formats.Unreadable:
-        return False
-    return any(not entry.group for entry in declared.entries)
-
-
-def recipe_for(inputs: DependencyInputs) -> Recipe:
-    """How the side at `inputs.root` is built; CannotBuild when no file it has can be built from."""
-    if inputs.of_kind("uv.lock") and inputs.of_kind("pyproject"):
-        return Recipe(UV_LOCK)
-    top = [f for f in inputs.files if f.included_by is None and not f.missing]
-    # The .txt files (pip-compile's outputs, or plain lists); .in files (its inputs) only where there is no .txt.
-    listed = [f.path for f in top if f.kind == "requirements"]
-    requirements = tuple(p for p in listed if p.endswith(".txt")) or tuple(listed)
-    if requirements:
-        return Recipe(REQUIREMENTS, requirements, tuple(f.path for f in top if f.kind == "constraints"))
-    if _project_dependencies(inputs):
-        return Recipe(PYPROJECT)
-    others = [f for f in top if f.kind in (*EXPORTS, "conda")]
-    if others:
-        names = ", ".join(f.path for f in others)
-        exports = "; ".join(EXPORTS[f.kind] for f in others if f.kind in EXPORTS)
-        fix = f"export it to a requirements file and commit it ({exports})" if exports else None
-        raise CannotBuild(
-            f"{inputs.root}: {names} is not built by pytest-llmperf (it builds from uv.lock, requirements files or "
-            "pyproject.toml [project] dependencies)",
-            fix=fix,
-        )
-    raise CannotBuild(
-        f"{inputs.root} declares no dependencies to build from (no uv.lock, requirements file or "
-        "pyproject.toml [project] dependencies)"
-    )
 
 
 def normalized(inputs: DependencyInputs) -> dict[str, Any]:

@@ -46,6 +46,8 @@ class Detection:
     def summary(self) -> str:
         if self.status == UNCHANGED:
             return "dependency files unchanged"
+        if self.status == SAME_IN_FORM and self.notes:
+            return f"{', '.join(self.files)} changed, not what the environment is built from: {'; '.join(self.notes)}"
         if self.status == SAME_IN_FORM:
             return f"{', '.join(self.files)} changed in form only (order, comments, whitespace): no package differs"
         parts = [str(change) for change in self.changes] + list(self.other)
@@ -61,13 +63,17 @@ def compare(base: DependencyInputs, head: DependencyInputs) -> Detection:
     if not files:
         return Detection(base, head, UNCHANGED)
     from . import differences  # the parsers load only when something differs
+    from .recipe import kind_of_build
 
     before, after = differences.declare(base), differences.declare(head)
     unreadable = tuple(
         sorted({side.unreadable[path] for side in (before, after) for path in files if path in side.unreadable})
     )
-    changes, notes = differences.package_changes(before, after)
+    built_from = (kind_of_build(base), kind_of_build(head))
+    changes, notes = differences.package_changes(before, after, differences.precedence(built_from[1]))
     other = differences.setting_changes(before, after)
+    if built_from[0] != built_from[1]:  # e.g. a project that moved from requirements files to uv.lock
+        other += (f"built from {built_from[0] or 'nothing it can build'} -> {built_from[1] or 'nothing it can build'}",)
     versions = (before.python_version, after.python_version)
     python_versions = versions if versions[0] != versions[1] else None
     if unreadable:

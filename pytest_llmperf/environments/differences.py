@@ -1,9 +1,11 @@
 """What differs between two sides' declared dependencies: packages (`torch 2.5.1 -> 2.6.0`), settings that name no
 package (an index, find-links), and notes for what changed in form only.
 
-A package is compared where it is most precise: a lock first, then requirements and constraints files, then
-pyproject.toml, then a conda file. A specifier edited in pyproject.toml while the lock keeps the same version is a
-note, not a change: the environment built from the lock is the same.
+A package is compared where the side's environment is built from (recipe.py): its uv.lock, else its requirements and
+constraints files, else pyproject.toml; then the other files, most precise first. A specifier edited in
+pyproject.toml while the lock keeps the same version is a note, not a change: the environment built from the lock
+is the same. A pin bumped in requirements.txt beside a poetry.lock that did not move is a change: the environment is
+built from requirements.txt.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from . import formats
 from .formats import Declared, Entry
 from .inputs import LOCKS, DependencyInputs
+from .recipe import PYPROJECT, REQUIREMENTS, UV_LOCK
 from .records import PackageChange
 
 #: Where a package's version is read, most precise first: (name, the kinds of file).
@@ -24,6 +27,24 @@ CATEGORIES = (
     ("pyproject", ("pyproject",)),
     ("conda", ("conda",)),
 )
+#: The kinds of file a recipe builds from (recipe.py), most decisive first: read first, then the others in
+#: CATEGORIES' order.
+BUILT_FROM = {
+    UV_LOCK: (("uv.lock",),),
+    REQUIREMENTS: (("requirements", "constraints"), ("pyproject",)),
+    PYPROJECT: (("pyproject",),),
+}
+
+
+def precedence(recipe_kind: str | None) -> tuple[tuple[str, ...], ...]:
+    """The kinds of file where a package is read, most decisive first, for a side built by `recipe_kind` (None: it
+    cannot be built; the locks then decide, and a change in them fails the build, loudly)."""
+    first = BUILT_FROM.get(recipe_kind or "", ())
+    used = {kind for kinds in first for kind in kinds}
+    rest = tuple(tuple(k for k in kinds if k not in used) for _, kinds in CATEGORIES)
+    return tuple(kinds for kinds in (*first, *rest) if kinds)
+
+
 PYTHON_VERSION = ".python-version"
 
 
@@ -78,9 +99,12 @@ def _paths(*entries: list[tuple[str, Entry]]) -> str:
     return ", ".join(sorted({path for found in entries for path, _ in found}))
 
 
-def package_changes(base: SideDeclared, head: SideDeclared) -> tuple[tuple[PackageChange, ...], tuple[str, ...]]:
-    """(the packages that differ, notes on declarations that differ where a more precise file agrees)."""
-    tables = [(base.entries(kinds), head.entries(kinds)) for _, kinds in CATEGORIES]
+def package_changes(
+    base: SideDeclared, head: SideDeclared, order: tuple[tuple[str, ...], ...] = precedence(None)
+) -> tuple[tuple[PackageChange, ...], tuple[str, ...]]:
+    """(the packages that differ, notes on declarations that differ where a more decisive file agrees); `order`: the
+    kinds of file, most decisive first (precedence())."""
+    tables = [(base.entries(kinds), head.entries(kinds)) for kinds in order]
     names = sorted({name for pair in tables for side in pair for name in side})
     changes, notes = [], []
     for name in names:
