@@ -139,6 +139,15 @@ def test_dependencies_that_cannot_be_built_fail_the_job_naming_them_and_the_ways
     assert "fastlib 1.0 -> 3.0" in text and "--llmperf-base-python" in text and "code-only" in text
 
 
+def test_a_dependency_input_that_cannot_be_read_fails_the_job_naming_it(project):
+    (project.path / "requirements.txt").write_text(requirements("1.0") + "-r loop.txt\n")
+    (project.path / "loop.txt").symlink_to(project.path / "loop.txt")
+    result = project.runpytest(*ARGS)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*llmperf: cannot read */loop.txt, a dependency input of *"])
+
+
 def test_an_aa_job_of_equal_dependencies_built_apart_passes(project):
     """--llmperf-compare-deps=build builds each side its own environment from equal files: the machinery adds no
     offset of its own."""

@@ -190,6 +190,17 @@ def test_requirements_beside_project_dependencies_install_both(tmp_path, env_dir
     assert (envs.base.version("fastlib"), envs.head.version("fastlib")) == ("1.0", "2.0")
 
 
+def test_a_cache_that_cannot_be_written_names_the_option_that_moves_it(tmp_path):
+    base = requirements_project(tmp_path / "base", "1.0")
+    head = requirements_project(tmp_path / "head", "2.0")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(CannotBuild) as raised:
+        prepare(detect(base, head), env_dir=tmp_path / "a-file" / "envs", settings=OFFLINE)
+    message = str(raised.value)
+    assert "cannot write the environments' cache" in message and "a-file" in message
+    assert "--llmperf-env-dir=PATH" in message and "fastlib 1.0 -> 2.0" in message
+
+
 def test_a_lock_not_built_here_names_its_export(tmp_path):
     base, head = tmp_path / "base", tmp_path / "head"
     for root, version in ((base, "1.0"), (head, "2.0")):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.environments.detection import CHANGED, SAME_IN_FORM, UNCHANGED, UNREADABLE, detect
-from pytest_llmperf.environments.inputs import find_inputs
+from pytest_llmperf.environments.inputs import InputsUnreadable, find_inputs
 from pytest_llmperf.environments.records import PackageChange
 from tests.env_projects import requirements_project, uv_project
 
@@ -204,6 +204,16 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path):
                      '[project]\nname = "demo"\ndependencies = ["fastlib==2.0"\n')
     assert found.status == UNREADABLE and found.differs
     assert len(found.unreadable) == 1 and found.unreadable[0].startswith("pyproject.toml: not valid TOML")
+
+
+def test_an_input_that_exists_but_cannot_be_read_is_an_error_naming_it(tmp_path):
+    # A symlink loop (EACCES cannot be made as root): read as "missing" on both sides, it would compare equal.
+    base, head = sides(tmp_path)
+    for root in (base, head):
+        write(root, "requirements.txt", "-r loop.txt\n")
+        (root / "loop.txt").symlink_to(root / "loop.txt")
+    with pytest.raises(InputsUnreadable, match=r"cannot read .*base/loop.txt, a dependency input of .*base: "):
+        detect(base, head)
 
 
 def test_extra_paths_and_globs_from_the_ini_option(tmp_path):

@@ -39,7 +39,7 @@ class CannotBuild(EnvironmentsError):
         super().__init__(self.message())
 
     def message(self) -> str:
-        lines = [f"llmperf: the two sides' dependencies differ and their environments cannot be built: {self.reason}"]
+        lines = [f"the two sides' dependencies differ and their environments cannot be built: {self.reason}"]
         if self.changes:
             lines.append("  packages that differ: " + "; ".join(map(str, self.changes)))
         lines += [f"  also differs: {other}" for other in self.other]

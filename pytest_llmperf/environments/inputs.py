@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import EnvironmentsError
+
 LOCKS = ("uv.lock", "poetry.lock", "pdm.lock", "Pipfile.lock")
 #: Files looked for by name at the root.
 NAMED = ("pyproject.toml", *LOCKS, "environment.yml", "environment.yaml", ".python-version")
@@ -102,6 +104,11 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+class InputsUnreadable(EnvironmentsError):
+    """A dependency input exists but cannot be read (permissions, a symlink loop): what the sides declare is not
+    known, so nothing may be said about it."""
+
+
 def includes(data: bytes) -> list[tuple[str, str]]:
     """(option, path) of each `-r`/`-c` include of a requirements file, in order."""
     found = []
@@ -124,8 +131,18 @@ def _globbed(root: Path, patterns: Iterable[str]) -> list[Path]:
 
 
 def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs:
-    """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it)."""
-    root = Path(root)
+    """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it);
+    InputsUnreadable naming the file where one cannot be read."""
+    try:
+        return _find(Path(root), extra)
+    except OSError as exc:
+        where = exc.filename or root
+        raise InputsUnreadable(
+            f"cannot read {where}, a dependency input of {root}: {exc.strerror or exc}. Make it readable, or remove it"
+        ) from None
+
+
+def _find(root: Path, extra: Sequence[str]) -> DependencyInputs:
     files: dict[str, InputFile] = {}
     queue: list[tuple[Path, str | None, str | None]] = [(root / name, None, None) for name in NAMED]
     queue = [item for item in queue if item[0].is_file()]

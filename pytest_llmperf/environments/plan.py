@@ -214,4 +214,11 @@ def _build_both(
         raise exc.with_differences(changes, other) from None
     except EnvironmentsError as exc:  # a built interpreter that does not run, a plugin that is not installed here
         raise CannotBuild(str(exc), changes=changes, other=other) from None
+    except OSError as exc:  # the cache: not writable, a file where a directory goes, a full disk
+        raise CannotBuild(
+            f"cannot write the environments' cache: {exc}",
+            changes=changes,
+            other=other,
+            fix="give a writable directory: --llmperf-env-dir=PATH (ini llmperf_env_dir, or LLMPERF_ENV_DIR)",
+        ) from None
     return _record(detection, mode, sides[0], sides[1], not_measured=unmeasured(changes, sides[0], sides[1]))

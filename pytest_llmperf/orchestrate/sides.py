@@ -68,11 +68,13 @@ def environments(llm: LLMPerfSession, base: Path, head: Path, progress: Campaign
     from ..environments.records import BuildSettings
 
     settings = llm.settings
-    detection = detect(base, head, settings.compare_deps_paths)
-    if detection.differs or settings.compare_deps == "build" or settings.base_python:
-        progress.say("the sides' dependencies differ: making each side's environment (--llmperf-compare-deps)")
     offline = os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes")
     try:
+        detection = detect(base, head, settings.compare_deps_paths)
+        if settings.base_python:
+            progress.say(f"checking the base side's interpreter {settings.base_python} (--llmperf-base-python)")
+        elif settings.compare_deps == "build" or (detection.differs and settings.compare_deps == "auto"):
+            progress.say("making each side's environment (--llmperf-compare-deps): the first build can take minutes")
         envs = prepare_environments(
             detection,
             mode=settings.compare_deps,
