@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.environments.detection import CHANGED, SAME_IN_FORM, UNCHANGED, UNREADABLE, detect
-from pytest_llmperf.environments.inputs import InputsUnreadable, find_inputs
+from pytest_llmperf.environments.detection import CHANGED, NONE_FOUND, SAME_IN_FORM, UNCHANGED, UNREADABLE, detect
+from pytest_llmperf.environments.inputs import InputsUnreadable, find_inputs, inputs_roots
 from pytest_llmperf.environments.records import PackageChange
 from tests.env_projects import requirements_project, uv_project
 
@@ -216,13 +216,34 @@ def test_an_input_that_exists_but_cannot_be_read_is_an_error_naming_it(tmp_path)
         detect(base, head)
 
 
+def test_inputs_are_read_at_the_nearest_directory_that_has_them_from_the_rootdir_up(tmp_path):
+    base, head = sides(tmp_path)
+    for top in (base, head):
+        (top / "tests" / "perf").mkdir(parents=True)
+    rootdir = head / "tests" / "perf"
+    assert inputs_roots(base, head, rootdir) == (base / "tests" / "perf", rootdir)  # none anywhere: the rootdir
+    write(base, "requirements.txt", "fastlib==1.0\n")  # the base side has one at the top: both read there
+    assert inputs_roots(base, head, rootdir) == (base, head)
+    write(head, "tests/requirements.txt", "fastlib==2.0\n")  # nearer to the rootdir
+    assert inputs_roots(base, head, rootdir) == (base / "tests", head / "tests")
+    assert inputs_roots(base, head, tmp_path / "elsewhere") == (base, tmp_path / "elsewhere")
+
+
+def test_no_dependency_files_on_either_side_is_said_not_unchanged(tmp_path):
+    base, head = sides(tmp_path)
+    found = detect(base, head)
+    assert found.status == NONE_FOUND and not found.differs
+    assert found.summary().startswith(f"no dependency files at {head} (nor above it in the repository)")
+    assert "llmperf_compare_deps_paths" in found.summary()
+
+
 def test_extra_paths_and_globs_from_the_ini_option(tmp_path):
     base, head = sides(tmp_path)
     write(base, "ci/requirements-gpu.lst", "flash-attn==2.7.4\n")
     write(head, "ci/requirements-gpu.lst", "flash-attn==2.8.1\n")
     write(base, "docker/versions.env", "CUDA=12.4\n")
     write(head, "docker/versions.env", "CUDA=12.4\n")
-    assert detect(base, head).status == UNCHANGED  # not looked at unless named
+    assert detect(base, head).status == NONE_FOUND  # not looked at unless named
     found = detect(base, head, ["ci/*.lst", "docker/versions.env"])
     assert found.status == UNREADABLE  # a .lst file is no format read here
     assert found.unreadable == ("ci/requirements-gpu.lst: not a format pytest-llmperf reads; its change cannot be "

@@ -18,6 +18,7 @@ from .inputs import DependencyInputs, find_inputs
 from .records import PackageChange
 
 UNCHANGED = "unchanged"
+NONE_FOUND = "none-found"  # neither side has a dependency input: a dependency change cannot be seen
 SAME_IN_FORM = "same-in-form"
 CHANGED = "changed"
 UNREADABLE = "unreadable"
@@ -29,7 +30,7 @@ class Detection:
 
     base: DependencyInputs
     head: DependencyInputs
-    status: str  # UNCHANGED, SAME_IN_FORM, CHANGED or UNREADABLE
+    status: str  # UNCHANGED, NONE_FOUND, SAME_IN_FORM, CHANGED or UNREADABLE
     files: tuple[str, ...] = ()  # the inputs whose bytes differ (or that one side only has)
     changes: tuple[PackageChange, ...] = ()
     other: tuple[str, ...] = ()  # settings that differ and name no package
@@ -46,6 +47,8 @@ class Detection:
     def summary(self) -> str:
         if self.status == UNCHANGED:
             return "dependency files unchanged"
+        if self.status == NONE_FOUND:
+            return self.notes[0]
         if self.status == SAME_IN_FORM and self.notes:
             return f"{', '.join(self.files)} changed, not what the environment is built from: {'; '.join(self.notes)}"
         if self.status == SAME_IN_FORM:
@@ -60,6 +63,12 @@ class Detection:
 def compare(base: DependencyInputs, head: DependencyInputs) -> Detection:
     """Compare two sides' inputs (found by find_inputs)."""
     files = base.differing(head)
+    if not base.files and not head.files:
+        note = (
+            f"no dependency files at {head.root} (nor above it in the repository): a change of dependencies cannot be "
+            "seen; name the files that define the environment in the ini option llmperf_compare_deps_paths"
+        )
+        return Detection(base, head, NONE_FOUND, notes=(note,))
     if not files:
         return Detection(base, head, UNCHANGED)
     from . import differences  # the parsers load only when something differs

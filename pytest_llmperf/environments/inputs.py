@@ -130,6 +130,27 @@ def _globbed(root: Path, patterns: Iterable[str]) -> list[Path]:
     return found
 
 
+def has_inputs(directory: Path) -> bool:
+    """Whether `directory` holds a dependency input found by name or pattern."""
+    return any((directory / name).is_file() for name in NAMED) or any(
+        p.is_file() for pattern in PATTERNS for p in directory.glob(pattern)
+    )
+
+
+def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path, Path]:
+    """(base, head): where each side's dependency inputs are read. The nearest directory, from the head's pytest
+    rootdir up to its repository's top, that holds one on either side (a rootdir in tests/perf/ of a project whose
+    requirements.txt is at the top); the same place on both sides; the rootdir where none does."""
+    try:
+        relative = head_root.resolve().relative_to(head_top.resolve())
+    except ValueError:  # a rootdir outside the repository: only itself
+        return base_top, head_root
+    for candidate in (relative, *relative.parents):
+        if has_inputs(head_top / candidate) or has_inputs(base_top / candidate):
+            return base_top / candidate, head_top / candidate
+    return base_top / relative, head_top / relative
+
+
 def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs:
     """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it);
     InputsUnreadable naming the file where one cannot be read."""

@@ -139,6 +139,8 @@ class Environments:
         if not self.per_side:
             if self.status == "unchanged":
                 why = "dependency files unchanged"
+            elif self.status == "none-found":
+                why = "no dependency files found: see the note"
             elif self.status == "same-in-form" and self.notes:
                 why = f"{', '.join(self.files)} changed, not what the environment is built from: see the notes"
             elif self.status == "same-in-form":

@@ -50,7 +50,7 @@ def prepare(
     if ref.cleared:
         progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
     llm.compared_to = ref.label  # before the environments, whose lines name the A side by it
-    envs = environments(llm, ref.root, root, progress)
+    envs = environments(llm, ref.toplevel, ref.source, root, progress)
     args_a = passthrough_args(config, ref.root, ref.counterpart)
     return [
         Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a)),
@@ -59,18 +59,24 @@ def prepare(
     ]  # fmt: skip
 
 
-def environments(llm: LLMPerfSession, base: Path, head: Path, progress: CampaignProgress) -> Environments:
-    """Each side's environment (environments/plan.py); a UsageError naming the packages and the ways out where the
+def environments(
+    llm: LLMPerfSession, base_top: Path, head_top: Path, rootdir: Path, progress: CampaignProgress
+) -> Environments:
+    """Each side's environment (environments/plan.py), from the dependency inputs at the rootdir or the nearest
+    directory above it in the repository that has some; a UsageError naming the packages and the ways out where the
     dependencies differ and cannot be built."""
     from ..environments.detection import detect
     from ..environments.errors import EnvironmentsError
+    from ..environments.inputs import inputs_roots
     from ..environments.plan import prepare as prepare_environments
     from ..environments.records import BuildSettings
 
     settings = llm.settings
     offline = os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes")
     try:
-        detection = detect(base, head, settings.compare_deps_paths)
+        base, head = inputs_roots(base_top, head_top, rootdir)
+        extra = [os.path.relpath(rootdir / path, head) for path in settings.compare_deps_paths]  # given from rootdir
+        detection = detect(base, head, extra)
         if settings.base_python:
             progress.say(f"checking the base side's interpreter {settings.base_python} (--llmperf-base-python)")
         elif settings.compare_deps == "build" or (detection.differs and settings.compare_deps == "auto"):
