@@ -13,15 +13,16 @@ import pytest
 from pytest_llmperf.environments.wheels import write_wheel
 from pytest_llmperf.orchestrate.options import OPTIONS
 
+OWN_IMPORT = "    import engineproj  # noqa: F401  (the project's own, from its checkout's src/)\n"
 SLOWDOWN = {"1.0": 1.0, "1.1": 1.0, "2.0": 1.25}
-ENGINE = """
+ENGINE = f"""
 import os
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 
 @pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=0)
 def test_engine(llmperf):
-    import fastlib  # the side's own: its environment's
+{OWN_IMPORT}    import fastlib  # the side's own: its environment's
 
     index = int(os.environ.get("LLMPERF_WORKER_PROCESS", "0"))
     llmperf.measure(SimulatedBackend(seed=index, noise=0.005, decode_slowdown=fastlib.SLOWDOWN))
@@ -70,6 +71,15 @@ def project(pytester, monkeypatch, env_dir, tmp_path_factory):
     for version in SLOWDOWN:
         fastlib_wheel(pytester.path / "wheels", version)
     (pytester.path / "requirements.txt").write_text(requirements("1.0"))
+    # A src layout installed editable by setuptools, which writes src/engineproj.egg-info (ignored by git): a worker
+    # that imports the project from src/ sees it as a distribution no built environment has.
+    (pytester.path / "src" / "engineproj").mkdir(parents=True)
+    (pytester.path / "src" / "engineproj" / "__init__.py").write_text("")
+    (pytester.path / ".gitignore").write_text("*.egg-info/\n")
+    info = pytester.path / "src" / "engineproj.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: engineproj\nVersion: 0.1\n")
+    (info / "top_level.txt").write_text("engineproj\n")
     git(pytester.path, "init", "-q")
     git(pytester.path, "add", "-A")
     git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
@@ -187,7 +197,7 @@ def test_a_stored_baseline_names_the_dependency_that_changed_since_it_was_record
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
     pytester.makeini("[pytest]\n")
-    pytester.makepyfile(test_engine=ENGINE)
+    pytester.makepyfile(test_engine=ENGINE.replace(OWN_IMPORT, ""))  # no project of its own here
     args = ("--llmperf-device=cpu", "--llmperf-machine=runner", "--llmperf-processes=1", "--llmperf-max-load=inf",
             "-p", "no:cacheprovider")  # fmt: skip
     for version, flags, outcome in (("1.0", ("--llmperf-update",), "passed"), ("2.0", (), "failed")):
