@@ -190,6 +190,24 @@ def test_requirements_beside_project_dependencies_install_both(tmp_path, env_dir
     assert (envs.base.version("fastlib"), envs.head.version("fastlib")) == ("1.0", "2.0")
 
 
+def test_an_extra_named_by_the_option_is_installed_from_the_lock(tmp_path, env_dir):
+    # fastlib only in the project's `bench` extra: uv sync installs no extra unless asked (--llmperf-env-extras).
+    roots = {}
+    for side, version in (("base", "1.0"), ("head", "2.0")):
+        root = roots[side] = uv_project(tmp_path / side, version, lock=False)
+        text = (root / "pyproject.toml").read_text()
+        text = text.replace(f'dependencies = ["fastlib=={version}"]', "dependencies = []")
+        (root / "pyproject.toml").write_text(text + f'\n[project.optional-dependencies]\nbench = ["fastlib=={version}"]\n')
+        done = subprocess.run([find_uv().path, "lock", "--offline", "-q"], cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    detection = detect(roots["base"], roots["head"])
+    assert [str(change) for change in detection.changes] == ["fastlib 1.0 -> 2.0"]  # read from the lock
+    chosen = BuildSettings(offline=True, compile_bytecode=False, extras=("bench",))
+    envs = prepare(detection, env_dir=env_dir, settings=chosen)
+    assert envs.base.recipe == "uv.lock --extra bench"
+    assert (envs.base.version("fastlib"), envs.head.version("fastlib")) == ("1.0", "2.0")
+
+
 def test_a_cache_that_cannot_be_written_names_the_option_that_moves_it(tmp_path):
     base = requirements_project(tmp_path / "base", "1.0")
     head = requirements_project(tmp_path / "head", "2.0")

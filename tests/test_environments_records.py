@@ -143,3 +143,9 @@ def test_the_options_reach_the_session_and_a_bad_value_is_a_usage_error(pytester
     result = pytester.runpytest("--llmperf-compare-deps=never", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-compare-deps*expected one of auto, build, code-only*"])
+    monkeypatch.setenv("LLMPERF_ENV_GROUPS", "bench, lint")
+    chosen = Settings.from_config(pytester.parseconfig("--llmperf-env-extras=gpu", "--llmperf-env-extras=cuda12"))
+    assert (chosen.env_extras, chosen.env_groups) == (("gpu", "cuda12"), ("bench", "lint"))
+    result = pytester.runpytest("--llmperf-env-extras=gpu;rm", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-env-extras*expected names of extras or dependency groups*"])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from . import cache, formats, plugin_install, wheels
 from .errors import BuildFailed
 from .inputs import DependencyInputs
 from .installed import Probe, probe
-from .recipe import REQUIREMENTS, UV_LOCK, Recipe, recipe_for
+from .recipe import PYPROJECT, REQUIREMENTS, UV_LOCK, Recipe, recipe_for
 from .records import BUILT, CACHE_HIT, BuildSettings, SideEnvironment
 from .uv_runner import Uv
 
@@ -57,7 +56,6 @@ def key_parts(
 ) -> dict[str, Any]:
     """Everything that defines a built environment (`copy`: a name that keeps two builds of equal inputs apart)."""
     build = {k: v for k, v in asdict(settings).items() if k != "timeout_s"}
-    build["find_links"] = [os.path.abspath(link) for link in settings.find_links]
     return {
         "python": dict(base.identity),
         "platform": [base.markers["sys_platform"], base.markers["platform_machine"], *platform.libc_ver()],
@@ -69,6 +67,16 @@ def key_parts(
         "plugin_requirements": plugin_install.requirement_closure(),
         **({"copy": copy} if copy else {}),
     }
+
+
+def _selects(recipe: Recipe) -> bool:
+    """Whether the project's extras and groups apply: built from its uv.lock or its pyproject.toml."""
+    return recipe.kind != REQUIREMENTS or PYPROJECT in recipe.requirements
+
+
+def _shown(recipe: Recipe, settings: BuildSettings) -> str:
+    """What the side was built from, as the header says it ('uv.lock --extra gpu')."""
+    return " ".join([recipe.label, *(settings.selection() if _selects(recipe) else [])])
 
 
 def _run_recipe(recipe: Recipe, root: Path, directory: Path, base: Probe, uv: Uv, settings: BuildSettings) -> None:
@@ -91,6 +99,7 @@ def _run_recipe(recipe: Recipe, root: Path, directory: Path, base: Probe, uv: Uv
     if recipe.kind == REQUIREMENTS:
         args += [item for r in recipe.requirements for item in ("-r", r)]
         args += [item for c in recipe.constraints for item in ("-c", c)]
+        args += settings.selection() if _selects(recipe) else []
     else:
         args += ["-r", "pyproject.toml", *settings.selection()]
     uv.run(args, cwd=root, timeout=timeout, what=what)
@@ -130,7 +139,7 @@ def build_side(
                     now.python_version,
                     key,
                     str(directory),
-                    recipe.label,
+                    _shown(recipe, settings),
                     seconds,
                     now.installed,
                 )
@@ -141,10 +150,18 @@ def build_side(
             cache.discard(directory)  # nothing half built stays behind
             raise
         seconds = clock() - start
-        record = {"side_root": str(inputs.root), "recipe": recipe.label, "seconds": seconds}
+        record = {"side_root": str(inputs.root), "recipe": _shown(recipe, settings), "seconds": seconds}
         cache.mark_ready(directory, key, {**record, "installed": done.installed, "python": done.python_version})
     return SideEnvironment(
-        side, BUILT, str(python), done.python_version, key, str(directory), recipe.label, seconds, done.installed
+        side,
+        BUILT,
+        str(python),
+        done.python_version,
+        key,
+        str(directory),
+        _shown(recipe, settings),
+        seconds,
+        done.installed,
     )
 
 

@@ -8,7 +8,6 @@ compared here, with no parser loaded (standard library only) and nothing written
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -76,14 +75,6 @@ class DependencyInputs:
 
     def of_kind(self, *kinds: str) -> tuple[InputFile, ...]:
         return tuple(f for f in self.files if f.kind in kinds and not f.missing)
-
-    def digest(self) -> str:
-        """sha256 of the paths and bytes of every input: equal digests, byte-identical inputs."""
-        hasher = hashlib.sha256()
-        for f in self.files:
-            hasher.update(f"{f.path}\0{f.kind}\0".encode())
-            hasher.update(b"\1missing" if f.data is None else hashlib.sha256(f.data).digest())
-        return hasher.hexdigest()
 
     def differing(self, other: DependencyInputs) -> tuple[str, ...]:
         """The paths whose bytes differ from `other`'s, or that only one of the two has."""

@@ -126,15 +126,14 @@ def prepare(
     base_python: str | Path | None = None,
     env_dir: str | Path | None = None,
     settings: BuildSettings | None = None,
-    interpreter: str | Path | None = None,
     uv: str | Path | None = None,
 ) -> Environments:
     """Each side's environment for `detection`'s two sides.
 
     mode: auto, build or code-only (--llmperf-compare-deps). base_python: the base side's interpreter
     (--llmperf-base-python). env_dir: the cache of built environments (default cache.default_env_dir()).
-    settings: how both sides are built (default: BuildSettings()). interpreter: the base interpreter both sides
-    are built with (default: this one's). uv: the uv binary (default: found on PATH or from the uv package).
+    settings: how both sides are built (default: BuildSettings()); both are built with this interpreter's base.
+    uv: the uv binary (default: found on PATH or from the uv package).
 
     A base_python wins over the mode: nothing is built, and the base side runs it.
 
@@ -146,14 +145,7 @@ def prepare(
         return _with_base_python(detection, mode, str(base_python))
     note, python_difference = None, None
     if detection.python_versions is not None:
-        from .installed import probe
-
-        version = (
-            probe(str(interpreter), installed=False).markers["python_full_version"]
-            if interpreter
-            else platform.python_version()
-        )
-        note, python_difference = _python_difference(detection, version)
+        note, python_difference = _python_difference(detection, platform.python_version())
     only_python = not (detection.changes or detection.other or detection.unreadable)
     differs = detection.differs and not (only_python and python_difference is None)
     if note:
@@ -163,7 +155,7 @@ def prepare(
             return _code_only(detection, mode, python_difference)
         shared = SideEnvironment("base", SHARED, sys.executable)
         return _record(detection, mode, shared, replace(shared, side="head"))
-    return _build_both(detection, mode, python_difference, env_dir, settings, interpreter, uv)
+    return _build_both(detection, mode, python_difference, env_dir, settings, uv)
 
 
 def _build_both(
@@ -172,7 +164,6 @@ def _build_both(
     python_difference: str | None,
     env_dir: str | Path | None,
     settings: BuildSettings | None,
-    interpreter: str | Path | None,
     uv: str | Path | None,
 ) -> Environments:
     changes, other = detection.changes, detection.other
@@ -196,7 +187,7 @@ def _build_both(
 
     try:
         tool = find_uv(uv)
-        base_interpreter = probe(str(interpreter or sys.executable), installed=False)
+        base_interpreter = probe(sys.executable, installed=False)
         root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
         sides = [
             build.build_side(

@@ -7,7 +7,6 @@ a parser or a resolver.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ CACHE_HIT = "cache hit"  # built by an earlier job, reused from the cache
 BASE_PYTHON = "base-python"  # the interpreter the user prepared (--llmperf-base-python)
 CURRENT = "current"  # the controller's environment, on one side only (the head beside a base-python)
 CODE_ONLY = "code-only"  # the controller's environment although the dependencies differ: changes not measured
-HOWS = (SHARED, BUILT, CACHE_HIT, BASE_PYTHON, CURRENT, CODE_ONLY)
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class SideEnvironment:
     """One side's environment: the interpreter its workers run, and what is installed there."""
 
     side: str  # "base" (the compared ref) or "head" (the working tree)
-    how: str  # one of HOWS
+    how: str  # SHARED, BUILT, CACHE_HIT, BASE_PYTHON, CURRENT or CODE_ONLY
     python: str  # the interpreter its workers start with
     python_version: str = ""  # e.g. "CPython 3.11.7"
     key: str | None = None  # the cache key of a built environment
@@ -227,15 +225,13 @@ class BuildSettings:
 
     compile_bytecode: bool = True  # compile at install (uv's --compile-bytecode), so workers import alike and fast
     offline: bool = False  # uv --offline: only uv's cache and find-links
-    find_links: tuple[str, ...] = ()  # more wheel directories (uv --find-links)
-    extras: tuple[str, ...] = ()  # the project's extras to install (uv.lock, pyproject.toml)
-    groups: tuple[str, ...] = ()  # dependency groups beyond uv's defaults (uv.lock, pyproject.toml)
+    extras: tuple[str, ...] = ()  # the project's extras to install (--llmperf-env-extras)
+    groups: tuple[str, ...] = ()  # dependency groups beyond uv's defaults (--llmperf-env-groups)
     timeout_s: float = 3600.0  # the most one uv command may take
 
     def flags(self) -> list[str]:
         flags = ["--compile-bytecode"] if self.compile_bytecode else []
-        flags += ["--offline"] if self.offline else []
-        return flags + [item for link in self.find_links for item in ("--find-links", os.path.abspath(link))]
+        return flags + (["--offline"] if self.offline else [])
 
     def selection(self) -> list[str]:
         return [item for e in self.extras for item in ("--extra", e)] + [

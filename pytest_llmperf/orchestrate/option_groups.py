@@ -89,6 +89,24 @@ class EnvironmentOptions:
         parsers.as_string,
         metavar="DIR",
     )
+    env_extras: tuple[str, ...] = option(
+        "A/B: the project's extras to install in each side's built environment (pyproject.toml's "
+        "[project.optional-dependencies], built from uv.lock or with the requirements); as uv's --extra",
+        parsers.name_list,
+        default=(),
+        ini_type="linelist",
+        repeatable=True,
+        metavar="NAME",
+    )
+    env_groups: tuple[str, ...] = option(
+        "A/B: dependency groups to install in each side's built environment, beyond uv's defaults (pyproject.toml's "
+        "[dependency-groups]); as uv's --group",
+        parsers.name_list,
+        default=(),
+        ini_type="linelist",
+        repeatable=True,
+        metavar="NAME",
+    )
     compare_deps_paths: tuple[str, ...] = option(
         "A/B: more files that define a side's environment, paths or globs relative to the rootdir, beside "
         "requirements*.txt, constraints*.txt, pyproject.toml, uv.lock, poetry.lock, pdm.lock, Pipfile.lock, "

@@ -4,6 +4,7 @@ ValueError with what was expected (orchestrate/options.py names the option in fr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 from ..environments.records import COMPARE_DEPS_MODES
@@ -234,3 +235,15 @@ def path_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
         if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
             raise ValueError(f"expected paths or globs relative to the rootdir, got {path!r}")
     return paths
+
+
+def name_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
+    """Names (extras, dependency groups): CLI repeated, ini one per line, an environment variable comma or
+    whitespace separated."""
+    if isinstance(items, str):
+        items = [p for chunk in items.split(",") for p in chunk.split()]
+    names = tuple(str(item).strip() for item in items if str(item).strip())
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"expected names of extras or dependency groups (letters, digits, . _ -), got {name!r}")
+    return names

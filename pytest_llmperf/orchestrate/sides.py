@@ -86,7 +86,7 @@ def environments(
             mode=settings.compare_deps,
             base_python=settings.base_python,
             env_dir=settings.env_dir,
-            settings=BuildSettings(offline=offline),
+            settings=BuildSettings(offline=offline, extras=settings.env_extras, groups=settings.env_groups),
         )
     except EnvironmentsError as exc:
         raise pytest.UsageError(f"llmperf: {exc}") from None
