@@ -27,7 +27,7 @@ from pytest_llmperf.environments.plan import prepare
 from pytest_llmperf.environments.plugin_install import controller_version
 from pytest_llmperf.environments.records import BUILT, CACHE_HIT, CODE_ONLY, SHARED, BuildSettings
 from pytest_llmperf.environments.uv_runner import find_uv
-from tests.env_projects import LOOPS, requirements_project, run_in, uv_project
+from tests.env_projects import LOOPS, requirements_project, run_in, uv_project, uv_workspace
 
 #: Offline, as in CI without an index; bytecode left to import time except where a test says (compiling the plugin's
 #: scipy takes ~8 s an environment here).
@@ -187,6 +187,18 @@ def test_requirements_beside_project_dependencies_install_both(tmp_path, env_dir
     assert [str(change) for change in detection.changes] == ["fastlib 1.0 -> 2.0"]
     envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
     assert envs.base.recipe == "pyproject.toml requirements-dev.txt"
+    assert (envs.base.version("fastlib"), envs.head.version("fastlib")) == ("1.0", "2.0")
+
+
+def test_a_uv_workspace_member_is_built_from_the_workspaces_lock(tmp_path, env_dir):
+    # The member has a pyproject.toml and no lock of its own: uv sync in its directory takes the workspace's uv.lock.
+    # Read at the member alone, the bump was a resolution of its pyproject.toml made at build time, not the lock.
+    base, head = uv_workspace(tmp_path / "base", "1.0"), uv_workspace(tmp_path / "head", "2.0")
+    detection = detect(base, head)
+    assert detection.base.paths() == ("../../pyproject.toml", "../../uv.lock", "pyproject.toml")
+    assert [(str(c), c.source) for c in detection.changes] == [("fastlib 1.0 -> 2.0", "../../uv.lock")]
+    envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
+    assert envs.base.recipe == "uv.lock"
     assert (envs.base.version("fastlib"), envs.head.version("fastlib")) == ("1.0", "2.0")
 
 

@@ -2,8 +2,9 @@
 
 Found at the side's root: requirements and constraints files (with what they include by `-r`/`-c`), pyproject.toml,
 uv.lock, poetry.lock, pdm.lock, Pipfile.lock, environment.yml, .python-version, and the extra paths or globs the user
-names. Reading them is all that detection costs when nothing changed: two sides whose inputs are byte-identical are
-compared here, with no parser loaded (standard library only) and nothing written.
+names; for a member of a uv workspace, the workspace's uv.lock and pyproject.toml above it too. Reading them is all
+that detection costs when nothing changed: two sides whose inputs are byte-identical are compared here, with no
+parser loaded (standard library only) and nothing written.
 """
 
 from __future__ import annotations
@@ -154,9 +155,31 @@ def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs
         ) from None
 
 
+def workspace_root(root: Path) -> Path | None:
+    """The uv workspace whose lock a member at `root` is built from: the nearest directory above it, within its
+    repository, whose pyproject.toml declares [tool.uv.workspace] beside a uv.lock; None where `root` has its own
+    uv.lock, no pyproject.toml, or no such directory above it."""
+    if (root / "uv.lock").is_file() or not (root / "pyproject.toml").is_file():
+        return None
+    for directory in root.resolve().parents:
+        pyproject = directory / "pyproject.toml"
+        if (
+            (directory / "uv.lock").is_file()
+            and pyproject.is_file()
+            and b"[tool.uv.workspace]" in pyproject.read_bytes()
+        ):
+            return directory
+        if (directory / ".git").exists():  # the repository's top (a worktree's .git is a file)
+            return None
+    return None
+
+
 def _find(root: Path, extra: Sequence[str]) -> DependencyInputs:
     files: dict[str, InputFile] = {}
     queue: list[tuple[Path, str | None, str | None]] = [(root / name, None, None) for name in NAMED]
+    workspace = workspace_root(root)
+    if workspace is not None:  # a member's environment is the workspace's lock, as uv sync in its directory makes it
+        queue += [(workspace / "uv.lock", None, None), (workspace / "pyproject.toml", None, None)]
     queue = [item for item in queue if item[0].is_file()]
     queue += [(p, None, None) for p in _globbed(root, PATTERNS)]
     queue += [(p, None, None) for p in _globbed(root, extra)]
