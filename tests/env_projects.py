@@ -63,21 +63,22 @@ def uv_project(root: Path, version: str, *, wheels: tuple[str, ...] = ("1.0", "2
 
 
 def uv_workspace(root: Path, version: str) -> Path:
-    """A uv workspace whose member packages/engine pins fastlib==VERSION, locked by real uv offline at the
-    workspace's root; returns the member's directory (where its benchmarks' rootdir would be)."""
+    """A uv workspace whose member packages/engine requires fastlib>=1.0, locked by real uv offline at the workspace's
+    root when VERSION was the newest wheel there (so the lock alone says which: the pyproject.toml files are the same
+    on both sides); returns the member's directory (where its benchmarks' rootdir would be)."""
     member = root / "packages" / "engine"
     member.mkdir(parents=True, exist_ok=True)
-    _wheels(root, ("1.0", "2.0"))
     (root / "pyproject.toml").write_text(
         '[project]\nname = "root"\nversion = "0.1.0"\nrequires-python = ">=3.10"\ndependencies = []\n\n'
         '[tool.uv]\npackage = false\nfind-links = ["wheels"]\n\n[tool.uv.workspace]\nmembers = ["packages/*"]\n'
     )
     (member / "pyproject.toml").write_text(
-        '[project]\nname = "engine"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
-        f'dependencies = ["fastlib=={version}"]\n'
+        '[project]\nname = "engine"\nversion = "0.1.0"\nrequires-python = ">=3.10"\ndependencies = ["fastlib>=1.0"]\n'
     )
+    _wheels(root, tuple(v for v in ("1.0", "2.0") if v <= version))
     done = subprocess.run([find_uv().path, "lock", "--offline", "--no-cache", "-q"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    _wheels(root, ("1.0", "2.0"))  # both committed by now: the lock decides
     return member
 
 

@@ -191,8 +191,8 @@ def test_requirements_beside_project_dependencies_install_both(tmp_path, env_dir
 
 
 def test_a_uv_workspace_member_is_built_from_the_workspaces_lock(tmp_path, env_dir):
-    # The member has a pyproject.toml and no lock of its own: uv sync in its directory takes the workspace's uv.lock.
-    # Read at the member alone, the bump was a resolution of its pyproject.toml made at build time, not the lock.
+    # The member has a pyproject.toml (the same on both sides) and no lock of its own: uv sync in its directory takes
+    # the workspace's uv.lock, which alone moved. Read at the member alone, the sides were "unchanged".
     base, head = uv_workspace(tmp_path / "base", "1.0"), uv_workspace(tmp_path / "head", "2.0")
     detection = detect(base, head)
     assert detection.base.paths() == ("../../pyproject.toml", "../../uv.lock", "pyproject.toml")
