@@ -1,7 +1,7 @@
 """Measure change-point methods on the seeded synthetic histories of the issue's goals (docs/history.md).
 
     python scripts/history_methods.py [--seeds 400] [--first-seed 0] [--penalties 2] [--p-values 0.005]
-        [--looks 2] [--confirm-ps 3e-4] [--confirm-levels 20] [--kernels linear] [--min-sizes 3]
+        [--looks 1] [--confirm-ps 5e-4] [--confirm-levels 20] [--run-lengths 2000] [--kernels linear] [--min-sizes 3]
 
 Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
 (history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
@@ -99,9 +99,10 @@ def main() -> None:
     args.add_argument("--penalties", default="2")
     args.add_argument("--min-sizes", default="3")
     args.add_argument("--p-values", default="0.005")
-    args.add_argument("--looks", default="2")
+    args.add_argument("--looks", default=str(Method.confirm_looks))
     args.add_argument("--confirm-ps", default=str(Method.confirm_p))
     args.add_argument("--confirm-levels", default=str(Method.confirm_level))
+    args.add_argument("--run-lengths", default=f"{Method.confirm_run_length:g}", help="0: no cumulative-sum test")
     a = args.parse_args()
     seeds = range(a.first_seed, a.first_seed + a.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1}")
@@ -118,9 +119,19 @@ def main() -> None:
         *(map(int, x.split(",")) for x in (a.looks,)),
         *(map(float, x.split(",")) for x in (a.confirm_ps,)),
         *(map(int, x.split(",")) for x in (a.confirm_levels,)),
+        *(map(float, x.split(",")) for x in (a.run_lengths,)),
     )
-    for kernel, penalty, min_size, p, looks, confirm_p, level in grid:
-        method = Method(kernel, penalty, min_size, p, confirm_looks=looks, confirm_p=confirm_p, confirm_level=level)
+    for kernel, penalty, min_size, p, looks, confirm_p, level, run_length in grid:
+        method = Method(
+            kernel,
+            penalty,
+            min_size,
+            p,
+            confirm_looks=looks,
+            confirm_p=confirm_p,
+            confirm_level=level,
+            confirm_run_length=run_length,
+        )
         t = time.perf_counter()
         found = [noise_rate(method, cv, seeds) for cv in (0.01, 0.03, 0.05, 0.10)]
         rates = "/".join(f"{r:.2f}" for r, _ in found) + " (" + "/".join(f"{f:.2f}" for _, f in found) + ")"
@@ -128,7 +139,10 @@ def main() -> None:
         flagged, lo, hi = creep_case(method, seeds)
         spiked, clean = outliers(method, seeds)
         soon, median = delay(method, seeds)
-        name = f"{kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} confirm p {confirm_p:g} level {level}"
+        name = (
+            f"{kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} confirm p {confirm_p:g} level {level} "
+            f"run length {run_length:g}"
+        )
         print(
             f"| {name} | {rates} | {near:.0%} / {exact:.0%} | {flagged:.0%}, {lo:+.1%}..{hi:+.1%} | "
             f"{spiked} ({clean}) of {len(OUTLIER_AT) * len(seeds)} | {soon:.0%}, {median:g} | "
