@@ -52,13 +52,18 @@ class Method:
     outlier_sigmas: float = 5.0  # a job this far from its neighbours on both sides is an outlier, set aside
 
     def describe(self) -> str:
+        analyses = "analysis" if self.confirm_looks == 1 else "analyses"
         return (
             f"ruptures KernelCPD(kernel={self.kernel!r}, min_size={self.min_size}) (PELT), penalty {self.penalty:g} "
             f"sigma^2 ln n, Mann-Whitney p < {self.p_value:g}; confirmed after {self.confirm_after} commits in "
-            f"{self.confirm_looks} analyses at Student's t p < {self.confirm_p:g} against a level of "
-            f"{self.confirm_level} commits ({self.confirm_level_after_change} after a confirmed change), and a "
-            f"cumulative sum beyond half the smallest change that matters for a run length of "
-            f"{self.confirm_run_length:g} commits"
+            f"{self.confirm_looks} {analyses} at Student's t p < {self.confirm_p:g} against a level of "
+            f"{self.confirm_level} commits ({self.confirm_level_after_change} after a confirmed change)"
+            + (
+                f", and a cumulative sum beyond half the smallest change that matters for a run length of "
+                f"{self.confirm_run_length:g} commits"
+                if self.confirm_run_length > 0
+                else ""
+            )
         )
 
 
