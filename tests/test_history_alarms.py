@@ -66,3 +66,4 @@ def test_the_decision_interval_gives_the_run_length_asked_for(reference, measure
     assert _simulated_run_length(reference, 500) == pytest.approx(500, rel=0.1)
     assert _simulated_run_length(2.4, 500) > 500  # measured: 784
     assert decision_interval(0.25, 500) > decision_interval(0.81, 500) > decision_interval(0.81, 100) > 0
+    assert decision_interval(1e200, 2000) == 0.0 and 0 < decision_interval(1e-9, 2000) < 2000**0.5  # finite at the ends

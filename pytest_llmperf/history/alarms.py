@@ -42,11 +42,11 @@ SIEGMUND_SHIFT = 1.166  # Siegmund's correction of a CUSUM's decision interval f
 def decision_interval(reference: float, run_length: float) -> float:
     """Page's CUSUM decision interval h, in sigmas, for a reference of `reference` sigmas a commit and an average
     run length of `run_length` commits between false alarms (one side), by Siegmund's approximation
-    ARL = (exp(2 k b) - 2 k b - 1) / (2 k^2), b = h + 1.166 (Siegmund 1985; Montgomery, "Introduction to
-    Statistical Quality Control", 9.1). Solved in logarithms, which are monotone in b."""
+    ARL = (exp(2 k b) - 2 k b - 1) / (2 k^2), b = h + 1.166 (Siegmund, "Sequential Analysis", 1985), solved in
+    logarithms, which are monotone in b. Beyond a reference of a few sigmas h is 0; the bounds keep floats finite."""
     from scipy.optimize import brentq
 
-    k = max(reference, 1e-3)
+    k = min(max(reference, 1e-3), 1e3)
 
     def excess(b: float) -> float:
         x = 2 * k * b
@@ -105,6 +105,7 @@ class Analyses:
         shift, sigma = abs(float(np.mean(after)) - float(np.mean(before))), self.noise(length)
         if sigma == 0.0:  # a deterministic counter: no noise to sum against
             return shift >= self.reference
+        # rounded: h moves slowly with the reference, and a series' analyses then share decision_interval's cache
         h = decision_interval(round(self.reference / sigma, 3), self.method.confirm_run_length)
         return len(after) * (shift - self.reference) >= h * sigma
 
