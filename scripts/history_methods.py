@@ -1,7 +1,8 @@
 """Measure change-point methods on the seeded synthetic histories of the issue's goals (docs/history.md).
 
     python scripts/history_methods.py [--seeds 400] [--first-seed 0] [--penalties 2] [--p-values 0.005]
-        [--looks 2] [--confirm-ps 3e-4] [--confirm-levels 20] [--kernels linear] [--min-sizes 3]
+        [--looks 1] [--confirm-ps 3e-4] [--confirm-levels 20] [--run-lengths 2000] [--kernels linear] [--min-sizes 3]
+        [--other-steps]
 
 Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
 (history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
@@ -9,7 +10,9 @@ pure noise at CV 1/3/5/10%, counted as a user sees them (the series analysed aft
 however long it lasted) and, in brackets, in one analysis of all 100 commits; a 5% step at commit 30 of 60 found
 within 2 commits and exactly; three 2% steps flagged as creep and the drift reported; histories with a confirmed
 alarm near a +30% outlier job, and the same histories without the job (noise's own); and the share of 5% steps
-(CV 3%) confirmed within 8 commits, with the median delay. Needs the `history` extra (ruptures) and numpy.
+(CV 3%) confirmed within 8 commits, with the median delay. With --other-steps, only steps of other sizes and
+noise: how often each is confirmed within 8 and 20 commits, and never. Needs the `history` extra (ruptures) and
+numpy.
 """
 
 from __future__ import annotations
@@ -91,6 +94,23 @@ def delay(method: Method, seeds: range) -> tuple[float, float]:
     return float(np.mean(np.array(delays) <= 8)), float(np.median(delays))
 
 
+OTHER_STEPS = ((0.02, 0.01), (0.03, 0.01), (0.10, 0.03), (0.10, 0.05), (0.20, 0.10), (0.10, 0.10))  # (size, CV)
+
+
+def other_steps(method: Method, seeds: range) -> str:
+    """Steps of other sizes and noise, at commit 40 of 80, replayed: confirmed within 8 commits, within 20, never."""
+    cells = []
+    for size, cv in OTHER_STEPS:
+        delays = []
+        for s in seeds:
+            values = history(Case(80, cv, ((40, size),)), s)
+            hit = [length - 40 for length, i in first_confirmations(values, method, start=41) if abs(i - 40) <= 2]
+            delays.append(hit[0] if hit else 99)
+        d = np.array(delays)
+        cells.append(f"{np.mean(d <= 8):.0%} / {np.mean(d <= 20):.0%} / {np.mean(d == 99):.0%}")
+    return " | ".join(cells)
+
+
 def main() -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--seeds", type=int, default=400)
@@ -99,17 +119,27 @@ def main() -> None:
     args.add_argument("--penalties", default="2")
     args.add_argument("--min-sizes", default="3")
     args.add_argument("--p-values", default="0.005")
-    args.add_argument("--looks", default="2")
+    args.add_argument("--looks", default=str(Method.confirm_looks))
     args.add_argument("--confirm-ps", default=str(Method.confirm_p))
     args.add_argument("--confirm-levels", default=str(Method.confirm_level))
+    args.add_argument("--run-lengths", default=f"{Method.confirm_run_length:g}", help="0: no cumulative-sum test")
+    args.add_argument("--other-steps", action="store_true", help="only steps of other sizes and noise")
     a = args.parse_args()
     seeds = range(a.first_seed, a.first_seed + a.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1}")
-    print(
-        "| method | noise CV 1/3/5/10%: confirmed per 100 commits, replayed (one analysis) | 5% step ±2 / exact | "
-        "creep flagged, drift 5-95% | outlier alarms (without the job) | confirmed <= 8 after, median delay | s |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    if a.other_steps:
+        print(
+            "| method | "
+            + " | ".join(f"{size:.0%} step at CV {cv:.0%}: within 8 / 20 / never" for size, cv in OTHER_STEPS)
+            + " |"
+        )
+        print("|---" * (len(OTHER_STEPS) + 1) + "|")
+    else:
+        print(
+            "| method | noise CV 1/3/5/10%: confirmed per 100 commits, replayed (one analysis) | 5% step ±2 / exact | "
+            "creep flagged, drift 5-95% | outlier alarms (without the job) | confirmed <= 8 after, median delay | s |"
+        )
+        print("|---|---|---|---|---|---|---|")
     grid = itertools.product(
         a.kernels.split(","),
         *(map(float, x.split(",")) for x in (a.penalties,)),
@@ -118,17 +148,33 @@ def main() -> None:
         *(map(int, x.split(",")) for x in (a.looks,)),
         *(map(float, x.split(",")) for x in (a.confirm_ps,)),
         *(map(int, x.split(",")) for x in (a.confirm_levels,)),
+        *(map(float, x.split(",")) for x in (a.run_lengths,)),
     )
-    for kernel, penalty, min_size, p, looks, confirm_p, level in grid:
-        method = Method(kernel, penalty, min_size, p, confirm_looks=looks, confirm_p=confirm_p, confirm_level=level)
+    for kernel, penalty, min_size, p, looks, confirm_p, level, run_length in grid:
+        method = Method(
+            kernel,
+            penalty,
+            min_size,
+            p,
+            confirm_looks=looks,
+            confirm_p=confirm_p,
+            confirm_level=level,
+            confirm_run_length=run_length,
+        )
         t = time.perf_counter()
+        if a.other_steps:
+            print(f"| {method.describe()} | {other_steps(method, seeds)} |", flush=True)
+            continue
         found = [noise_rate(method, cv, seeds) for cv in (0.01, 0.03, 0.05, 0.10)]
         rates = "/".join(f"{r:.2f}" for r, _ in found) + " (" + "/".join(f"{f:.2f}" for _, f in found) + ")"
         near, exact = step(method, seeds)
         flagged, lo, hi = creep_case(method, seeds)
         spiked, clean = outliers(method, seeds)
         soon, median = delay(method, seeds)
-        name = f"{kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} confirm p {confirm_p:g} level {level}"
+        name = (
+            f"{kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} confirm p {confirm_p:g} level {level} "
+            f"run length {run_length:g}"
+        )
         print(
             f"| {name} | {rates} | {near:.0%} / {exact:.0%} | {flagged:.0%}, {lo:+.1%}..{hi:+.1%} | "
             f"{spiked} ({clean}) of {len(OUTLIER_AT) * len(seeds)} | {soon:.0%}, {median:g} | "

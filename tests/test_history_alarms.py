@@ -1,10 +1,14 @@
 """When a change point is confirmed (history/alarms.py): the commits after it, outlier jobs aside; the level before
-it; a change soon after a confirmed one; a deterministic counter. Seeded series at 1% noise with 10% steps, where
-every rule's effect is certain."""
+it; a change soon after a confirmed one; a deterministic counter; the cumulative sum against half the smallest change
+that matters, and its decision interval against a simulated CUSUM. Seeded series at 1% noise with 10% steps, where
+every rule's effect is certain, unless a test says."""
 
 from __future__ import annotations
 
-from pytest_llmperf.history.alarms import Analyses
+import numpy as np
+import pytest
+
+from pytest_llmperf.history.alarms import Analyses, decision_interval
 from pytest_llmperf.history.detect import outliers
 from tests.history_synthetic import Case, history
 
@@ -29,5 +33,37 @@ def test_an_outlier_job_is_not_one_of_the_commits_after_a_change():
     assert states([*values, 110.5]) == [(40, True)]
 
 
-def test_a_deterministic_counter_confirms_its_step():
+def test_a_deterministic_counter_confirms_its_step_of_at_least_half_the_smallest_change_that_matters():
     assert states([100.0] * 30 + [105.0] * 10) == [(30, True)]
+    assert states([100.0] * 30 + [103.0] * 10) == [(30, True)]
+    assert states([100.0] * 30 + [101.0] * 10) == [(30, False)]  # 1%: below half of 5%
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_change_below_half_the_smallest_change_that_matters_stays_provisional(seed):
+    """A 2% step at 0.5% noise is far beyond noise (Student's t), but smaller than half of 5%."""
+    values = history(Case(60, 0.005, ((30, 0.02),)), seed)
+    assert [(f.index, f.confirmed) for f in Analyses(values, min_effect=0.05).found()] == [(30, False)]
+    assert [(f.index, f.confirmed) for f in Analyses(values, min_effect=0.02).found()] == [(30, True)]
+
+
+def _simulated_run_length(reference: float, run_length: float, runs: int = 400) -> float:
+    """The mean number of N(0, 1) steps until Page's CUSUM with this reference crosses `decision_interval`."""
+    h, rng = decision_interval(reference, run_length), np.random.default_rng(0)
+    total, steps, crossed, step = np.zeros(runs), np.zeros(runs), np.zeros(runs, dtype=bool), 0
+    while not crossed.all():
+        step += 1
+        total = np.where(crossed, total, np.maximum(0.0, total + rng.normal(size=runs) - reference))
+        now = ~crossed & (total > h)
+        steps[now], crossed = step, crossed | now
+    return float(steps.mean())
+
+
+@pytest.mark.parametrize(("reference", "measured"), [(0.25, 512), (0.81, 487)])
+def test_the_decision_interval_gives_the_run_length_asked_for(reference, measured):
+    """Siegmund's approximation against a seeded simulation of 400 CUSUMs (measured: 512 and 487 for 500); at a
+    reference of several sigmas (a quiet series) it errs long, towards fewer false alarms."""
+    assert _simulated_run_length(reference, 500) == pytest.approx(500, rel=0.1)
+    assert _simulated_run_length(2.4, 500) > 500  # measured: 784
+    assert decision_interval(0.25, 500) > decision_interval(0.81, 500) > decision_interval(0.81, 100) > 0
+    assert decision_interval(1e200, 2000) == 0.0 and 0 < decision_interval(1e-9, 2000) < 2000**0.5  # finite at the ends

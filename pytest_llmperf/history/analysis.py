@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .alarms import MIN_COMMITS, Analyses
+from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses
 from .creep import Creep, creep
 from .detect import DEFAULT_METHOD, Method, noise, outliers, two_sample_p
 from .records import Mark
@@ -18,7 +18,6 @@ from .series import Series
 
 MAX_COMMITS = 200  # the newest commits of a series analysed
 MARK_REACH = 2  # commits a change may move between analyses and keep its mark
-DEFAULT_MIN_EFFECT = 0.05  # the A/B gate's tolerance
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def analyze_series(
     result = SeriesAnalysis(series, first, [], [], [], sigma)
     if len(values) < MIN_COMMITS:
         return result
-    analyses = Analyses(values, method)
+    analyses = Analyses(values, method, min_effect)
     found = analyses.found()
     set_aside = outliers(values, method)
     result.outliers = [first + i for i in set_aside]

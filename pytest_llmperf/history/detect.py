@@ -44,18 +44,26 @@ class Method:
     min_size: int = 3  # commits a segment holds at least
     p_value: float = 0.005  # Mann-Whitney's U test of the two sides of a change point
     confirm_after: int = 4  # commits measured from the change on (it included, outlier jobs aside) to confirm it
-    confirm_looks: int = 2  # consecutive analyses (after each of the newest commits) that must find it
+    confirm_looks: int = 1  # consecutive analyses (after each of the newest commits) that must find it
     confirm_p: float = 3e-4  # Student's t-test of the commits since the change against the level before it
+    confirm_run_length: float = 2000.0  # commits between false alarms of the sum since the change, a side (0: off)
     confirm_level: int = 20  # commits (outlier jobs aside) the level before a change holds for it to be confirmed,
     confirm_level_after_change: int = 10  # or this many where that level starts at a confirmed change
     outlier_sigmas: float = 5.0  # a job this far from its neighbours on both sides is an outlier, set aside
 
     def describe(self) -> str:
+        analyses = "analysis" if self.confirm_looks == 1 else "analyses"
         return (
             f"ruptures KernelCPD(kernel={self.kernel!r}, min_size={self.min_size}) (PELT), penalty {self.penalty:g} "
             f"sigma^2 ln n, Mann-Whitney p < {self.p_value:g}; confirmed after {self.confirm_after} commits in "
-            f"{self.confirm_looks} analyses at Student's t p < {self.confirm_p:g} against a level of "
+            f"{self.confirm_looks} {analyses} at Student's t p < {self.confirm_p:g} against a level of "
             f"{self.confirm_level} commits ({self.confirm_level_after_change} after a confirmed change)"
+            + (
+                f", and a cumulative sum beyond half the smallest change that matters for a run length of "
+                f"{self.confirm_run_length:g} commits"
+                if self.confirm_run_length > 0
+                else ""
+            )
         )
 
 
