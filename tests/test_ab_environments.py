@@ -134,16 +134,20 @@ def test_a_change_in_form_only_is_no_difference_and_said_so(project, env_dir, tm
 def test_a_bump_at_the_repositorys_top_is_seen_from_a_rootdir_below_it(project, tmp_path, monkeypatch):
     """A project whose benchmarks have their own pytest.ini in perf/ (the rootdir) and whose requirements.txt is at
     the repository's top: read at the rootdir alone, the bump was 'dependency files unchanged'."""
-    (project.path / "perf").mkdir()
-    (project.path / "perf" / "pytest.ini").write_text("[pytest]\n")
+    (project.path / "perf" / "ci").mkdir(parents=True)
+    # an extra input named relative to the rootdir, as the option says, though the inputs are read at the top
+    (project.path / "perf" / "pytest.ini").write_text("[pytest]\nllmperf_compare_deps_paths = ci/versions.txt\n")
+    (project.path / "perf" / "ci" / "versions.txt").write_text("CUDA 12.4\n")
     (project.path / "test_engine.py").rename(project.path / "perf" / "test_engine.py")
     git(project.path, "add", "-A")
     git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "benchmarks in perf/")
     installed(project, tmp_path, monkeypatch, "2.0")
     (project.path / "requirements.txt").write_text(requirements("2.0"))
+    (project.path / "perf" / "ci" / "versions.txt").write_text("CUDA 12.6\n")
     result = project.runpytest("perf", *ARGS, "--llmperf-compare-deps=code-only")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["rootdir: */perf*", "*environments: DEPENDENCY CHANGES NOT MEASURED: fastlib 1.0 -> 2.0*"])
+    result.stdout.fnmatch_lines(["rootdir: */perf*", "*environments: DEPENDENCY CHANGES NOT MEASURED: fastlib 1.0 -> 2.0*"
+                                 "cannot read perf/ci/versions.txt*"])  # fmt: skip
 
 
 def test_no_dependency_files_is_said_in_the_header(project, tmp_path, monkeypatch):
