@@ -15,13 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .inputs import DependencyInputs, find_inputs
-from .records import PackageChange
+from .records import CHANGED, NONE_FOUND, SAME_IN_FORM, UNCHANGED, UNREADABLE, PackageChange
 
-UNCHANGED = "unchanged"
-NONE_FOUND = "none-found"  # neither side has a dependency input: a dependency change cannot be seen
-SAME_IN_FORM = "same-in-form"
-CHANGED = "changed"
-UNREADABLE = "unreadable"
+__all__ = ["CHANGED", "NONE_FOUND", "SAME_IN_FORM", "UNCHANGED", "UNREADABLE", "Detection", "compare", "detect"]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,13 @@ BASE_PYTHON = "base-python"  # the interpreter the user prepared (--llmperf-base
 CURRENT = "current"  # the controller's environment, on one side only (the head beside a base-python)
 CODE_ONLY = "code-only"  # the controller's environment although the dependencies differ: changes not measured
 
+# What detection (detection.py) found: the status of an Environments record.
+UNCHANGED = "unchanged"
+NONE_FOUND = "none-found"  # neither side has a dependency input: a dependency change cannot be seen
+SAME_IN_FORM = "same-in-form"
+CHANGED = "changed"
+UNREADABLE = "unreadable"
+
 
 @dataclass(frozen=True)
 class PackageChange:
@@ -109,7 +116,7 @@ class Environments:
     """Both sides' environments for one A/B job, and what differs between their dependencies."""
 
     mode: str  # one of COMPARE_DEPS_MODES
-    status: str  # the detection's: unchanged, same-in-form, changed, unreadable
+    status: str  # the detection's: UNCHANGED, NONE_FOUND, SAME_IN_FORM, CHANGED or UNREADABLE
     base: SideEnvironment
     head: SideEnvironment
     files: tuple[str, ...] = ()  # dependency files whose bytes differ
@@ -135,13 +142,13 @@ class Environments:
         if not self.measured:
             return f"environments: DEPENDENCY CHANGES NOT MEASURED: {'; '.join(self.not_measured)} [{self.mode}]"
         if not self.per_side:
-            if self.status == "unchanged":
+            if self.status == UNCHANGED:
                 why = "dependency files unchanged"
-            elif self.status == "none-found":
+            elif self.status == NONE_FOUND:
                 why = "no dependency files found: see the note"
-            elif self.status == "same-in-form" and self.notes:
+            elif self.status == SAME_IN_FORM and self.notes:
                 why = f"{', '.join(self.files)} changed, not what the environment is built from: see the notes"
-            elif self.status == "same-in-form":
+            elif self.status == SAME_IN_FORM:
                 why = f"{', '.join(self.files)} changed in form only"
             else:
                 why = differ or "dependencies differ"
