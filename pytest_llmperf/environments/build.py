@@ -121,6 +121,7 @@ def build_side(
     one environment unless `copy` names each (--llmperf-compare-deps=build: two builds, the A/A of the machinery)."""
     start = clock()
     recipe = recipe_for(inputs)
+    shown = _shown(recipe, settings)
     plugin, wheel = wheels.plugin_wheel(env_dir / cache.WHEELS)
     key = cache.key_of(key_parts(inputs, recipe, base, uv, settings, plugin, copy))
     directory = env_dir / key
@@ -133,15 +134,7 @@ def build_side(
                 cache.touch(directory)
                 seconds = clock() - start
                 return SideEnvironment(
-                    side,
-                    CACHE_HIT,
-                    str(python),
-                    now.python_version,
-                    key,
-                    str(directory),
-                    _shown(recipe, settings),
-                    seconds,
-                    now.installed,
+                    side, CACHE_HIT, str(python), now.python_version, key, str(directory), shown, seconds, now.installed
                 )
         cache.discard(directory)  # what a killed build left, or an environment changed since
         try:
@@ -150,18 +143,10 @@ def build_side(
             cache.discard(directory)  # nothing half built stays behind
             raise
         seconds = clock() - start
-        record = {"side_root": str(inputs.root), "recipe": _shown(recipe, settings), "seconds": seconds}
+        record = {"side_root": str(inputs.root), "recipe": shown, "seconds": seconds}
         cache.mark_ready(directory, key, {**record, "installed": done.installed, "python": done.python_version})
     return SideEnvironment(
-        side,
-        BUILT,
-        str(python),
-        done.python_version,
-        key,
-        str(directory),
-        _shown(recipe, settings),
-        seconds,
-        done.installed,
+        side, BUILT, str(python), done.python_version, key, str(directory), shown, seconds, done.installed
     )
 
 

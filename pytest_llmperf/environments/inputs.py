@@ -124,9 +124,7 @@ def _globbed(root: Path, patterns: Iterable[str]) -> list[Path]:
 
 def has_inputs(directory: Path) -> bool:
     """Whether `directory` holds a dependency input found by name or pattern."""
-    return any((directory / name).is_file() for name in NAMED) or any(
-        p.is_file() for pattern in PATTERNS for p in directory.glob(pattern)
-    )
+    return any((directory / name).is_file() for name in NAMED) or bool(_globbed(directory, PATTERNS))
 
 
 def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path, Path]:
