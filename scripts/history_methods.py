@@ -1,8 +1,7 @@
 """Measure change-point methods on the seeded synthetic histories of the issue's goals (docs/history.md).
 
     python scripts/history_methods.py [--seeds 400] [--first-seed 0] [--penalties 2] [--p-values 0.005]
-        [--looks 1] [--confirm-ps 3e-4] [--confirm-levels 20] [--run-lengths 2000] [--kernels linear] [--min-sizes 3]
-        [--other-steps]
+        [--guards 8] [--confirm-levels 15] [--run-lengths 4000] [--kernels linear] [--min-sizes 3] [--other-steps]
 
 Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
 (history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
@@ -27,10 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.history.alarms import Analyses, first_confirmations  # noqa: E402
-from pytest_llmperf.history.creep import creep  # noqa: E402
-from pytest_llmperf.history.detect import Method  # noqa: E402
-from tests.history_synthetic import Case, history  # noqa: E402
+from pytest_llmperf.history.alarms import Analyses, first_confirmations
+from pytest_llmperf.history.creep import creep
+from pytest_llmperf.history.detect import Method
+from tests.history_synthetic import Case, history
 
 MIN_EFFECT = 0.025  # half the default --llmperf-history-min-effect (creep.py)
 OUTLIER_AT = (10, 50, 90, 99)
@@ -119,10 +118,9 @@ def main() -> None:
     args.add_argument("--penalties", default="2")
     args.add_argument("--min-sizes", default="3")
     args.add_argument("--p-values", default="0.005")
-    args.add_argument("--looks", default=str(Method.confirm_looks))
-    args.add_argument("--confirm-ps", default=str(Method.confirm_p))
+    args.add_argument("--guards", default=str(Method.confirm_guard))
     args.add_argument("--confirm-levels", default=str(Method.confirm_level))
-    args.add_argument("--run-lengths", default=f"{Method.confirm_run_length:g}", help="0: no cumulative-sum test")
+    args.add_argument("--run-lengths", default=f"{Method.confirm_run_length:g}")
     args.add_argument("--other-steps", action="store_true", help="only steps of other sizes and noise")
     a = args.parse_args()
     seeds = range(a.first_seed, a.first_seed + a.seeds)
@@ -145,19 +143,17 @@ def main() -> None:
         *(map(float, x.split(",")) for x in (a.penalties,)),
         *(map(int, x.split(",")) for x in (a.min_sizes,)),
         *(map(float, x.split(",")) for x in (a.p_values,)),
-        *(map(int, x.split(",")) for x in (a.looks,)),
-        *(map(float, x.split(",")) for x in (a.confirm_ps,)),
+        *(map(int, x.split(",")) for x in (a.guards,)),
         *(map(int, x.split(",")) for x in (a.confirm_levels,)),
         *(map(float, x.split(",")) for x in (a.run_lengths,)),
     )
-    for kernel, penalty, min_size, p, looks, confirm_p, level, run_length in grid:
+    for kernel, penalty, min_size, p, guard, level, run_length in grid:
         method = Method(
             kernel,
             penalty,
             min_size,
             p,
-            confirm_looks=looks,
-            confirm_p=confirm_p,
+            confirm_guard=guard,
             confirm_level=level,
             confirm_run_length=run_length,
         )
@@ -172,8 +168,7 @@ def main() -> None:
         spiked, clean = outliers(method, seeds)
         soon, median = delay(method, seeds)
         name = (
-            f"{kernel} pen {penalty:g} min {min_size} p {p:g} looks {looks} confirm p {confirm_p:g} level {level} "
-            f"run length {run_length:g}"
+            f"{kernel} pen {penalty:g} min {min_size} p {p:g} guard {guard} level {level} run length {run_length:g}"
         )
         print(
             f"| {name} | {rates} | {near:.0%} / {exact:.0%} | {flagged:.0%}, {lo:+.1%}..{hi:+.1%} | "

@@ -19,18 +19,18 @@ SEEDS = range(100)
 @pytest.mark.parametrize("cv", [0.01, 0.03, 0.05, 0.10])
 def test_one_analysis_of_pure_noise_confirms_at_most_a_tenth_of_an_alarm_per_100_commits(cv):
     confirmed = sum(f.confirmed for s in SEEDS for f in Analyses(history(Case(100, cv), s)).found())
-    assert confirmed / len(SEEDS) <= 0.1  # measured: 0, 1, 1 and 1 in 100 histories of 100 commits
+    assert confirmed / len(SEEDS) <= 0.1  # measured: 0, 4, 5 and 2 in 100 histories of 100 commits
 
 
 def test_pure_noise_analysed_at_every_commit_confirms_at_most_a_tenth_of_an_alarm_per_100_commits():
     """The rate a user sees: a job analyses its series at every commit, each alarm counted once however long it
-    lasted. 25 histories of 100 commits at each CV, seeds 0-99 between them (10 s); the count over 400 histories at
-    each CV is docs/history.md's (0.00, 0.06, 0.07 and 0.05 per 100 commits)."""
+    lasted. 25 histories of 100 commits at each CV, seeds 0-99 between them; the count over 400 histories at each CV
+    is docs/history.md's (0.00, 0.04, 0.07 and 0.05 per 100 commits)."""
     alarms = {
         cv: sum(len(first_confirmations(history(Case(100, cv), s))) for s in range(25 * k, 25 * k + 25))
         for k, cv in enumerate((0.01, 0.03, 0.05, 0.10))
     }
-    assert sum(alarms.values()) / 100 <= 0.1  # measured: 3 in these 100 histories (0, 1, 2 and 0 by CV)
+    assert sum(alarms.values()) / 100 <= 0.1  # measured: 2 in these 100 histories (0, 0, 1 and 1 by CV)
 
 
 def test_a_5pc_step_at_3pc_noise_is_found_within_2_commits_and_often_exactly():
@@ -74,15 +74,15 @@ def test_a_30pc_outlier_job_adds_no_confirmed_alarm_wherever_it_is():
                 spiked.add((at, s))
             if _alarm_near(Analyses(history(Case(100, 0.03), s)), at):
                 clean.add((at, s))
-    assert spiked <= clean and len(clean) <= 0.03 * len(SEEDS) * len(positions)  # measured: the same 2 of 400
+    assert spiked <= clean and len(clean) <= 0.03 * len(SEEDS) * len(positions)  # measured: the same 1 of 400
     for s in SEEDS:  # while the job is the newest commit, or one of the newest three, nothing is confirmed near it
         analyses = Analyses(history(Case(100, 0.03, outliers=((99, 0.30),)), s))
         assert not any(f.confirmed and f.index >= 97 for f in analyses.found())
 
 
 def test_a_5pc_step_is_confirmed_within_8_commits_after_it_in_most_histories():
-    """The issue's goal is 75%: not met at a false-alarm rate of 0.1 per 100 commits analysed at every commit (64%
-    of seeds 0-399, median 7: the trade measured in docs/history.md, "Measured"); this holds the figure measured
+    """The issue's goal is 75%: not met at a false-alarm rate of 0.1 per 100 commits analysed at every commit (65%
+    of seeds 0-399, median 6-7: the trade measured in docs/history.md, "Measured"); this holds the figure measured
     here, on seeds 0-99."""
     delays = []
     for s in SEEDS:

@@ -1,23 +1,32 @@
-"""When a change point is an alarm: `provisional` when found, `confirmed` once the commits after it say, beyond the
-noise of a series analysed after every commit, that the level moved by a size that matters.
+"""When a change point is an alarm: `provisional` when found (detect.py), `confirmed` once Page's cumulative sum
+(CUSUM), read over the series commit by commit, says the level moved by at least half the smallest change that
+matters.
 
-A job analyses its series at every commit, so a rule that a single analysis passes at a given rate is tried a
-hundred times in a hundred commits: noise near the newest commits makes change points that last an analysis or
-two. Counted that way (`first_confirmations`), the change points of one analysis are not a rate a user sees
-(docs/history.md, "Measured"). A change point is confirmed when, in the analysis of the series as it stands:
-- at least the method's `confirm_after` commits, outlier jobs aside, have been measured from it on (up to the next
-  change point): a slow job at the newest commit is not a level;
-- the analyses of the series cut at each of its last `confirm_looks` lengths all find it, within `SAME_POINT`;
-- Student's t-test of those commits against the level before it gives p < `confirm_p`: the point was placed where
-  the two sides differ most, and is tried again at every commit;
-- their cumulative sum against that level, less half the smallest change that matters a commit (`min_effect`),
-  reaches Page's decision interval for an average run length of `confirm_run_length` commits between false alarms
-  at the series' noise (`decision_interval`): the sequential test made for a change of at least `min_effect`. A
-  change smaller than half of it is never confirmed (it stays provisional; creep reports a drift of that size),
-  so noise in a quiet series, where a significant change can be tiny, confirms nothing;
-- that level holds at least `confirm_level` commits (outlier jobs aside), or `confirm_level_after_change` where it
-  starts at a confirmed change: a level of a few commits is too easily a stretch of noise on its own.
-Each is computed from the store's rows, not remembered: the same store always gives the same states.
+A job analyses its series at every commit, so a rule tried on each analysis is tried a hundred times in a hundred
+commits, and a change that noise puts near the newest commits, confirmed once, is a false alarm a user saw. The
+confirmation is therefore sequential, as a control chart's: the series is read from its oldest commit on and each
+commit is compared with the level of the commits before it (`signals`):
+- the level is the commits from its start up to `confirm_guard` commits before this one, outlier jobs aside, at
+  least `confirm_level` of them (`confirm_level_after_change` where it starts at a confirmed change): the newest
+  commits, which may already be a new level, do not dilute the level they are compared with;
+- the commit's distance from the level's mean, in the level's standard deviations, is Student's t with as many
+  degrees of freedom as the level has commits less one; taken to the normal quantile of the same probability it is
+  an N(0, 1) draw however short the level (Hawkins' self-starting CUSUM, 1987);
+- two sums, one a side, add it less the reference (half the smallest change that matters, `min_effect`, in the
+  level's deviations) and restart at 0 when they fall below it (Page, 1954). A commit counts as at most `CLIP`
+  deviations away, and a job found to be an outlier once the commits after it are in is taken out of
+  the sum: one slow job is not a level;
+- a sum that reaches Page's decision interval (`decision_interval`, for `confirm_run_length` commits between false
+  alarms a side) at least `confirm_after` commits after it left 0 confirms a change there, placed at the nearest
+  change point of detect.py, which sees the commits on both sides (`_placed`); the level starts again at it.
+  Where detect.py finds a change inside the level, the level was not one: it starts after that change and the sum
+  is read again against it. A change with fewer than `confirm_level` commits before it stays provisional.
+A change smaller than half of `min_effect` is never confirmed (it stays provisional; creep reports a drift of that
+size), so noise in a quiet series, where a significant change can be tiny, confirms nothing.
+
+A commit's verdict reads only the commits up to it, so a change confirmed at a commit stays confirmed in every later
+analysis, and the same store always gives the same states; where it starts is the change point of detect.py within
+`SAME_POINT` commits of where it was confirmed, placed again with the commits since.
 """
 
 from __future__ import annotations
@@ -29,13 +38,20 @@ from functools import lru_cache
 
 import numpy as np
 
-from .detect import DEFAULT_METHOD, Method, change_points, noise, outliers, student_p
+from .detect import DEFAULT_METHOD, OUTLIER_NEIGHBOURS, Method, change_points, outliers
 
-SAME_POINT = 1  # commits a change point may move between analyses and still be the same
+SAME_POINT = 4  # commits between a change point of detect.py and a confirmed change that make them the same change
 #: Series shorter than this are not analysed: too few commits to tell a level from noise.
 MIN_COMMITS = 8
 DEFAULT_MIN_EFFECT = 0.05  # the smallest change that matters: the A/B gate's tolerance
 SIEGMUND_SHIFT = 1.166  # Siegmund's correction of a CUSUM's decision interval for its overshoot (in sigmas)
+#: Deviations from the level a commit counts as at most, so that one slow job does not reach the decision interval
+#: (a +30% job at 3% noise is 10 deviations away: it adds 1.7 to a sum that must reach 4.1), and the least such a
+#: commit adds where the reference is beyond it (a quiet series: there the commits a confirmation needs,
+#: `confirm_after`, hold a slow job off).
+CLIP, MIN_STEP = 2.5, 1.0
+_NOT_YET = -1  # a sum's verdict: the change it found starts too near the newest commit to be confirmed yet
+_EXACT_TAIL = 1e-12  # beyond this tail probability a commit's distance is taken as it is (the quantile saturates)
 
 
 @lru_cache(maxsize=256)
@@ -57,89 +73,206 @@ def decision_interval(reference: float, run_length: float) -> float:
 
 
 @dataclass(frozen=True)
+class Signal:
+    """A change confirmed by the cumulative sum."""
+
+    index: int  # the first commit of the new level: where the sum left 0
+    length: int  # the series' length when the sum reached the decision interval (the confirming commit + 1)
+    direction: int  # +1 up, -1 down
+
+
+@dataclass(frozen=True)
 class Found:
     index: int  # the first commit of the new level
     confirmed: bool
     commits_after: int  # commits measured from the change on (it included)
 
 
+def _standard_normal(distance: float, freedom: int) -> float:
+    """Student's t `distance` with `freedom` degrees of freedom as the N(0, 1) quantile of the same tail."""
+    from scipy.special import ndtri, stdtr
+
+    tail = float(stdtr(freedom, -abs(distance)))
+    size = -float(ndtri(tail)) if tail > _EXACT_TAIL else abs(distance)
+    return math.copysign(size, distance)
+
+
+@dataclass(frozen=True)
+class _Level:
+    """The commits a commit is compared with, outlier jobs aside: their mean and deviation, in logs."""
+
+    mean: float
+    spread: float
+    size: int
+
+    @classmethod
+    def of(cls, logs: np.ndarray, start: int, end: int, aside: set[int]) -> _Level:
+        kept = np.array([logs[j] for j in range(start, end) if j not in aside])
+        spread = float(np.std(kept, ddof=1)) if len(kept) > 1 else 0.0
+        return cls(float(np.mean(kept)) if len(kept) else 0.0, spread, len(kept))
+
+    def step(self, value: float, side: int, reference: float) -> float:
+        """What a commit adds to a side's sum, in the level's deviations: its distance as an N(0, 1) draw, at most
+        `CLIP`, less the reference. Without spread (a deterministic counter): a commit at least the reference away
+        adds `MIN_STEP`, any other ends the sum."""
+        distance = side * (value - self.mean)
+        if self.spread == 0.0:
+            return MIN_STEP if distance >= reference else -math.inf
+        z = _standard_normal(distance / (self.spread * math.sqrt(1 + 1 / self.size)), self.size - 1)
+        k = reference / self.spread
+        return min(z - k, max(CLIP - k, MIN_STEP))
+
+    def interval(self, reference: float, run_length: float) -> float:
+        """Page's decision interval, in the level's deviations (0 without spread)."""
+        if self.spread == 0.0:
+            return 0.0
+        # rounded: h moves slowly with the reference, and a series' commits then share decision_interval's cache
+        return decision_interval(round(reference / self.spread, 3), run_length)
+
+
+def signals(
+    values: Sequence[float], method: Method = DEFAULT_METHOD, min_effect: float = DEFAULT_MIN_EFFECT
+) -> list[Signal]:
+    """The changes the cumulative sum confirms, oldest first, reading the series one commit at a time (module
+    docstring). Each is decided by the commits up to its `length`: the list for a series cut at any length is this
+    list's head."""
+    return _Sums(values, method, min_effect).read()
+
+
+class _Sums:
+    """Page's two sums over a series read commit by commit, and the level they are read against."""
+
+    def __init__(self, values: Sequence[float], method: Method, min_effect: float) -> None:
+        self.values, self.method = list(values), method
+        self.logs = np.log(np.asarray(self.values, dtype=float))
+        self.reference = math.log1p(min_effect) / 2  # a commit's allowance, in logs: half the smallest change
+        self.start, self.needed = 0, method.confirm_level  # the level's first commit, and the commits it needs
+        self.trails: dict[int, list[tuple[int, float]]] = {1: [], -1: []}  # (commit, what it adds) since left 0
+
+    def read(self) -> list[Signal]:
+        found = []
+        for now in range(len(self.logs)):
+            end = now - self.method.confirm_guard
+            if end - self.start < self.needed:
+                continue
+            aside = set(outliers(self.values[: now + 1], self.method))
+            level = _Level.of(self.logs, self.start, end, aside)
+            for side in (1, -1):
+                summed = self._add(side, now, level, aside)
+                if summed is None:
+                    continue
+                confirmed = self._judge(now, end, aside, summed, side)
+                if confirmed == _NOT_YET:
+                    continue
+                if confirmed is not None:
+                    found.append(Signal(confirmed, now + 1, side))
+                    self.start, self.needed = confirmed, self.method.confirm_level_after_change
+                self.trails = {1: [], -1: []}
+                break
+        return found
+
+    def _add(self, side: int, now: int, level: _Level, aside: set[int]) -> list[int] | None:
+        """Add commit `now` to a side's sum: the commits the sum holds where it reaches the decision interval."""
+        trail = self.trails[side]
+        trail.append((now, level.step(self.logs[now], side, self.reference)))
+        total, summed = _page([(j, x) for j, x in trail if j not in aside])  # outlier jobs found since: out
+        # what came before the sum last left 0 no longer counts, once no newer commit can make it an outlier
+        keep = min(summed[0] if summed else now + 1, now + 1 - OUTLIER_NEIGHBOURS)
+        trail[:] = [(j, x) for j, x in trail if j >= keep]
+        return summed if self._reaches(total, summed, level) else None
+
+    def _reaches(self, total: float, summed: list[int], level: _Level) -> bool:
+        interval = level.interval(self.reference, self.method.confirm_run_length)
+        return total > 0.0 and total >= interval and len(summed) >= self.method.confirm_after
+
+    def _judge(self, now: int, end: int, aside: set[int], summed: list[int], side: int) -> int | None:
+        """Where the change a sum found starts, or None where it is not confirmed (the level then starts again at
+        it, and it stays provisional). Where detect.py finds a change q inside the level, the level was not one:
+        the sum's commits are read again against the level after q (a change after it), else the commits from q on
+        against the level before it (q itself)."""
+        points = change_points(self.values[: now + 1], self.method)
+        placed = self._placed(summed[0], points)
+        if now + 1 - placed < self.method.confirm_after:  # too few commits from where the change starts: not yet
+            return _NOT_YET
+        inside = [p for p in points if self.start < p < placed - SAME_POINT]
+        if inside:
+            q = max(inside)
+            after = _Level.of(self.logs, q, end, aside)
+            if after.size >= self.method.confirm_level and self._crosses(summed, after, side):
+                return self._sized(placed, after, now, aside, side)
+            first = max([self.start, *(p for p in inside if p < q)])
+            before = _Level.of(self.logs, first, q, aside)
+            since = [j for j in range(q, now + 1) if j not in aside]
+            enough = before.size >= (self.needed if first == self.start else self.method.confirm_level)
+            if enough and self._crosses(since, before, side):
+                return self._sized(q, before, now, aside, side)
+            placed = q
+        elif placed - self.start >= self.needed:
+            return self._sized(placed, _Level.of(self.logs, self.start, end, aside), now, aside, side)
+        self.start, self.needed = placed, self.method.confirm_level
+        return None
+
+    def _sized(self, index: int, level: _Level, now: int, aside: set[int], side: int) -> int:
+        """`index`, where the commits from it on differ from the level by at least the reference on the sum's side
+        (a change under half the smallest change that matters is never confirmed); else not yet."""
+        since = [self.logs[j] for j in range(index, now + 1) if j not in aside]
+        return index if side * (float(np.mean(since)) - level.mean) >= self.reference else _NOT_YET
+
+    def _placed(self, left: int, points: list[int]) -> int:
+        """Where a change starts: the change point of detect.py (placed with the commits on both sides) nearest to
+        where the sum left 0, from `SAME_POINT` commits before it on. Where the sum left 0 at the first commit
+        compared with the level, the change may lie among the commits between the level's end and it
+        (`confirm_guard`). Where detect.py has none there, where the sum left 0."""
+        level_end = self.start + self.needed
+        lowest = level_end if left == level_end + self.method.confirm_guard else left - SAME_POINT
+        return min((p for p in points if p >= lowest), key=lambda p: (abs(p - left), p), default=left)
+
+    def _crosses(self, commits: list[int], level: _Level, side: int) -> bool:
+        """Whether the sum of `commits` read against `level` reaches the decision interval."""
+        total, summed = _page([(j, level.step(self.logs[j], side, self.reference)) for j in commits])
+        return self._reaches(total, summed, level)
+
+
+def _page(steps: list[tuple[int, float]]) -> tuple[float, list[int]]:
+    """Page's recursion over (commit, step): the sum, and the commits it holds since it last left 0."""
+    total, summed = 0.0, list[int]()
+    for j, step in steps:
+        total = max(0.0, total + step)
+        summed = [*summed, j] if total > 0.0 else []
+    return total, summed
+
+
 class Analyses:
-    """Change points of the series cut after each commit, each computed once."""
+    """The series cut after each commit: detect.py's change points, each computed once, and the confirmed changes."""
 
     def __init__(
         self, values: Sequence[float], method: Method = DEFAULT_METHOD, min_effect: float = DEFAULT_MIN_EFFECT
     ) -> None:
         self.values = list(values)
         self.method = method
-        self.reference = math.log1p(min_effect) / 2  # a commit's allowance, in logs: half the smallest change
+        self.signals = signals(self.values, method, min_effect)
         self._done: dict[int, list[int]] = {}
-        self._set_aside: dict[int, frozenset[int]] = {}
-        self._noise: dict[int, float] = {}
 
     def at(self, length: int) -> list[int]:
+        """detect.py's change points of the series cut at `length`."""
         if length not in self._done:
             values = self.values[:length]
-            self._done[length] = (
-                change_points(values, self.method, self.set_aside(length)) if length >= MIN_COMMITS else []
-            )
+            self._done[length] = change_points(values, self.method) if length >= MIN_COMMITS else []
         return self._done[length]
 
-    def set_aside(self, length: int) -> frozenset[int]:
-        """The outlier jobs of the series cut at `length`."""
-        if length not in self._set_aside:
-            self._set_aside[length] = frozenset(outliers(self.values[:length], self.method))
-        return self._set_aside[length]
-
-    def noise(self, length: int) -> float:
-        """The noise of one commit (detect.noise) of the series cut at `length`, outlier jobs aside."""
-        if length not in self._noise:
-            aside = self.set_aside(length)
-            self._noise[length] = noise([v for j, v in enumerate(self.values[:length]) if j not in aside])
-        return self._noise[length]
-
-    def _beyond_reference(self, before: list[float], after: list[float], length: int) -> bool:
-        """Page's CUSUM of the commits since the change against the level before it, in the change's direction: the
-        sum of (shift - reference) over the commits after reaches the decision interval at the series' noise."""
-        if self.method.confirm_run_length <= 0:  # switched off (scripts/history_methods.py measures without it)
-            return True
-        shift, sigma = abs(float(np.mean(after)) - float(np.mean(before))), self.noise(length)
-        if sigma == 0.0:  # a deterministic counter: no noise to sum against
-            return shift >= self.reference
-        # rounded: h moves slowly with the reference, and a series' analyses then share decision_interval's cache
-        h = decision_interval(round(self.reference / sigma, 3), self.method.confirm_run_length)
-        return len(after) * (shift - self.reference) >= h * sigma
-
     def found(self, length: int | None = None) -> list[Found]:
-        """The change points of the series cut at `length` (all of it by default), each with its state."""
+        """The change points of the series cut at `length` (all of it by default), each with its state: the changes
+        confirmed by then, each at the nearest change point of detect.py within `SAME_POINT` commits (placed with
+        the commits since) or else where it was confirmed, and the other change points of detect.py, provisional."""
         length = len(self.values) if length is None else length
-        points = self.at(length)
-        states: dict[int, bool] = {}
-        return [Found(i, self._confirmed(k, points, length, states), length - i) for k, i in enumerate(points)]
-
-    def _confirmed(self, k: int, points: list[int], length: int, states: dict[int, bool]) -> bool:
-        """Whether the k-th change point of the analysis at `length` is confirmed (module docstring)."""
-        if k not in states:
-            method, i = self.method, points[k]
-            start, end = points[k - 1] if k else 0, points[k + 1] if k + 1 < len(points) else length
-            logs, aside = np.log(np.asarray(self.values[:length], dtype=float)), self.set_aside(length)
-            before = [logs[j] for j in range(start, i) if j not in aside]
-            after = [logs[j] for j in range(i, end) if j not in aside]
-            looks = range(length - 1, length - method.confirm_looks, -1)
-            states[k] = (
-                len(after) >= method.confirm_after
-                and all(any(abs(j - i) <= SAME_POINT for j in self.at(n)) for n in looks)
-                and (
-                    len(before) >= method.confirm_level
-                    or (
-                        k > 0
-                        and len(before) >= method.confirm_level_after_change
-                        and self._confirmed(k - 1, points, length, states)
-                    )
-                )
-                and student_p(before, after) < method.confirm_p
-                and self._beyond_reference(before, after, length)
-            )
-        return states[k]
+        pending, confirmed = list(self.at(length)), []
+        for signal in (s for s in self.signals if s.length <= length):
+            near = [i for i in pending if abs(i - signal.index) <= SAME_POINT]
+            index = min(near, key=lambda i: (abs(i - signal.index), i), default=signal.index)
+            pending = [i for i in pending if i != index]
+            confirmed.append(index)
+        points = sorted([(i, True) for i in confirmed] + [(i, False) for i in pending])
+        return [Found(i, state, length - i) for i, state in points]
 
 
 def first_confirmations(
@@ -147,16 +280,9 @@ def first_confirmations(
     method: Method = DEFAULT_METHOD,
     *,
     start: int = MIN_COMMITS,
-    merge: int = 3,
     min_effect: float = DEFAULT_MIN_EFFECT,
 ) -> list[tuple[int, int]]:
-    """Replay the series as if analysed after every commit: (length when first confirmed, index) of each alarm,
-    an alarm within `merge` commits of one already raised being the same one (one alarm per change). This is the
-    count a user sees: a job at every commit, each alarm once, however long it lasted."""
-    analyses = Analyses(values, method, min_effect)
-    raised: list[tuple[int, int]] = []
-    for length in range(start, len(values) + 1):
-        for f in analyses.found(length):
-            if f.confirmed and not any(abs(f.index - i) <= merge for _, i in raised):
-                raised.append((length, f.index))
-    return raised
+    """The series as if analysed after every commit from `start` on: (length when first confirmed, index) of each
+    alarm. This is the count a user sees: a job at every commit, each alarm once, however long it lasted; a change
+    confirmed at a commit stays confirmed at every later one (`signals`)."""
+    return [(max(s.length, start), s.index) for s in signals(values, method, min_effect)]

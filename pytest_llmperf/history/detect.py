@@ -10,8 +10,7 @@ Mann-Whitney's U test of the segment before it against the segment after it give
 dropped, one at a time, and the tests are made again on the merged segments. A rank test, not a t-test: a short
 segment holding one slow job has a large mean, not large ranks.
 
-Whether a change point is confirmed is alarms.py's; its test is `student_p` (Student's t-test, pooled variance:
-with few commits after a change, ranks cannot get far, while the level before it, long, fixes the variance).
+Whether a change point is confirmed is alarms.py's (a cumulative sum read commit by commit).
 
 Deterministic: PELT is an exact search and nothing is drawn at random. The defaults are measured on the seeded
 synthetic histories of tests/history_synthetic.py (scripts/history_methods.py; docs/history.md, "Measured").
@@ -43,27 +42,21 @@ class Method:
     penalty: float = 2.0  # times sigma^2 ln(n)
     min_size: int = 3  # commits a segment holds at least
     p_value: float = 0.005  # Mann-Whitney's U test of the two sides of a change point
-    confirm_after: int = 4  # commits measured from the change on (it included, outlier jobs aside) to confirm it
-    confirm_looks: int = 1  # consecutive analyses (after each of the newest commits) that must find it
-    confirm_p: float = 3e-4  # Student's t-test of the commits since the change against the level before it
-    confirm_run_length: float = 2000.0  # commits between false alarms of the sum since the change, a side (0: off)
-    confirm_level: int = 20  # commits (outlier jobs aside) the level before a change holds for it to be confirmed,
+    confirm_after: int = 4  # commits from a change on (it included) before the cumulative sum may confirm it
+    confirm_run_length: float = 4000.0  # commits between false alarms of the cumulative sum, a side
+    confirm_guard: int = 8  # the newest commits before a commit that are not yet part of the level it is compared with
+    confirm_level: int = 15  # commits (outlier jobs aside) the level holds before the sum starts,
     confirm_level_after_change: int = 10  # or this many where that level starts at a confirmed change
     outlier_sigmas: float = 5.0  # a job this far from its neighbours on both sides is an outlier, set aside
 
     def describe(self) -> str:
-        analyses = "analysis" if self.confirm_looks == 1 else "analyses"
         return (
             f"ruptures KernelCPD(kernel={self.kernel!r}, min_size={self.min_size}) (PELT), penalty {self.penalty:g} "
-            f"sigma^2 ln n, Mann-Whitney p < {self.p_value:g}; confirmed after {self.confirm_after} commits in "
-            f"{self.confirm_looks} {analyses} at Student's t p < {self.confirm_p:g} against a level of "
-            f"{self.confirm_level} commits ({self.confirm_level_after_change} after a confirmed change)"
-            + (
-                f", and a cumulative sum beyond half the smallest change that matters for a run length of "
-                f"{self.confirm_run_length:g} commits"
-                if self.confirm_run_length > 0
-                else ""
-            )
+            f"sigma^2 ln n, Mann-Whitney p < {self.p_value:g}; confirmed by a self-starting CUSUM against half the "
+            f"smallest change that matters, for a run length of {self.confirm_run_length:g} commits a side, at "
+            f"least {self.confirm_after} commits after the change, against a level of at least {self.confirm_level} "
+            f"commits ({self.confirm_level_after_change} after a confirmed change) ending {self.confirm_guard} "
+            "commits before the one compared"
         )
 
 
@@ -97,22 +90,6 @@ def two_sample_p(before: np.ndarray, after: np.ndarray) -> float:
     if len(before) == 0 or len(after) == 0:
         return 1.0
     p = float(mannwhitneyu(before, after, alternative="two-sided").pvalue)
-    return p if math.isfinite(p) else 1.0
-
-
-def student_p(before: Sequence[float], after: Sequence[float]) -> float:
-    """Two-sided p of Student's t-test (pooled variance) of two segments; 1.0 where a side has fewer than 2 values.
-    Segments without spread (a deterministic counter) differ for certain when their levels do. From the segments'
-    means and deviations (scipy's `ttest_ind_from_stats`: the same p as `ttest_ind`, a tenth of its time)."""
-    from scipy.stats import ttest_ind_from_stats
-
-    if len(before) < 2 or len(after) < 2:
-        return 1.0
-    b, a = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
-    spread_b, spread_a = float(np.std(b, ddof=1)), float(np.std(a, ddof=1))
-    if spread_b == 0.0 and spread_a == 0.0:
-        return 0.0 if float(np.mean(b)) != float(np.mean(a)) else 1.0
-    p = float(ttest_ind_from_stats(np.mean(b), spread_b, len(b), np.mean(a), spread_a, len(a)).pvalue)
     return p if math.isfinite(p) else 1.0
 
 
