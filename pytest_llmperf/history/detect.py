@@ -21,7 +21,6 @@ ruptures is the `history` extra, imported here only: `RupturesMissing` names the
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -122,11 +121,13 @@ def outliers(values: Sequence[float], method: Method = DEFAULT_METHOD) -> list[i
         return []
     k, n = OUTLIER_NEIGHBOURS, len(logs)
     limit = method.outlier_sigmas * sigma
-    windows = np.lib.stride_tricks.sliding_window_view(np.concatenate([logs, np.full(k, np.nan)]), k)
+    windows = np.lib.stride_tricks.sliding_window_view(logs, k)  # windows[w] = logs[w : w + k]
     left = logs[k:] - np.median(windows[: n - k], axis=1)  # point i (>= k) against the k before it
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the newest point has no window after it: all NaN
-        after = np.nanmedian(windows[k + 1 : n + 1], axis=1)
+    after = np.full(n - k, np.nan)  # the median of the k after it: fewer near the end, none for the newest
+    whole = np.median(windows[k + 1 :], axis=1)
+    after[: len(whole)] = whole
+    for i in range(max(k, n - k), n - 1):
+        after[i - k] = np.median(logs[i + 1 :])
     right = np.where(np.isnan(after), left, logs[k:] - after)
     flagged = (np.abs(left) > limit) & (np.abs(right) > limit) & (left * right > 0)
     return [int(i) + k for i in np.flatnonzero(flagged)]
