@@ -19,10 +19,12 @@ commit is compared with the level of the commits before it (`signals`):
 - a sum that reaches Page's decision interval (`decision_interval`, for `confirm_run_length` commits between false
   alarms a side) at least `confirm_after` commits after it left 0 confirms a change there, placed at the nearest
   change point of detect.py, which sees the commits on both sides (`_placed`); the level starts again at it.
-  Where detect.py finds a change inside the level, the level was not one: it starts after that change and the sum
-  is read again against it. A change with fewer than `confirm_level` commits before it stays provisional.
-A change smaller than half of `min_effect` is never confirmed (it stays provisional; creep reports a drift of that
-size), so noise in a quiet series, where a significant change can be tiny, confirms nothing.
+  Where detect.py finds a change inside the level, the level was not one: the sum's commits are read again against
+  the level after that change, else the commits from it on against the level before it (`_Sums._judge`). A change
+  with fewer than `confirm_level` commits before it stays provisional.
+A change smaller than half of `min_effect` is not confirmed (the commits from it on must differ from the level by
+that much when it is; it stays provisional, and creep reports a drift of that size), so noise in a quiet series,
+where a significant change can be tiny, confirms nothing.
 
 A commit's verdict reads only the commits up to it, so a change confirmed at a commit stays confirmed in every later
 analysis, and the same store always gives the same states; where it starts is the change point of detect.py within
@@ -50,7 +52,7 @@ SIEGMUND_SHIFT = 1.166  # Siegmund's correction of a CUSUM's decision interval f
 #: commit adds where the reference is beyond it (a quiet series: there the commits a confirmation needs,
 #: `confirm_after`, hold a slow job off).
 CLIP, MIN_STEP = 2.5, 1.0
-_NOT_YET = -1  # a sum's verdict: the change it found starts too near the newest commit to be confirmed yet
+_NOT_YET = -1  # a sum's verdict: too few commits from where its change starts, or too small a change, yet
 _EXACT_TAIL = 1e-12  # beyond this tail probability a commit's distance is taken as it is (the quantile saturates)
 
 
