@@ -78,9 +78,8 @@ def decision_interval(reference: float, run_length: float) -> float:
 class Signal:
     """A change confirmed by the cumulative sum."""
 
-    index: int  # the first commit of the new level: where the sum left 0
+    index: int  # the first commit of the new level, as placed when it was confirmed (`_Sums._placed`)
     length: int  # the series' length when the sum reached the decision interval (the confirming commit + 1)
-    direction: int  # +1 up, -1 down
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ class _Sums:
                 if confirmed == _NOT_YET:
                     continue
                 if confirmed is not None:
-                    found.append(Signal(confirmed, now + 1, side))
+                    found.append(Signal(confirmed, now + 1))
                     self.start, self.needed = confirmed, self.method.confirm_level_after_change
                 self.trails = {1: [], -1: []}
                 break
