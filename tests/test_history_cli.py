@@ -91,6 +91,9 @@ def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     bad.write_text("{not json\n")
     assert main(["history", "--store", str(tmp_path / "h.sqlite"), "import", str(bad)]) == 2
     assert "bad.jsonl, line 1" in capsys.readouterr().err
+    assert main(["history", "--store", str(tmp_path / "h.sqlite"), "import", str(tmp_path / "none.jsonl")]) == 2
+    assert "none.jsonl: cannot read the rows file" in capsys.readouterr().err
+    assert not (tmp_path / "h.sqlite").exists()  # a rows file that cannot be read creates no store
 
 
 def test_the_installed_command_runs_history(store):

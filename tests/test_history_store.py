@@ -185,9 +185,9 @@ def test_rows_files_import_once_and_only_once(location, tmp_path):
     assert len(path.read_text().splitlines()) == 3
     with Store(location) as store:
         store.append(runs[:1], rows[:1])  # the job that also wrote to the store
-        (done,) = rowsfile.import_files(store, [path])
+        (done,) = rowsfile.import_files(store, rowsfile.read_files([path]))
         assert (done[1].runs, done[1].already) == (2, 1)
-        (again,) = rowsfile.import_files(store, [path])
+        (again,) = rowsfile.import_files(store, rowsfile.read_files([path]))
         assert (again[1].runs, again[1].already) == (0, 3)
         assert len(store.results()) == 3
 

@@ -178,9 +178,10 @@ def _mark(store: Store, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    parsed = rowsfile.read_files(args.files) if args.command == "import" else []
     with _open(args) as store:
         if args.command == "import":
-            for path, done in rowsfile.import_files(store, args.files):
+            for path, done in rowsfile.import_files(store, parsed):
                 print(f"{path}: {done.runs} run(s) and {done.results} result(s) imported, {done.already} already there")
             return 0
         if args.command in ("analyze", "changes"):

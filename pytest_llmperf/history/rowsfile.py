@@ -78,9 +78,15 @@ def read(path: Path) -> list[tuple[Run, list[Result]]]:
     return found
 
 
-def import_files(store: Store, paths: Iterable[Path]) -> list[tuple[Path, Appended]]:
-    """Merge rows files into the store, one transaction per file; every file is read before anything is written."""
-    parsed = [(path, read(path)) for path in paths]
+def read_files(paths: Iterable[Path]) -> list[tuple[Path, list[tuple[Run, list[Result]]]]]:
+    """Every rows file read and checked, before a store is opened: a path that cannot be read creates nothing."""
+    return [(path, read(path)) for path in paths]
+
+
+def import_files(
+    store: Store, parsed: Iterable[tuple[Path, list[tuple[Run, list[Result]]]]]
+) -> list[tuple[Path, Appended]]:
+    """Merge rows files read by `read_files` into the store, one transaction per file."""
     done = []
     for path, jobs in parsed:
         runs = [run for run, _ in jobs]
