@@ -81,15 +81,18 @@ def test_a_30pc_outlier_job_adds_no_confirmed_alarm_wherever_it_is():
 
 
 def test_a_5pc_step_is_confirmed_within_8_commits_after_it_in_most_histories():
-    """The issue's goal is 75%: not met at a false-alarm rate of 0.1 per 100 commits analysed at every commit (65%
-    of seeds 0-399, median 6-7: the trade measured in docs/history.md, "Measured"); this holds the figure measured
-    here, on seeds 0-99."""
-    delays = []
+    """The issue's goal is 75%. Confirmed by the 8th commit of the new level and placed within 2 commits of the step:
+    not met at a false-alarm rate of 0.1 per 100 commits analysed at every commit (65% of seeds 0-399, median 6-7:
+    the trade measured in docs/history.md, "Measured"); confirmed by then wherever placed: 76% of seeds 0-399. This
+    holds both figures as measured here, on seeds 0-99."""
+    placed, anywhere = [], []
     for s in SEEDS:
         values = history(Case(60, 0.03, ((40, 0.05),)), s)
-        hit = [length - 40 for length, i in first_confirmations(values, start=41) if abs(i - 40) <= 2]
-        delays.append(hit[0] if hit else 99)
-    assert np.mean(np.array(delays) <= 8) >= 0.65 and np.median(delays) <= 7  # measured: 69 of 100, median 6
+        confirmed = [(length - 40, i) for length, i in first_confirmations(values, start=41)]
+        placed.append(next((d for d, i in confirmed if abs(i - 40) <= 2), 99))
+        anywhere.append(confirmed[0][0] if confirmed else 99)
+    assert np.mean(np.array(placed) <= 8) >= 0.65 and np.median(placed) <= 7  # measured: 69 of 100, median 6
+    assert np.mean(np.array(anywhere) <= 8) >= 0.75  # measured: 80 of 100
 
 
 @pytest.mark.parametrize(("cv", "warned"), [(0.10, True), (0.01, False)])
