@@ -2,6 +2,7 @@
 
     python scripts/history_methods.py [--seeds 400] [--first-seed 0] [--penalties 2] [--p-values 0.005]
         [--guards 8] [--confirm-levels 15] [--run-lengths 4000] [--kernels linear] [--min-sizes 3] [--other-steps]
+        [--bound]
 
 Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
 (history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
@@ -11,7 +12,8 @@ within 2 commits and exactly; three 2% steps flagged as creep and the drift repo
 alarm near a +30% outlier job, and the same histories without the job (noise's own); and the share of 5% steps
 (CV 3%) confirmed within 8 commits and placed within 2 of the step (and, in brackets, wherever placed), with the
 median delay. With --other-steps, only steps of other sizes and noise: how often each is confirmed within 8 and 20
-commits, and never. Needs the `history` extra (ruptures) and numpy.
+commits, and never. With --bound, only the oracle the delay goal is measured against: Page's CUSUM knowing the level
+and the noise, per run length. Needs the `history` extra (ruptures) and numpy.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ import itertools
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_llmperf.history.alarms import Analyses, first_confirmations
+from pytest_llmperf.history import alarms
+from pytest_llmperf.history.alarms import Analyses, decision_interval, first_confirmations
 from pytest_llmperf.history.creep import creep
 from pytest_llmperf.history.detect import Method
-from tests.history_synthetic import Case, history
+from tests.history_synthetic import LEVEL, Case, history
 
 MIN_EFFECT = 0.025  # half the default --llmperf-history-min-effect (creep.py)
 OUTLIER_AT = (10, 50, 90, 99)
@@ -97,6 +101,52 @@ def delay(method: Method, seeds: range) -> tuple[float, float, float]:
     return float(np.mean(np.array(placed) <= 8)), float(np.mean(np.array(anywhere) <= 8)), float(np.median(placed))
 
 
+def page_alarms(values: np.ndarray, cv: float, run_length: float, start: int = 20) -> list[tuple[int, int]]:
+    """Page's CUSUM that knows the level (the synthetic histories' LEVEL) and the noise (`cv`), both sides, read from
+    commit `start`, reference half of 5%, restarted after each alarm: (alarm commit, where its sum left 0)."""
+    z = (np.log(values) - np.log(LEVEL)) / cv
+    k = np.log1p(0.05) / 2 / cv
+    h = decision_interval(k, run_length)
+    sums, left, alarms = {1: 0.0, -1: 0.0}, {1: start, -1: start}, []
+    for j in range(start, len(z)):
+        for side in (1, -1):
+            if sums[side] == 0.0:
+                left[side] = j
+            sums[side] = max(0.0, sums[side] + side * z[j] - k)
+        fired = [side for side in (1, -1) if sums[side] >= h]
+        if fired:
+            alarms.append((j, left[fired[0]]))
+            sums = {1: 0.0, -1: 0.0}
+    return alarms
+
+
+def bound(seeds: range, run_length: float) -> str:
+    """The oracle the delay goal is measured against: Page's CUSUM knowing the level and the noise, on the same
+    histories as `noise_rate` (CV 3%) and `delay`. Any rule that learns them from the series does worse."""
+    noise = sum(len(page_alarms(history(Case(100, 0.03), s), 0.03, run_length)) for s in seeds)
+    found = placed = 0
+    for s in seeds:
+        after = [
+            (j, left) for j, left in page_alarms(history(Case(60, 0.03, ((40, 0.05),)), s), 0.03, run_length) if j >= 40
+        ]
+        if after and after[0][0] + 1 - 40 <= 8:
+            found += 1
+            placed += abs(after[0][1] - 40) <= 2
+    return (
+        f"| Page's CUSUM knowing level and noise, run length {run_length:g} | {100 * noise / (len(seeds) * 100):.3f} | "
+        f"{placed / len(seeds):.0%} ({found / len(seeds):.0%}) |"
+    )
+
+
+def rule_knowing_the_level(seeds: range) -> str:
+    """The plugin's rule (history/alarms.py) read against the true level and noise instead of the ones it learns:
+    what its clip, its wait for commits and PELT's placement cost with nothing to learn."""
+    known = classmethod(lambda cls, logs, start, end, aside: cls(float(np.log(LEVEL)), 0.03, 10**6))
+    with mock.patch.object(alarms._Level, "of", known):
+        placed, anywhere, _ = delay(Method(), seeds)
+    return f"| this plugin's rule knowing level and noise | - | {placed:.0%} ({anywhere:.0%}) |"
+
+
 OTHER_STEPS = ((0.02, 0.01), (0.03, 0.01), (0.10, 0.03), (0.10, 0.05), (0.20, 0.10), (0.10, 0.10))  # (size, CV)
 
 
@@ -126,9 +176,17 @@ def main() -> None:
     args.add_argument("--confirm-levels", default=str(Method.confirm_level))
     args.add_argument("--run-lengths", default=f"{Method.confirm_run_length:g}")
     args.add_argument("--other-steps", action="store_true", help="only steps of other sizes and noise")
+    args.add_argument("--bound", action="store_true", help="only Page's CUSUM knowing the level and the noise")
     a = args.parse_args()
     seeds = range(a.first_seed, a.first_seed + a.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1}")
+    if a.bound:
+        print("| oracle | noise CV 3%: alarms per 100 commits | 5% step: alarm <= 8 after, placed ±2 (anywhere) |")
+        print("|---|---|---|")
+        for run_length in map(float, a.run_lengths.split(",")):
+            print(bound(seeds, run_length), flush=True)
+        print(rule_knowing_the_level(seeds))
+        return
     if a.other_steps:
         print(
             "| method | "
@@ -139,7 +197,8 @@ def main() -> None:
     else:
         print(
             "| method | noise CV 1/3/5/10%: confirmed per 100 commits, replayed (one analysis) | 5% step ±2 / exact | "
-            "creep flagged, drift 5-95% | outlier alarms (without the job) | confirmed <= 8 after, placed ±2 (anywhere), median delay | s |"
+            "creep flagged, drift 5-95% | outlier alarms (without the job) | "
+            "confirmed <= 8 after, placed ±2 (anywhere), median delay | s |"
         )
         print("|---|---|---|---|---|---|---|")
     grid = itertools.product(
@@ -171,9 +230,7 @@ def main() -> None:
         flagged, lo, hi = creep_case(method, seeds)
         spiked, clean = outliers(method, seeds)
         soon, anywhere, median = delay(method, seeds)
-        name = (
-            f"{kernel} pen {penalty:g} min {min_size} p {p:g} guard {guard} level {level} run length {run_length:g}"
-        )
+        name = f"{kernel} pen {penalty:g} min {min_size} p {p:g} guard {guard} level {level} run length {run_length:g}"
         print(
             f"| {name} | {rates} | {near:.0%} / {exact:.0%} | {flagged:.0%}, {lo:+.1%}..{hi:+.1%} | "
             f"{spiked} ({clean}) of {len(OUTLIER_AT) * len(seeds)} | {soon:.0%} ({anywhere:.0%}), {median:g} | "
