@@ -1,15 +1,19 @@
 """Series the analysis cannot take as ratios (a counter that stays at zero) and the markdown section of changes: a
-warning, not an exception at the end of a job; test ids escaped in the table."""
+warning, not an exception at the end of a job; test ids escaped in the table; a regression fixed since shown with
+the level now."""
 
 from __future__ import annotations
 
 import json
 
+from pytest_llmperf.history import summary
 from pytest_llmperf.history.analysis import analyze_series
+from pytest_llmperf.history.detect import DEFAULT_METHOD
 from pytest_llmperf.history.series import Series, SeriesId
 from pytest_llmperf.history.settings import ANALYSIS_FILE, ANALYSIS_FORMAT
-from pytest_llmperf.report.history_changes import markdown_section
+from pytest_llmperf.report.history_changes import markdown_section, section
 from tests.history_rows import history_rows
+from tests.history_synthetic import Case, history
 from pytest_llmperf.history.series import build
 
 
@@ -30,3 +34,18 @@ def test_the_markdown_section_escapes_test_ids(tmp_path):
     (row,) = [line for line in section.splitlines() if "decode_token_ms" in line]
     assert "a\\|b" in row and row.count(" | ") == 3  # four columns: the id's `|` is escaped
     assert "+8.0% regression" in row
+
+
+def test_a_regression_fixed_since_reads_its_level_now_in_both_reports(tmp_path):
+    runs, rows = history_rows(history(Case(80, 0.01, ((25, 0.10), (50, -0.09))), 2))
+    (series,) = build(runs, rows).values()
+    analysis = analyze_series(series)
+    regression, gain = analysis.changes
+    assert regression.now is not None and abs(regression.now) < 0.01 and gain.now is None
+    assert not regression.fails(0.05)
+    data = summary.document([analysis], DEFAULT_METHOD, 0.05, "h.sqlite")
+    (tmp_path / ANALYSIS_FILE).write_text(json.dumps(data))
+    (row,) = [line for line in markdown_section(tmp_path).splitlines() if "regression" in line]
+    assert f"+{regression.change:.1%} regression (now {regression.now:+.1%})" in row
+    html = section([{"settings": {"report_dir": str(tmp_path)}}])
+    assert f"regression (now {regression.now:+.1%})</td>" in html

@@ -116,3 +116,26 @@ def test_an_anchor_git_does_not_know_and_an_unwritable_out_are_one_line_and_exit
     assert main([*args, "--out", str(tmp_path / "taken")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "taken" in err and "Traceback" not in err
+
+
+def _store_of(values, tmp_path):
+    runs, rows = history_rows(values)
+    path = tmp_path / "rows.jsonl"
+    rowsfile.append(path, runs, rows)
+    store = tmp_path / "fixed.sqlite"
+    assert main(["history", "--store", str(store), "import", str(path)]) == 0
+    return store
+
+
+@pytest.mark.parametrize(("back", "failing"), [(-0.09, 0), (-0.03, 1)])
+def test_a_regression_fixed_since_no_longer_fails(tmp_path, capsys, back, failing):
+    """+10% at commit 25, then a confirmed gain at 50: undone (-9%: back within 1% of the old level) it no longer
+    fails; half undone (-3%: still 6.7% worse than before it) it still does. Both stay listed, with `now`."""
+    store = _store_of(history(Case(80, 0.01, ((25, 0.10), (50, back))), 2), tmp_path)
+    capsys.readouterr()
+    code = main(["history", "--store", str(store), "analyze", "--repo", str(tmp_path), "--fail"])
+    out = capsys.readouterr().out
+    assert code == failing and f"2 confirmed, {failing} failing" in out
+    (regression,) = [line for line in out.splitlines() if "confirmed   regression" in line]
+    now = float(regression.split(", now ")[1].split("%")[0])
+    assert abs(now - ((1.10 * (1 + back)) - 1) * 100) < 1.0  # the newest level against the level before the step

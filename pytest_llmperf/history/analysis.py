@@ -37,18 +37,25 @@ class Change:
     mark: str | None = None  # expected | false_positive, a person's word
     env_changed: bool = False  # the software fingerprint differs across the change
     machine_changed: bool = False  # the hardware fingerprint differs across the change
+    # the newest level (from the newest confirmed change on) against `before`, - 1, where a confirmed change came
+    # after this one; None where this change's own level is the newest
+    now: float | None = None
 
     @property
     def kind(self) -> str:
         return "regression" if self.change * self.direction < 0 else "improvement"
 
     def fails(self, min_effect: float) -> bool:
-        """A confirmed, unmarked regression at least the smallest change that matters."""
+        """A confirmed, unmarked regression at least the smallest change that matters, and still in effect: where a
+        confirmed change came after it, the newest level is still that much worse than the level before it. A
+        regression fixed since (the series back at its level) no longer fails: it stays listed, with `now`."""
+        still = self.now is None or (self.now * self.direction < 0 and abs(self.now) >= min_effect)
         return (
             self.state == "confirmed"
             and self.mark is None
             and self.kind == "regression"
-            and (abs(self.change) >= min_effect)
+            and abs(self.change) >= min_effect
+            and still
         )
 
 
@@ -119,6 +126,7 @@ def analyze_series(
             machine_changed=lo.machine_fp != hi.machine_fp,
         )
         result.changes.append(_marked(change, points, marks))
+    _since_newest_confirmed(result.changes, [values[i] for i in keep], keep, first)
     start = next((i for i, p in enumerate(points) if p.commit_sha == anchor), 0) if anchor else 0
     result.creep = creep(values, anchor=start, min_drift=min_effect / 2, p_value=method.p_value, set_aside=set_aside)
     if sigma > min_effect:
@@ -127,6 +135,21 @@ def analyze_series(
             f"that matters ({min_effect:.0%}): changes of that size cannot be told from noise here"
         )
     return result
+
+
+def _since_newest_confirmed(changes: list[Change], kept: Sequence[float], at: Sequence[int], first: int) -> None:
+    """Set `now` on each change that a confirmed change came after: the level of the commits from the newest
+    confirmed change on (outliers aside: `kept` at indices `at`) against the change's level before."""
+    newest = max((c.index for c in changes if c.state == "confirmed"), default=None)
+    if newest is None:
+        return
+    since = [v for v, i in zip(kept, at) if first + i >= newest]
+    if not since:
+        return
+    current = level(since)
+    for n, change in enumerate(changes):
+        if change.index < newest:
+            changes[n] = Change(**{**change.__dict__, "now": current / change.before - 1})
 
 
 def _marked(change: Change, points: Sequence, marks: Sequence[Mark]) -> Change:

@@ -121,6 +121,7 @@ def change_id(change: Change) -> str:
 
 def change_line(change: Change) -> str:
     mark = f", marked {change.mark}" if change.mark else ""
+    now = f", now {change.now:+.1%} against before" if change.now is not None else ""
     flags = "".join(
         f", {w} changed there"
         for w, on in (("environment", change.env_changed), ("machine", change.machine_changed))
@@ -128,7 +129,7 @@ def change_line(change: Change) -> str:
     )
     return (
         f"{change_id(change)}  {change.state:<11} {change.kind:<11} {change.change:+7.1%}  {change.label}  "
-        f"{change.last_good[:12]}..{change.first_bad[:12]}  {change.before:.4g} -> {change.after:.4g}{mark}{flags}"
+        f"{change.last_good[:12]}..{change.first_bad[:12]}  {change.before:.4g} -> {change.after:.4g}{now}{mark}{flags}"
     )
 
 

@@ -147,6 +147,7 @@ def _analyse(
         done.lines.append(
             f"llmperf history: {change.kind} {change.change:+.1%} in {change.label}, confirmed, between "
             f"{change.last_good[:12]} and {change.first_bad[:12]}"
+            + (f" (now {change.now:+.1%} against the level before it)" if change.now is not None else "")
         )
     for item in data["creep"]:
         done.lines.append(

@@ -1,11 +1,11 @@
 """The analysis as data for the reports: `<report dir>/history.json`, read by the HTML report's history section and
-the markdown report (report/history_section.py), and printed by the command line.
+the markdown report (report/history_changes.py), and printed by the command line.
 
 Per change: the series, the commit range (last good, first bad), the levels before and after, the change in % as a
-regression or improvement by the metric's direction, its state and mark, and whether the environment or the machine
-changed there. Per series with something to show: its points (value and spread per commit), segment levels, change
-points, outliers, excluded runs, environment changes and the creep since the anchor.
-"""
+regression or improvement by the metric's direction, where a confirmed change came after it the newest level against
+the level before it (`now`), its state and mark, and whether the environment or the machine changed there. Per
+series with something to show: its points (value and spread per commit), segment levels, change points, outliers,
+excluded runs, environment changes and the creep since the anchor."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def change_json(change: Change) -> dict[str, Any]:
         "before": change.before,
         "after": change.after,
         "change": change.change,
+        "now": change.now,
         "kind": change.kind,
         "state": change.state,
         "mark": change.mark,

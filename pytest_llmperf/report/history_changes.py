@@ -35,6 +35,13 @@ def _esc(value: Any) -> str:
     return html.escape(str(value))
 
 
+def _now(change: Mapping[str, Any]) -> str:
+    """Where a confirmed change came after this one: the newest level against the level before it (a regression
+    fixed since reads about 0). Absent from documents written before it existed."""
+    now = change.get("now")
+    return "" if now is None else f" (now {now:+.1%})"
+
+
 def _row(change: Mapping[str, Any]) -> str:
     kind = str(change["kind"])
     flags = ", ".join(
@@ -44,7 +51,7 @@ def _row(change: Mapping[str, Any]) -> str:
         f"<tr class='change {_esc(change['state'])}'><td class='state'>{_esc(change['state'])}</td>"
         f"<td>{_esc(change['series'])}</td><td><code>{_esc(change['last_good'][:12])}</code>..<code>"
         f"{_esc(change['first_bad'][:12])}</code></td><td>{change['before']:.4g} &rarr; {change['after']:.4g}</td>"
-        f"<td class='{kind}' style='color:{COLOURS[kind]}'>{change['change']:+.1%} {kind}</td>"
+        f"<td class='{kind}' style='color:{COLOURS[kind]}'>{change['change']:+.1%} {kind}{_now(change)}</td>"
         f"<td>{change['commits_after']}</td><td>{_esc(flags or '-')}</td><td>{_esc(change['mark'] or '-')}</td>"
         f"<td><code>{_esc(change['series_key'])}@{_esc(change['first_bad'][:12])}</code></td></tr>"
     )
@@ -165,7 +172,7 @@ def markdown_section(report_dir: Path | str) -> str:
         [
             c["series"],
             f"{c['last_good'][:12]}..{c['first_bad'][:12]}",
-            f"{c['change']:+.1%} {c['kind']}",
+            f"{c['change']:+.1%} {c['kind']}{_now(c)}",
             c["mark"] or "",
         ]
         for c in confirmed
