@@ -133,7 +133,8 @@ class HistoryOptions:
     history_check: str = option(
         "What the history does at the end of a job: report (analyse the series the job measured, list changes in the "
         "reports), fail (also fail the session on a confirmed, unmarked regression of at least "
-        "--llmperf-history-min-effect, or a store that cannot be written), off (append only) (default: report)",
+        "--llmperf-history-min-effect that is still in effect, or a store that cannot be written), off (append only) "
+        "(default: report)",
         history_values.check_mode,
         default="report",
         metavar="report|fail|off",
