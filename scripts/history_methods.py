@@ -2,7 +2,7 @@
 
     python scripts/history_methods.py [--seeds 400] [--first-seed 0] [--penalties 2] [--p-values 0.005]
         [--guards 8] [--confirm-levels 15] [--run-lengths 4000] [--kernels linear] [--min-sizes 3] [--other-steps]
-        [--bound]
+        [--bound] [--verdicts]
 
 Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
 (history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
@@ -13,7 +13,9 @@ alarm near a +30% outlier job, and the same histories without the job (noise's o
 (CV 3%) confirmed within 8 commits and placed within 2 of the step (and, in brackets, wherever placed), with the
 median delay. With --other-steps, only steps of other sizes and noise: how often each is confirmed within 8 and 20
 commits, and never. With --bound, only the oracle the delay goal is measured against: Page's CUSUM knowing the level
-and the noise, per run length. Needs the `history` extra (ruptures) and numpy.
+and the noise, per run length. With --verdicts, only the fail verdicts of jobs one after another (steps of 3-8% at
+CV 3%, 80 commits): how often a job failed, and a later one passed again. Needs the `history` extra (ruptures) and
+numpy.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.history import alarms
 from pytest_llmperf.history.alarms import Analyses, decision_interval, first_confirmations
+from pytest_llmperf.history.analysis import analyze_series
 from pytest_llmperf.history.creep import creep
 from pytest_llmperf.history.detect import Method
+from pytest_llmperf.history.series import build
+from tests.history_rows import history_rows
 from tests.history_synthetic import LEVEL, Case, history
 
 MIN_EFFECT = 0.025  # half the default --llmperf-history-min-effect (creep.py)
@@ -147,6 +152,23 @@ def rule_knowing_the_level(seeds: range) -> str:
     return f"| this plugin's rule knowing level and noise | - | {placed:.0%} ({anywhere:.0%}) |"
 
 
+def verdicts(seeds: range, size: float, cv: float = 0.03) -> str:
+    """A step at commit 40 of 80, each job from commit 41 on analysed as the plugin does (history/analysis.py) and
+    judged by --llmperf-history-check=fail at the default smallest change that matters: the histories where a job
+    failed, and of them those where a later job passed again."""
+    failed = again = 0
+    for s in seeds:
+        runs, rows = history_rows(history(Case(80, cv, ((40, size),)), s))
+        jobs = []
+        for n in range(41, 81):
+            (series,) = build(runs[:n], rows[:n]).values()
+            jobs.append(any(c.fails(2 * MIN_EFFECT) for c in analyze_series(series).changes))
+        if any(jobs):
+            failed += 1
+            again += not all(jobs[jobs.index(True) :])
+    return f"| {size:.0%} step at CV {cv:.0%} | {failed} of {len(seeds)} | {again} |"
+
+
 OTHER_STEPS = ((0.02, 0.01), (0.03, 0.01), (0.10, 0.03), (0.10, 0.05), (0.20, 0.10), (0.10, 0.10))  # (size, CV)
 
 
@@ -177,9 +199,16 @@ def main() -> None:
     args.add_argument("--run-lengths", default=f"{Method.confirm_run_length:g}")
     args.add_argument("--other-steps", action="store_true", help="only steps of other sizes and noise")
     args.add_argument("--bound", action="store_true", help="only Page's CUSUM knowing the level and the noise")
+    args.add_argument("--verdicts", action="store_true", help="only the fail verdicts of jobs, one after another")
     a = args.parse_args()
     seeds = range(a.first_seed, a.first_seed + a.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1}")
+    if a.verdicts:
+        print("| step | histories where a job failed | ... and a later job passed again |")
+        print("|---|---|---|")
+        for size in (0.03, 0.04, 0.05, 0.06, 0.08):
+            print(verdicts(seeds, size), flush=True)
+        return
     if a.bound:
         print("| oracle | noise CV 3%: alarms per 100 commits | 5% step: alarm <= 8 after, placed ±2 (anywhere) |")
         print("|---|---|---|")

@@ -45,7 +45,8 @@ def test_analyze_finds_the_step_and_fails_only_when_asked(store, tmp_path, capsy
     text = capsys.readouterr().out
     assert "confirmed   regression   +10.0%" in text and f"{sha(24)[:12]}..{sha(25)[:12]}" in text
     assert main(["history", "--store", str(store), "analyze", "--repo", str(tmp_path), "--fail"]) == 1
-    assert "1 failing" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "1 failing" in text and "a regression of at least 5% since the job at " in text
 
 
 def test_a_change_marked_expected_no_longer_fails(store, tmp_path, capsys):

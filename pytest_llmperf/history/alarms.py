@@ -87,6 +87,7 @@ class Found:
     index: int  # the first commit of the new level
     confirmed: bool
     commits_after: int  # commits measured from the change on (it included)
+    signal: Signal | None = None  # what confirmed it (where it was placed then, and when): None while provisional
 
 
 def _standard_normal(distance: float, freedom: int) -> float:
@@ -266,14 +267,13 @@ class Analyses:
         confirmed by then, each at the nearest change point of detect.py within `SAME_POINT` commits (placed with
         the commits since) or else where it was confirmed, and the other change points of detect.py, provisional."""
         length = len(self.values) if length is None else length
-        pending, confirmed = list(self.at(length)), []
+        pending, confirmed = list(self.at(length)), list[Found]()
         for signal in (s for s in self.signals if s.length <= length):
             near = [i for i in pending if abs(i - signal.index) <= SAME_POINT]
             index = min(near, key=lambda i: (abs(i - signal.index), i), default=signal.index)
             pending = [i for i in pending if i != index]
-            confirmed.append(index)
-        points = sorted([(i, True) for i in confirmed] + [(i, False) for i in pending])
-        return [Found(i, state, length - i) for i, state in points]
+            confirmed.append(Found(index, True, length - index, signal))
+        return sorted(confirmed + [Found(i, False, length - i) for i in pending], key=lambda f: f.index)
 
 
 def first_confirmations(

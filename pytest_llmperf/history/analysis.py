@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses
+from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses, Found
 from .creep import Creep, creep
 from .detect import DEFAULT_METHOD, Method, noise, outliers, two_sample_p
 from .records import Mark
@@ -40,21 +40,26 @@ class Change:
     # the newest level (from the newest confirmed change on) against `before`, - 1, where a confirmed change came
     # after this one; None where this change's own level is the newest
     now: float | None = None
+    # the commit of the first job, from the one that confirmed this change on, at which it measured a regression of
+    # at least the smallest change that matters (`_reached`); None: it never did, or it is no confirmed regression
+    reached_at: str | None = None
 
     @property
     def kind(self) -> str:
         return "regression" if self.change * self.direction < 0 else "improvement"
 
     def fails(self, min_effect: float) -> bool:
-        """A confirmed, unmarked regression at least the smallest change that matters, and still in effect: where a
-        confirmed change came after it, the newest level is still that much worse than the level before it. A
-        regression fixed since (the series back at its level) no longer fails: it stays listed, with `now`."""
+        """A confirmed, unmarked regression that measured at least the smallest change that matters at some job since
+        it was confirmed (`reached_at`), and is still in effect: where a confirmed change came after it, the newest
+        level is still that much worse than the level before it. Once it fails, it fails at every later job until it
+        is marked or undone, however its size moves with the commits since: a job is not red, then green, then red
+        again for one regression. A regression fixed since stays listed, with `now`, and no longer fails."""
         still = self.now is None or (self.now * self.direction < 0 and abs(self.now) >= min_effect)
         return (
             self.state == "confirmed"
             and self.mark is None
             and self.kind == "regression"
-            and abs(self.change) >= min_effect
+            and self.reached_at is not None
             and still
         )
 
@@ -105,6 +110,7 @@ def analyze_series(
     result.points = [first + f.index for f in found]
     edges = [0, *[f.index for f in found], len(values)]
     keep = [i for i in range(len(values)) if i not in set(set_aside)]
+    reached = _reached(values, keep, found, series.direction, min_effect)
     for n, f in enumerate(found):
         before = [values[i] for i in keep if edges[n] <= i < edges[n + 1]]
         after = [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]]
@@ -124,6 +130,7 @@ def analyze_series(
             two_sample_p(np.log(before), np.log(after)),
             env_changed=lo.env_fp != hi.env_fp,
             machine_changed=lo.machine_fp != hi.machine_fp,
+            reached_at=points[reached[f.index]].commit_sha if f.index in reached else None,
         )
         result.changes.append(_marked(change, points, marks))
     _since_newest_confirmed(result.changes, [values[i] for i in keep], keep, first)
@@ -135,6 +142,38 @@ def analyze_series(
             f"that matters ({min_effect:.0%}): changes of that size cannot be told from noise here"
         )
     return result
+
+
+def _reached(
+    values: Sequence[float], keep: Sequence[int], found: Sequence[Found], direction: int, min_effect: float
+) -> dict[int, int]:
+    """For each confirmed change (by its index): the newest commit of the first job, from the one that confirmed it
+    on, at which it measured a regression of at least `min_effect`. Its size at a job is the commits from it up to
+    that job (and not past the next confirmed change) against those from the change confirmed before it, each placed
+    where it was when confirmed, outlier jobs aside: read at every job as it was then, so a change that reached it
+    keeps it in every later analysis."""
+    logs = np.log(np.asarray(values, dtype=float))
+    kept = np.zeros(len(logs))
+    kept[list(keep)] = 1.0
+    sums, counts = np.concatenate([[0.0], np.cumsum(logs * kept)]), np.concatenate([[0.0], np.cumsum(kept)])
+
+    def mean(a: int, b: int) -> float | None:
+        return (sums[b] - sums[a]) / (counts[b] - counts[a]) if counts[b] > counts[a] else None
+
+    confirmed = [f for f in found if f.signal is not None]
+    signals = [f.signal for f in confirmed if f.signal is not None]
+    found_at: dict[int, int] = {}
+    for n, (f, signal) in enumerate(zip(confirmed, signals)):
+        before = mean(signals[n - 1].index if n else 0, signal.index)
+        end = signals[n + 1].index if n + 1 < len(signals) else len(logs)
+        for length in range(signal.length, len(logs) + 1):
+            after = mean(signal.index, min(length, end))
+            if before is not None and after is not None and -direction * math.expm1(after - before) >= min_effect:
+                found_at[f.index] = length - 1
+                break
+            if length >= end:  # the commits after the next confirmed change are not this change's
+                break
+    return found_at
 
 
 def _since_newest_confirmed(changes: list[Change], kept: Sequence[float], at: Sequence[int], first: int) -> None:

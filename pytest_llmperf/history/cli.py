@@ -158,6 +158,11 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
     for warning in data["warnings"]:
         print(f"warning: {warning}")
     failing = [c for c in changes if c.fails(args.min_effect)]
+    for change in failing:
+        print(
+            f"failing: {change_id(change)}, a regression of at least {args.min_effect:.0%} since the job at "
+            f"{(change.reached_at or '')[:12]}, still in effect and not marked"
+        )
     confirmed = sum(c.state == "confirmed" for c in changes)
     print(f"{len(analyses)} series, {len(changes)} change(s), {confirmed} confirmed, {len(failing)} failing")
     return 1 if args.fail and failing else 0

@@ -159,6 +159,7 @@ def _analyse(
     failing = [c for a in analyses for c in a.changes if c.fails(min_effect)]
     if check == "fail" and failing:
         done.errors.append(
-            f"llmperf history: {len(failing)} confirmed regression(s) of at least {min_effect:.0%} that nobody marked "
-            "(--llmperf-history-check=fail): mark one with `pytest-llmperf history mark` if it is expected"
+            f"llmperf history: {len(failing)} confirmed regression(s) of at least {min_effect:.0%}, still in effect, "
+            "that nobody marked (--llmperf-history-check=fail): mark one with `pytest-llmperf history mark` if it is "
+            "expected"
         )

@@ -31,6 +31,7 @@ def change_json(change: Change) -> dict[str, Any]:
         "after": change.after,
         "change": change.change,
         "now": change.now,
+        "reached_at": change.reached_at,
         "kind": change.kind,
         "state": change.state,
         "mark": change.mark,
