@@ -48,4 +48,18 @@ def test_a_regression_fixed_since_reads_its_level_now_in_both_reports(tmp_path):
     (row,) = [line for line in markdown_section(tmp_path).splitlines() if "regression" in line]
     assert f"+{regression.change:.1%} regression (now {regression.now:+.1%})" in row
     html = section([{"settings": {"report_dir": str(tmp_path)}}])
-    assert f"regression (now {regression.now:+.1%})</td>" in html
+    assert f"regression (now {regression.now:+.1%})</td>" in html and "(failing)" not in html
+
+
+def test_a_failing_regression_is_said_so_in_the_html_report(tmp_path):
+    runs, rows = history_rows(history(Case(60, 0.01, ((30, 0.10),)), 0))
+    (series,) = build(runs, rows).values()
+    analysis = analyze_series(series)
+    (regression,) = analysis.changes
+    assert regression.fails(0.05)
+    data = summary.document([analysis], DEFAULT_METHOD, 0.05, "h.sqlite")
+    assert data["changes"][0]["fails"] is True
+    (tmp_path / ANALYSIS_FILE).write_text(json.dumps(data))
+    html = section([{"settings": {"report_dir": str(tmp_path)}}])
+    assert "<tr class='change confirmed failing'><td class='state'>confirmed (failing)</td>" in html
+    assert f"{regression.change:+.1%} regression, failing" in markdown_section(tmp_path)

@@ -49,7 +49,7 @@ def test_the_report_shows_them_in_chromium_offline(replayed, tmp_path):
     assert errors == [] and requests == [index.as_uri()]
     shas = done["shas"]
     injected = [r for r in rows if "[llama] prefill_ms bs 4" in r[1] and r[2].endswith(shas[20][:12])]
-    assert injected and injected[0][0] == "confirmed" and "regression" in injected[0][4]
+    assert injected and injected[0][0] == "confirmed (failing)" and "regression" in injected[0][4]  # +8%, not marked
     lower = [r for r in rows if "[llama] throughput_tokens_per_s bs 4" in r[1] and r[2].endswith(shas[38][:12])]
     assert lower and "-1" in lower[0][4] and "regression" in lower[0][4]  # lower throughput is a regression
     drawn = {p["caption"].split(" (")[0].split("::")[1]: p for p in plots}

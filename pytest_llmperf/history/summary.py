@@ -21,7 +21,7 @@ FORMAT = ANALYSIS_FORMAT
 MAX_PLOTTED = 24  # series drawn in the report: confirmed changes first, then creep, provisional changes, noise
 
 
-def change_json(change: Change) -> dict[str, Any]:
+def change_json(change: Change, min_effect: float) -> dict[str, Any]:
     return {
         "series_key": change.series_key,
         "series": change.label,
@@ -32,6 +32,7 @@ def change_json(change: Change) -> dict[str, Any]:
         "change": change.change,
         "now": change.now,
         "reached_at": change.reached_at,
+        "fails": change.fails(min_effect),  # what --llmperf-history-check=fail fails on (Change.fails)
         "kind": change.kind,
         "state": change.state,
         "mark": change.mark,
@@ -116,7 +117,7 @@ def document(analyses: Sequence[SeriesAnalysis], method: Method, min_effect: flo
         "method": method.describe(),
         "min_effect": min_effect,
         "series_analysed": len(analyses),
-        "changes": [change_json(c) for c in changes],
+        "changes": [change_json(c, min_effect) for c in changes],
         "creep": [
             {"series": a.series.id.label(), **series_json(a)["creep"]} for a in analyses if a.creep and a.creep.flagged
         ],

@@ -44,11 +44,13 @@ def _now(change: Mapping[str, Any]) -> str:
 
 def _row(change: Mapping[str, Any]) -> str:
     kind = str(change["kind"])
+    fails = bool(change.get("fails"))  # what --llmperf-history-check=fail fails on; absent from older documents
     flags = ", ".join(
         w for w, on in (("environment", change["env_changed"]), ("machine", change["machine_changed"])) if on
     )
     return (
-        f"<tr class='change {_esc(change['state'])}'><td class='state'>{_esc(change['state'])}</td>"
+        f"<tr class='change {_esc(change['state'])}{' failing' if fails else ''}'><td class='state'>"
+        f"{_esc(change['state'])}{' (failing)' if fails else ''}</td>"
         f"<td>{_esc(change['series'])}</td><td><code>{_esc(change['last_good'][:12])}</code>..<code>"
         f"{_esc(change['first_bad'][:12])}</code></td><td>{change['before']:.4g} &rarr; {change['after']:.4g}</td>"
         f"<td class='{kind}' style='color:{COLOURS[kind]}'>{change['change']:+.1%} {kind}{_now(change)}</td>"
@@ -172,7 +174,7 @@ def markdown_section(report_dir: Path | str) -> str:
         [
             c["series"],
             f"{c['last_good'][:12]}..{c['first_bad'][:12]}",
-            f"{c['change']:+.1%} {c['kind']}{_now(c)}",
+            f"{c['change']:+.1%} {c['kind']}{_now(c)}{', failing' if c.get('fails') else ''}",
             c["mark"] or "",
         ]
         for c in confirmed
