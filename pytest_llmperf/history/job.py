@@ -4,8 +4,8 @@ processes never write history), with typed inputs.
 
 Nothing of a job is lost to the store: the rows file is written first, and a store that is locked, unreadable or
 newer than this plugin is one line naming it and the import command. By default the history reports; with
-`--llmperf-history-check=fail` a confirmed, unmarked regression of at least the smallest change that matters fails
-the session, and so does a store error.
+`--llmperf-history-check=fail` a confirmed, unmarked regression that measured at least the smallest change that
+matters and is still in effect (`Change.fails`) fails the session, and so does a store error.
 """
 
 from __future__ import annotations
