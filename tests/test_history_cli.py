@@ -137,6 +137,8 @@ def test_a_regression_fixed_since_no_longer_fails(tmp_path, capsys, back, failin
     code = main(["history", "--store", str(store), "analyze", "--repo", str(tmp_path), "--fail"])
     out = capsys.readouterr().out
     assert code == failing and f"2 confirmed, {failing} failing" in out
+    main(["history", "--store", str(store), "changes", "--repo", str(tmp_path), "--state", "failing"])
+    assert capsys.readouterr().out.strip().endswith(f"{failing} change(s) in 1 series")
     (regression,) = [line for line in out.splitlines() if "confirmed   regression" in line]
     now = float(regression.split(", now ")[1].split("%")[0])
     assert abs(now - ((1.10 * (1 + back)) - 1) * 100) < 1.0  # the newest level against the level before the step

@@ -68,8 +68,15 @@ def parser() -> argparse.ArgumentParser:
         )
     analyze_cmd = commands.choices["analyze"]
     analyze_cmd.add_argument("--out", type=Path, help="write the analysis (JSON) here")
-    analyze_cmd.add_argument("--fail", action="store_true", help="exit 1 on a confirmed, unmarked regression")
-    commands.choices["changes"].add_argument("--state", choices=("all", "confirmed", "provisional"), default="all")
+    analyze_cmd.add_argument(
+        "--fail", action="store_true", help="exit 1 on a confirmed, unmarked regression still in effect"
+    )
+    commands.choices["changes"].add_argument(
+        "--state",
+        choices=("all", "confirmed", "provisional", "failing"),
+        default="all",
+        help="failing: what --llmperf-history-check=fail and analyze --fail fail on (default: all)",
+    )
     mark = commands.add_parser("mark", help="mark a change (its id from `changes`)")
     mark.add_argument("change_id", metavar="ID", help="SERIES_KEY@COMMIT, as `changes` lists it")
     group = mark.add_mutually_exclusive_group(required=True)
@@ -142,7 +149,11 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
     analyses = analyze(_series(store, args), min_effect=args.min_effect, anchor=anchor, marks=store.marks())
     changes = [c for a in analyses for c in a.changes]
     if args.command == "changes":
-        shown = [c for c in changes if args.state in ("all", c.state)]
+        shown = [
+            c
+            for c in changes
+            if args.state in ("all", c.state) or (args.state == "failing" and c.fails(args.min_effect))
+        ]
         for change in shown:
             print(change_line(change))
         print(f"{len(shown)} change(s) in {len(analyses)} series")
