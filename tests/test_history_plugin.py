@@ -174,3 +174,44 @@ def test_an_ab_job_stores_both_sides_and_only_the_base_enters_a_series(tmp_path,
         store.append(runs, results)
         series = build(store.runs(), store.results())
     assert sorted(p.value for s in series.values() for p in s.points) == sorted(r.value for r in base)
+
+
+def test_a_confirmed_regression_fails_the_job_only_when_asked_and_until_marked(project, run):
+    """A real job at the end of 40 earlier jobs on main (the first job's rows, rescaled, one per commit): decode at
+    batch 1 was 10% faster before commit 20. The job measures the slower level, so the regression is still in
+    effect: said with report, failing the session with fail, and passing once marked expected."""
+    import dataclasses
+
+    import numpy as np
+
+    from pytest_llmperf.cli import main
+
+    run("--llmperf-update").assert_outcomes(passed=1)
+    rng = np.random.default_rng(7)
+    with store_of(project) as store:
+        (first,) = store.runs()
+        measured = store.results()
+        store.exclude(first.run_id, "its rows are copied below")
+        for k in range(40):
+            git(project.path, "commit", "-q", "--allow-empty", "-m", f"earlier {k}")
+            sha = git(project.path, "rev-parse", "HEAD")
+            earlier = dataclasses.replace(first, run_id=f"earlier{k}:stored", job_id=f"earlier{k}", commit_sha=sha)
+            scaled = []
+            for r in measured:
+                size = 0.9 if (r.metric, r.batch_size, k < 20) == ("decode_token_ms", 1, True) else 1.0
+                value = r.value * size * (1 + rng.normal(0, 0.01))
+                scaled.append(dataclasses.replace(r, run_id=earlier.run_id, value=value, process_medians=(value,)))
+            store.append([earlier], scaled)
+    git(project.path, "commit", "-q", "--allow-empty", "-m", "this job")
+    said = run("--llmperf-history-check=report")
+    said.assert_outcomes(passed=1)
+    said.stdout.fnmatch_lines(["*llmperf history: regression +1*decode_token_ms bs 1*, confirmed, failing, between*"])
+    failed = run("--llmperf-history-check=fail")
+    assert failed.ret != 0
+    failed.stdout.fnmatch_lines(["*1 confirmed regression(s) of at least 5%, still in effect, that nobody marked*"])
+    store_path = str(project.path / ".llmperf" / "history.sqlite")
+    change = json.loads((project.path / "reports" / "history.json").read_text())["changes"][0]
+    assert change["fails"] and change["series"].startswith("test_engine.py::")
+    change_id = f"{change['series_key']}@{change['first_bad'][:12]}"
+    assert main(["history", "--store", store_path, "mark", change_id, "--as", "expected"]) == 0
+    run("--llmperf-history-check=fail").assert_outcomes(passed=1)

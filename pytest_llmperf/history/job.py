@@ -145,8 +145,9 @@ def _analyse(
     confirmed = [c for a in analyses for c in a.changes if c.state == "confirmed" and c.mark is None]
     for change in confirmed:
         done.lines.append(
-            f"llmperf history: {change.kind} {change.change:+.1%} in {change.label}, confirmed, between "
-            f"{change.last_good[:12]} and {change.first_bad[:12]}"
+            f"llmperf history: {change.kind} {change.change:+.1%} in {change.label}, confirmed"
+            + (", failing" if change.fails(min_effect) else "")
+            + f", between {change.last_good[:12]} and {change.first_bad[:12]}"
             + (f" (now {change.now:+.1%} against the level before it)" if change.now is not None else "")
         )
     for item in data["creep"]:
