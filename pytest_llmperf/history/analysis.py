@@ -111,6 +111,10 @@ def analyze_series(
     edges = [0, *[f.index for f in found], len(values)]
     keep = [i for i in range(len(values)) if i not in set(set_aside)]
     reached = _reached(values, keep, found, series.direction, min_effect)
+    # the level now: from the newest confirmed change on, what every change before it is read against (`now`)
+    newest = max((f.index for f in found if f.confirmed), default=len(values))
+    since = [values[i] for i in keep if i >= newest]
+    current = level(since) if since else None
     for n, f in enumerate(found):
         before = [values[i] for i in keep if edges[n] <= i < edges[n + 1]]
         after = [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]]
@@ -130,10 +134,10 @@ def analyze_series(
             two_sample_p(np.log(before), np.log(after)),
             env_changed=lo.env_fp != hi.env_fp,
             machine_changed=lo.machine_fp != hi.machine_fp,
+            now=current / level(before) - 1 if current is not None and f.index < newest else None,
             reached_at=points[reached[f.index]].commit_sha if f.index in reached else None,
         )
         result.changes.append(_marked(change, points, marks))
-    _since_newest_confirmed(result.changes, [values[i] for i in keep], keep, first)
     start = next((i for i, p in enumerate(points) if p.commit_sha == anchor), 0) if anchor else 0
     result.creep = creep(values, anchor=start, min_drift=min_effect / 2, p_value=method.p_value, set_aside=set_aside)
     if sigma > min_effect:
@@ -160,35 +164,20 @@ def _reached(
     def mean(a: int, b: int) -> float | None:
         return (sums[b] - sums[a]) / (counts[b] - counts[a]) if counts[b] > counts[a] else None
 
-    confirmed = [f for f in found if f.signal is not None]
-    signals = [f.signal for f in confirmed if f.signal is not None]
+    confirmed = [(f.index, f.signal) for f in found if f.signal is not None]
+    signals = [signal for _, signal in confirmed]
     found_at: dict[int, int] = {}
-    for n, (f, signal) in enumerate(zip(confirmed, signals)):
+    for n, (index, signal) in enumerate(confirmed):
         before = mean(signals[n - 1].index if n else 0, signal.index)
         end = signals[n + 1].index if n + 1 < len(signals) else len(logs)
         for length in range(signal.length, len(logs) + 1):
             after = mean(signal.index, min(length, end))
             if before is not None and after is not None and -direction * math.expm1(after - before) >= min_effect:
-                found_at[f.index] = length - 1
+                found_at[index] = length - 1
                 break
             if length >= end:  # the commits after the next confirmed change are not this change's
                 break
     return found_at
-
-
-def _since_newest_confirmed(changes: list[Change], kept: Sequence[float], at: Sequence[int], first: int) -> None:
-    """Set `now` on each change that a confirmed change came after: the level of the commits from the newest
-    confirmed change on (outliers aside: `kept` at indices `at`) against the change's level before."""
-    newest = max((c.index for c in changes if c.state == "confirmed"), default=None)
-    if newest is None:
-        return
-    since = [v for v, i in zip(kept, at) if first + i >= newest]
-    if not since:
-        return
-    current = level(since)
-    for n, change in enumerate(changes):
-        if change.index < newest:
-            changes[n] = Change(**{**change.__dict__, "now": current / change.before - 1})
 
 
 def _marked(change: Change, points: Sequence, marks: Sequence[Mark]) -> Change:
