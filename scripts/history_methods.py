@@ -162,7 +162,7 @@ def verdicts(seeds: range, size: float, cv: float = 0.03) -> str:
         jobs = []
         for n in range(41, 81):
             (series,) = build(runs[:n], rows[:n]).values()
-            jobs.append(any(c.fails(2 * MIN_EFFECT) for c in analyze_series(series).changes))
+            jobs.append(any(c.fails(alarms.DEFAULT_MIN_EFFECT) for c in analyze_series(series).changes))
         if any(jobs):
             failed += 1
             again += not all(jobs[jobs.index(True) :])
