@@ -86,13 +86,15 @@ def install(
     flags: list[str],
     cwd: Path,
     timeout: float,
+    side: str,
+    hold: tuple[int, ...] = (),
 ) -> None:
     """Install the plugin wheel `wheel` and its missing requirements into the environment of `python`, whose
     distributions are `installed` (the side's own)."""
     side_own = {name: version for name, version in installed.items() if name != canonicalize_name(PLUGIN)}
     problems = conflicts(side_own)
     if problems:
-        raise BuildFailed("the side's dependencies conflict with pytest-llmperf's: " + "; ".join(problems))
+        raise BuildFailed("the side's dependencies conflict with pytest-llmperf's: " + "; ".join(problems), side=side)
     missing = requirement_closure(have=side_own)
     links, from_index = [str(wheel.parent)], []
     for name in missing:
@@ -107,4 +109,5 @@ def install(
     args += [] if from_index else ["--no-index"]
     args += [item for link in sorted(set(links)) for item in ("--find-links", link)]
     args += [*flags, f"{PLUGIN}=={version}", *(f"{name}=={v}" for name, v in sorted(missing.items()))]
-    uv.run(args, cwd=cwd, timeout=timeout, what=f"installing {PLUGIN} {version} into {python.parent.parent}")
+    what = f"installing {PLUGIN} {version} into {python.parent.parent}"
+    uv.run(args, cwd=cwd, timeout=timeout, what=what, side=side, hold=hold)

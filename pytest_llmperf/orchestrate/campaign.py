@@ -110,7 +110,12 @@ class Campaign:
         self.measurements.available["A"] = found.nodeids
         for item in items:
             error = found.error_for(item.nodeid)
-            if error is not None:
+            if item.nodeid in found.deselected:  # not `new`: the ref has it, and measures nothing to compare with
+                self.decisions[item.nodeid] = Decision(
+                    failure=f"cannot compare: deselected on {ref.label} by its own options (the ini's addopts, such "
+                    "as -m or -k, apply there)"
+                )
+            elif error is not None:
                 where, text = error
                 self.decisions[item.nodeid] = Decision(
                     failure=f"cannot compare: collecting {where} on {ref.label} failed, so what the test measures "
@@ -251,6 +256,7 @@ class Campaign:
                     f"warning: {run.side.label} imported {name} from {origin}, not from its checkout: that copy is "
                     "what its workers measure (install the project editable, pip install -e ., or drop that copy)"
                 )
+        self.llm.imported_anywhere.update(imports.distributions)  # a dependency change none imports is said
         if run.side == self.measurements.current:
             self.llm.imported.update(imports.distributions)
 

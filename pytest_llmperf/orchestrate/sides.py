@@ -53,9 +53,9 @@ def prepare(
     envs = environments(llm, ref.toplevel, ref.source, root, progress)
     args_a = passthrough_args(config, ref.root, ref.counterpart)
     return [
-        Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a)),
+        Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a), envs.base.pycache),
         Side("B", root, "the working tree", import_path(ref.source, root), envs.head.python,
-             tuple(passthrough_args(config, root))),
+             tuple(passthrough_args(config, root)), envs.head.pycache),
     ]  # fmt: skip
 
 
@@ -65,9 +65,8 @@ def environments(
     """Each side's environment (environments/plan.py), from the dependency inputs at the rootdir or the nearest
     directory above it in the repository that has some; a UsageError naming the packages and the ways out where the
     dependencies differ and cannot be built."""
-    from ..environments.detection import detect
     from ..environments.errors import EnvironmentsError
-    from ..environments.inputs import inputs_roots
+    from ..environments.inputs import detect, inputs_roots
     from ..environments.plan import prepare as prepare_environments
     from ..environments.records import BuildSettings
 
@@ -87,6 +86,7 @@ def environments(
             base_python=settings.base_python,
             env_dir=settings.env_dir,
             settings=BuildSettings(offline=offline, extras=settings.env_extras, groups=settings.env_groups),
+            cpu_target=llm.device == "cpu",
         )
     except EnvironmentsError as exc:
         raise pytest.UsageError(f"llmperf: {exc}") from None
@@ -102,6 +102,7 @@ class Collection:
 
     nodeids: set[str] = field(default_factory=set)
     errors: dict[str, str] = field(default_factory=dict)
+    deselected: set[str] = field(default_factory=set)  # there, but deselected by that side's own options
 
     def error_for(self, nodeid: str) -> tuple[str, str] | None:
         """(the collector, what it said) when the test's module, or a directory or conftest above it, failed."""
@@ -136,5 +137,5 @@ def collect(side: Side, items: Sequence[pytest.Item], work_dir: Path, timeout_s:
             f"the tests of {side.label} could not be collected (pytest exited with code {done.returncode}), so "
             f"nothing can be compared with them:\n{output}"
         )
-    found.nodeids = set(finished[-1].nodeids)
+    found.nodeids, found.deselected = set(finished[-1].nodeids), set(finished[-1].deselected)
     return found
