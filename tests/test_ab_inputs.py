@@ -117,6 +117,20 @@ def test_an_ini_file_given_with_c_is_each_sides_own(project):
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks"])
 
 
+def test_an_ini_in_a_subfolder_without_a_rootdir_finds_the_tests_at_the_top(project):
+    """pytest -c ci/perf.ini from the top, no --rootdir: the rootdir is ci/, the tests lie above it, and pytest names
+    them from where it collected (tests/test_perf.py). Workers run from the rootdir failed every test with "file or
+    directory not found: tests/test_perf.py::..."."""
+    project.path.joinpath("ci").mkdir()
+    project.path.joinpath("ci/perf.ini").write_text("[pytest]\n")
+    project.mkdir("tests").joinpath("test_perf.py").write_text(engine())
+    commit(project)
+    for mode, said in (("--llmperf-update", "*1 created*"), ("--llmperf-compare=HEAD", "llmperf: judged 1 of 1 *")):
+        result = project.runpytest(*ARGS, mode, "-c", "ci/perf.ini")
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(["rootdir: */ci", said])
+
+
 def test_a_rootdir_below_the_repository_keeps_its_node_ids(project):
     project.mkdir("perf").joinpath("test_engine.py").write_text(engine())
     commit(project)

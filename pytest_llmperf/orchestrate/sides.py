@@ -38,7 +38,7 @@ def prepare(
     config: pytest.Config, llm: LLMPerfSession, stack: contextlib.ExitStack, progress: CampaignProgress
 ) -> list[Side]:
     """The job's sides: the working tree, after an A/B job's ref (checked out for the life of `stack`)."""
-    root = Path(config.rootpath)
+    root = worker_root(config)
     if not llm.settings.compare:
         return [Side("", root, "the working tree", args=tuple(passthrough_args(config, root)))]
     # a checkout can take seconds, an environment's build longer: say so first
@@ -51,12 +51,25 @@ def prepare(
         progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
     llm.compared_to = ref.label  # before the environments, whose lines name the A side by it
     envs = environments(llm, ref.toplevel, ref.source, root, progress)
-    args_a = passthrough_args(config, ref.root, ref.counterpart)
+    root_a = ref.counterpart(root)
+    args_a = passthrough_args(config, root_a, ref.counterpart)
     return [
-        Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a), envs.base.pycache),
+        Side("A", root_a, ref.label, import_path(ref.toplevel, root_a), envs.base.python, tuple(args_a),
+             envs.base.pycache),
         Side("B", root, "the working tree", import_path(ref.source, root), envs.head.python,
              tuple(passthrough_args(config, root)), envs.head.pycache),
     ]  # fmt: skip
+
+
+def worker_root(config: pytest.Config) -> Path:
+    """Where the workers run, and their rootdir: pytest's rootdir, or the one directory the tests were collected from
+    where it lies outside the rootdir (an ini in a subfolder given with -c, no --rootdir: pytest names such a test
+    relative to the path it collected, so a worker run from the rootdir would not find it)."""
+    root = Path(config.rootpath)
+    given = {Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args}
+    if len(given) == 1 and (only := given.pop()).is_dir() and root != only and root not in only.parents:
+        return only
+    return root
 
 
 def environments(
