@@ -171,3 +171,31 @@ def test_workers_run_when_deprecation_warnings_are_errors(project, monkeypatch):
     commit(project)
     result = project.runpytest(*ARGS, "--llmperf-compare=HEAD")
     result.assert_outcomes(passed=1)
+
+
+CHILD = """
+import os, subprocess, sys
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=0)
+def test_engine(llmperf):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    with open({pids!r}, "a") as handle:
+        handle.write(f"{{child.pid}}\\n")
+    llmperf.measure(SimulatedBackend(seed=int(os.environ.get("LLMPERF_WORKER_PROCESS", "0")), noise=0.005))
+"""
+
+
+def test_a_child_a_benchmark_starts_in_a_session_of_its_own_does_not_outlive_the_job(project, tmp_path):
+    from tests.doubles.leaks import alive, read_pids
+
+    pids = tmp_path / "pids"
+    project.makepyfile(test_engine=CHILD.format(pids=str(pids)))
+    commit(project)
+    result = project.runpytest(*ARGS, "--llmperf-compare=HEAD")
+    result.assert_outcomes(passed=1)
+    started = read_pids(pids)
+    assert len(started) == 10  # one a worker, 5 a side
+    assert not [pid for pid in started if alive(pid)]
+    result.stdout.fnmatch_lines(["*llmperf: stopped 10 process(es) the benchmarks left running: *"])
