@@ -15,6 +15,7 @@ rebuilt, and the side's record says why.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -99,7 +100,11 @@ def _check_python(inputs: DependencyInputs, project: dict[str, Any], version: st
                               "both sides are built with it", side=side)  # fmt: skip
     pinned = inputs.get(".python-version")
     if pinned is not None and pinned.data is not None:
-        text = pinned.data.decode("utf-8-sig", errors="replace").strip().splitlines()[0].lower() if pinned.data.strip() else ""
+        text = (
+            pinned.data.decode("utf-8-sig", errors="replace").strip().splitlines()[0].lower()
+            if pinned.data.strip()
+            else ""
+        )
         for prefix in ("cpython-", "cpython", "python"):
             text = text.removeprefix(prefix)
         if text and not (version == text or version.startswith(text + ".")):
@@ -165,7 +170,7 @@ def key_parts(
         "uv": uv.version,
         "uv_settings": uv_settings(inputs.root),
         "recipe": asdict(recipe),
-        "inputs": inputs.parts(),
+        "inputs": inputs.digests(),
         "settings": {k: v for k, v in asdict(settings).items() if k != "timeout_s"},
         "plugin": plugin,
         "plugin_requirements": plugin_install.requirement_closure(),
@@ -173,22 +178,20 @@ def key_parts(
     }
 
 
-def unsatisfied(
-    recipe: Recipe, root: Path, python: str, uv: Uv, settings: BuildSettings, side: str
-) -> tuple[str, ...]:
+def unsatisfied(recipe: Recipe, root: Path, python: str, uv: Uv, settings: BuildSettings, side: str) -> tuple[str, ...]:
     """What the interpreter `python` lacks of what the side at `root` asks for, as uv's dry run says it (empty: uv
     would change nothing); this plugin aside, which every side gets at the controller's version."""
-    run = {"cwd": root, "timeout": settings.timeout_s, "side": side, "check": False}
+    run = functools.partial(uv.run, cwd=root, timeout=settings.timeout_s, side=side)
     with tempfile.TemporaryDirectory(prefix="llmperf-env-") as scratch:
         args = ["pip", "install", "--dry-run", "--python", python, *settings.flags()]
         if recipe.kind == UV_LOCK:
             exported = Path(scratch, "requirements.txt")
-            uv.run(["export", "--frozen", "--no-hashes", "--no-emit-workspace", "--format", "requirements-txt", "-q",
-                    "-o", str(exported), *settings.flags(), *settings.selection()], **{**run, "check": True})  # fmt: skip
+            export = ["export", "--frozen", "--no-hashes", "--no-emit-workspace", "--format", "requirements-txt"]
+            run([*export, "-q", "-o", str(exported), *settings.flags(), *settings.selection()])
             args += ["-r", str(exported)]
         else:
             args += recipe.install_args(settings)
-        done = uv.run(args, **run)
+        done = run(args, check=False)
     said = [line.strip() for line in done.stderr.splitlines()]
     if done.returncode == 0 and "Would make no changes" in said:
         return ()
@@ -285,19 +288,21 @@ def _make(
     """Build the environment at `directory` (its lock held, and inherited by every uv): the side's dependencies, then
     the plugin."""
     python = cache.python_in(directory)
-    run = {"cwd": root, "timeout": settings.timeout_s, "side": side, "hold": (lock,),
-           "what": f"building the {side} side's environment {directory} from {root}/{recipe.label(settings)}"}  # fmt: skip
+    what = f"building the {side} side's environment {directory} from {root}/{recipe.label(settings)}"
+    run = functools.partial(uv.run, cwd=root, timeout=settings.timeout_s, side=side, hold=(lock,), what=what)
     if recipe.kind == UV_LOCK:
         args = ["sync", "--frozen", "--no-install-project", "--python", base.base_executable, *settings.flags()]
-        uv.run([*args, *settings.selection()], env={"UV_PROJECT_ENVIRONMENT": str(directory)}, **run)
+        run([*args, *settings.selection()], env={"UV_PROJECT_ENVIRONMENT": str(directory)})
     else:
-        uv.run(["venv", "--no-project", "--python", base.base_executable, str(directory)], **run)
-        uv.run(["pip", "install", "--python", str(python), *settings.flags(), *recipe.install_args(settings)], **run)
+        run(["venv", "--no-project", "--python", base.base_executable, str(directory)])
+        run(["pip", "install", "--python", str(python), *settings.flags(), *recipe.install_args(settings)])
     own = probe(str(python))
     plugin_install.install(uv, python, own.installed, wheel=wheel, wheels_dir=wheels_dir, flags=settings.flags(),
                            cwd=root, timeout=settings.timeout_s, side=side, hold=(lock,))  # fmt: skip
     done = probe(str(python))
     expected, found = plugin_install.controller_version(), done.installed.get(plugin_install.PLUGIN)
     if found != expected:
-        raise BuildFailed(f"{directory} has {plugin_install.PLUGIN} {found}, not the controller's {expected}", side=side)
+        raise BuildFailed(
+            f"{directory} has {plugin_install.PLUGIN} {found}, not the controller's {expected}", side=side
+        )
     return done

@@ -1,13 +1,9 @@
-"""A side's dependency inputs, known by their bytes: the files that say what its environment holds, and the content of
-the local wheels, source directories and find-links directories they name.
-
-Found at the side's root: requirements and constraints files (with what they include by `-r`/`-c`), pyproject.toml,
-uv.lock, pylock.toml, uv.toml, .python-version, the files of other tools (poetry, pdm, pipenv, conda: inputs too, but
-never built from), and the extra paths or globs the user names; for a member of a uv workspace, the workspace's uv.lock
-and pyproject.toml above it too. Nothing is parsed to decide what changed: two sides whose inputs are byte-identical
-are the same, and only then is nothing built. The paths a file names are read from it only to fingerprint what lies
-there: a relative path by content (a checkout rewrites every file), an absolute one by size and time (the same files
-for both sides; a torch wheel on the runner's disk is not hashed at every job).
+"""A side's dependency inputs, known by their bytes: the files that say what its environment holds (requirements and
+constraints files with their `-r`/`-c` includes, pyproject.toml, uv.lock, pylock.toml, uv.toml, .python-version, other
+tools' files, the user's extra paths; a uv workspace member's workspace lock), and the local wheels and directories
+they name. Nothing is parsed to decide what changed: only byte-identical sides are the same. A named path is
+fingerprinted by content where relative (a checkout rewrites every file), by size and time where absolute (the same
+files for both sides: a torch wheel on the runner's disk is not hashed at every job).
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .errors import EnvironmentsError
 
@@ -89,7 +84,7 @@ class DependencyInputs:
 
     root: Path
     files: tuple[InputFile, ...]
-    local: tuple[tuple[str, str], ...] = ()  # (path as named, relative to the root where inside it; fingerprint)
+    local: tuple[tuple[str, str], ...] = ()  # (path: relative to the root where named so, else absolute; fingerprint)
 
     def paths(self) -> tuple[str, ...]:
         return tuple(f.path for f in self.files)
@@ -101,25 +96,14 @@ class DependencyInputs:
         """The top-level (not included) files of these kinds that exist."""
         return tuple(f for f in self.files if f.kind in kinds and f.data is not None and f.included_by is None)
 
-    def parts(self) -> dict[str, Any]:
-        """What the cache key reads of them."""
-        return {"files": {f.path: _digest(f.data) for f in self.files}, "local": dict(self.local)}
+    def digests(self) -> dict[str, str | None]:
+        """Each input's and named path's digest: what the cache key reads, what detection compares."""
+        files = {f.path: None if f.data is None else hashlib.sha256(f.data).hexdigest() for f in self.files}
+        return {**files, **dict(self.local)}
 
     def differing(self, other: DependencyInputs) -> tuple[str, ...]:
-        """The inputs whose bytes, or the named local paths whose content, differ from `other`'s."""
-        mine, theirs = self.parts(), other.parts()
-        return tuple(
-            sorted(
-                path
-                for part in ("files", "local")
-                for path in mine[part].keys() | theirs[part].keys()
-                if mine[part].get(path) != theirs[part].get(path)
-            )
-        )
-
-
-def _digest(data: bytes | None) -> str | None:
-    return None if data is None else hashlib.sha256(data).hexdigest()
+        mine, theirs = self.digests(), other.digests()
+        return tuple(sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, "-") != theirs.get(p, "-")))
 
 
 def includes(data: bytes) -> list[tuple[str, str]]:
@@ -128,7 +112,7 @@ def includes(data: bytes) -> list[tuple[str, str]]:
     for line in data.decode("utf-8-sig", errors="replace").splitlines():
         match = _INCLUDE.match(line)
         if match:
-            found.append(("constraints" if match.group(1) in ("-c", "--constraint") else "requirements", match[2]))
+            found.append(("constraints" if match[1] in ("-c", "--constraint") else "requirements", match[2]))
     return found
 
 
@@ -177,30 +161,19 @@ def named_paths(file: InputFile) -> Iterator[str]:
             yield from _requirement_paths(a or b)
 
 
-
-class Fingerprints:
-    """What lies at local paths, each read once a job: by content (a path within a side's checkout, which a checkout
-    rewrites), or by size and modification time (an absolute path: the same files for both sides)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, bool], str] = {}
-
-    def of(self, path: Path, content: bool) -> str:
-        key = (str(path), content)
-        if key not in self._seen:
-            digest = hashlib.sha256()
-            for name, file in [(".", path)] if path.is_file() else sorted(_files(path)):
-                digest.update(f"{name}\0".encode())
-                if content:
-                    with open(file, "rb") as handle:
-                        while chunk := handle.read(1 << 20):
-                            digest.update(chunk)
-                else:
-                    info = file.stat()
-                    digest.update(f"{info.st_size}:{info.st_mtime_ns}".encode())
-                digest.update(b"\0")
-            self._seen[key] = digest.hexdigest()[:32]
-        return self._seen[key]
+def fingerprint(path: Path, content: bool) -> str:
+    """A digest of what lies at `path`, a file or a directory: by content, or by size and modification time."""
+    digest = hashlib.sha256()
+    for name, file in [(".", path)] if path.is_file() else sorted(_files(path)):
+        digest.update(f"{name}\0".encode())
+        if content:
+            with open(file, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+        else:
+            digest.update(f"{file.stat().st_size}:{file.stat().st_mtime_ns}".encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
 
 
 def _files(directory: Path) -> Iterator[tuple[str, Path]]:
@@ -227,8 +200,7 @@ def _globbed(root: Path, patterns: Sequence[str]) -> list[Path]:
 
 def has_inputs(directory: Path) -> bool:
     """Whether `directory` holds a dependency input found by name or pattern."""
-    names = (*BUILT, *REFUSED)
-    return any((directory / name).is_file() for name in names) or bool(_globbed(directory, PATTERNS))
+    return any((directory / name).is_file() for name in (*BUILT, *REFUSED)) or bool(_globbed(directory, PATTERNS))
 
 
 def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path, Path]:
@@ -262,7 +234,11 @@ def workspace_root(root: Path) -> Path | None:
     top = repository_top(root)
     for directory in root.resolve().parents:
         pyproject = directory / "pyproject.toml"
-        if (directory / "uv.lock").is_file() and pyproject.is_file() and b"[tool.uv.workspace]" in pyproject.read_bytes():
+        if (
+            (directory / "uv.lock").is_file()
+            and pyproject.is_file()
+            and b"[tool.uv.workspace]" in pyproject.read_bytes()
+        ):
             return directory
         if directory == top:
             return None
@@ -282,13 +258,14 @@ def _read(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError as exc:
         why = "a symlink to nothing" if path.is_symlink() and not path.exists() else exc.strerror or str(exc)
-        raise InputsUnreadable(f"cannot read {path}, a dependency input: {why}. Make it readable, or remove it") from None
+        raise InputsUnreadable(
+            f"cannot read {path}, a dependency input: {why}. Make it readable, or remove it"
+        ) from None
 
 
-def find_inputs(root: Path | str, extra: Sequence[str] = (), fingerprints: Fingerprints | None = None) -> DependencyInputs:
+def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs:
     """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it)."""
     root = Path(root)
-    fingerprints = fingerprints or Fingerprints()
     files: dict[str, InputFile] = {}
     queue: list[tuple[Path, str | None, str | None]] = [(root / n, None, None) for n in (*BUILT, *REFUSED)]
     workspace = workspace_root(root)
@@ -306,15 +283,17 @@ def find_inputs(root: Path | str, extra: Sequence[str] = (), fingerprints: Finge
         data = _read(path)
         file = files[relative] = InputFile(relative, kind or kind_of(relative), data, parent)
         if data is not None and file.kind in ("requirements", "constraints"):
-            queue += [(path.parent / target, option, relative) for option, target in includes(data) if "://" not in target]
+            queue += [
+                (path.parent / target, option, relative) for option, target in includes(data) if "://" not in target
+            ]
     local = {}
     for file in files.values():
         for named in named_paths(file):
             given = _local(named)
-            path = (root / file.path).parent / given if given is not None else None
-            if path is not None and path.exists():  # by content where named within the side, else by its stat
-                inside = not os.path.isabs(given)
-                local[_relative(path, root) if inside else str(path)] = fingerprints.of(path, inside)
+            if given is None or not (path := (root / file.path).parent / given).exists():
+                continue
+            inside = not os.path.isabs(given)
+            local[_relative(path, root) if inside else str(path)] = fingerprint(path, inside)
     return DependencyInputs(root, tuple(sorted(files.values(), key=lambda f: f.path)), tuple(sorted(local.items())))
 
 
@@ -337,8 +316,8 @@ class Detection:
 
     def none_found(self) -> str:
         return (
-            f"no dependency files at {self.head.root} (nor above it in the repository): a change of dependencies cannot "
-            "be seen; name the files that define the environment in the ini option llmperf_compare_deps_paths"
+            f"no dependency files at {self.head.root} (nor above it in the repository): a change of dependencies "
+            "cannot be seen; name the files that define the environment in the ini option llmperf_compare_deps_paths"
         )
 
 
@@ -352,6 +331,5 @@ def detect(
     """How the dependency inputs of the side at `base_root` (the compared ref's checkout) and at `head_root` (the
     working tree) differ; `extra`: more paths or globs, relative to each root (ini llmperf_compare_deps_paths)."""
     start = clock()
-    fingerprints = Fingerprints()  # a path outside both checkouts is read once
-    base, head = find_inputs(base_root, extra, fingerprints), find_inputs(head_root, extra, fingerprints)
+    base, head = find_inputs(base_root, extra), find_inputs(head_root, extra)
     return Detection(base, head, base.differing(head), clock() - start)

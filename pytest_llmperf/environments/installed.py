@@ -2,10 +2,10 @@
 
 `probe(python)`: one subprocess of that interpreter (isolated: -I) prints its identity, its marker environment and
 its installed distributions (importlib.metadata): their versions, a digest of their files (a wheel rebuilt under
-the same version holds other files) and whether those files are intact. `imported_distributions(modules)`: in the calling process, the
-installed versions of the distributions behind a set of imported top-level modules (a worker sends these; the stored
-baseline's fingerprint keeps them). `check_imported`: whether what a worker imported is the side's environment, so
-that one side is never measured in the other's. Standard library only: a worker imports this.
+the same version holds other files) and whether those are intact. `imported_distributions(modules)`: in the calling
+process, the installed versions of the distributions behind a set of imported top-level modules (a worker sends these;
+the stored baseline's fingerprint keeps them). `check_imported`: whether what a worker imported is the side's
+environment, so that one side is never measured in the other's. Standard library only: a worker imports this.
 """
 
 from __future__ import annotations

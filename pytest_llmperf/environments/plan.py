@@ -24,8 +24,19 @@ from .errors import CODE_ONLY_WAY, CannotBuild, EnvironmentsError
 from .inputs import Detection
 from .installed import installed_here, probe
 from .records import (
-    BASE_PYTHON, CHANGED, CODE_ONLY, COMPARE_DEPS_MODES, CURRENT, NONE_FOUND, SHARED, UNCHANGED, BuildSettings,
-    Environments, SideEnvironment, canonical_name, held_changes,
+    BASE_PYTHON,
+    CHANGED,
+    CODE_ONLY,
+    COMPARE_DEPS_MODES,
+    CURRENT,
+    NONE_FOUND,
+    SHARED,
+    UNCHANGED,
+    BuildSettings,
+    Environments,
+    SideEnvironment,
+    canonical_name,
+    held_changes,
 )  # fmt: skip
 from .uv_runner import find_uv
 
@@ -81,12 +92,13 @@ def prepare(
         raise CannotBuild(f"{', '.join(unread)} differ and no build reads them, so what they change is not measured",
                           files=detection.files,
                           fix="name in llmperf_compare_deps_paths only files the sides are built from")  # fmt: skip
-    notes = [*_refused_notes(detection), *(_cuda_note(side) for side in (base, head) if cpu_target)]
+    warned = (_cuda_note(side) for side in (base, head) if cpu_target)
+    said = (*_refused_notes(detection), *(note for note in warned if note))
     changes = held_changes(base.installed, head.installed, base.contents, head.contents)
     if not changes and mode == "auto":  # a form-only edit: one build to learn it, then the job runs as before
-        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=tuple(filter(None, notes)))
+        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=said)
     other = (f"built from {base.recipe} -> {head.recipe}",) if base.recipe != head.recipe else ()
-    return _record(detection, mode, base, head, changes=changes, other=other, notes=tuple(filter(None, notes)))
+    return _record(detection, mode, base, head, changes=changes, other=other, notes=said)
 
 
 def _unread(detection: Detection, path: str) -> bool:
@@ -97,7 +109,9 @@ def _unread(detection: Detection, path: str) -> bool:
 
 
 def _refused_notes(detection: Detection) -> list[str]:
-    refused = [p for p in detection.files if (f := detection.head.get(p) or detection.base.get(p)) and f.kind == "refused"]
+    refused = [
+        p for p in detection.files if (f := detection.head.get(p) or detection.base.get(p)) and f.kind == "refused"
+    ]
     return [f"{', '.join(refused)} differ: not what the environments are built from"] if refused else []
 
 

@@ -100,13 +100,6 @@ class SideEnvironment:
         data = {**asdict(self), "installed": dict(sorted(self.installed.items())), "findings": list(self.findings)}
         return {**data, "contents": dict(sorted(self.contents.items()))}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SideEnvironment:
-        known = {f.name for f in fields(cls)}
-        given = {k: v for k, v in data.items() if k in known}
-        given.update(installed=dict(given.get("installed") or {}), contents=dict(given.get("contents") or {}))
-        return cls(**{**given, "findings": tuple(given.get("findings") or ())})
-
 
 @dataclass(frozen=True)
 class Environments:
@@ -180,14 +173,6 @@ class Environments:
         data.update(base=self.base.to_json(), head=self.head.to_json(), changes=[asdict(c) for c in self.changes])
         return {**{k: list(v) if isinstance(v, tuple) else v for k, v in data.items()},
                 "summary": self.summary_line(), "measured": self.measured}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Environments:
-        known = {f.name for f in fields(cls)} - {"base", "head", "changes"}
-        given = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
-        changes = tuple(PackageChange(str(c["name"]), c.get("base"), c.get("head")) for c in data.get("changes") or ())
-        base, head = (SideEnvironment.from_json(data[side]) for side in ("base", "head"))
-        return cls(**given, base=base, head=head, changes=changes)
 
 
 def canonical_name(name: str) -> str:

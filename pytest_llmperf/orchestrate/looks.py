@@ -113,7 +113,11 @@ class Measurements:
                     return Decision(skip=reason)
         for side in reversed(self.sides):  # the ref's side too, where it has the test: else it would read as `new`
             done = runs.get(side.name, [])
-            if done and self.on_side(side, [nodeid]) and not any(r.nodeid == nodeid for run in done for r in run.reports):
+            if (
+                done
+                and self.on_side(side, [nodeid])
+                and not any(r.nodeid == nodeid for run in done for r in run.reports)
+            ):
                 why = "cannot compare: " if side != self.current else ""
                 return Decision(  # it measured nothing, so judging it would find nothing to fail on: a green nothing
                     failure=f"{why}not run in any worker process on {side.label}: deselected there? (the ini's "
