@@ -473,11 +473,12 @@ def test_a_controller_killed_mid_build_leaves_nothing_running_nor_half_built(tmp
             os.close(fd)
 
 
-def test_bytecode_is_left_to_the_workers_unless_asked_and_then_compiled_alike_on_both_sides(tmp_path, env_dir):
+def test_bytecode_is_left_to_the_workers_unless_asked_and_then_compiled_alike_on_both_sides(tmp_path):
     base = requirements_project(tmp_path / "base", "1.0")
     head = requirements_project(tmp_path / "head", "2.0")
     for settings, compiled in ((OFFLINE, False), (BuildSettings(offline=True, compile_bytecode=True), True)):
-        envs = prepare(detect(base, head), env_dir=env_dir, settings=settings)
+        # a cache of its own: an import in another test's environment (without PYTHONDONTWRITEBYTECODE) writes .pyc
+        envs = prepare(detect(base, head), env_dir=tmp_path / "envs", settings=settings)
         for side in (envs.base, envs.head):
             site = next(Path(side.directory).glob("lib/python*/site-packages"))
             assert bool(list((site / "__pycache__").glob("fastlib.*.pyc"))) == compiled

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cache, plugin_install
-from .errors import BuildFailed, CannotBuild
+from .errors import BuildFailed, CannotBuild, EnvironmentsError
 from .inputs import REFUSED, DependencyInputs
 from .installed import Probe, probe
 from .records import BUILT, CACHE_HIT, BuildSettings, SideEnvironment, held_changes
@@ -244,7 +244,10 @@ def build_side(
         marker = cache.ready(directory, key)
         if marker is None:
             return None, None
-        now = probe(str(cache.python_in(directory)))
+        try:
+            now = probe(str(cache.python_in(directory)))
+        except EnvironmentsError as exc:  # its base interpreter moved or went: built again
+            return None, f"its interpreter does not run ({exc})"
         return now, _why_not_reused(marker, now, recipe, inputs.root, uv, settings, side)
 
     if not cache.writable(env_dir):  # read-only: a ready entry is used as it is, nothing is built

@@ -15,6 +15,7 @@ While it runs, the live cost model (online.py) corrects the measured costs from 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -318,12 +319,14 @@ class OffloadEngine:
                 out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
                 times.append(clock())
-                past = out.past_key_values
+                # the KV cache by the name this transformers gives it (backends/hf.py): `cache` from 5.24
+                name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+                past = getattr(out, name)
                 tokens = [token]
                 self.runtime.phase = "decode"
                 for _ in range(max_new_tokens - 1):
-                    out = model(input_ids=token, past_key_values=past, use_cache=True)
-                    past = out.past_key_values
+                    out = model(input_ids=token, use_cache=True, **{name: past})
+                    past = getattr(out, name)
                     token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
                     tokens.append(token)
                     times.append(clock())
