@@ -380,6 +380,12 @@ def test_a_wheel_rebuilt_under_its_name_is_caught_by_what_the_environments_hold(
     envs = prepare(detect(*roots), env_dir=env_dir, settings=OFFLINE)
     assert envs.per_side and [str(c) for c in envs.changes] == ["fastlib 1.0 -> 1.0 (other files)"]
     assert run_in(envs.head.python, "import fastlib; print(fastlib.LOOPS)") == "250000"
+    # Named with --llmperf-compare-deps-paths too, as the round tried (and was refused): the same
+    named = prepare(detect(*roots, ["vendor/*.whl"]), env_dir=env_dir, settings=OFFLINE)
+    assert [str(c) for c in named.changes] == ["fastlib 1.0 -> 1.0 (other files)"]
+    (roots[1] / "vendor" / "unused.whl").write_bytes(b"not a wheel any file names")  # named by nothing but the option
+    with pytest.raises(CannotBuild, match=r"vendor/unused.whl differ and no build reads them"):
+        prepare(detect(*roots, ["vendor/*.whl"]), env_dir=env_dir, settings=OFFLINE)
 
 
 def test_uv_settings_of_an_earlier_job_do_not_decide_a_later_ones_environment(tmp_path, monkeypatch):

@@ -102,10 +102,13 @@ def prepare(
 
 
 def _unread(detection: Detection, path: str) -> bool:
-    """Whether a differing input is one that no build reads (a file named by llmperf_compare_deps_paths that is no
-    requirements file)."""
-    file = detection.head.get(path) or detection.base.get(path)
-    return file is not None and file.kind == "other" and path not in ("uv.toml", ".python-version")
+    """Whether a differing input is one that no build reads: a file named by llmperf_compare_deps_paths that is no
+    requirements file, nor a wheel or directory that one names."""
+    file, named = (
+        detection.head.get(path) or detection.base.get(path),
+        {*dict(detection.base.local), *dict(detection.head.local)},
+    )
+    return file is not None and file.kind == "other" and path not in ("uv.toml", ".python-version", *named)
 
 
 def _refused_notes(detection: Detection) -> list[str]:
