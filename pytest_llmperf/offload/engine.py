@@ -15,7 +15,6 @@ While it runs, the live cost model (online.py) corrects the measured costs from 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -319,9 +318,7 @@ class OffloadEngine:
                 out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
                 times.append(clock())
-                # the KV cache by the name this transformers gives it (backends/hf.py): `cache` from 5.24
-                name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-                past = getattr(out, name)
+                past = getattr(out, name := "cache" if hasattr(out, "cache") else "past_key_values")  # 5.24 on: cache
                 tokens = [token]
                 self.runtime.phase = "decode"
                 for _ in range(max_new_tokens - 1):
