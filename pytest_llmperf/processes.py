@@ -159,6 +159,20 @@ def stop_tree(pid: int, grace_s: float = 10.0, *, session: bool = False, root: b
     return [p.pid for p in alive]
 
 
+def stop_inheriting(variable: str, prefix: str, grace_s: float = 5.0) -> list[str]:
+    """Stop every process whose environment's `variable` starts with `prefix`, and its tree: what a worker started
+    and left behind, in a session of its own too (an environment is inherited where a session is not). 'pid
+    (command)' of each."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid != os.getpid() and proc.environ().get(variable, "").startswith(prefix) and _running(proc):
+                found.append((proc.pid, " ".join(proc.cmdline())[:80]))
+    for pid, _ in found:
+        stop_tree(pid, grace_s)
+    return [f"{pid} ({command})" for pid, command in found]
+
+
 def _running(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE

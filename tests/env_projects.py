@@ -30,11 +30,12 @@ def work():
 """
 
 
-def fastlib_wheel(directory: Path, version: str) -> Path:
-    """fastlib VERSION as a wheel in `directory` (a plain zip: what uv installs from)."""
+def fastlib_wheel(directory: Path, version: str, *, loops: int | None = None) -> Path:
+    """fastlib VERSION as a wheel in `directory` (a plain zip: what uv installs from); `loops`: its work (default
+    LOOPS[version]), for a wheel rebuilt under the same version."""
     info = f"fastlib-{version}.dist-info"
     files = [
-        ("fastlib.py", FASTLIB.format(version=version, loops=LOOPS[version]).encode()),
+        ("fastlib.py", FASTLIB.format(version=version, loops=loops or LOOPS[version]).encode()),
         (f"{info}/METADATA", f"Metadata-Version: 2.1\nName: fastlib\nVersion: {version}\n".encode()),
         (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
     ]

@@ -32,14 +32,14 @@ ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovi
         "-W", "ignore::pytest.PytestAssertRewriteWarning")  # fmt: skip
 
 
-def fastlib_wheel(directory, version):
-    info = f"fastlib-{version}.dist-info"
+def fastlib_wheel(directory, version, *, slowdown=None, name="fastlib"):
+    info = f"{name}-{version}.dist-info"
     files = [
-        ("fastlib.py", f"__version__ = {version!r}\nSLOWDOWN = {SLOWDOWN[version]}\n".encode()),
-        (f"{info}/METADATA", f"Metadata-Version: 2.1\nName: fastlib\nVersion: {version}\n".encode()),
+        (f"{name}.py", f"__version__ = {version!r}\nSLOWDOWN = {slowdown or SLOWDOWN[version]}\n".encode()),
+        (f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()),
         (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
     ]
-    return write_wheel(directory / f"fastlib-{version}-py3-none-any.whl", files, info)
+    return write_wheel(directory / f"{name}-{version}-py3-none-any.whl", files, info)
 
 
 def requirements(version, comment="what the benchmark imports"):
@@ -121,14 +121,13 @@ def test_unchanged_dependencies_build_nothing(project, env_dir, tmp_path, monkey
     assert sorted(p.name for p in env_dir.iterdir()) == before
 
 
-def test_a_change_in_form_only_is_no_difference_and_said_so(project, env_dir, tmp_path, monkeypatch):
+def test_a_change_in_form_only_is_built_and_runs_shared_saying_so(project, tmp_path, monkeypatch):
     installed(project, tmp_path, monkeypatch, "1.0")
-    before = sorted(p.name for p in env_dir.iterdir())
     (project.path / "requirements.txt").write_text(requirements("1.0", comment="a comment edited"))
     result = project.runpytest(*ARGS)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*environments: shared (requirements.txt changed in form only)*"])
-    assert sorted(p.name for p in env_dir.iterdir()) == before
+    result.stdout.fnmatch_lines(["*environments: shared (requirements.txt differ; both sides' environments hold the "
+                                 "same packages)*"])  # fmt: skip
 
 
 def test_a_bump_at_the_repositorys_top_is_seen_from_a_rootdir_below_it(project, tmp_path, monkeypatch):
@@ -146,8 +145,8 @@ def test_a_bump_at_the_repositorys_top_is_seen_from_a_rootdir_below_it(project, 
     (project.path / "perf" / "ci" / "versions.txt").write_text("CUDA 12.6\n")
     result = project.runpytest("perf", *ARGS, "--llmperf-compare-deps=code-only")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["rootdir: */perf*", "*environments: DEPENDENCY CHANGES NOT MEASURED: fastlib 1.0 -> 2.0*"
-                                 "cannot read perf/ci/versions.txt*"])  # fmt: skip
+    result.stdout.fnmatch_lines(["rootdir: */perf*", "*environments: DEPENDENCY CHANGES NOT MEASURED: "
+                                 "perf/ci/versions.txt, requirements.txt differ*"])  # fmt: skip
 
 
 def test_no_dependency_files_is_said_in_the_header(project, tmp_path, monkeypatch):
@@ -165,17 +164,19 @@ def test_code_only_passes_but_says_the_dependency_change_was_not_measured(projec
     (project.path / "requirements.txt").write_text(requirements("2.0"))
     result = project.runpytest(*ARGS, "--llmperf-compare-deps=code-only", "--junitxml=junit.xml")
     result.assert_outcomes(passed=1)  # both sides ran fastlib 2.0: the bump is not measured, and that is said
-    result.stdout.fnmatch_lines(["*environments: DEPENDENCY CHANGES NOT MEASURED: fastlib 1.0 -> 2.0*"])
+    result.stdout.fnmatch_lines(["*environments: DEPENDENCY CHANGES NOT MEASURED: requirements.txt differ*"])
     assert "DEPENDENCY CHANGES NOT MEASURED" in (project.path / "junit.xml").read_text()
     assert "DEPENDENCY CHANGES NOT MEASURED" in (project.path / "reports" / "cpu.md").read_text()
 
 
-def test_dependencies_that_cannot_be_built_fail_the_job_naming_them_and_the_ways_out(project):
+def test_dependencies_that_cannot_be_built_fail_the_job_naming_the_side_and_the_ways_out(project):
     (project.path / "requirements.txt").write_text(requirements("3.0"))  # no such wheel, and no index
     result = project.runpytest(*ARGS)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     text = result.stderr.str()
-    assert "fastlib 1.0 -> 3.0" in text and "--llmperf-base-python" in text and "code-only" in text
+    assert "the head side's environment cannot be made" in text and "fastlib==3.0" in text and "code-only" in text
+    assert "pip install --python" in text and "/uv pip install" in text  # the command as it ran, uv included
+    assert "--llmperf-base-python" not in text  # a way out for the base side, not for the head
 
 
 def test_a_dependency_input_that_cannot_be_read_fails_the_job_naming_it(project):
@@ -184,7 +185,7 @@ def test_a_dependency_input_that_cannot_be_read_fails_the_job_naming_it(project)
     result = project.runpytest(*ARGS)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
-    result.stderr.fnmatch_lines(["*llmperf: cannot read */loop.txt, a dependency input of *"])
+    result.stderr.fnmatch_lines(["*llmperf: cannot read */loop.txt, a dependency input: *"])
 
 
 def test_an_aa_job_of_equal_dependencies_built_apart_passes(project):
@@ -215,3 +216,57 @@ def test_a_stored_baseline_names_the_dependency_that_changed_since_it_was_record
         result.assert_outcomes(**{outcome: 1})
     result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*",
                                  "Software changed since the baseline was recorded: fastlib 1.0 -> 2.0*"])  # fmt: skip
+
+
+def test_a_wheel_rebuilt_under_its_name_fails_the_job_naming_it(project):
+    """The hostile round's first case, end to end: the pull request rebuilds its vendored fastlib 1.0 25% slower; the
+    requirements text is the same. The cache, keyed by that text, passed it."""
+    (project.path / "requirements.txt").write_text("./wheels/fastlib-1.0-py3-none-any.whl\n")
+    git(project.path, "add", "-A")
+    git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "a vendored wheel")
+    fastlib_wheel(project.path / "wheels", "1.0", slowdown=1.25)
+    result = project.runpytest(*ARGS)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 1.0 (other files); base *, head *)*",
+                                 "*decode_token_ms (decode) at batch size 1 regressed*"])  # fmt: skip
+
+
+def test_a_test_the_base_side_skips_or_deselects_cannot_be_compared_but_one_it_lacks_is_new(project, tmp_path,
+                                                                                           monkeypatch):
+    """The hostile round's fourth case: a test the base side skipped made the pull request's slowdown `new`, exit 0,
+    where a base side that raised failed the job."""
+    installed(project, tmp_path, monkeypatch, "1.0")
+    skipped = ENGINE.replace("def test_engine(llmperf):", "def test_engine(llmperf):\n    pytest.skip('not on main')")
+    marked = ENGINE.replace("@pytest.mark.llmperf", "@pytest.mark.slow\n@pytest.mark.llmperf")
+    for base, ini, why in ((skipped, "[pytest]\n", "the test is skipped on HEAD (*: *not on main)"),
+                           (marked, "[pytest]\naddopts = -m 'not slow'\nmarkers = slow\n", "deselected on HEAD (*) by "
+                            "its own options*")):  # fmt: skip
+        project.makepyfile(test_engine=base)
+        (project.path / "pytest.ini").write_text(ini)
+        git(project.path, "add", "-A")
+        git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+        project.makepyfile(test_engine=ENGINE.replace("decode_slowdown=fastlib.SLOWDOWN", "decode_slowdown=1.25"))
+        (project.path / "pytest.ini").write_text("[pytest]\n")
+        result = project.runpytest(*ARGS)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([f"*cannot compare: {why}*"])
+    project.makepyfile(test_engine=ENGINE)
+    git(project.path, "add", "-A")
+    git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+    project.makepyfile(test_added=ENGINE.replace("def test_engine", "def test_added"))  # not on the base side: new
+    result = project.runpytest(*ARGS)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*judged 1 of 2 benchmarks (1 new: new test)*"])
+
+
+def test_a_bump_that_no_benchmark_imports_is_said(project):
+    """tabulate 0.9.0 -> 0.10.0 that no worker imports: built and gated in full, and now said."""
+    for version in ("1.0", "2.0"):
+        fastlib_wheel(project.path / "wheels", version, name="unusedlib")
+    (project.path / "requirements.txt").write_text(requirements("1.0") + "unusedlib==1.0\n")
+    git(project.path, "add", "-A")
+    git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "unusedlib")
+    (project.path / "requirements.txt").write_text(requirements("1.0") + "unusedlib==2.0\n")
+    result = project.runpytest(*ARGS)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*unusedlib 1.0 -> 2.0: imported by no benchmark*"])

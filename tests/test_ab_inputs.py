@@ -117,6 +117,20 @@ def test_an_ini_file_given_with_c_is_each_sides_own(project):
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks"])
 
 
+def test_an_ini_in_a_subfolder_without_a_rootdir_finds_the_tests_at_the_top(project):
+    """pytest -c ci/perf.ini from the top, no --rootdir: the rootdir is ci/, the tests lie above it, and pytest names
+    them from where it collected (tests/test_perf.py). Workers run from the rootdir failed every test with "file or
+    directory not found: tests/test_perf.py::..."."""
+    project.path.joinpath("ci").mkdir()
+    project.path.joinpath("ci/perf.ini").write_text("[pytest]\n")
+    project.mkdir("tests").joinpath("test_perf.py").write_text(engine())
+    commit(project)
+    for mode, said in (("--llmperf-update", "*1 created*"), ("--llmperf-compare=HEAD", "llmperf: judged 1 of 1 *")):
+        result = project.runpytest(*ARGS, mode, "-c", "ci/perf.ini")
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(["rootdir: */ci", said])
+
+
 def test_a_rootdir_below_the_repository_keeps_its_node_ids(project):
     project.mkdir("perf").joinpath("test_engine.py").write_text(engine())
     commit(project)
@@ -157,3 +171,31 @@ def test_workers_run_when_deprecation_warnings_are_errors(project, monkeypatch):
     commit(project)
     result = project.runpytest(*ARGS, "--llmperf-compare=HEAD")
     result.assert_outcomes(passed=1)
+
+
+CHILD = """
+import os, subprocess, sys
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=3, warmups=0)
+def test_engine(llmperf):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    with open({pids!r}, "a") as handle:
+        handle.write(f"{{child.pid}}\\n")
+    llmperf.measure(SimulatedBackend(seed=int(os.environ.get("LLMPERF_WORKER_PROCESS", "0")), noise=0.005))
+"""
+
+
+def test_a_child_a_benchmark_starts_in_a_session_of_its_own_does_not_outlive_the_job(project, tmp_path):
+    from tests.doubles.leaks import alive, read_pids
+
+    pids = tmp_path / "pids"
+    project.makepyfile(test_engine=CHILD.format(pids=str(pids)))
+    commit(project)
+    result = project.runpytest(*ARGS, "--llmperf-compare=HEAD")
+    result.assert_outcomes(passed=1)
+    started = read_pids(pids)
+    assert len(started) == 10  # one a worker, 5 a side
+    assert not [pid for pid in started if alive(pid)]
+    result.stdout.fnmatch_lines(["*llmperf: stopped 10 process(es) the benchmarks left running: *"])

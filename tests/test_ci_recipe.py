@@ -170,6 +170,18 @@ def test_the_recipe_installs_cpu_torch_first_and_names_nothing_of_this_repositor
         assert ours not in text, ours
 
 
+def test_the_environments_cache_is_keyed_on_every_input_an_environments_key_reads():
+    # A job that builds a new environment must save it: a key that missed an input restored the old cache and never
+    # saved the new one, so every later job built it again.
+    from pytest_llmperf.environments.inputs import BUILT, PATTERNS
+
+    job = yaml.safe_load(RECIPE.read_text())["jobs"]["ab"]
+    cached = next(step for step in job["steps"] if step.get("uses", "").startswith("actions/cache"))
+    assert "~/.cache/uv" in cached["with"]["path"] and "~/.cache/pytest-llmperf/envs" in cached["with"]["path"]
+    for pattern in (*BUILT, *PATTERNS, "*.whl"):
+        assert f"'**/{pattern}'" in cached["with"]["key"], pattern
+
+
 @pytest.mark.serial  # times a real engine and asserts main green: alone, after the parallel tests
 def test_the_recipe_runs_in_a_user_project_main_green_and_a_slower_pull_request_red(user_project, tmp_path):
     project, venv = user_project

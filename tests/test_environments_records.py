@@ -19,11 +19,11 @@ from pytest_llmperf.environments.records import (
     Environments,
     PackageChange,
     SideEnvironment,
-    unmeasured,
+    held_changes,
 )
 from pytest_llmperf.orchestrate import option_values
 
-BUMP = (PackageChange("torch", "2.5.1", "2.6.0", "uv.lock"), PackageChange("triton", "3.1.0", "3.2.0", "uv.lock"))
+BUMP = (PackageChange("torch", "2.5.1", "2.6.0"), PackageChange("triton", "3.1.0", "3.2.0"))
 
 
 def built(side, how, seconds, torch):
@@ -34,9 +34,11 @@ def built(side, how, seconds, torch):
 def test_per_side_environments_round_trip_through_json_and_read_in_the_header():
     envs = Environments("auto", "changed", built("base", CACHE_HIT, 0.21, "2.5.1"), built("head", BUILT, 41.0, "2.6.0"),
                         ("uv.lock",), BUMP, notes=("a note",), detect_seconds=0.01)  # fmt: skip
-    data = json.loads(json.dumps(envs.to_json()))
-    assert Environments.from_json(data) == envs
-    assert data["summary"] == envs.summary_line() and data["measured"] is True
+    data = json.loads(json.dumps(envs.to_json()))  # as the JSON report keeps it, and its markdown reads it back
+    assert data["summary"] == envs.summary_line() and data["measured"] is True and data["files"] == ["uv.lock"]
+    assert data["base"]["installed"] == {"torch": "2.5.1", "triton": "3.1.0"} and data["head"]["how"] == BUILT
+    assert data["notes"] == ["a note"] and data["detect_seconds"] == 0.01
+    assert data["changes"][0] == {"name": "torch", "base": "2.5.1", "head": "2.6.0"}  # as the markdown report reads it
     assert envs.summary_line() == ("environments: per side (torch 2.5.1 -> 2.6.0; triton 3.1.0 -> 3.2.0; "
                                    "base cache hit 0.2 s, head built 41.0 s) [auto]")  # fmt: skip
     assert envs.summary_lines("base origin/main@abc1234", "head HEAD@def5678")[1:] == [
@@ -45,26 +47,42 @@ def test_per_side_environments_round_trip_through_json_and_read_in_the_header():
         "  packages that differ (2): torch 2.5.1 -> 2.6.0; triton 3.1.0 -> 3.2.0",
         "  note: a note",
     ]
-    # triton did not change in what was built: that change was not measured, and the record says so
-    assert unmeasured(BUMP, envs.base, envs.head) == ("triton 3.1.0 -> 3.2.0 (both sides ran 3.1.0)",)
+
+
+def test_a_package_that_no_worker_imported_is_said_once_the_workers_ran():
+    envs = Environments("auto", "changed", built("base", BUILT, 1.0, "2.5.1"), built("head", BUILT, 1.0, "2.6.0"),
+                        ("requirements.txt",), (*BUMP, PackageChange("tabulate", "0.9.0", "0.10.0")))  # fmt: skip
+    lines = envs.shown_lines("A", "B", imported={"torch", "triton", "numpy"})
+    assert "  tabulate 0.9.0 -> 0.10.0: imported by no benchmark" in lines
+    assert not any("torch" in line and "imported by no" in line for line in lines)
+    assert not any("imported by no" in line for line in envs.shown_lines("A", "B"))  # before the workers ran
+
+
+def test_what_two_environments_hold_differently():
+    base, head = {"torch": "2.5.1", "numpy": "2.2.6", "old": "1"}, {"torch": "2.6.0", "numpy": "2.2.6", "new": "2"}
+    assert [str(c) for c in held_changes(base, head)] == ["+new 2", "-old 1", "torch 2.5.1 -> 2.6.0"]
+    # A wheel rebuilt under the same version holds other files: a change, said as such.
+    changes = held_changes({"fastlib": "1.0"}, {"fastlib": "1.0"}, {"fastlib": "aaaa"}, {"fastlib": "bbbb"})
+    assert [str(c) for c in changes] == ["fastlib 1.0 -> 1.0 (other files)"]
+    assert held_changes({"fastlib": "1.0"}, {"fastlib": "1.0"}, {"fastlib": "aaaa"}, {"fastlib": "aaaa"}) == ()
 
 
 def test_code_only_and_shared_summaries():
     side = SideEnvironment("base", CODE_ONLY, sys.executable, installed={"torch": "2.6.0"})
     head = SideEnvironment("head", CODE_ONLY, sys.executable, installed={"torch": "2.6.0"})
-    missed = unmeasured(BUMP[:1], side, head)
-    envs = Environments("code-only", "changed", side, head, ("uv.lock",), BUMP[:1], not_measured=missed)
-    assert envs.summary_line() == ("environments: DEPENDENCY CHANGES NOT MEASURED: torch 2.5.1 -> 2.6.0 (both sides "
-                                   "ran 2.6.0) [code-only]")  # fmt: skip
+    missed = ("uv.lock differ (both sides ran this environment)",)
+    envs = Environments("code-only", "changed", side, head, ("uv.lock",), not_measured=missed)
+    assert envs.summary_line() == ("environments: DEPENDENCY CHANGES NOT MEASURED: uv.lock differ (both sides ran "
+                                   "this environment) [code-only]")  # fmt: skip
     assert not envs.measured and not envs.per_side
     shared = SideEnvironment("base", SHARED, sys.executable)
-    same = Environments("auto", "same-in-form", shared, shared, ("requirements.txt",))
-    assert same.summary_line() == "environments: shared (requirements.txt changed in form only) [auto]"
-    noted = Environments("auto", "same-in-form", shared, shared, ("poetry.lock",), notes=("fastlib: poetry.lock ...",))
-    assert noted.summary_line() == (
-        "environments: shared (poetry.lock changed, not what the environment is built from: see the notes) [auto]"
-    )
-    assert "  note: fastlib: poetry.lock ..." in noted.shown_lines("A", "B")
+    same = Environments("auto", "changed", shared, shared, ("requirements.txt",))
+    assert same.summary_line() == ("environments: shared (requirements.txt differ; both sides' environments hold the "
+                                   "same packages) [auto]")  # fmt: skip
+    noted = Environments("auto", "changed", shared, shared, ("poetry.lock",), notes=("poetry.lock differ: ...",))
+    assert "  note: poetry.lock differ: ..." in noted.shown_lines("A", "B")
+    assert Environments("auto", "unchanged", shared, shared).shown_lines("A", "B") == [
+        "environments: shared (dependency files unchanged) [auto]"]  # fmt: skip
 
 
 def test_a_package_change_reads_as_its_direction():

@@ -46,7 +46,7 @@ def changed_forward(monkeypatch):
         held = torch.ones(hold_mb * 2 ** 20 // 4) if hold_mb else None
         out = forward(self, *args, **kwargs)
         del held
-        past = kwargs.get("past_key_values")
+        past = kwargs.get("cache", kwargs.get("past_key_values"))  # its name from transformers 5.24, and before
         decoding = kwargs["input_ids"].shape[1] == 1 and past is not None
         if perturb and decoding and past.get_seq_length() >= {SEQUENCE} + 2:
             out.logits = -out.logits

@@ -101,6 +101,9 @@ class HFBackend(Backend):
         # generate() computes only the last position's logits at prefill; so do we, where supported.
         params = inspect.signature(self.model.forward).parameters
         self._prefill_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # The KV cache by the name this transformers gives it: `cache` from 5.24 (where `past_key_values` warns, and
+        # goes in 5.40), `past_key_values` before.
+        self._cache = "cache" if "cache" in params else "past_key_values"
         if device.startswith("cuda"):
             clock = (
                 synchronized_clock(torch.cuda.synchronize, clock)
@@ -139,11 +142,12 @@ class HFBackend(Backend):
             out = model(input_ids=input_ids, use_cache=True, **self._prefill_kwargs)
             token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
             times.append(clock())
-            past = out.past_key_values
+            cache = self._cache
+            past = getattr(out, cache)
             tokens = [token]
             for _ in range(request.decode_length - 1):
-                out = model(input_ids=token, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = model(input_ids=token, use_cache=True, **{cache: past})
+                past = getattr(out, cache)
                 token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
                 tokens.append(token)
                 times.append(clock())

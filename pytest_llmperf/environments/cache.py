@@ -1,11 +1,11 @@
 """The cache of built environments: one directory per key, so that a rerun, and every pull request against the same
 main, reuses what an earlier job built.
 
-The key is a digest of what defines an environment (the interpreter's identity, the side's normalized dependency
-inputs, the build's flags, uv's version, the platform, the plugin installed into it). A directory is built while
-its lock is held (two jobs never build one at once: the second waits, then reuses it) and is ready only once its
-marker is written, last and atomically: a build that was killed leaves a directory without one, which the next
-builder removes first.
+The key is a digest of everything that decides what gets installed (build.key_parts). A directory is built while its
+lock is held: two jobs never build one at once (the second waits, then reuses it), and the uv processes of a build
+inherit the lock, so a build whose controller was killed holds it until the last of them is gone. A directory is
+ready only once its marker is written, last and atomically: what a killed or failed build left has none, and the next
+builder removes it first. A cache that this job cannot write is still read: a ready entry is reused without a lock.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..files import locked, write_text_atomic
+from ..files import write_text_atomic
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock (nor a uv that could outlive its build there)
+    fcntl = None  # type: ignore[assignment]
 
 MARKER = "llmperf-env.json"
 #: Wheels of what the controller runs (wheels.py), beside the environments.
@@ -43,6 +48,13 @@ def key_of(parts: Mapping[str, Any]) -> str:
 def python_in(directory: Path) -> Path:
     """The interpreter of the environment at `directory`."""
     return directory / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+
+
+def writable(root: Path) -> bool:
+    """Whether this job can build into the cache at `root` (made if missing)."""
+    with contextlib.suppress(OSError):
+        root.mkdir(parents=True, exist_ok=True)
+    return os.access(root, os.W_OK | os.X_OK)
 
 
 def ready(directory: Path, key: str) -> dict[str, Any] | None:
@@ -68,11 +80,17 @@ def touch(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def building(directory: Path) -> Iterator[None]:
-    """Hold the lock of `directory` while the block builds or reuses it."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with locked(directory):
-        yield
+def entry_lock(directory: Path) -> Iterator[int]:
+    """Hold the lock of the entry `directory` (`.<name>.lock` beside it) while the block builds or reuses it; yields
+    its descriptor, for the builder's processes to inherit. The lock file stays: a process that inherited it may hold
+    it still."""
+    fd = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # the last holder's close releases the flock
 
 
 def discard(directory: Path) -> None:
@@ -96,7 +114,7 @@ def prune(root: Path, keep: int, *, spare: tuple[Path, ...] = ()) -> list[Path]:
     for _, child in entries[keep:]:
         if any(child.samefile(s) for s in spare if s.exists()):
             continue
-        with locked(child):
+        with entry_lock(child):
             discard(child)
         removed.append(child)
     return removed

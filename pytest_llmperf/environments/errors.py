@@ -1,19 +1,19 @@
-"""Why the sides' environments could not be made, said so that a person can act: the packages that differ and the
-ways out. The controller turns these into a usage error (a failed job), never into a green one."""
+"""Why the sides' environments could not be made, said so that a person can act: the side, what differs, and the ways
+out that apply to it. The controller turns these into a usage error (a failed job), never into a green one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .records import PackageChange
-
-WAYS_OUT = (
+BASE_PYTHON_WAY = (
     "--llmperf-base-python=PATH: run the base side with an interpreter you prepared with its dependencies (conda, a "
-    "container); its installed set is checked against the base side's declared dependencies, and the head side runs "
-    "in this environment",
-    "--llmperf-compare-deps=code-only: compare the code alone in this environment; the report says which dependency "
-    "changes were not measured",
+    "container); it is checked against the base side's dependency files, and the head side runs in this environment"
 )
+CODE_ONLY_WAY = (
+    "--llmperf-compare-deps=code-only: compare the code alone in this environment; the report says which dependency "
+    "changes were not measured"
+)
+HEAD_WAY = "make the working tree's dependency files build here (they are the pull request's)"
 
 
 class EnvironmentsError(Exception):
@@ -21,39 +21,41 @@ class EnvironmentsError(Exception):
 
 
 class CannotBuild(EnvironmentsError):
-    """The dependencies differ and the sides' environments cannot be built (no uv, no index reachable, a format that
-    is not read, a build that failed): the message names the packages that differ and the ways out."""
+    """The dependencies differ and the sides' environments cannot be made, or made so that the difference is
+    measured: the message names the side, what differs and the ways out."""
 
     def __init__(
         self,
         reason: str,
         *,
-        changes: Sequence[PackageChange] = (),
-        other: Sequence[str] = (),
+        side: str | None = None,
+        files: Sequence[str] = (),
         fix: str | None = None,
+        ways: Sequence[str] = (),
     ) -> None:
-        self.reason = reason
-        self.changes = tuple(changes)
-        self.other = tuple(other)
-        self.fix = fix
+        self.reason, self.side, self.files, self.fix, self.given = reason, side, tuple(files), fix, tuple(ways)
         super().__init__(self.message())
 
-    def message(self) -> str:
-        lines = [f"the two sides' dependencies differ and their environments cannot be built: {self.reason}"]
-        if self.changes:
-            lines.append("  packages that differ: " + "; ".join(map(str, self.changes)))
-        lines += [f"  also differs: {other}" for other in self.other]
-        lines.append("Ways out:")
-        if self.fix:
-            lines.append(f"  - {self.fix}")
-        lines += [f"  - {way}" for way in WAYS_OUT]
-        return "\n".join(lines)
+    def ways(self) -> list[str]:
+        """The ways out that apply: a base-side interpreter only where the base side is what failed."""
+        if self.given:
+            return list(self.given)
+        ways = [self.fix] if self.fix else []
+        ways += [HEAD_WAY] if self.side == "head" else [BASE_PYTHON_WAY]
+        return [*ways, CODE_ONLY_WAY]
 
-    def with_differences(self, changes: Sequence[PackageChange], other: Sequence[str]) -> CannotBuild:
-        """The same error, naming the differences the caller knows (a build step knows only its side)."""
-        return type(self)(self.reason, changes=changes, other=other, fix=self.fix)
+    def message(self) -> str:
+        which = f"the {self.side} side's environment" if self.side else "the sides' environments"
+        lines = [f"the two sides' dependencies differ and {which} cannot be made: {self.reason}"]
+        if self.files:
+            lines.append(f"  dependency inputs that differ: {', '.join(self.files)}")
+        return "\n".join([*lines, "Ways out:", *(f"  - {way}" for way in self.ways())])
+
+    def naming(self, files: Sequence[str]) -> CannotBuild:
+        """The same error, naming the inputs that differ (a build step knows only its side)."""
+        return type(self)(self.reason, side=self.side, files=files, fix=self.fix, ways=self.given)
 
 
 class BuildFailed(CannotBuild):
     """uv ran and failed (a package not found offline, an index not reachable, a conflict); the reason ends with
-    what uv said."""
+    the command as it ran and what uv said."""

@@ -1,44 +1,65 @@
-"""A side's dependency inputs: the files that say what its environment holds, found and read as bytes.
-
-Found at the side's root: requirements and constraints files (with what they include by `-r`/`-c`), pyproject.toml,
-uv.lock, poetry.lock, pdm.lock, Pipfile.lock, environment.yml, .python-version, and the extra paths or globs the user
-names; for a member of a uv workspace, the workspace's uv.lock and pyproject.toml above it too. Reading them is all
-that detection costs when nothing changed: two sides whose inputs are byte-identical are compared here, with no
-parser loaded (standard library only) and nothing written.
+"""A side's dependency inputs, known by their bytes: the files that say what its environment holds (requirements and
+constraints files with their `-r`/`-c` includes, pyproject.toml, uv.lock, pylock.toml, uv.toml, .python-version, other
+tools' files, the user's extra paths; a uv workspace member's workspace lock), and the local wheels and directories
+they name. Nothing is parsed to decide what changed: only byte-identical sides are the same. A named path is
+fingerprinted by content where relative (a checkout rewrites every file), by size and time where absolute (the same
+files for both sides: a torch wheel on the runner's disk is not hashed at every job).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EnvironmentsError
 
-LOCKS = ("uv.lock", "poetry.lock", "pdm.lock", "Pipfile.lock")
-#: Files looked for by name at the root.
-NAMED = ("pyproject.toml", *LOCKS, "environment.yml", "environment.yaml", ".python-version")
-#: Requirements and constraints files looked for by pattern at the root.
-PATTERNS = ("requirements*.txt", "requirements*.in", "requirements/*.txt", "requirements/*.in", "constraints*.txt")
+#: Files looked for by name at the root: what uv builds from, and (REFUSED) what it cannot.
+BUILT = ("pyproject.toml", "uv.lock", "pylock.toml", "uv.toml", ".python-version")
+#: The files of other tools, each with the command that exports it to a requirements file.
+REFUSED = {
+    "poetry.lock": "poetry export -o requirements.txt",
+    "pdm.lock": "pdm export -o requirements.txt",
+    "Pipfile": "pipenv requirements > requirements.txt",
+    "Pipfile.lock": "pipenv requirements > requirements.txt",
+    "environment.yml": "conda env export --from-history, then list its pip packages in requirements.txt",
+    "environment.yaml": "conda env export --from-history, then list its pip packages in requirements.txt",
+    "conda-lock.yml": "conda-lock render --kind explicit, then list its pip packages in requirements.txt",
+}
+#: Requirements and constraints files, and PEP 751 locks, looked for by pattern at the root.
+PATTERNS = ("requirements*.txt", "requirements*.in", "requirements/*.txt", "requirements/*.in", "constraints*.txt",
+            "pylock.*.toml")  # fmt: skip
 
-# `-r file`, `--requirement file`, `--requirement=file`, `-c file`, ... at the start of a requirements line.
+# `-r file`, `--requirement=file`, `-c file`, ... at the start of a requirements line.
 _INCLUDE = re.compile(r"^\s*(-r|--requirement|-c|--constraint)(?:\s*=\s*|\s+|(?<=-[rc]))(\S+)")
+# Options of a requirements line whose value may be a local path.
+_PATH_OPTIONS = ("-f", "--find-links", "-e", "--editable", "-i", "--index-url", "--extra-index-url")
+_ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
+#: TOML keys whose quoted values are paths or URLs (uv.lock sources, [tool.uv], pylock.toml): in an inline table,
+#: or at the start of a line.
+_KEYS = r"(?:path|directory|registry|find-links|url|index-url|extra-index-url)"
+_INLINE = re.compile(r"\{[^{}\n]*\}")
+_TOML_PATH = re.compile(rf"\b{_KEYS}\s*=\s*(['\"])(.*?)\1")
+_TOML_PATHS = re.compile(rf"(?m)^\s*{_KEYS}\s*=\s*(\[[^\]]*\]|'[^'\n]*'|\"[^\"\n]*\")")
+_QUOTED = re.compile(r"\"([^\"\n]*)\"|'([^'\n]*)'")
+#: Left out of a directory's fingerprint.
+_SKIPPED = {".git", "__pycache__", ".venv", "node_modules"}
 
 
 def kind_of(path: str) -> str:
-    """What a dependency input is, from its name: one of LOCKS, pyproject, requirements, constraints, conda,
-    python-version, or other (a file named by the user that no parser here reads)."""
+    """What a dependency input is, from its name: pyproject, uv.lock, pylock, requirements, constraints, refused, or
+    other (uv.toml, .python-version, a file the user named)."""
     name = path.rsplit("/", 1)[-1]
-    if name == "pyproject.toml":
-        return "pyproject"
-    if name in LOCKS:
-        return name
-    if name == ".python-version":
-        return "python-version"
-    if re.fullmatch(r"environment.*\.ya?ml", name):
-        return "conda"
+    if name in ("pyproject.toml", "uv.lock"):
+        return "pyproject" if name == "pyproject.toml" else name
+    if name in REFUSED:
+        return "refused"
+    if re.fullmatch(r"pylock(\.[^.]+)?\.toml", name):
+        return "pylock"
     if name.startswith("constraints") and name.endswith(".txt"):
         return "constraints"
     if name.endswith((".txt", ".in")):
@@ -48,75 +69,130 @@ def kind_of(path: str) -> str:
 
 @dataclass(frozen=True)
 class InputFile:
-    """One dependency input: its path relative to the side's root (posix), its kind, its bytes (None: named,
-    by an include or by the user, but missing)."""
+    """One dependency input: its path relative to the side's root (posix), its kind, its bytes (None: named by an
+    include or by the user, but missing)."""
 
     path: str
     kind: str
     data: bytes | None = field(repr=False)
-    included_by: str | None = None  # the requirements file that includes it
-
-    @property
-    def missing(self) -> bool:
-        return self.data is None
+    included_by: str | None = None
 
 
 @dataclass(frozen=True)
 class DependencyInputs:
-    """Every dependency input of one side, sorted by path."""
+    """Every dependency input of one side, and a fingerprint of each local path they name."""
 
     root: Path
     files: tuple[InputFile, ...]
+    local: tuple[tuple[str, str], ...] = ()  # (path: relative to the root where named so, else absolute; fingerprint)
 
     def paths(self) -> tuple[str, ...]:
         return tuple(f.path for f in self.files)
 
     def get(self, path: str) -> InputFile | None:
-        return next((f for f in self.files if f.path == path), None)
+        return next((f for f in self.files if f.path == path and f.data is not None), None)
 
     def of_kind(self, *kinds: str) -> tuple[InputFile, ...]:
-        return tuple(f for f in self.files if f.kind in kinds and not f.missing)
+        """The top-level (not included) files of these kinds that exist."""
+        return tuple(f for f in self.files if f.kind in kinds and f.data is not None and f.included_by is None)
+
+    def digests(self) -> dict[str, str | None]:
+        """Each input's and named path's digest: what the cache key reads, what detection compares."""
+        files = {f.path: None if f.data is None else hashlib.sha256(f.data).hexdigest() for f in self.files}
+        return {**files, **dict(self.local)}
 
     def differing(self, other: DependencyInputs) -> tuple[str, ...]:
-        """The paths whose bytes differ from `other`'s, or that only one of the two has."""
-        mine, theirs = {f.path: f.data for f in self.files}, {f.path: f.data for f in other.files}
-        return tuple(
-            sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, b"\0absent") != theirs.get(p, b"\0absent"))
-        )
+        mine, theirs = self.digests(), other.digests()
+        return tuple(sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, "-") != theirs.get(p, "-")))
+
+
+def includes(data: bytes) -> list[tuple[str, str]]:
+    """(kind, path) of each `-r`/`-c` include of a requirements file, in order."""
+    found = []
+    for line in data.decode("utf-8-sig", errors="replace").splitlines():
+        match = _INCLUDE.match(line)
+        if match:
+            found.append(("constraints" if match[1] in ("-c", "--constraint") else "requirements", match[2]))
+    return found
+
+
+def _local(text: str) -> str | None:
+    """The local path a URL or path names ('file:///w/x.whl', './vendor', '../libs/x'), else None."""
+    text = text.strip().strip("'\"")
+    if text.startswith("file:"):
+        text = re.sub(r"^file:(//)?", "", text)
+    elif "://" in text or not text or text.startswith("$"):
+        return None
+    return os.path.expanduser(text)
+
+
+def _requirement_paths(line: str) -> Iterator[str]:
+    """The local paths one requirement line (or requirement string) may name."""
+    tokens = re.split(r"[\s=]+", line.split(" #", 1)[0].strip())
+    for index, token in enumerate(tokens):
+        if token in _PATH_OPTIONS and index + 1 < len(tokens):
+            yield tokens[index + 1]
+        elif token.startswith(("file:", "./", "../", "/", "~")) or token.endswith(_ARCHIVES):
+            yield token
+    if "@" in line:
+        yield line.split("@", 1)[1].split(";", 1)[0].strip()
+
+
+def named_paths(file: InputFile) -> Iterator[str]:
+    """The paths that the input `file` names, as written: read by lines (a requirements file) or by the keys uv reads
+    paths from (a TOML file: uv.lock sources, [tool.uv], pylock.toml), never parsed. Editable sources (the project's
+    own code, imported from the checkout) are left out."""
+    if file.data is None:
+        return
+    text = file.data.decode("utf-8-sig", errors="replace")
+    if file.kind in ("requirements", "constraints"):
+        for line in text.splitlines():
+            yield from _requirement_paths(line)
+        return
+    if not file.path.endswith((".toml", ".lock")):
+        return
+    for table in _INLINE.findall(text):
+        if "editable" not in table and "virtual" not in table:
+            yield from (value for _, value in _TOML_PATH.findall(table))
+    for values in _TOML_PATHS.findall(_INLINE.sub("", text)):
+        yield from (a or b for a, b in _QUOTED.findall(values))
+    for a, b in _QUOTED.findall(text):
+        if "@" in (a or b):
+            yield from _requirement_paths(a or b)
+
+
+def fingerprint(path: Path, content: bool) -> str:
+    """A digest of what lies at `path`, a file or a directory: by content, or by size and modification time."""
+    digest = hashlib.sha256()
+    for name, file in [(".", path)] if path.is_file() else sorted(_files(path)):
+        digest.update(f"{name}\0".encode())
+        if content:
+            with open(file, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+        else:
+            digest.update(f"{file.stat().st_size}:{file.stat().st_mtime_ns}".encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def _files(directory: Path) -> Iterator[tuple[str, Path]]:
+    for folder, subfolders, names in os.walk(directory):
+        subfolders[:] = [s for s in subfolders if s not in _SKIPPED]
+        for name in names:
+            path = Path(folder, name)
+            yield path.relative_to(directory).as_posix(), path
 
 
 def _relative(path: Path, root: Path) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-
-
-class InputsUnreadable(EnvironmentsError):
-    """A dependency input exists but cannot be read (permissions, a symlink loop): what the sides declare is not
-    known, so nothing may be said about it."""
-
-
-def includes(data: bytes) -> list[tuple[str, str]]:
-    """(option, path) of each `-r`/`-c` include of a requirements file, in order."""
-    found = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        match = _INCLUDE.match(line)
-        if match:
-            option = "constraints" if match.group(1) in ("-c", "--constraint") else "requirements"
-            found.append((option, match.group(2)))
-    return found
-
-
-def _globbed(root: Path, patterns: Iterable[str]) -> list[Path]:
+def _globbed(root: Path, patterns: Sequence[str]) -> list[Path]:
     found: list[Path] = []
     for pattern in patterns:
         if any(ch in pattern for ch in "*?["):
-            found += sorted(p for p in root.glob(pattern) if p.is_file())
+            found += sorted(p for p in root.glob(pattern) if p.is_file() or p.is_symlink())
         else:
             found.append(root / pattern)  # named: counted also when missing (on one side only, it differs)
     return found
@@ -124,13 +200,13 @@ def _globbed(root: Path, patterns: Iterable[str]) -> list[Path]:
 
 def has_inputs(directory: Path) -> bool:
     """Whether `directory` holds a dependency input found by name or pattern."""
-    return any((directory / name).is_file() for name in NAMED) or bool(_globbed(directory, PATTERNS))
+    return any((directory / name).is_file() for name in (*BUILT, *REFUSED)) or bool(_globbed(directory, PATTERNS))
 
 
 def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path, Path]:
     """(base, head): where each side's dependency inputs are read. The nearest directory, from the head's pytest
-    rootdir up to its repository's top, that holds one on either side (a rootdir in tests/perf/ of a project whose
-    requirements.txt is at the top); the same place on both sides; the rootdir where none does."""
+    rootdir up to its repository's top, that holds one on either side; the same place on both sides; the rootdir
+    where none does."""
     try:
         relative = head_root.resolve().relative_to(head_top.resolve())
     except ValueError:  # a rootdir outside the repository: only itself
@@ -141,24 +217,21 @@ def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path,
     return base_top / relative, head_top / relative
 
 
-def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs:
-    """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it);
-    InputsUnreadable naming the file where one cannot be read."""
-    try:
-        return _find(Path(root), extra)
-    except OSError as exc:
-        where = exc.filename or root
-        raise InputsUnreadable(
-            f"cannot read {where}, a dependency input of {root}: {exc.strerror or exc}. Make it readable, or remove it"
-        ) from None
+def repository_top(root: Path) -> Path:
+    """The top of the git repository `root` lies in (a worktree's .git is a file), or `root` outside one."""
+    for directory in (root.resolve(), *root.resolve().parents):
+        if (directory / ".git").exists():
+            return directory
+    return root.resolve()
 
 
 def workspace_root(root: Path) -> Path | None:
     """The uv workspace whose lock a member at `root` is built from: the nearest directory above it, within its
     repository, whose pyproject.toml declares [tool.uv.workspace] beside a uv.lock; None where `root` has its own
-    uv.lock, no pyproject.toml, or no such directory above it."""
+    uv.lock or no pyproject.toml."""
     if (root / "uv.lock").is_file() or not (root / "pyproject.toml").is_file():
         return None
+    top = repository_top(root)
     for directory in root.resolve().parents:
         pyproject = directory / "pyproject.toml"
         if (
@@ -167,30 +240,96 @@ def workspace_root(root: Path) -> Path | None:
             and b"[tool.uv.workspace]" in pyproject.read_bytes()
         ):
             return directory
-        if (directory / ".git").exists():  # the repository's top (a worktree's .git is a file)
+        if directory == top:
             return None
     return None
 
 
-def _find(root: Path, extra: Sequence[str]) -> DependencyInputs:
+class InputsUnreadable(EnvironmentsError):
+    """A dependency input exists but cannot be read (permissions, a dangling symlink, a loop): what the side declares
+    is not known, so nothing may be said about it."""
+
+
+def _read(path: Path) -> bytes | None:
+    """The bytes of `path`; None where nothing is there; InputsUnreadable where something is but cannot be read."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        why = "a symlink to nothing" if path.is_symlink() and not path.exists() else exc.strerror or str(exc)
+        raise InputsUnreadable(
+            f"cannot read {path}, a dependency input: {why}. Make it readable, or remove it"
+        ) from None
+
+
+def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs:
+    """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it)."""
+    root = Path(root)
     files: dict[str, InputFile] = {}
-    queue: list[tuple[Path, str | None, str | None]] = [(root / name, None, None) for name in NAMED]
+    queue: list[tuple[Path, str | None, str | None]] = [(root / n, None, None) for n in (*BUILT, *REFUSED)]
     workspace = workspace_root(root)
     if workspace is not None:  # a member's environment is the workspace's lock, as uv sync in its directory makes it
         queue += [(workspace / "uv.lock", None, None), (workspace / "pyproject.toml", None, None)]
-    queue = [item for item in queue if item[0].is_file()]
-    queue += [(p, None, None) for p in _globbed(root, PATTERNS)]
-    queue += [(p, None, None) for p in _globbed(root, extra)]
+    queue = [item for item in queue if item[0].exists() or item[0].is_symlink()]
+    queue += [(p, None, None) for p in (*_globbed(root, PATTERNS), *_globbed(root, extra))]
     while queue:
-        path, forced_kind, parent = queue.pop(0)
+        path, kind, parent = queue.pop(0)
         relative = _relative(path, root)
-        if relative in files:
+        if relative in files:  # found by pattern and included too: read through what includes it
+            if parent is not None and files[relative].included_by is None:
+                files[relative] = InputFile(relative, files[relative].kind, files[relative].data, parent)
             continue
         data = _read(path)
-        kind = forced_kind or kind_of(relative)
-        files[relative] = InputFile(relative, kind, data, parent)
-        if data is not None and kind in ("requirements", "constraints"):
-            for option, target in includes(data):
-                if "://" not in target:  # a URL include is compared by its line, not fetched
-                    queue.append((path.parent / target, option, relative))
-    return DependencyInputs(root, tuple(sorted(files.values(), key=lambda f: f.path)))
+        file = files[relative] = InputFile(relative, kind or kind_of(relative), data, parent)
+        if data is not None and file.kind in ("requirements", "constraints"):
+            queue += [
+                (path.parent / target, option, relative) for option, target in includes(data) if "://" not in target
+            ]
+    local = {}
+    for file in files.values():
+        for named in named_paths(file):
+            given = _local(named)
+            if given is None or not (path := (root / file.path).parent / given).exists():
+                continue
+            inside = not os.path.isabs(given)
+            local[_relative(path, root) if inside else str(path)] = fingerprint(path, inside)
+    return DependencyInputs(root, tuple(sorted(files.values(), key=lambda f: f.path)), tuple(sorted(local.items())))
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What differs between the two sides' dependency inputs, by their bytes."""
+
+    base: DependencyInputs
+    head: DependencyInputs
+    files: tuple[str, ...] = ()  # the inputs (and named local paths) that differ, or that one side only has
+    seconds: float = 0.0  # what detecting cost
+
+    @property
+    def found(self) -> bool:
+        return bool(self.base.files or self.head.files)
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.files)
+
+    def none_found(self) -> str:
+        return (
+            f"no dependency files at {self.head.root} (nor above it in the repository): a change of dependencies "
+            "cannot be seen; name the files that define the environment in the ini option llmperf_compare_deps_paths"
+        )
+
+
+def detect(
+    base_root: Path | str,
+    head_root: Path | str,
+    extra: Sequence[str] = (),
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Detection:
+    """How the dependency inputs of the side at `base_root` (the compared ref's checkout) and at `head_root` (the
+    working tree) differ; `extra`: more paths or globs, relative to each root (ini llmperf_compare_deps_paths)."""
+    start = clock()
+    base, head = find_inputs(base_root, extra), find_inputs(head_root, extra)
+    return Detection(base, head, base.differing(head), clock() - start)

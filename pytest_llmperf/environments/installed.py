@@ -1,10 +1,11 @@
 """What an environment holds, and what a worker actually ran.
 
 `probe(python)`: one subprocess of that interpreter (isolated: -I) prints its identity, its marker environment and
-its installed distributions (importlib.metadata). `imported_distributions(modules)`: in the calling process, the
-installed versions of the distributions behind a set of imported top-level modules (a worker sends these; the stored
-baseline's fingerprint keeps them). `check_imported`: whether what a worker imported is the side's environment, so
-that one side is never measured in the other's. Standard library only: a worker imports this.
+its installed distributions (importlib.metadata): their versions, a digest of their files (a wheel rebuilt under
+the same version holds other files) and whether those are intact. `imported_distributions(modules)`: in the calling
+process, the installed versions of the distributions behind a set of imported top-level modules (a worker sends these;
+the stored baseline's fingerprint keeps them). `check_imported`: whether what a worker imported is the side's
+environment, so that one side is never measured in the other's. Standard library only: a worker imports this.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .records import SHARED, SideEnvironment, canonical_name
 #: Run by the probed interpreter: stdlib only, isolated from PYTHONPATH and the user's site-packages. The marker
 #: environment is PEP 508's, written out as packaging.markers.default_environment() computes it.
 PROBE = r"""
-import importlib.metadata, importlib.util, json, os, platform, sys
+import hashlib, importlib.metadata, importlib.util, json, os, platform, sys
 impl = sys.implementation
 version = "{0.major}.{0.minor}.{0.micro}".format(impl.version)
 if impl.version.releaselevel != "final":
@@ -37,15 +38,27 @@ markers = {
     "platform_python_implementation": platform.python_implementation(),
     "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform,
 }
-installed = {}
+installed, contents, damaged = {}, {}, []
 for dist in importlib.metadata.distributions() if sys.argv[1:] != ["--no-installed"] else ():
     name = dist.metadata["Name"]
     if name and name not in installed:
-        installed[name] = dist.version
+        installed[name], own = dist.version, []
+        for item in dist.files or ():  # intact: every file its RECORD sizes is there, at that size
+            if item.size is not None and len(damaged) < 5:
+                try:
+                    ok = os.stat(dist.locate_file(item)).st_size == item.size
+                except OSError:
+                    ok = False
+                if not ok:
+                    damaged.append(f"{item} of {name} {dist.version}")
+            if item.hash is not None and item.parts[0] != ".." and not item.parts[0].endswith(".dist-info"):
+                own.append(f"{item.as_posix()} {item.hash.value}")
+        contents[name] = hashlib.sha256("\n".join(sorted(own)).encode()).hexdigest()[:16]
 print(json.dumps({
     "executable": sys.executable, "base_executable": getattr(sys, "_base_executable", sys.executable),
     "version": sys.version, "implementation": impl.name, "cache_tag": impl.cache_tag,
-    "magic": importlib.util.MAGIC_NUMBER.hex(), "markers": markers, "installed": installed,
+    "magic": importlib.util.MAGIC_NUMBER.hex(), "markers": markers, "installed": installed, "contents": contents,
+    "damaged": damaged,
 }))
 """
 
@@ -59,6 +72,8 @@ class Probe:
     identity: Mapping[str, str]  # what makes two interpreters the same one (pyperformance's recipe)
     markers: Mapping[str, str]  # PEP 508 marker environment
     installed: Mapping[str, str] = field(default_factory=dict)  # canonical name -> version
+    contents: Mapping[str, str] = field(default_factory=dict)  # canonical name -> digest of its files (RECORD)
+    damaged: tuple[str, ...] = ()  # files that a distribution's RECORD lists but that are missing or changed in size
 
     @property
     def python_version(self) -> str:
@@ -81,7 +96,9 @@ def probe(python: str, *, installed: bool = True, timeout: float = 120.0) -> Pro
     identity = {k: str(data[k]) for k in ("version", "implementation", "cache_tag", "magic")}
     identity["executable"] = str(data["base_executable"])
     found = {canonical_name(name): version for name, version in data["installed"].items()}
-    return Probe(str(data["executable"]), str(data["base_executable"]), identity, data["markers"], found)
+    contents = {canonical_name(name): digest for name, digest in data["contents"].items()}
+    return Probe(str(data["executable"]), str(data["base_executable"]), identity, data["markers"], found, contents,
+                 tuple(data["damaged"]))  # fmt: skip
 
 
 def installed_here() -> dict[str, str]:

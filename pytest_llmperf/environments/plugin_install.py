@@ -2,7 +2,7 @@
 its requirements that the side's dependencies lack, at the versions the controller runs.
 
 What the side installed is never changed: its installed versions are constraints of the install, so a conflict (the
-side pins a pytest older than the plugin needs) fails the build naming it instead of replacing the side's version.
+side pins a pytest older than the plugin needs) fails the build with uv's words naming both, instead of replacing it.
 The missing requirements come from wheels of the controller's installed distributions (wheels.py), so no index is
 needed for them.
 """
@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from . import wheels
-from .errors import BuildFailed, EnvironmentsError
+from .errors import EnvironmentsError
 from .uv_runner import Uv
 
 PLUGIN = wheels.PLUGIN
@@ -61,21 +61,6 @@ def requirement_closure(name: str = PLUGIN, have: Mapping[str, str] | None = Non
     return found
 
 
-def conflicts(installed: Mapping[str, str]) -> list[str]:
-    """The plugin's own requirements that the side installed at a version they do not accept (uv's resolver
-    reports the rest)."""
-    environment = _marker_environment()
-    found = []
-    for text in importlib.metadata.distribution(PLUGIN).requires or ():
-        requirement = Requirement(text)
-        if requirement.marker is not None and not requirement.marker.evaluate(environment):
-            continue
-        version = installed.get(canonicalize_name(requirement.name))
-        if version is not None and not requirement.specifier.contains(version, prereleases=True):
-            found.append(f"{PLUGIN} needs {requirement}; the side's dependencies give {requirement.name} {version}")
-    return found
-
-
 def install(
     uv: Uv,
     python: Path,
@@ -86,13 +71,12 @@ def install(
     flags: list[str],
     cwd: Path,
     timeout: float,
+    side: str,
+    hold: tuple[int, ...] = (),
 ) -> None:
     """Install the plugin wheel `wheel` and its missing requirements into the environment of `python`, whose
     distributions are `installed` (the side's own)."""
     side_own = {name: version for name, version in installed.items() if name != canonicalize_name(PLUGIN)}
-    problems = conflicts(side_own)
-    if problems:
-        raise BuildFailed("the side's dependencies conflict with pytest-llmperf's: " + "; ".join(problems))
     missing = requirement_closure(have=side_own)
     links, from_index = [str(wheel.parent)], []
     for name in missing:
@@ -107,4 +91,5 @@ def install(
     args += [] if from_index else ["--no-index"]
     args += [item for link in sorted(set(links)) for item in ("--find-links", link)]
     args += [*flags, f"{PLUGIN}=={version}", *(f"{name}=={v}" for name, v in sorted(missing.items()))]
-    uv.run(args, cwd=cwd, timeout=timeout, what=f"installing {PLUGIN} {version} into {python.parent.parent}")
+    what = f"installing {PLUGIN} {version} into {python.parent.parent}"
+    uv.run(args, cwd=cwd, timeout=timeout, what=what, side=side, hold=hold)

@@ -1,32 +1,58 @@
 """uv, the tool that builds the environments: found, asked its version, run.
 
-uv reads its configuration as usual (UV_* variables, uv.toml, the side's own [tool.uv]): the user's index and
-find-links settings hold. Nothing here sets UV_NO_CONFIG, and an inherited one is dropped for a build, since it would
-hide the side's [tool.uv] (its find-links, its sources); VIRTUAL_ENV is dropped too, so that uv acts only on the
-environment it is given.
+uv reads its configuration as usual (UV_* variables, uv.toml, the side's own [tool.uv]); an inherited UV_NO_CONFIG is
+dropped, since it would hide the side's [tool.uv], and VIRTUAL_ENV too, so that uv acts only on the environment it is
+given. Each uv runs in a process group of its own under SUPERVISOR (Linux), which the kernel tells when the controller
+dies, even by SIGKILL (PR_SET_PDEATHSIG), and which then kills the group, uv's build and compile children with it;
+the controller kills the group itself when it stops waiting (Ctrl-C, a timeout). The group inherits the lock of the
+cache entry being built: nothing of a killed build can race a later one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BuildFailed, CannotBuild
 
-#: How to get uv, for the message when it is missing.
 INSTALL_UV = "install uv (pip install uv; it is on PyPI) or name it with the uv argument"
-#: Variables of the controller's environment that must not reach a build.
 DROPPED = ("VIRTUAL_ENV", "UV_NO_CONFIG", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX")
+#: Run by the controller's Python -I -S; argv: the controller's pid, then the command.
+SUPERVISOR = """\
+import ctypes, os, signal, subprocess, sys
+def stop(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, stop)
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    stop()
+code = subprocess.call(sys.argv[2:])
+sys.exit(code if code >= 0 else 128 - code)
+"""
+LINUX = sys.platform.startswith("linux")
 
 
 @dataclass(frozen=True)
 class Uv:
     path: str
     version: str  # e.g. "0.13.9"
+    running: set[subprocess.Popen[str]] = field(default_factory=set, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def stop(self) -> None:
+        """Kill every uv this one runs, from any thread: the controller stops waiting for them."""
+        with self._lock:
+            for proc in list(self.running):
+                _kill_group(proc)
 
     def run(
         self,
@@ -36,25 +62,66 @@ class Uv:
         env: Mapping[str, str] | None = None,
         timeout: float = 3600.0,
         what: str = "",
+        side: str | None = None,
+        hold: Sequence[int] = (),
+        check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run `uv ARGS` in `cwd`; BuildFailed with the end of what uv said when it fails."""
-        environ = {k: v for k, v in os.environ.items() if k not in DROPPED}
-        environ.update(env or {})
-        command = [self.path, *args]
+        """Run `uv ARGS` in `cwd`, inheriting the descriptors `hold`; BuildFailed naming `side`, the command as it ran
+        and the end of what uv said, when it fails (unless not `check`)."""
+        environ = {**{k: v for k, v in os.environ.items() if k not in DROPPED}, **(env or {})}
+        command, what = [self.path, *args], what or "uv"
+        settings = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+        shown = f"cd {shlex.quote(str(cwd))} && " + " ".join([*settings, shlex.join(command)])
+        supervised = [sys.executable, "-I", "-S", "-c", SUPERVISOR, str(os.getpid())] if LINUX else []
         try:
-            done = subprocess.run(command, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise BuildFailed(f"{what or 'uv'} took more than {timeout:g} s: {' '.join(command)}") from None
+            proc = subprocess.Popen([*supervised, *command], cwd=cwd, env=environ, text=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    pass_fds=tuple(hold))  # fmt: skip
         except OSError as exc:
-            raise BuildFailed(f"{what or 'uv'} could not start: {exc}", fix=INSTALL_UV) from None
-        if done.returncode != 0:
-            said = "\n".join(f"    {line}" for line in done.stderr.strip().splitlines()[-15:])
+            raise BuildFailed(f"{what} could not start: {exc}", side=side, fix=INSTALL_UV) from None
+        with self._lock:
+            self.running.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, wait=True)
+            raise BuildFailed(f"{what} took more than {timeout:g} s:\n    {shown}", side=side) from None
+        except BaseException:  # Ctrl-C, SIGTERM as KeyboardInterrupt: nothing of it goes on writing into the cache
+            _kill_group(proc, wait=True)
+            raise
+        finally:
+            with self._lock:
+                self.running.discard(proc)
+        if check and proc.returncode != 0:
+            said = "\n".join(f"    {line}" for line in err.strip().splitlines()[-15:])
             raise BuildFailed(
-                f"{what or 'uv'} failed (exit {done.returncode}) in {cwd}: {' '.join(command[1:])}\n  uv said:\n{said}",
+                f"{what} failed (exit {proc.returncode}):\n    {shown}\n  uv said:\n{said}",
+                side=side,
                 fix="make it buildable here: an index reachable (or the packages in uv's cache, or find-links with "
                 "the wheels), and a lock that resolves on this machine",
             )
-        return done
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[str], wait: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if wait:
+        proc.wait()
+
+
+def find_uv(explicit: str | Path | None = None) -> Uv:
+    """uv: `explicit`, else the one on PATH, else the uv Python package's; CannotBuild when none runs."""
+    candidates = [str(explicit)] if explicit else [c for c in (shutil.which("uv"), _bundled()) if c]
+    for path in candidates:
+        try:
+            words = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if len(words) >= 2 and words[0] == "uv":
+            return Uv(path, words[1])
+    where = f"{explicit} does not run" if explicit else "uv is not installed (not on PATH, no uv Python package)"
+    raise CannotBuild(where, fix=INSTALL_UV)
 
 
 def _bundled() -> str | None:
@@ -65,18 +132,3 @@ def _bundled() -> str | None:
         return str(uv.find_uv_bin())
     except (ImportError, FileNotFoundError, AttributeError):
         return None
-
-
-def find_uv(explicit: str | Path | None = None) -> Uv:
-    """uv: `explicit`, else the one on PATH, else the uv Python package's; CannotBuild when none runs."""
-    candidates = [str(explicit)] if explicit else [c for c in (shutil.which("uv"), _bundled()) if c]
-    for path in candidates:
-        try:
-            done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        words = done.stdout.split()
-        if done.returncode == 0 and len(words) >= 2 and words[0] == "uv":
-            return Uv(path, words[1])
-    where = f"{explicit} does not run" if explicit else "uv is not installed (not on PATH, no uv Python package)"
-    raise CannotBuild(where, fix=INSTALL_UV)

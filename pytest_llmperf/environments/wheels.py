@@ -36,17 +36,23 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def _entry(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
+    info.external_attr = 0o644 << 16
+    return info
+
+
 def write_wheel(path: Path, files: Iterable[tuple[str, bytes]], dist_info: str) -> Path:
     """Write the wheel `path` holding `files` (archive name, bytes) and a RECORD under `dist_info`; atomic."""
 
     def write(handle: IO[bytes]) -> None:
         with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
             record = []
-            for name, data in files:
-                archive.writestr(name, data)
+            for name, data in files:  # a fixed date: the same files make the same bytes (inputs.py compares them)
+                archive.writestr(_entry(name), data)
                 record.append(f"{name},{_record_hash(data)},{len(data)}")
             record.append(f"{dist_info}/RECORD,,")
-            archive.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
+            archive.writestr(_entry(f"{dist_info}/RECORD"), "\n".join(record) + "\n")
 
     return write_atomic(path, write, text=False, fsync=False)  # made again from its sources if a crash loses it
 
@@ -91,13 +97,13 @@ def plugin_files() -> tuple[importlib.metadata.Distribution, list[tuple[str, byt
     return dist, files
 
 
-def plugin_wheel(into: Path) -> tuple[str, Path]:
-    """The controller's pytest-llmperf as a wheel under `into`, written once per content: (its version and a digest
-    of its content, the wheel)."""
+def plugin_wheel(into: Path, *, write: bool = True) -> tuple[str, Path]:
+    """The controller's pytest-llmperf as a wheel under `into`, written once per content (unless not `write`: a
+    cache that is only read): (its version and a digest of its content, the wheel)."""
     dist, files = plugin_files()
     digest = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in files)).hexdigest()[:16]
     path = into / f"plugin-{digest}" / f"{_escaped(PLUGIN)}-{dist.version}-py3-none-any.whl"
-    if not path.exists():
+    if write and not path.exists():
         write_wheel(path, files, f"{_escaped(PLUGIN)}-{dist.version}.dist-info")
     return f"{dist.version}-{digest}", path
 

@@ -318,12 +318,12 @@ class OffloadEngine:
                 out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
                 times.append(clock())
-                past = out.past_key_values
+                past = getattr(out, name := "cache" if hasattr(out, "cache") else "past_key_values")  # 5.24 on: cache
                 tokens = [token]
                 self.runtime.phase = "decode"
                 for _ in range(max_new_tokens - 1):
-                    out = model(input_ids=token, past_key_values=past, use_cache=True)
-                    past = out.past_key_values
+                    out = model(input_ids=token, use_cache=True, **{name: past})
+                    past = getattr(out, name)
                     token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
                     tokens.append(token)
                     times.append(clock())

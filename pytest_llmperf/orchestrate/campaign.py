@@ -29,13 +29,13 @@ import pytest
 from ..judge.rows import undecided_batches
 from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from ..measure.allocator import steady_malloc_env
-from ..processes import sigterm_interrupts
+from ..processes import sigterm_interrupts, stop_inheriting
 from . import campaign_progress, counting, sides
 from .forkserver import ForkServer, ForkServerError, preload_for, server_env
 from .looks import Decision, Measurements, Plan
 from .markers import marker_kwargs
 from .pool import WorkerPool
-from .protocol import ENV_IMPORTS, Record, Side, WorkerError, WorkerRun, WorkerSpec
+from .protocol import ENV_IMPORTS, ENV_OUT, Record, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
 
 
@@ -78,6 +78,7 @@ class Campaign:
         stack.callback(shutil.rmtree, work_dir, ignore_errors=True)
         stack.callback(self.progress.clear)
         claim(work_dir)
+        stack.callback(self._sweep, work_dir)
         stack.enter_context(sigterm_interrupts())
         settings = self.llm.settings
         return WorkerPool(
@@ -88,6 +89,13 @@ class Campaign:
             environ=steady_malloc_env() if settings.malloc == "steady" else {},
             listener=self._heard,
         )
+
+    def _sweep(self, work_dir: Path) -> None:
+        """Stop what the benchmarks started and left running (a child in a session of its own outlives its worker's
+        tree): each inherited its worker's records path, which lies in the job's work directory."""
+        left = stop_inheriting(ENV_OUT, str(work_dir))
+        if left:
+            self._say(f"llmperf: stopped {len(left)} process(es) the benchmarks left running: {', '.join(left)}", True)
 
     def _sides(self, stack: contextlib.ExitStack) -> list[Side]:
         return sides.prepare(self.config, self.llm, stack, self.progress)
@@ -110,7 +118,12 @@ class Campaign:
         self.measurements.available["A"] = found.nodeids
         for item in items:
             error = found.error_for(item.nodeid)
-            if error is not None:
+            if item.nodeid in found.deselected:  # not `new`: the ref has it, and measures nothing to compare with
+                self.decisions[item.nodeid] = Decision(
+                    failure=f"cannot compare: deselected on {ref.label} by its own options (the ini's addopts, such "
+                    "as -m or -k, apply there)"
+                )
+            elif error is not None:
                 where, text = error
                 self.decisions[item.nodeid] = Decision(
                     failure=f"cannot compare: collecting {where} on {ref.label} failed, so what the test measures "
@@ -251,6 +264,7 @@ class Campaign:
                     f"warning: {run.side.label} imported {name} from {origin}, not from its checkout: that copy is "
                     "what its workers measure (install the project editable, pip install -e ., or drop that copy)"
                 )
+        self.llm.imported_anywhere.update(imports.distributions)  # a dependency change none imports is said
         if run.side == self.measurements.current:
             self.llm.imported.update(imports.distributions)
 

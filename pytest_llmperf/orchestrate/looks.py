@@ -106,14 +106,23 @@ class Measurements:
                         )
                     return Decision(failure=f"in worker process {run.index} ({side.label}):\n{text}")
                 reason = run.skip_reason(nodeid)
-                if reason is not None and side.name != "A":
+                if reason is not None and side.name == "A":  # measured in the working tree: not `new`, no reference
+                    return Decision(failure=f"cannot compare: the test is skipped on {side.label} (worker process "
+                                    f"{run.index}: {reason}), so there is nothing to compare with")  # fmt: skip
+                if reason is not None:
                     return Decision(skip=reason)
-        current = runs.get(self.current.name, [])
-        if current and not any(report.nodeid == nodeid for run in current for report in run.reports):
-            return Decision(  # it measured nothing, so judging it would find nothing to fail on: a green nothing
-                failure=f"not run in any worker process on {self.current.label}: deselected there? (the ini's "
-                "addopts, such as -m or -k, apply in the workers; the command line's do not reach them)"
-            )
+        for side in reversed(self.sides):  # the ref's side too, where it has the test: else it would read as `new`
+            done = runs.get(side.name, [])
+            if (
+                done
+                and self.on_side(side, [nodeid])
+                and not any(r.nodeid == nodeid for run in done for r in run.reports)
+            ):
+                why = "cannot compare: " if side != self.current else ""
+                return Decision(  # it measured nothing, so judging it would find nothing to fail on: a green nothing
+                    failure=f"{why}not run in any worker process on {side.label}: deselected there? (the ini's "
+                    "addopts, such as -m or -k, apply in the workers; the command line's do not reach them)"
+                )
         return None
 
     def merged(self, nodeid: str, runs: Sequence[WorkerRun]) -> dict[str, BenchmarkResult]:

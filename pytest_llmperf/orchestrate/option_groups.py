@@ -69,17 +69,17 @@ class EnvironmentOptions:
     # Each side's dependencies in an A/B comparison (pytest_llmperf/environments/, docs/environments.md).
     compare_deps: str = option(
         "A/B: each side's environment. auto: built by uv from that side's own lock or requirements when the sides' "
-        "dependency files differ, this one shared when they do not; build: always built, each side its own (the A/A "
-        "check of the machinery); code-only: both sides run this environment and the report names the dependency "
-        "changes as not measured (default: auto)",
+        "dependency files differ by their bytes, then compared by what the two hold (the same: this one shared); "
+        "build: always built, each side its own (the A/A check of the machinery); code-only: both sides run this "
+        "environment and the report names the dependency files that differ as not measured (default: auto)",
         parsers.compare_deps,
         default="auto",
         metavar="auto|build|code-only",
     )
     base_python: str | None = option(
         "A/B: run the base side (the compared ref) with this interpreter, prepared with its dependencies (conda, a "
-        "container), instead of building its environment; its installed set is checked against the base side's "
-        "declared dependencies, and the working tree's side runs in this environment",
+        "container), instead of building its environment; uv checks it against the base side's dependency files, "
+        "and the working tree's side runs in this environment, checked against its own",
         parsers.as_string,
         metavar="PATH",
     )
@@ -109,8 +109,8 @@ class EnvironmentOptions:
     )
     compare_deps_paths: tuple[str, ...] = option(
         "A/B: more files that define a side's environment, paths or globs relative to the rootdir, beside "
-        "requirements*.txt, constraints*.txt, pyproject.toml, uv.lock, poetry.lock, pdm.lock, Pipfile.lock, "
-        "environment.yml and .python-version",
+        "requirements*.txt, constraints*.txt, pyproject.toml, uv.lock, pylock.toml, uv.toml, .python-version and "
+        "the local wheels and directories they name",
         parsers.path_list,
         default=(),
         ini_type="linelist",

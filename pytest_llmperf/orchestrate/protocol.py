@@ -152,6 +152,7 @@ class Collected:
 
     kind: ClassVar[str] = "collected"
     nodeids: list[str]
+    deselected: list[str] = field(default_factory=list)  # collected, then deselected there (-m, -k in its ini)
 
 
 Record = Hello | Start | Progress | Result | Report | Imports | CollectError | Collected
@@ -206,6 +207,7 @@ class Side:
     pythonpath: tuple[str, ...] = ()  # put first on PYTHONPATH: the user's project imports from this side
     python: str = sys.executable  # the interpreter of its environment (environments/: a side may have its own)
     args: tuple[str, ...] = ()  # pytest's own options of the invocation, for this side (passthrough.py)
+    pycache: str | None = None  # where its workers write bytecode: a built environment's own (environments/)
 
     @property
     def own_environment(self) -> bool:
@@ -220,6 +222,9 @@ class Side:
             for name in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH"):
                 env.pop(name, None)
             env["PATH"] = os.pathsep.join([os.path.dirname(self.python), *filter(None, [env.get("PATH")])])
+        if self.pycache:  # not compiled at install: the first import writes what the workers use, once
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = self.pycache
         if self.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
         return env

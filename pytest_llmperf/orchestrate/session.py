@@ -80,6 +80,7 @@ class LLMPerfSession:
         self.recorder: WorkerRecorder | None = None  # set in a worker process: results go to the controller
         self.environments: Environments | None = None  # an A/B job's sides' environments (environments/)
         self.imported: dict[str, str] = {}  # the distributions the measuring processes imported: name -> version
+        self.imported_anywhere: set[str] = set()  # the distributions either side's workers imported (A/B)
         self.compared_to: str | None = None  # the git ref of an A/B comparison, once checked out
         self.processes_used: list[int] = []  # per benchmark test, units per side at its last look
 

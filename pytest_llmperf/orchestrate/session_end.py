@@ -48,7 +48,11 @@ class SessionEnd:
             compared_to=llm.compared_to,
             processes_used=list(llm.processes_used),
             rerun=llm.rerun,
-            environment_lines=envs.shown_lines(f"A {llm.compared_to}", "B the working tree") if envs else [],
+            environment_lines=envs.shown_lines(
+                f"A {llm.compared_to}", "B the working tree", (llm.imported_anywhere or None) if envs.per_side else None
+            )
+            if envs
+            else [],
         )
 
     @property

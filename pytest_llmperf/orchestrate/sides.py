@@ -38,7 +38,7 @@ def prepare(
     config: pytest.Config, llm: LLMPerfSession, stack: contextlib.ExitStack, progress: CampaignProgress
 ) -> list[Side]:
     """The job's sides: the working tree, after an A/B job's ref (checked out for the life of `stack`)."""
-    root = Path(config.rootpath)
+    root = worker_root(config)
     if not llm.settings.compare:
         return [Side("", root, "the working tree", args=tuple(passthrough_args(config, root)))]
     # a checkout can take seconds, an environment's build longer: say so first
@@ -51,12 +51,25 @@ def prepare(
         progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
     llm.compared_to = ref.label  # before the environments, whose lines name the A side by it
     envs = environments(llm, ref.toplevel, ref.source, root, progress)
-    args_a = passthrough_args(config, ref.root, ref.counterpart)
+    root_a = ref.counterpart(root)
+    args_a = passthrough_args(config, root_a, ref.counterpart)
     return [
-        Side("A", ref.root, ref.label, ref.pythonpath, envs.base.python, tuple(args_a)),
+        Side("A", root_a, ref.label, import_path(ref.toplevel, root_a), envs.base.python, tuple(args_a),
+             envs.base.pycache),
         Side("B", root, "the working tree", import_path(ref.source, root), envs.head.python,
-             tuple(passthrough_args(config, root))),
+             tuple(passthrough_args(config, root)), envs.head.pycache),
     ]  # fmt: skip
+
+
+def worker_root(config: pytest.Config) -> Path:
+    """Where the workers run, and their rootdir: pytest's rootdir, or the one directory the tests were collected from
+    where it lies outside the rootdir (an ini in a subfolder given with -c, no --rootdir: pytest names such a test
+    relative to the path it collected, so a worker run from the rootdir would not find it)."""
+    root = Path(config.rootpath)
+    given = {Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args}
+    if len(given) == 1 and (only := given.pop()).is_dir() and root != only and root not in only.parents:
+        return only
+    return root
 
 
 def environments(
@@ -65,9 +78,8 @@ def environments(
     """Each side's environment (environments/plan.py), from the dependency inputs at the rootdir or the nearest
     directory above it in the repository that has some; a UsageError naming the packages and the ways out where the
     dependencies differ and cannot be built."""
-    from ..environments.detection import detect
     from ..environments.errors import EnvironmentsError
-    from ..environments.inputs import inputs_roots
+    from ..environments.inputs import detect, inputs_roots
     from ..environments.plan import prepare as prepare_environments
     from ..environments.records import BuildSettings
 
@@ -87,6 +99,7 @@ def environments(
             base_python=settings.base_python,
             env_dir=settings.env_dir,
             settings=BuildSettings(offline=offline, extras=settings.env_extras, groups=settings.env_groups),
+            cpu_target=llm.device == "cpu",
         )
     except EnvironmentsError as exc:
         raise pytest.UsageError(f"llmperf: {exc}") from None
@@ -102,6 +115,7 @@ class Collection:
 
     nodeids: set[str] = field(default_factory=set)
     errors: dict[str, str] = field(default_factory=dict)
+    deselected: set[str] = field(default_factory=set)  # there, but deselected by that side's own options
 
     def error_for(self, nodeid: str) -> tuple[str, str] | None:
         """(the collector, what it said) when the test's module, or a directory or conftest above it, failed."""
@@ -136,5 +150,5 @@ def collect(side: Side, items: Sequence[pytest.Item], work_dir: Path, timeout_s:
             f"the tests of {side.label} could not be collected (pytest exited with code {done.returncode}), so "
             f"nothing can be compared with them:\n{output}"
         )
-    found.nodeids = set(finished[-1].nodeids)
+    found.nodeids, found.deselected = set(finished[-1].nodeids), set(finished[-1].deselected)
     return found

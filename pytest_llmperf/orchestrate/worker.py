@@ -184,13 +184,17 @@ class CollectRecorder:
 
     def __init__(self, path: Path) -> None:
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
+        self._deselected: list[str] = []
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self._write(CollectError(report.nodeid, report.longreprtext))
 
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self._deselected += [item.nodeid for item in items]
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self._write(Collected([item.nodeid for item in session.items]))
+        self._write(Collected([item.nodeid for item in session.items], self._deselected))
 
     def _write(self, record: Record) -> None:
         self._handle.write(to_json(record) + "\n")
