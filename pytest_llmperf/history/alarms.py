@@ -40,7 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .detect import DEFAULT_METHOD, OUTLIER_NEIGHBOURS, Method, change_points, outliers
+from .detect import DEFAULT_METHOD, OUTLIER_NEIGHBOURS, Method, PrefixOutliers, change_points
 
 SAME_POINT = 4  # commits between a change point of detect.py and a confirmed change that make them the same change
 #: Series shorter than this are not analysed: too few commits to tell a level from noise.
@@ -99,6 +99,27 @@ def _standard_normal(distance: float, freedom: int) -> float:
     return math.copysign(size, distance)
 
 
+_EQUAL = 1e-9  # a level whose deviation (in logs) is below this has none: a deterministic counter's repeated value
+
+
+class Logs:
+    """A series' logarithms, centred on its first (a constant series' sums are then exactly 0), with running sums
+    of them and of their squares: a level's mean and deviation at a constant cost."""
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.values = np.log(np.asarray(values, dtype=float))
+        self.origin = float(self.values[0]) if len(self.values) else 0.0
+        self.centred = (self.values - self.origin).tolist()
+        self.sums = np.concatenate([[0.0], np.cumsum(self.centred)]).tolist()
+        self.squares = np.concatenate([[0.0], np.cumsum(np.square(self.centred))]).tolist()
+
+    def __getitem__(self, index: int) -> float:
+        return self.origin + self.centred[index]
+
+    def __len__(self) -> int:
+        return len(self.centred)
+
+
 @dataclass(frozen=True)
 class _Level:
     """The commits a commit is compared with, outlier jobs aside: their mean and deviation, in logs."""
@@ -108,10 +129,18 @@ class _Level:
     size: int
 
     @classmethod
-    def of(cls, logs: np.ndarray, start: int, end: int, aside: set[int]) -> _Level:
-        kept = np.array([logs[j] for j in range(start, end) if j not in aside])
-        spread = float(np.std(kept, ddof=1)) if len(kept) > 1 else 0.0
-        return cls(float(np.mean(kept)) if len(kept) else 0.0, spread, len(kept))
+    def of(cls, logs: Logs, start: int, end: int, aside: set[int]) -> _Level:
+        """From the running sums, less the outlier jobs among [start, end): a constant cost, however long."""
+        inside = [logs.centred[j] for j in aside if start <= j < end]
+        size = end - start - len(inside)
+        if size <= 0:
+            return cls(0.0, 0.0, 0)
+        total = logs.sums[end] - logs.sums[start] - sum(inside)
+        squares = logs.squares[end] - logs.squares[start] - sum(x * x for x in inside)
+        mean = total / size
+        variance = (squares - size * mean * mean) / (size - 1) if size > 1 else 0.0
+        spread = math.sqrt(variance) if variance > _EQUAL**2 else 0.0
+        return cls(logs.origin + mean, spread, size)
 
     def step(self, value: float, side: int, reference: float) -> float:
         """What a commit adds to a side's sum, in the level's deviations: its distance as an N(0, 1) draw, at most
@@ -138,15 +167,31 @@ def signals(
     """The changes the cumulative sum confirms, oldest first, reading the series one commit at a time (module
     docstring). Each is decided by the commits up to its `length`: the list for a series cut at any length is this
     list's head."""
-    return _Sums(values, method, min_effect).read()
+    return _Sums(values, method, min_effect, Prefixes(values, method)).read()
+
+
+class Prefixes:
+    """detect.py's change points of the series cut at a length, each computed once (the sequential read and the
+    analysis ask for the same lengths)."""
+
+    def __init__(self, values: Sequence[float], method: Method) -> None:
+        self.values, self.method = list(values), method
+        self._done: dict[int, list[int]] = {}
+
+    def at(self, length: int) -> list[int]:
+        if length not in self._done:
+            cut = self.values[:length]
+            self._done[length] = change_points(cut, self.method) if length >= MIN_COMMITS else []
+        return self._done[length]
 
 
 class _Sums:
     """Page's two sums over a series read commit by commit, and the level they are read against."""
 
-    def __init__(self, values: Sequence[float], method: Method, min_effect: float) -> None:
-        self.values, self.method = list(values), method
-        self.logs = np.log(np.asarray(self.values, dtype=float))
+    def __init__(self, values: Sequence[float], method: Method, min_effect: float, prefixes: Prefixes) -> None:
+        self.values, self.method, self.prefixes = list(values), method, prefixes
+        self.outliers = PrefixOutliers(self.values, method)
+        self.logs = Logs(self.values)
         self.reference = math.log1p(min_effect) / 2  # a commit's allowance, in logs: half the smallest change
         self.start, self.needed = 0, method.confirm_level  # the level's first commit, and the commits it needs
         self.trails: dict[int, list[tuple[int, float]]] = {1: [], -1: []}  # (commit, what it adds) since left 0
@@ -157,7 +202,7 @@ class _Sums:
             end = now - self.method.confirm_guard
             if end - self.start < self.needed:
                 continue
-            aside = set(outliers(self.values[: now + 1], self.method))
+            aside = self.outliers.at(now + 1)
             level = _Level.of(self.logs, self.start, end, aside)
             for side in (1, -1):
                 summed = self._add(side, now, level, aside)
@@ -192,7 +237,7 @@ class _Sums:
         it, and it stays provisional). Where detect.py finds a change q inside the level, the level was not one:
         the sum's commits are read again against the level after q (a change after it), else the commits from q on
         against the level before it (q itself)."""
-        points = change_points(self.values[: now + 1], self.method)
+        points = self.prefixes.at(now + 1)
         placed = self._placed(summed[0], points)
         if now + 1 - placed < self.method.confirm_after:  # too few commits from where the change starts: not yet
             return _NOT_YET
@@ -251,16 +296,12 @@ class Analyses:
         self, values: Sequence[float], method: Method = DEFAULT_METHOD, min_effect: float = DEFAULT_MIN_EFFECT
     ) -> None:
         self.values = list(values)
-        self.method = method
-        self.signals = signals(self.values, method, min_effect)
-        self._done: dict[int, list[int]] = {}
+        self.prefixes = Prefixes(self.values, method)
+        self.signals = _Sums(self.values, method, min_effect, self.prefixes).read()
 
     def at(self, length: int) -> list[int]:
         """detect.py's change points of the series cut at `length`."""
-        if length not in self._done:
-            values = self.values[:length]
-            self._done[length] = change_points(values, self.method) if length >= MIN_COMMITS else []
-        return self._done[length]
+        return self.prefixes.at(length)
 
     def found(self, length: int | None = None) -> list[Found]:
         """The change points of the series cut at `length` (all of it by default), each with its state: the changes
