@@ -56,7 +56,7 @@ _NOT_YET = -1  # a sum's verdict: too few commits from where its change starts, 
 _EXACT_TAIL = 1e-12  # beyond this tail probability a commit's distance is taken as it is (the quantile saturates)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=65536)
 def decision_interval(reference: float, run_length: float) -> float:
     """Page's CUSUM decision interval h, in sigmas, for a reference of `reference` sigmas a commit and an average
     run length of `run_length` commits between false alarms (one side), by Siegmund's approximation
@@ -80,6 +80,8 @@ class Signal:
 
     index: int  # the first commit of the new level, as placed when it was confirmed (`_Sums._placed`)
     length: int  # the series' length when the sum reached the decision interval (the confirming commit + 1)
+    before: float = 0.0  # the medians (in logs) of the level it was compared with and of the commits since
+    after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,18 @@ class Found:
     confirmed: bool
     commits_after: int  # commits measured from the change on (it included)
     signal: Signal | None = None  # what confirmed it (where it was placed then, and when): None while provisional
+
+
+def resolution(noise: float, before: int, after: int, p_value: float) -> float:
+    """The smallest difference of two means, of `before` and `after` commits with a deviation of `noise` each (in
+    logs), that a one-sided test at `p_value` tells from noise: z sigma sqrt(1/before + 1/after). A change smaller
+    than this at the commits seen is not confirmed, and does not fail a job (`analysis.Change.fails`): in a series
+    whose noise is twice the smallest change that matters, a 5% change needs some 100 commits a side."""
+    from scipy.special import ndtri
+
+    if before <= 0 or after <= 0:
+        return math.inf
+    return -float(ndtri(p_value)) * noise * math.sqrt(1 / before + 1 / after)
 
 
 def _standard_normal(distance: float, freedom: int) -> float:
@@ -127,6 +141,8 @@ class _Level:
     mean: float
     spread: float
     size: int
+    start: int = 0  # the commits [start, end) it holds, outlier jobs aside
+    end: int = 0
 
     @classmethod
     def of(cls, logs: Logs, start: int, end: int, aside: set[int]) -> _Level:
@@ -134,13 +150,13 @@ class _Level:
         inside = [logs.centred[j] for j in aside if start <= j < end]
         size = end - start - len(inside)
         if size <= 0:
-            return cls(0.0, 0.0, 0)
+            return cls(0.0, 0.0, 0, start, end)
         total = logs.sums[end] - logs.sums[start] - sum(inside)
         squares = logs.squares[end] - logs.squares[start] - sum(x * x for x in inside)
         mean = total / size
         variance = (squares - size * mean * mean) / (size - 1) if size > 1 else 0.0
         spread = math.sqrt(variance) if variance > _EQUAL**2 else 0.0
-        return cls(logs.origin + mean, spread, size)
+        return cls(logs.origin + mean, spread, size, start, end)
 
     def step(self, value: float, side: int, reference: float) -> float:
         """What a commit adds to a side's sum, in the level's deviations: its distance as an N(0, 1) draw, at most
@@ -176,12 +192,13 @@ class Prefixes:
 
     def __init__(self, values: Sequence[float], method: Method) -> None:
         self.values, self.method = list(values), method
+        self.outliers = PrefixOutliers(self.values, method)
         self._done: dict[int, list[int]] = {}
 
     def at(self, length: int) -> list[int]:
         if length not in self._done:
-            cut = self.values[:length]
-            self._done[length] = change_points(cut, self.method) if length >= MIN_COMMITS else []
+            cut, aside = self.values[:length], self.outliers.at(length)
+            self._done[length] = change_points(cut, self.method, aside) if length >= MIN_COMMITS else []
         return self._done[length]
 
 
@@ -190,11 +207,18 @@ class _Sums:
 
     def __init__(self, values: Sequence[float], method: Method, min_effect: float, prefixes: Prefixes) -> None:
         self.values, self.method, self.prefixes = list(values), method, prefixes
-        self.outliers = PrefixOutliers(self.values, method)
+        self.outliers = PrefixOutliers(self.values, method)  # its own: asked in increasing order
         self.logs = Logs(self.values)
         self.reference = math.log1p(min_effect) / 2  # a commit's allowance, in logs: half the smallest change
         self.start, self.needed = 0, method.confirm_level  # the level's first commit, and the commits it needs
         self.trails: dict[int, list[tuple[int, float]]] = {1: [], -1: []}  # (commit, what it adds) since left 0
+        # per side: the outlier jobs among its trail, and the sum and its commits read over the trail without them
+        self.held: dict[int, tuple[frozenset[int], float, list[int]]] = {}
+        # per side: where a sum that reached the decision interval was placed, and the level it was measured
+        # against, while the commits since were too few or too close to it: judged again once they are not
+        self.waiting: dict[int, tuple[int, int, _Level]] = {}
+        self.judging = (1, 0)  # the side and first commit of the sum being judged
+        self.sized = (0.0, 0.0)  # the medians a change was confirmed with (`_sized`)
 
     def read(self) -> list[Signal]:
         found = []
@@ -207,25 +231,44 @@ class _Sums:
             for side in (1, -1):
                 summed = self._add(side, now, level, aside)
                 if summed is None:
+                    self.waiting.pop(side, None)
                     continue
+                if self._still_waiting(side, summed[0], now, aside):
+                    continue
+                self.judging = (side, summed[0])
                 confirmed = self._judge(now, end, aside, summed, side)
                 if confirmed == _NOT_YET:
                     continue
                 if confirmed is not None:
-                    found.append(Signal(confirmed, now + 1))
+                    found.append(Signal(confirmed, now + 1, *self.sized))
                     self.start, self.needed = confirmed, self.method.confirm_level_after_change
-                self.trails = {1: [], -1: []}
+                self.trails, self.held, self.waiting = {1: [], -1: []}, {}, {}
                 break
         return found
 
     def _add(self, side: int, now: int, level: _Level, aside: set[int]) -> list[int] | None:
         """Add commit `now` to a side's sum: the commits the sum holds where it reaches the decision interval."""
         trail = self.trails[side]
-        trail.append((now, level.step(self.logs[now], side, self.reference)))
-        total, summed = _page([(j, x) for j, x in trail if j not in aside])  # outlier jobs found since: out
+        step = level.step(self.logs[now], side, self.reference)
+        trail.append((now, step))
+        inside = frozenset(j for j in aside if j >= trail[0][0])
+        held = self.held.get(side)
+        if held is not None and held[0] == inside - {now}:  # no outlier found among the trail since: one more step
+            total, summed = held[1], held[2]
+            if now not in aside:
+                total = max(0.0, total + step)
+                if total > 0.0:
+                    summed.append(now)
+                else:
+                    summed = []
+        else:  # outlier jobs found since leave the sum: read it again without them
+            total, summed = _page([(j, x) for j, x in trail if j not in aside])
+        self.held[side] = (inside, total, summed)
         # what came before the sum last left 0 no longer counts, once no newer commit can make it an outlier
         keep = min(summed[0] if summed else now + 1, now + 1 - OUTLIER_NEIGHBOURS)
-        trail[:] = [(j, x) for j, x in trail if j >= keep]
+        if trail[0][0] < keep:
+            trail[:] = [(j, x) for j, x in trail if j >= keep]
+            self.held[side] = (frozenset(j for j in inside if j >= keep), total, summed)
         return summed if self._reaches(total, summed, level) else None
 
     def _reaches(self, total: float, summed: list[int], level: _Level) -> bool:
@@ -259,11 +302,37 @@ class _Sums:
         self.start, self.needed = placed, self.method.confirm_level
         return None
 
+    def _still_waiting(self, side: int, left: int, now: int, aside: set[int]) -> bool:
+        """A sum judged not yet large enough, from the same commit on: measured again where it was placed, against
+        the level it was judged with, before it is judged (and detect.py asked) again. The cost of a long noisy
+        series, which may hold such a sum for hundreds of commits, then grows with its changes, not its commits."""
+        waiting = self.waiting.get(side)
+        if waiting is None or waiting[0] != left:
+            return False
+        _, index, level = waiting
+        return self._size_reached(index, level, now, aside, side) is False
+
     def _sized(self, index: int, level: _Level, now: int, aside: set[int], side: int) -> int:
-        """`index`, where the commits from it on differ from the level by at least the reference on the sum's side
-        (a change under half the smallest change that matters is never confirmed); else not yet."""
+        """`index`, where the median of the commits from it on differs from the level's on the sum's side by at
+        least the reference (a change under half the smallest change that matters is never confirmed) and by what
+        the series' own noise resolves at the commits seen (`resolution`); else not yet. The two medians are the
+        size the change keeps (`Signal`)."""
+        if self._size_reached(index, level, now, aside, side):
+            self.sized = self._medians(index, level, now, aside)
+            return index
+        self.waiting[side] = (self.judging[1], index, level)
+        return _NOT_YET
+
+    def _medians(self, index: int, level: _Level, now: int, aside: set[int]) -> tuple[float, float]:
+        before = [self.logs[j] for j in range(level.start, level.end) if j not in aside]
         since = [self.logs[j] for j in range(index, now + 1) if j not in aside]
-        return index if side * (float(np.mean(since)) - level.mean) >= self.reference else _NOT_YET
+        return float(np.median(before)), (float(np.median(since)) if since else math.nan)
+
+    def _size_reached(self, index: int, level: _Level, now: int, aside: set[int], side: int) -> bool:
+        before, after = self._medians(index, level, now, aside)
+        count = sum(j not in aside for j in range(index, now + 1))
+        needed = max(self.reference, resolution(level.spread, level.size, count, self.method.p_value))
+        return count > 0 and side * (after - before) >= needed
 
     def _placed(self, left: int, points: list[int]) -> int:
         """Where a change starts: the change point of detect.py (placed with the commits on both sides) nearest to
@@ -285,7 +354,10 @@ def _page(steps: list[tuple[int, float]]) -> tuple[float, list[int]]:
     total, summed = 0.0, list[int]()
     for j, step in steps:
         total = max(0.0, total + step)
-        summed = [*summed, j] if total > 0.0 else []
+        if total > 0.0:
+            summed.append(j)
+        else:
+            summed = []
     return total, summed
 
 

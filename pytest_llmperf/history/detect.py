@@ -192,8 +192,8 @@ class PrefixOutliers:
     """`outliers(values[:length])` for each length in turn, without recomputing the whole prefix: a job's distance
     from the median of the commits before it is fixed once it is measured, and from that of the commits after it
     once those are; only the noise, the limit they are held to, moves with the prefix (its neighbour differences are
-    kept sorted, so its quartiles are read, not recomputed). The same flags as `outliers` at every length (a test
-    asserts it); the sequential read of alarms.py asks at every commit."""
+    kept sorted as it grows, so its quartiles are read, not recomputed). The same flags as `outliers` at every length (a test asserts it); the sequential read
+    of alarms.py asks at every commit."""
 
     def __init__(self, values: Sequence[float], method: Method = DEFAULT_METHOD) -> None:
         self.logs = np.log(np.asarray(values, dtype=float))
@@ -208,19 +208,23 @@ class PrefixOutliers:
                 right = self.logs[k : n - k] - np.median(windows[k + 1 :], axis=1)
                 left = self.left[k : n - k]
                 self.score[k : n - k] = np.where(left * right > 0, np.minimum(np.abs(left), np.abs(right)), 0.0)
-        self._diffs: list[float] = []
+        self.diffs = np.diff(self.logs).tolist()
+        self._sorted: list[float] = []  # the first `_length - 1` differences, sorted
         self._length = 1
 
     def _noise(self, length: int) -> float:
-        while self._length < length:
-            bisect.insort(self._diffs, float(self.logs[self._length] - self.logs[self._length - 1]))
-            self._length += 1
+        """`noise(values[:length])`: the quartiles of the differences, kept sorted as the prefix grows."""
+        if length < self._length:
+            self._sorted, self._length = sorted(self.diffs[: max(length - 1, 0)]), max(length, 1)
+        for d in self.diffs[self._length - 1 : length - 1]:
+            bisect.insort(self._sorted, d)
+        self._length = max(self._length, length)
         if length < 3:
             return 0.0
-        return (_percentile(self._diffs, 75) - _percentile(self._diffs, 25)) / (1.349 * math.sqrt(2))
+        return (_percentile(self._sorted, 75) - _percentile(self._sorted, 25)) / (1.349 * math.sqrt(2))
 
     def at(self, length: int) -> set[int]:
-        """The outlier jobs of the series cut at `length` (lengths asked in increasing order)."""
+        """The outlier jobs of the series cut at `length`."""
         k = OUTLIER_NEIGHBOURS
         sigma = self._noise(length)
         if sigma == 0.0 or length < k + 1:

@@ -8,7 +8,8 @@ The head side of an A/B job is a pull request's working tree: stored, never in a
 per-process medians. Runs a person excluded are kept aside, drawn, never analysed.
 
 The order is the default branch's first-parent line: from git where the caller gives it (the command line reads it
-from the repository), else as the jobs recorded it, else by commit time.
+from the repository), else as the jobs recorded it, else by commit time. Runs recorded on the default branch whose
+commit that line no longer holds (a rebased or force-pushed branch) are placed by when their jobs ran, and said.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Point:
     env_fp: str
     machine_fp: str
     sources: list[str]
+    order: int = 0  # the commit's place among all commits of the rows (0 = the oldest): the same in every series
 
 
 @dataclass
@@ -58,22 +60,40 @@ def enters(run: Run) -> bool:
     return run.source != "ab-head" and not run.dirty
 
 
+def orphaned(runs: Sequence[Run], line: Sequence[str] | None) -> list[Run]:
+    """Runs recorded on the default branch whose commit git's first-parent line no longer holds (the branch was
+    rebased or force-pushed since): `build` places them by the time their jobs ran, and the job and the command
+    line say how many (`pytest-llmperf history replace` moves them onto the commits that replaced theirs)."""
+    if not line:
+        return []
+    known = set(line)
+    return [r for r in runs if enters(r) and r.on_default_branch and r.commit_sha not in known]
+
+
 def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | None = None) -> dict[str, Series]:
     """Every series the rows hold, by key. `line`: the default branch's first-parent commits, oldest first; when
-    given it decides which commits enter and their order (else the runs' own `on_default_branch` and order)."""
+    given it decides which commits enter and their order (else the runs' own `on_default_branch` and order). Runs
+    recorded on the default branch whose commit the line no longer holds (`orphaned`) enter after the newest commit
+    of the line measured before their job ran: nothing measured on main drops out of its series unsaid."""
     position = {sha: i for i, sha in enumerate(line)} if line else None
     chosen = {
         r.run_id: r
         for r in runs
-        if enters(r) and (r.commit_sha in position if position is not None else r.on_default_branch)
+        if enters(r) and (r.commit_sha in position or r.on_default_branch if position is not None else r.on_default_branch)
     }
     ordered_by_line = position is not None or all(r.commit_order is not None for r in chosen.values())
+    placed = sorted(
+        (r.started_at, position[r.commit_sha]) for r in chosen.values() if position and r.commit_sha in position
+    )
 
     def order(run: Run) -> tuple:
         if position is not None:
-            return (position[run.commit_sha],)
+            if run.commit_sha in position:
+                return (position[run.commit_sha], 0, "")
+            before = [p for started, p in placed if started <= run.started_at]  # an orphan: after what ran before
+            return (max(before, default=-1), 1, run.started_at)
         if ordered_by_line:
-            return (run.commit_order,)
+            return (run.commit_order, 0, "")
         return (run.commit_time or "", run.started_at)
 
     grouped: dict[str, dict[tuple[str, bool], list[tuple[Run, Result]]]] = defaultdict(lambda: defaultdict(list))
@@ -86,11 +106,17 @@ def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | 
             sid = SeriesId(result.test, result.metric, result.batch_size, run.target, run.machine)
             found[result.series_key] = Series(sid, result.unit, result.direction)
         grouped[result.series_key][(run.commit_sha, run.excluded)].append((run, result))
+    first: dict[str, tuple] = {}
+    for run in chosen.values():
+        key = order(run)
+        first[run.commit_sha] = min(first.get(run.commit_sha, key), key)
+    rank = {sha: i for i, sha in enumerate(sorted(first, key=lambda sha: (first[sha], sha)))}
     for key, commits in grouped.items():
         series = found[key]
-        items = sorted(commits.items(), key=lambda kv: (min(order(r) for r, _ in kv[1]), kv[0][1]))
+        items = sorted(commits.items(), key=lambda kv: (first[kv[0][0]], kv[0][0], kv[0][1]))
         for (sha, excluded), members in items:
             point = _point(sha, members)
+            point.order = rank[sha]
             (series.excluded if excluded else series.points).append(point)
     return found
 

@@ -40,6 +40,7 @@ def change_json(change: Change, min_effect: float) -> dict[str, Any]:
         "p_value": change.p_value,
         "env_changed": change.env_changed,
         "machine_changed": change.machine_changed,
+        "resolution": change.resolution,
     }
 
 
@@ -69,7 +70,6 @@ def series_json(a: SeriesAnalysis) -> dict[str, Any]:
         "unit": s.unit,
         "direction": s.direction,
         "noise": a.noise,
-        "first_analysed": a.first,
         "points": [
             {
                 "commit": p.commit_sha,
@@ -82,17 +82,18 @@ def series_json(a: SeriesAnalysis) -> dict[str, Any]:
             for p in s.points
         ],
         "excluded": [{"commit": p.commit_sha, "value": p.value, "at": commits.get(p.commit_sha)} for p in s.excluded],
-        "segments": _segments(s.values, a.points, a.outliers),
+        "segments": _segments(s.values, a.points, [*a.outliers, *a.set_aside]),
         "change_points": a.points,
         "states": [c.state for c in a.changes],
         "outliers": a.outliers,
+        "set_aside": a.set_aside,
         "env_changes": env_changes,
         "machine_changes": machine_changes,
         "creep": None
         if a.creep is None
         else {
-            "from": s.points[a.first + a.creep.first[0]].commit_sha,
-            "to": s.points[a.first + a.creep.last[1] - 1].commit_sha,
+            "from": s.points[a.analysed[a.creep.first[0]]].commit_sha,
+            "to": s.points[a.analysed[a.creep.last[1] - 1]].commit_sha,
             "drift": a.creep.drift,
             "p_value": a.creep.p_value,
             "flagged": a.creep.flagged,
