@@ -94,9 +94,12 @@ def ours(data: dict, last: int | None) -> dict:
     position = {sha: i for i, sha in enumerate(data["commits"])}
     changes = [c for a in analyses for c in a.changes]
     confirmed = [c for c in changes if c.state == "confirmed"]
-    events = getattr(analysis, "events", None)
+    try:
+        from pytest_llmperf.history.events import events
+    except ImportError:  # a checkout before events (--code)
+        events = None
     if events is not None:
-        found_events = events(analyses)
+        found_events = events(analyses, analysis.DEFAULT_MIN_EFFECT)
         regressions = [e for e in found_events if e.state == "confirmed" and e.kind == "regression"]
         read_commits = {e.first_bad for e in regressions}
         shared = sum(bool(e.shared) for e in regressions)

@@ -28,9 +28,9 @@ class Change:
     index: int  # into the series' points: the first commit of the new level
     last_good: str
     first_bad: str
-    # the level before and after (medians of the commits, outlier jobs aside): for a confirmed change those it was
-    # confirmed with (the level compared and the commits since), which later commits do not move; for a provisional
-    # one the two segments between its neighbouring change points
+    # the level before and after (medians of the commits, outlier jobs aside): a provisional change's two segments
+    # between its neighbouring change points; a confirmed change's level it was confirmed against, and its commits
+    # since up to the next change point (at least those it was confirmed with)
     before: float
     after: float
     change: float  # after / before - 1
@@ -156,12 +156,17 @@ def analyze_series(
         ([values[i] for i in keep if edges[n] <= i < edges[n + 1]], [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]])
         for n in range(len(found))
     ]
-    # a confirmed change keeps the size it was confirmed at (alarms.Signal); a provisional one is read between its
-    # neighbouring change points
-    levels = [
-        (f.signal.before, f.signal.after) if f.signal else (math.log(level(b)), math.log(level(a)))
-        for f, (b, a) in zip(found, segments)
-    ]
+    # a provisional change is read between its neighbouring change points; a confirmed one against the level it was
+    # confirmed with (alarms.Signal), which later commits do not move, its commits since up to the next change point
+    # but at least those it was confirmed with: a change point found later among them does not shrink it
+    levels = []
+    for n, f in enumerate(found):
+        if f.signal is None:
+            levels.append((math.log(level(segments[n][0])), math.log(level(segments[n][1]))))
+            continue
+        end = max(edges[n + 2], f.signal.length)
+        since = [values[i] for i in keep if f.index <= i < end]
+        levels.append((f.signal.before, math.log(level(since)) if since else f.signal.after))
     sizes = [after - before for before, after in levels]
     remaining = dict(zip(confirmed, in_effect([sizes[n] for n in confirmed])))
     for n, f in enumerate(found):
@@ -248,13 +253,6 @@ def _marked(change: Change, points: Sequence, marks: Sequence[Mark]) -> Change:
         if mark.series_key == change.series_key and near:
             return Change(**{**change.__dict__, "mark": mark.state})
     return change
-
-
-def events(analyses: Sequence[SeriesAnalysis], min_effect: float = DEFAULT_MIN_EFFECT) -> list:
-    """The changes of the analyses as events (history/events.py)."""
-    from .events import events as grouped
-
-    return grouped(analyses, min_effect)
 
 
 def analyze(

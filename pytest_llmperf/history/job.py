@@ -18,6 +18,7 @@ from ..files import strict_json, write_text_atomic
 from ..judge.verdicts import Outcome
 from . import lineage, rowsfile, series, summary
 from .analysis import analyze
+from .events import Event, events
 from .backends import Location, StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
 from .records import Result, Run
@@ -58,9 +59,11 @@ def append_job(
     if location is None and not rows_file:
         return done
     line = _first_parent_line(job, problems)
-    runs, results = job_rows(job, outcomes, line)
+    runs, results = job_rows(job, outcomes, line, lineage.dirty(job.rootdir, _own_files(location, report_dir)))
     if not runs:
         return done
+    if line and not any(series.enters(r) and r.on_default_branch for r in runs):
+        problems.append(f"llmperf history: {_why_off(runs, line)}: the job's runs are stored but enter no series")
     kept = _write_rows(report_dir, runs, results, problems) if rows_file else None
     if location is None:
         return done
@@ -70,8 +73,10 @@ def append_job(
             if check == "off":
                 return done
             keys = {r.series_key for r in results}
-            built = series.build(opened.runs(), opened.results(keys), line or None)
+            stored = opened.runs()
+            built = series.build(stored, opened.results(keys), line or None)
             marks = opened.marks()
+            orphans = series.orphaned(stored, line)
     except StoreError as exc:
         problems.append(f"llmperf history: {exc}")
         if kept is None:  # nothing of the job is lost: its rows go where `history import` reads them
@@ -80,8 +85,39 @@ def append_job(
     done.lines.append(
         f"llmperf history: {appended.results} rows of {appended.runs} run(s) appended to {location.describe()}"
     )
+    if orphans:
+        done.lines.append(f"llmperf history: {orphan_line(orphans)}")
     _analyse(done, built, marks, location, report_dir, check=check, min_effect=min_effect, anchor=anchor, job=job)
     return done
+
+
+def _own_files(location: Location | None, report_dir: Path) -> list[Path]:
+    """The plugin's files in the tree, left out of the dirty check: the report directory, a SQLite store and its
+    write-ahead log, and the .gitignore written beside it."""
+    own = [report_dir]
+    if location is not None and location.dialect == "sqlite":
+        store = Path(location.target)
+        own += [store, Path(f"{store}-wal"), Path(f"{store}-shm"), store.parent / ".gitignore"]
+    return own
+
+
+def orphan_line(orphans: Sequence[Run]) -> str:
+    commits = len({r.commit_sha for r in orphans})
+    return (
+        f"{len(orphans)} stored run(s) at {commits} commit(s) recorded on the default branch are no longer on its "
+        "first-parent line (rebased or force-pushed?): placed by when their jobs ran; move them onto the commits "
+        "that replaced theirs with `pytest-llmperf history replace OLD NEW`"
+    )
+
+
+def _why_off(runs: Sequence[Run], line: Sequence[str]) -> str:
+    """Why none of the job's runs enters a series: the one line a job says where it adds nothing to the history."""
+    if all(r.source == "ab-head" for r in runs):
+        return "an A/B job whose base side measured nothing"
+    if all(r.dirty for r in runs if r.source != "ab-head"):
+        return "the working tree has uncommitted changes (dirty) besides the plugin's own files"
+    sha = runs[0].commit_sha
+    return f"commit {sha[:12]} is not on the default branch's first-parent line ({len(line)} commits)"
 
 
 def _write_rows(report_dir: Path, runs: list[Run], results: list[Result], problems: list[str]) -> Path | None:
@@ -142,14 +178,9 @@ def _analyse(
         done.written.append(write_text_atomic(path, strict_json(data)))
     except OSError as exc:
         done.lines.append(f"llmperf history: cannot write {path}: {exc}")
-    confirmed = [c for a in analyses for c in a.changes if c.state == "confirmed" and c.mark is None]
-    for change in confirmed:
-        done.lines.append(
-            f"llmperf history: {change.kind} {change.change:+.1%} in {change.label}, confirmed"
-            + (", failing" if change.fails(min_effect) else "")
-            + f", between {change.last_good[:12]} and {change.first_bad[:12]}"
-            + (f" (now {change.now:+.1%} against the level before it)" if change.now is not None else "")
-        )
+    found = events(analyses, min_effect)
+    for event in (e for e in found if e.state == "confirmed" and e.mark is None):
+        done.lines.append(f"llmperf history: {event_line(event)}")
     for item in data["creep"]:
         done.lines.append(
             f"llmperf history: creep {item['drift']:+.1%} ({item['kind']}) in {item['series']} "
@@ -157,10 +188,26 @@ def _analyse(
         )
     if data["warnings"]:
         done.lines.append(f"llmperf history: {len(data['warnings'])} series noisier than {min_effect:.0%} ({path})")
-    failing = [c for a in analyses for c in a.changes if c.fails(min_effect)]
+    failing = [e for e in found if e.fails]
     if check == "fail" and failing:
         done.errors.append(
             f"llmperf history: {len(failing)} confirmed regression(s) of at least {min_effect:.0%}, still in effect, "
-            "that nobody marked (--llmperf-history-check=fail): mark one with `pytest-llmperf history mark` if it is "
-            "expected"
+            "that nobody marked (--llmperf-history-check=fail; one per event): mark one with `pytest-llmperf history "
+            "mark` if it is expected"
         )
+
+
+def event_line(event: Event) -> str:
+    """`regression +8.0% in SERIES, confirmed, failing, between A and B`; an event of several series says how many
+    moved, the spread of their sizes and, where most of the machine's moved alike, that it is likely the runner."""
+    change = event.changes[0]
+    what = (
+        f"{change.kind} {change.change:+.1%} in {change.label}"
+        if len(event.changes) == 1
+        else f"{event.kind} {event.describe()} ({event.target}, {event.machine})"
+    )
+    now = f" (now {change.now:+.1%} against the level before it)" if len(event.changes) == 1 and change.now is not None else ""
+    return (
+        f"{what}, {event.state}{', failing' if event.fails else ''}, between {event.last_good[:12]} and "
+        f"{event.first_bad[:12]}{now}"
+    )

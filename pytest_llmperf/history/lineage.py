@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,23 @@ def first_parent_line(root: Path, branch: str) -> list[str]:
         return []
     text = git(root, "rev-list", "--first-parent", f"--max-count={MAX_LINE}", ref)
     return list(reversed(text.split())) if text else []
+
+
+def dirty(root: Path, own: Sequence[Path]) -> bool | None:
+    """Whether the tracked files have changes, leaving out the plugin's own (`own`: the store, the report directory):
+    a store committed by mistake changes with every job, and must not make every later job's tree dirty. None where
+    git cannot tell."""
+    top = git(root, "rev-parse", "--show-toplevel")
+    if top is None:
+        return None
+    excluded = []
+    for path in own:
+        try:
+            excluded.append(f":(exclude,top){Path(path).resolve().relative_to(Path(top).resolve()).as_posix()}")
+        except ValueError:  # outside the repository: git does not see it
+            continue
+    text = git(root, "status", "--porcelain", "--untracked-files=no", "--", ":(top)", *excluded)
+    return None if text is None else bool(text)
 
 
 def current_branch(root: Path) -> str | None:

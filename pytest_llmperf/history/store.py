@@ -24,11 +24,16 @@ class Appended:
 
 
 class Store:
-    def __init__(self, location: Location, *, timeout: float | None = None) -> None:
+    def __init__(self, location: Location, *, timeout: float | None = None, read_only: bool = False) -> None:
+        """`read_only`: for reading only (a store on a read-only disk, or one this user may not write): nothing is
+        created or migrated; an older store is read after `pytest-llmperf history migrate` only."""
         self.location = location
-        self.db = Connection(location) if timeout is None else Connection(location, timeout)
+        self.db = Connection(location, read_only=read_only, **({} if timeout is None else {"timeout": timeout}))
         try:
-            self._migrate()
+            if read_only:
+                self._check_readable()
+            else:
+                self._migrate()
         except BaseException:
             self.db.close()
             raise
@@ -50,6 +55,15 @@ class Store:
             return 0
         rows = self.db.execute("SELECT value FROM llmperf_meta WHERE key = 'schema_version'")
         return int(rows[0][0]) if rows else 0
+
+    def _check_readable(self) -> None:
+        found = self.version()
+        self._refuse_newer(found)
+        if found < SCHEMA_VERSION:
+            raise StoreError(
+                f"history store {self.location.describe()} has schema version {found}: bring it to version "
+                f"{SCHEMA_VERSION} with `pytest-llmperf history migrate` (which writes it) before reading it"
+            )
 
     def _migrate(self) -> None:
         found = self.version()
@@ -88,15 +102,45 @@ class Store:
 
     # -- writing ----------------------------------------------------------------------------------------------
     def append(self, runs: Sequence[Run], results: Sequence[Result]) -> Appended:
-        """Write a job's runs and their results in one transaction; runs already stored are skipped whole."""
+        """Write a job's runs and their results in one transaction; runs already stored are skipped whole, and runs
+        already stored with other values (a second rows file reusing run ids) refuse the whole append, naming them."""
         with self.db.writing():
             known = self._known({r.run_id for r in runs})
+            self._refuse_conflicts([r for r in runs if r.run_id in known], results)
             new = [r for r in runs if r.run_id not in known]
             fresh = {r.run_id for r in new}
             rows = [r for r in results if r.run_id in fresh]
             self.db.executemany(_insert("llmperf_run", RUN_COLUMNS), [_run_row(r) for r in new])
             self.db.executemany(_insert("llmperf_result", RESULT_COLUMNS), [_result_row(r) for r in rows])
         return Appended(len(new), len(rows), len(runs) - len(new))
+
+    def _refuse_conflicts(self, runs: Sequence[Run], results: Sequence[Result]) -> None:
+        """Refuse rows of runs the store holds where they differ from what it holds (commit, side or any result)."""
+        if not runs:
+            return
+        ids = sorted({r.run_id for r in runs})
+        marks = ",".join("?" * len(ids))
+        held_runs = self.db.execute(f"SELECT run_id, commit_sha, source FROM llmperf_run WHERE run_id IN ({marks})", ids)
+        held_results = self.db.execute(
+            f"SELECT {', '.join(RESULT_COLUMNS)} FROM llmperf_result WHERE run_id IN ({marks})", ids
+        )
+
+        def measured(rows: Iterable[Result]) -> dict[tuple, str]:  # repr: NaN equals NaN
+            return {(r.run_id, r.test, r.metric, r.batch_size): repr((r.value, r.process_medians)) for r in rows}
+
+        held = measured(_result_of(row) for row in held_results)
+        wanted = set(ids)
+        coming = measured(r for r in results if r.run_id in wanted)
+        same_runs = {tuple(row) for row in held_runs}
+        differ = {r.run_id for r in runs if (r.run_id, r.commit_sha, r.source) not in same_runs}
+        differ |= {key[0] for key in held.keys() | coming.keys() if held.get(key) != coming.get(key)}
+        if differ:
+            shown = ", ".join(sorted(differ)[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+            raise StoreError(
+                f"history store {self.location.describe()} already holds run(s) {shown} with other values: nothing "
+                "of these rows was written (two jobs' rows files with the same run ids? import the right one, or "
+                "set the stored runs aside with `pytest-llmperf history exclude`)"
+            )
 
     def _known(self, run_ids: set[str]) -> set[str]:
         if not run_ids:
@@ -114,6 +158,18 @@ class Store:
                 "UPDATE llmperf_run SET excluded = ?, exclude_reason = ? WHERE run_id = ? OR job_id = ?",
                 (0 if undo else 1, None if undo else reason, run_id, run_id),
             )
+        return len(found)
+
+    def replace_commit(self, old: str, new: str) -> int:
+        """Move the runs (and marks) of commit `old` onto `new`, the commit that replaced it on the default branch;
+        their recorded place on it is dropped (git's line gives it). The number of runs moved."""
+        with self.db.writing():
+            found = self.db.execute("SELECT run_id FROM llmperf_run WHERE commit_sha = ?", (old,))
+            self.db.execute(
+                "UPDATE llmperf_run SET commit_sha = ?, commit_order = NULL, on_default_branch = 1 WHERE commit_sha = ?",
+                (new, old),
+            )
+            self.db.execute("UPDATE llmperf_mark SET commit_sha = ? WHERE commit_sha = ?", (new, old))
         return len(found)
 
     def mark(self, mark: Mark) -> None:
