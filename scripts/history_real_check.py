@@ -14,7 +14,7 @@ order), and are analysed as `pytest-llmperf history analyze` does. Printed per p
 - the documented performance commits (their message says so) found: a change point within 2 commits of one in any
   series of the project (and a confirmed one);
 - the time the analysis took (the store read and series built apart).
-Otava (`otava analyze`, its defaults) and asv (`asv.step_detect.detect_regressions`, regressions of at least 5% as
+Otava (`otava analyze`, its defaults) and asv (`detect_regressions(detect_steps(y))`, regressions of at least 5% as
 `asv publish` reports them) read the same values. `--code DIR` runs another checkout's pytest_llmperf (the rule of
 an earlier commit: `git archive COMMIT | tar -x -C DIR`); `--last N` analyses only each series' newest N commits.
 """
@@ -37,11 +37,11 @@ NEAR = 2  # commits a change point may lie from a documented commit and still fi
 
 ASV_SCRIPT = """
 import json, sys
-from asv.step_detect import detect_regressions
+from asv.step_detect import detect_regressions, detect_steps
 out = []
 for ys in json.load(sys.stdin):
-    found = detect_regressions(ys, threshold=0.05)
-    out.append([] if found is None or found[2] is None else [[int(a), int(b)] for (a, b), *_ in found[2]])
+    found = detect_regressions(detect_steps(ys), threshold=0.05)
+    out.append([] if found is None or found[2] is None else [[int(a), int(b)] for a, b, *_ in found[2]])
 print(json.dumps(out))
 """
 
@@ -158,15 +158,15 @@ def otava(binary: str, data: dict, last: int | None) -> dict:
             capture_output=True, text=True, env=env, check=True, timeout=3000,
         )  # fmt: skip
         took = time.perf_counter() - started
-    found = json.loads(done.stdout[done.stdout.index("{") :])
+    found: dict[str, list] = {}
+    for line in done.stdout.splitlines():  # one JSON object a test
+        if line.startswith("{"):
+            found.update(json.loads(line))
     points, regressions = set(), 0
     for n, (_, direction, at, _) in enumerate(series):
-        for change in found.get(f"s{n}", []):
-            index = int(change["index"]) if "index" in change else None
-            if index is None:
-                continue
-            points.add(at[index])
-            for metric in change.get("changes", []):
+        for point in found.get(f"s{n}", []):
+            for metric in point.get("changes", []):
+                points.add(at[int(metric["index"])])
                 if float(metric.get("forward_change_percent", 0)) * direction < 0:
                     regressions += 1
     total = sum(len(found.get(f"s{n}", [])) for n in range(len(series)))
@@ -187,7 +187,11 @@ def asv(python: str, data: dict, last: int | None) -> dict:
 
 
 def found(documented: list[int], points: set[int]) -> int:
-    return sum(any(abs(d - p) <= NEAR for p in points) for d in documented)
+    return len(found_at(documented, points))
+
+
+def found_at(documented: list[int], points: set[int]) -> list[int]:
+    return [d for d in documented if any(abs(d - p) <= NEAR for p in points)]
 
 
 def main() -> None:
@@ -217,6 +221,9 @@ def main() -> None:
             f"{found(documented, mine['points'])}/{len(documented)} ({found(documented, mine['confirmed_points'])} "
             f"confirmed); analysis {mine['time']:.2f} s (store read {mine['read_time']:.2f} s)"
         )
+        if documented:
+            shas = [data["commits"][d][:8] for d in found_at(documented, mine["points"])]
+            line += f"\n    documented commits found: {' '.join(shas) or '-'}"
         total["documented"] += len(documented)
         total["found"] += found(documented, mine["points"])
         total["found_confirmed"] += found(documented, mine["confirmed_points"])

@@ -39,9 +39,12 @@ def test_a_broken_job_is_set_aside_and_the_regression_around_it_still_fails():
 
 
 def test_the_markdown_section_escapes_test_ids(tmp_path):
-    change = {"series": "t.py::t[a|b] decode_token_ms bs 1", "state": "confirmed", "last_good": "a" * 40,
+    change = {"id": "k@b", "series": "t.py::t[a|b] decode_token_ms bs 1", "state": "confirmed", "last_good": "a" * 40,
               "first_bad": "b" * 40, "change": 0.08, "kind": "regression", "mark": None}  # fmt: skip
-    data = {"format": ANALYSIS_FORMAT, "changes": [change], "creep": []}
+    event = {"state": "confirmed", "kind": "regression", "series_moved": 1, "series": [change["series"]],
+             "changes": ["k@b"], "last_good": "a" * 40, "first_bad": "b" * 40, "sizes": [0.08, 0.08], "fails": False,
+             "mark": None}  # fmt: skip
+    data = {"format": ANALYSIS_FORMAT, "events": [event], "changes": [change], "creep": []}
     (tmp_path / ANALYSIS_FILE).write_text(json.dumps(data))
     section = markdown_section(tmp_path)
     (row,) = [line for line in section.splitlines() if "decode_token_ms" in line]

@@ -29,7 +29,10 @@ from functools import lru_cache
 
 import numpy as np
 
-EXTRA_HINT = "pip install 'pytest-llmperf[history]'"
+EXTRA_HINT = (
+    "it is installed with pytest-llmperf where it has a wheel (CPython 3.10-3.13 on x86_64 or arm64 Linux, macOS, "
+    "Windows); here, pip install 'pytest-llmperf[history]' builds it with a C compiler"
+)
 
 
 class RupturesMissing(ImportError):
