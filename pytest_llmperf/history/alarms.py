@@ -106,11 +106,16 @@ def resolution(noise: float, before: int, after: int, p_value: float) -> float:
 
 def _standard_normal(distance: float, freedom: int) -> float:
     """Student's t `distance` with `freedom` degrees of freedom as the N(0, 1) quantile of the same tail."""
+    return math.copysign(_quantile_of(abs(distance), freedom), distance)
+
+
+@lru_cache(maxsize=1024)
+def _quantile_of(distance: float, freedom: int) -> float:
+    """For a distance >= 0 (each commit asks once a side, with the same distance: cached)."""
     from scipy.special import ndtri, stdtr
 
-    tail = float(stdtr(freedom, -abs(distance)))
-    size = -float(ndtri(tail)) if tail > _EXACT_TAIL else abs(distance)
-    return math.copysign(size, distance)
+    tail = float(stdtr(freedom, -distance))
+    return -float(ndtri(tail)) if tail > _EXACT_TAIL else distance
 
 
 _EQUAL = 1e-9  # a level whose deviation (in logs) is below this has none: a deterministic counter's repeated value

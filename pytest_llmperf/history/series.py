@@ -15,11 +15,10 @@ commit that line no longer holds (a rebased or force-pushed branch) are placed b
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .records import Result, Run, SeriesId
 
@@ -128,7 +127,7 @@ def _point(sha: str, members: Sequence[tuple[Run, Result]]) -> Point:
     return Point(
         sha,
         members[0][0].commit_time,
-        float(np.median(values)),
+        float(statistics.median(values)),  # a few values, most often one: not worth an array
         min(medians, default=min(values)),
         max(medians, default=max(values)),
         [run.run_id for run, _ in members],

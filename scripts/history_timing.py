@@ -1,0 +1,144 @@
+"""What the history's analysis costs (docs/history.md, "Cost"): run it under the shared lock and say the load.
+
+    flock /tmp/llmperf-heavy.lock python scripts/history_timing.py [--repeats 3]
+
+Prints, each the best of `--repeats` runs (wall time, this process):
+- 100 synthetic series of 200 commits (CV 3%, a 5% step at commit 100) analysed as `analyze` does, and the same for
+  the newest 200 commits of each series of the real extract's django-asv (65 series);
+- one series of 1000 commits analysed whole: synthetic at CV 1/3/10% with a step, and the real bsl-language-server
+  and mountpoint-s3 histories' newest 1000 commits;
+- the end of a job (`history/job.py`'s `append_job`, as `pytest_sessionfinish` calls it): its rows appended to a
+  SQLite store holding 199 earlier jobs on a git repository's first-parent line, the series built, analysed, the
+  analysis written, for jobs measuring 16, 48 and 96 series; the goal is 1 s plus 10 ms a series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from pytest_llmperf.history.alarms import Analyses  # noqa: E402
+from pytest_llmperf.history.analysis import analyze  # noqa: E402
+from pytest_llmperf.history.backends import Location  # noqa: E402
+from pytest_llmperf.history.job import append_job  # noqa: E402
+from pytest_llmperf.history.rows import Job, job_rows  # noqa: E402
+from pytest_llmperf.history.series import build  # noqa: E402
+from pytest_llmperf.history.store import Store  # noqa: E402
+from tests.history_rows import history_rows  # noqa: E402
+from tests.history_synthetic import Case, history  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "history-real"
+GIT = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@e"}
+
+
+def best(repeats: int, work) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def real(name: str, last: int) -> list[list[float]]:
+    data = json.loads(gzip.decompress((DATA / f"{name}.json.gz").read_bytes()))
+    return [[v for v in s["values"] if v is not None][-last:] for s in data["series"]]
+
+
+def many_series(values: list[list[float]]):
+    runs, rows = [], []
+    for n, series in enumerate(values):
+        r, v = history_rows(series, metric=f"metric{n}")
+        runs, rows = r, rows + v  # the same runs (one per commit) for every series
+    return build(runs, rows)
+
+
+def outcomes(benchmarks: int):
+    """A job's outcomes: `benchmarks` simulated benchmarks at 4 batch sizes (their gated metrics: 4 series each)."""
+    from pytest_llmperf.backends.simulated import SimulatedBackend
+    from pytest_llmperf.judge.verdicts import Outcome, Status
+    from pytest_llmperf.measure.runner import measure
+    from pytest_llmperf.measure.scenario import Scenario
+
+    scenario = Scenario(batch_sizes=(1, 2, 4, 8), runs=3, warmups=0)
+    found = []
+    for k in range(benchmarks):
+        result = measure(SimulatedBackend(seed=k), scenario, key=f"b{k}", nodeid=f"t.py::b{k}", module="t.py")
+        found.append(Outcome(result, Status.COMPARED))
+    return found
+
+
+def end_of_job(benchmarks: int, repeats: int) -> tuple[int, float]:
+    """The end of a job after 199 earlier ones, on a repository of 200 first-parent commits: (series, seconds)."""
+    measured = outcomes(benchmarks)
+    best_time, series = float("inf"), 0
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            env = {**os.environ, **GIT}
+            subprocess.run(["git", "init", "-q", "-b", "main", tmp], check=True, env=env)
+            for i in range(200):
+                subprocess.run(["git", "-C", tmp, "commit", "-q", "--allow-empty", "-m", f"c{i}"], check=True, env=env)
+            line = subprocess.run(["git", "-C", tmp, "rev-list", "--first-parent", "--reverse", "main"],
+                                  capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+            fingerprint = {"git": {"commit": line[-1], "dirty": False}, "python": "3.11"}
+            job = Job("cpu", fingerprint, root, "machine", started_at="2026-01-01T00:00:00Z")
+            runs, results = job_rows(job, measured, line, False)
+            store = root / ".llmperf" / "history.sqlite"
+            rng = np.random.default_rng(0)
+            with Store(Location("sqlite", str(store))) as opened:
+                for i, sha in enumerate(line[:-1]):
+                    (run,) = runs
+                    earlier = dataclasses.replace(run, run_id=f"e{i}:stored", job_id=f"e{i}", commit_sha=sha,
+                                                  commit_order=i + 1, started_at=f"2025-01-01T{i // 60:02d}:{i % 60:02d}")  # fmt: skip
+                    scaled = [
+                        dataclasses.replace(r, run_id=earlier.run_id, value=r.value * (1 + rng.normal(0, 0.02)))
+                        for r in results
+                    ]
+                    opened.append([earlier], scaled)
+            series = len({r.series_key for r in results})
+            started = time.perf_counter()
+            done = append_job(measured, job, store=str(store), report_dir=root / "reports")
+            best_time = min(best_time, time.perf_counter() - started)
+            assert any("appended" in line for line in done.lines), done.lines
+    return series, best_time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"load before: {os.getloadavg()}")
+    analyze(many_series([list(history(Case(60, 0.03), s)) for s in range(2)]))  # imports and caches warm
+    synthetic = many_series([list(history(Case(200, 0.03, ((100, 0.05),)), s)) for s in range(100)])
+    print(f"100 synthetic series of 200 commits: {best(args.repeats, lambda: analyze(synthetic)):.2f} s (goal 2 s)")
+    django = many_series(real("django-asv", 200))
+    print(f"django-asv, 65 series, newest 200 commits: {best(args.repeats, lambda: analyze(django)):.2f} s")
+    for cv in (0.01, 0.03, 0.10):
+        values = list(history(Case(1000, cv, ((500, 0.05),)), 0))
+        took = best(args.repeats, lambda values=values: Analyses(values).found())
+        print(f"one synthetic series of 1000 commits, CV {cv:.0%}: {took * 1000:.0f} ms (goal 100 ms)")
+    for name in ("bsl-language-server", "mountpoint-s3", "django-asv"):
+        values = max(real(name, 1000), key=len)
+        took = best(args.repeats, lambda values=values: Analyses(values).found())
+        print(f"{name}, its longest series' newest {len(values)} commits: {took * 1000:.0f} ms")
+    for benchmarks in (4, 12, 24):
+        series, took = end_of_job(benchmarks, args.repeats)
+        print(f"end of a job measuring {series} series after 199 jobs: {took:.2f} s (goal {1 + 0.01 * series:.2f} s)")
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
