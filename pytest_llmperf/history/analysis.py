@@ -153,7 +153,10 @@ def analyze_series(
     reached = _reached(values, keep, found, series.direction, min_effect)
     confirmed = [n for n, f in enumerate(found) if f.confirmed]
     segments = [
-        ([values[i] for i in keep if edges[n] <= i < edges[n + 1]], [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]])
+        (
+            [values[i] for i in keep if edges[n] <= i < edges[n + 1]],
+            [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]],
+        )
         for n in range(len(found))
     ]
     # a provisional change is read between its neighbouring change points; a confirmed one against the level it was
@@ -212,6 +215,7 @@ def analyze_series(
             "side resolve it"
         )
     return result
+
 
 def _reached(
     values: Sequence[float], keep: Sequence[int], found: Sequence[Found], direction: int, min_effect: float

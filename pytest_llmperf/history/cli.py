@@ -108,7 +108,9 @@ def parser() -> argparse.ArgumentParser:
         help="failing: what --llmperf-history-check=fail and analyze --fail fail on (default: all)",
     )
     mark = commands.add_parser("mark", help="mark a change, or every change of an event (its id from `changes`)")
-    mark.add_argument("change_id", metavar="ID", help="SERIES_KEY@COMMIT or EVENT:MACHINE@COMMIT, as `changes` lists it")
+    mark.add_argument(
+        "change_id", metavar="ID", help="SERIES_KEY@COMMIT or EVENT:MACHINE@COMMIT, as `changes` lists it"
+    )
     mark.add_argument("--repo", type=_directory, default=Path("."), help="the repository ordering the series")
     mark.add_argument("--branch")
     group = mark.add_mutually_exclusive_group(required=True)

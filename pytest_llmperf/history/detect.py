@@ -136,7 +136,7 @@ def _rank_sum_p(before: np.ndarray, after: np.ndarray) -> float:
     u1 = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2.0
     u = max(u1, n1 * n2 - u1)
     if min(n1, n2) <= EXACT_UP_TO and len(counts) == n:  # no ties
-        return min(1.0, 2.0 * _u_tail(min(n1, n2), max(n1, n2))[int(round(u))])
+        return min(1.0, 2.0 * _u_tail(min(n1, n2), max(n1, n2))[round(u)])
     ties = float((counts**3 - counts).sum())
     spread = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1))))
     if spread == 0.0:
@@ -195,8 +195,8 @@ class PrefixOutliers:
     """`outliers(values[:length])` for each length in turn, without recomputing the whole prefix: a job's distance
     from the median of the commits before it is fixed once it is measured, and from that of the commits after it
     once those are; only the noise, the limit they are held to, moves with the prefix (its neighbour differences are
-    kept sorted as it grows, so its quartiles are read, not recomputed). The same flags as `outliers` at every length (a test asserts it); the sequential read
-    of alarms.py asks at every commit."""
+    kept sorted as it grows, so its quartiles are read, not recomputed). The same flags as `outliers` at every
+    length (tests/test_history_alarms.py asserts it); the sequential read of alarms.py asks at every commit."""
 
     def __init__(self, values: Sequence[float], method: Method = DEFAULT_METHOD) -> None:
         self.logs = np.log(np.asarray(values, dtype=float))

@@ -18,9 +18,9 @@ from ..files import strict_json, write_text_atomic
 from ..judge.verdicts import Outcome
 from . import lineage, rowsfile, series, summary
 from .analysis import analyze
-from .events import Event, events
 from .backends import Location, StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
+from .events import Event, events
 from .records import Result, Run
 from .rows import Job, job_rows
 from .settings import ANALYSIS_FILE
@@ -206,7 +206,11 @@ def event_line(event: Event) -> str:
         if len(event.changes) == 1
         else f"{event.kind} {event.describe()} ({event.target}, {event.machine})"
     )
-    now = f" (now {change.now:+.1%} against the level before it)" if len(event.changes) == 1 and change.now is not None else ""
+    now = (
+        f" (now {change.now:+.1%} against the level before it)"
+        if len(event.changes) == 1 and change.now is not None
+        else ""
+    )
     return (
         f"{what}, {event.state}{', failing' if event.fails else ''}, between {event.last_good[:12]} and "
         f"{event.first_bad[:12]}{now}"

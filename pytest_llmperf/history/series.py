@@ -78,7 +78,7 @@ def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | 
     chosen = {
         r.run_id: r
         for r in runs
-        if enters(r) and (r.commit_sha in position or r.on_default_branch if position is not None else r.on_default_branch)
+        if enters(r) and (r.on_default_branch or (position is not None and r.commit_sha in position))
     }
     ordered_by_line = position is not None or all(r.commit_order is not None for r in chosen.values())
     placed = sorted(
@@ -110,8 +110,8 @@ def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | 
         key = order(run)
         first[run.commit_sha] = min(first.get(run.commit_sha, key), key)
     rank = {sha: i for i, sha in enumerate(sorted(first, key=lambda sha: (first[sha], sha)))}
-    for key, commits in grouped.items():
-        series = found[key]
+    for series_key, commits in grouped.items():
+        series = found[series_key]
         items = sorted(commits.items(), key=lambda kv: (first[kv[0][0]], kv[0][0], kv[0][1]))
         for (sha, excluded), members in items:
             point = _point(sha, members)

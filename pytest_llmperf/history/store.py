@@ -120,7 +120,9 @@ class Store:
             return
         ids = sorted({r.run_id for r in runs})
         marks = ",".join("?" * len(ids))
-        held_runs = self.db.execute(f"SELECT run_id, commit_sha, source FROM llmperf_run WHERE run_id IN ({marks})", ids)
+        held_runs = self.db.execute(
+            f"SELECT run_id, commit_sha, source FROM llmperf_run WHERE run_id IN ({marks})", ids
+        )
         held_results = self.db.execute(
             f"SELECT {', '.join(RESULT_COLUMNS)} FROM llmperf_result WHERE run_id IN ({marks})", ids
         )
@@ -166,7 +168,8 @@ class Store:
         with self.db.writing():
             found = self.db.execute("SELECT run_id FROM llmperf_run WHERE commit_sha = ?", (old,))
             self.db.execute(
-                "UPDATE llmperf_run SET commit_sha = ?, commit_order = NULL, on_default_branch = 1 WHERE commit_sha = ?",
+                "UPDATE llmperf_run SET commit_sha = ?, commit_order = NULL, on_default_branch = 1 "
+                "WHERE commit_sha = ?",
                 (new, old),
             )
             self.db.execute("UPDATE llmperf_mark SET commit_sha = ? WHERE commit_sha = ?", (new, old))
