@@ -227,23 +227,18 @@ def main() -> None:
         total["documented"] += len(documented)
         total["found"] += found(documented, mine["points"])
         total["found_confirmed"] += found(documented, mine["confirmed_points"])
-        if args.otava:
-            theirs = otava(args.otava, data, args.last)
-            total["otava"] += theirs["count"]
-            total["otava_found"] += found(documented, theirs["points"])
+        for tool, command, measure, what in (("Otava", args.otava, otava, "change points"),
+                                             ("asv", args.asv, asv, "regressions at 5%")):  # fmt: skip
+            if not command:
+                continue
+            theirs = measure(command, data, args.last)
+            total[tool.lower()] += theirs["count"]
+            total[f"{tool.lower()}_found"] += found(documented, theirs["points"])
             line += (
-                f"\n    Otava: {theirs['count']} change points ({100 * theirs['count'] / max(mine['commits'], 1):.2f} "
-                f"per 100 commits per series), {theirs['regressions']} regressions, documented found "
-                f"{found(documented, theirs['points'])}/{len(documented)}, {theirs['time']:.1f} s (the CLI, whole)"
-            )
-        if args.asv:
-            theirs = asv(args.asv, data, args.last)
-            total["asv"] += theirs["count"]
-            total["asv_found"] += found(documented, theirs["points"])
-            line += (
-                f"\n    asv: {theirs['count']} regressions at 5% "
-                f"({100 * theirs['count'] / max(mine['commits'], 1):.2f} per 100 commits per series), documented "
-                f"found {found(documented, theirs['points'])}/{len(documented)}, {theirs['time']:.1f} s"
+                f"\n    {tool}: {theirs['count']} {what} ({100 * theirs['count'] / max(mine['commits'], 1):.2f} per "
+                f"100 commits per series)"
+                + (f", {theirs['regressions']} regressions" if "regressions" in theirs else "")
+                + f", documented found {found(documented, theirs['points'])}/{len(documented)}, {theirs['time']:.1f} s"
             )
         print(line, flush=True)
     rate = 100 * total["confirmed"] / max(total["commits"], 1)

@@ -9,7 +9,7 @@ Prints, each the best of `--repeats` runs (wall time, this process):
   and mountpoint-s3 histories' newest 1000 commits;
 - the end of a job (`history/job.py`'s `append_job`, as `pytest_sessionfinish` calls it): its rows appended to a
   SQLite store holding 199 earlier jobs on a git repository's first-parent line, the series built, analysed, the
-  analysis written, for jobs measuring 16, 48 and 96 series; the goal is 1 s plus 10 ms a series.
+  analysis written, for jobs measuring 48, 144 and 288 series (12 a benchmark); the goal is 1 s plus 10 ms a series.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def many_series(values: list[list[float]]):
 
 
 def outcomes(benchmarks: int):
-    """A job's outcomes: `benchmarks` simulated benchmarks at 4 batch sizes (their gated metrics: 4 series each)."""
+    """A job's outcomes: `benchmarks` simulated benchmarks at 4 batch sizes (3 gated metrics: 12 series each)."""
     from pytest_llmperf.backends.simulated import SimulatedBackend
     from pytest_llmperf.judge.verdicts import Outcome, Status
     from pytest_llmperf.measure.runner import measure

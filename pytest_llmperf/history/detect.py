@@ -211,6 +211,8 @@ class PrefixOutliers:
                 right = self.logs[k : n - k] - np.median(windows[k + 1 :], axis=1)
                 left = self.left[k : n - k]
                 self.score[k : n - k] = np.where(left * right > 0, np.minimum(np.abs(left), np.abs(right)), 0.0)
+        self.by_score = np.argsort(-self.score, kind="stable").tolist()
+        self.scores = self.score.tolist()
         self.diffs = np.diff(self.logs).tolist()
         self._sorted: list[float] = []  # the first `_length - 1` differences, sorted
         self._length = 1
@@ -234,7 +236,12 @@ class PrefixOutliers:
             return set()
         limit = self.limit_sigmas * sigma
         settled = length - k  # jobs before it have their k commits after them in the prefix
-        found = {int(i) + k for i in np.flatnonzero(self.score[k:settled] > limit)} if settled > k else set()
+        found = set()
+        for i in self.by_score:  # the highest scores first: few exceed the limit
+            if self.scores[i] <= limit:
+                break
+            if k <= i < settled:
+                found.add(int(i))
         for i in range(max(k, settled), length):
             left = self.left[i]
             right = left if i == length - 1 else self.logs[i] - statistics.median(self.logs[i + 1 : length].tolist())

@@ -242,6 +242,7 @@ def _result_row(result: Result) -> tuple:
 
 
 def _result_of(row: Sequence) -> Result:
+    """A stored result (checked when it was written: Result.from_json checks what a rows file brings)."""
     data = dict(zip(RESULT_COLUMNS, row))
-    data["process_medians"] = json.loads(data["process_medians"])
-    return Result.from_json(data)
+    data["process_medians"] = tuple(json.loads(data["process_medians"]))
+    return Result(**data)
