@@ -22,9 +22,10 @@ commit is compared with the level of the commits before it (`signals`):
   Where detect.py finds a change inside the level, the level was not one: the sum's commits are read again against
   the level after that change, else the commits from it on against the level before it (`_Sums._judge`). A change
   with fewer than `confirm_level` commits before it stays provisional.
-A change smaller than half of `min_effect` is not confirmed (the commits from it on must differ from the level by
-that much when it is; it stays provisional, and creep reports a drift of that size), so noise in a quiet series,
-where a significant change can be tiny, confirms nothing.
+A change smaller than half of `min_effect` is not confirmed (the median of the commits from it on must differ from
+the level's by that much when it is; it stays provisional, and creep reports a drift of that size), so noise in a
+quiet series, where a significant change can be tiny, confirms nothing; nor is one smaller than what the series'
+noise resolves at the commits seen (`resolution`). Those two medians are the size the change keeps (`Signal`).
 
 A commit's verdict reads only the commits up to it, so a change confirmed at a commit stays confirmed in every later
 analysis, and the same store always gives the same states; where it starts is the change point of detect.py within
@@ -222,7 +223,6 @@ class _Sums:
         # per side: where a sum that reached the decision interval was placed, and the level it was measured
         # against, while the commits since were too few or too close to it: judged again once they are not
         self.waiting: dict[int, tuple[int, int, _Level]] = {}
-        self.judging = (1, 0)  # the side and first commit of the sum being judged
         self.sized = (0.0, 0.0)  # the medians a change was confirmed with (`_sized`)
 
     def read(self) -> list[Signal]:
@@ -240,7 +240,6 @@ class _Sums:
                     continue
                 if self._still_waiting(side, summed[0], now, aside):
                     continue
-                self.judging = (side, summed[0])
                 confirmed = self._judge(now, end, aside, summed, side)
                 if confirmed == _NOT_YET:
                     continue
@@ -294,16 +293,16 @@ class _Sums:
             q = max(inside)
             after = _Level.of(self.logs, q, end, aside)
             if after.size >= self.method.confirm_level and self._crosses(summed, after, side):
-                return self._sized(placed, after, now, aside, side)
+                return self._sized(placed, after, now, aside, summed, side)
             first = max([self.start, *(p for p in inside if p < q)])
             before = _Level.of(self.logs, first, q, aside)
             since = [j for j in range(q, now + 1) if j not in aside]
             enough = before.size >= (self.needed if first == self.start else self.method.confirm_level)
             if enough and self._crosses(since, before, side):
-                return self._sized(q, before, now, aside, side)
+                return self._sized(q, before, now, aside, summed, side)
             placed = q
         elif placed - self.start >= self.needed:
-            return self._sized(placed, _Level.of(self.logs, self.start, end, aside), now, aside, side)
+            return self._sized(placed, _Level.of(self.logs, self.start, end, aside), now, aside, summed, side)
         self.start, self.needed = placed, self.method.confirm_level
         return None
 
@@ -315,9 +314,9 @@ class _Sums:
         if waiting is None or waiting[0] != left:
             return False
         _, index, level = waiting
-        return self._size_reached(index, level, now, aside, side) is False
+        return not self._size_reached(index, level, now, aside, side)
 
-    def _sized(self, index: int, level: _Level, now: int, aside: set[int], side: int) -> int:
+    def _sized(self, index: int, level: _Level, now: int, aside: set[int], summed: list[int], side: int) -> int:
         """`index`, where the median of the commits from it on differs from the level's on the sum's side by at
         least the reference (a change under half the smallest change that matters is never confirmed) and by what
         the series' own noise resolves at the commits seen (`resolution`); else not yet. The two medians are the
@@ -325,7 +324,7 @@ class _Sums:
         if self._size_reached(index, level, now, aside, side):
             self.sized = self._medians(index, level, now, aside)
             return index
-        self.waiting[side] = (self.judging[1], index, level)
+        self.waiting[side] = (summed[0], index, level)
         return _NOT_YET
 
     def _medians(self, index: int, level: _Level, now: int, aside: set[int]) -> tuple[float, float]:
