@@ -174,10 +174,6 @@ def _series(store: Store, args: argparse.Namespace) -> dict[str, series.Series]:
     }
 
 
-def change_id(change: Change) -> str:
-    return change.id
-
-
 def event_text(event: Event) -> str:
     mark = f", marked {event.mark}" if event.mark else ""
     return (
@@ -195,7 +191,7 @@ def change_line(change: Change) -> str:
         if on
     )
     return (
-        f"{change_id(change)}  {change.state:<11} {change.kind:<11} {change.change:+7.1%}  {change.label}  "
+        f"{change.id}  {change.state:<11} {change.kind:<11} {change.change:+7.1%}  {change.label}  "
         f"{change.last_good[:12]}..{change.first_bad[:12]}  {change.before:.4g} -> {change.after:.4g}{now}{mark}{flags}"
     )
 
