@@ -32,11 +32,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.history import alarms
-from pytest_llmperf.history.alarms import Analyses, decision_interval, first_confirmations
+from pytest_llmperf.history.alarms import Analyses, first_confirmations
 from pytest_llmperf.history.analysis import analyze_series
 from pytest_llmperf.history.creep import creep
 from pytest_llmperf.history.detect import Method
 from pytest_llmperf.history.series import build
+from pytest_llmperf.history.thresholds import decision_interval
 from tests.history_rows import history_rows
 from tests.history_synthetic import LEVEL, Case, history
 

@@ -37,42 +37,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from .detect import DEFAULT_METHOD, OUTLIER_NEIGHBOURS, Method, PrefixOutliers, change_points
+from .thresholds import decision_interval, resolution, standard_normal
 
 SAME_POINT = 4  # commits between a change point of detect.py and a confirmed change that make them the same change
 #: Series shorter than this are not analysed: too few commits to tell a level from noise.
 MIN_COMMITS = 8
 DEFAULT_MIN_EFFECT = 0.05  # the smallest change that matters: the A/B gate's tolerance
-SIEGMUND_SHIFT = 1.166  # Siegmund's correction of a CUSUM's decision interval for its overshoot (in sigmas)
 #: Deviations from the level a commit counts as at most, so that one slow job does not reach the decision interval
 #: (a +30% job at 3% noise is 10 deviations away: it adds 1.7 to a sum that must reach 4.1), and the least such a
 #: commit adds where the reference is beyond it (a quiet series: there the commits a confirmation needs,
 #: `confirm_after`, hold a slow job off).
 CLIP, MIN_STEP = 2.5, 1.0
 _NOT_YET = -1  # a sum's verdict: too few commits from where its change starts, or too small a change, yet
-_EXACT_TAIL = 1e-12  # beyond this tail probability a commit's distance is taken as it is (the quantile saturates)
-
-
-@lru_cache(maxsize=65536)
-def decision_interval(reference: float, run_length: float) -> float:
-    """Page's CUSUM decision interval h, in sigmas, for a reference of `reference` sigmas a commit and an average
-    run length of `run_length` commits between false alarms (one side), by Siegmund's approximation
-    ARL = (exp(2 k b) - 2 k b - 1) / (2 k^2), b = h + 1.166 (Siegmund, "Sequential Analysis", 1985), solved in
-    logarithms, which are monotone in b. Beyond a reference of a few sigmas h is 0; the bounds keep floats finite."""
-    from scipy.optimize import brentq
-
-    k = min(max(reference, 1e-3), 1e3)
-
-    def excess(b: float) -> float:
-        x = 2 * k * b
-        return math.log(math.expm1(x) - x) - math.log(2 * k * k * run_length)
-
-    high = min(math.sqrt(run_length) + 1, 700 / (2 * k))  # ARL >= b^2; exp(700) is still a float
-    return max(0.0, float(brentq(excess, 1e-3 / k, high)) - SIEGMUND_SHIFT)
 
 
 @dataclass(frozen=True)
@@ -91,32 +71,6 @@ class Found:
     confirmed: bool
     commits_after: int  # commits measured from the change on (it included)
     signal: Signal | None = None  # what confirmed it (where it was placed then, and when): None while provisional
-
-
-def resolution(noise: float, before: int, after: int, p_value: float) -> float:
-    """The smallest difference of two means, of `before` and `after` commits with a deviation of `noise` each (in
-    logs), that a one-sided test at `p_value` tells from noise: z sigma sqrt(1/before + 1/after). A change smaller
-    than this at the commits seen is not confirmed, and does not fail a job (`analysis.Change.fails`): in a series
-    whose noise is twice the smallest change that matters, a 5% change needs some 100 commits a side."""
-    from scipy.special import ndtri
-
-    if before <= 0 or after <= 0:
-        return math.inf
-    return -float(ndtri(p_value)) * noise * math.sqrt(1 / before + 1 / after)
-
-
-def _standard_normal(distance: float, freedom: int) -> float:
-    """Student's t `distance` with `freedom` degrees of freedom as the N(0, 1) quantile of the same tail."""
-    return math.copysign(_quantile_of(abs(distance), freedom), distance)
-
-
-@lru_cache(maxsize=1024)
-def _quantile_of(distance: float, freedom: int) -> float:
-    """For a distance >= 0 (each commit asks once a side, with the same distance: cached)."""
-    from scipy.special import ndtri, stdtr
-
-    tail = float(stdtr(freedom, -distance))
-    return -float(ndtri(tail)) if tail > _EXACT_TAIL else distance
 
 
 _EQUAL = 1e-9  # a level whose deviation (in logs) is below this has none: a deterministic counter's repeated value
@@ -171,7 +125,7 @@ class _Level:
         distance = side * (value - self.mean)
         if self.spread == 0.0:
             return MIN_STEP if distance >= reference else -math.inf
-        z = _standard_normal(distance / (self.spread * math.sqrt(1 + 1 / self.size)), self.size - 1)
+        z = standard_normal(distance / (self.spread * math.sqrt(1 + 1 / self.size)), self.size - 1)
         k = reference / self.spread
         return min(z - k, max(CLIP - k, MIN_STEP))
 

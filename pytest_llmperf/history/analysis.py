@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses, Found, resolution
+from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses, Found
 from .creep import Creep, creep
 from .detect import DEFAULT_METHOD, Method, noise, outliers, two_sample_p
 from .records import Mark
 from .series import Series
+from .thresholds import resolution
 
 MARK_REACH = 2  # commits a change may move between analyses and keep its mark
 STEP_NOT_CREEP = 2  # a confirmed change this many times the smallest change that matters is left out of creep
