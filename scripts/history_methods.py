@@ -147,7 +147,7 @@ def bound(seeds: range, run_length: float) -> str:
 def rule_knowing_the_level(seeds: range) -> str:
     """The plugin's rule (history/alarms.py) read against the true level and noise instead of the ones it learns:
     what its clip, its wait for commits and PELT's placement cost with nothing to learn."""
-    known = classmethod(lambda cls, logs, start, end, aside: cls(float(np.log(LEVEL)), 0.03, 10**6))
+    known = classmethod(lambda cls, logs, start, end, aside: cls(float(np.log(LEVEL)), 0.03, 10**6, start, end))
     with mock.patch.object(alarms._Level, "of", known):
         placed, anywhere, _ = delay(Method(), seeds)
     return f"| this plugin's rule knowing level and noise | - | {placed:.0%} ({anywhere:.0%}) |"
