@@ -68,6 +68,8 @@ def test_runs_of_a_rewritten_default_branch_are_said_analysed_and_can_be_re_plac
     assert "1 run(s) moved onto" in capsys.readouterr().out
     main(["history", "--store", store, "changes", "--repo", str(repo)])
     assert "note: 39 stored run(s)" in capsys.readouterr().err
+    assert main(["history", "--store", store, "import", str(tmp_path / "h.sqlite.jsonl")]) == 0  # moved, not other
+    assert "0 run(s) and 0 result(s) imported, 40 already there" in capsys.readouterr().out
     assert main(["history", "--store", store, "replace", "f00", "HEAD", "--repo", str(repo)]) == 2
 
 

@@ -115,14 +115,12 @@ class Store:
         return Appended(len(new), len(rows), len(runs) - len(new))
 
     def _refuse_conflicts(self, runs: Sequence[Run], results: Sequence[Result]) -> None:
-        """Refuse rows of runs the store holds where they differ from what it holds (commit, side or any result)."""
+        """Refuse rows of runs the store holds where their results differ from those it holds (their commit may
+        differ: `pytest-llmperf history replace` moves stored runs onto the commit that replaced theirs)."""
         if not runs:
             return
         ids = sorted({r.run_id for r in runs})
         marks = ",".join("?" * len(ids))
-        held_runs = self.db.execute(
-            f"SELECT run_id, commit_sha, source FROM llmperf_run WHERE run_id IN ({marks})", ids
-        )
         held_results = self.db.execute(
             f"SELECT {', '.join(RESULT_COLUMNS)} FROM llmperf_result WHERE run_id IN ({marks})", ids
         )
@@ -133,9 +131,7 @@ class Store:
         held = measured(_result_of(row) for row in held_results)
         wanted = set(ids)
         coming = measured(r for r in results if r.run_id in wanted)
-        same_runs = {tuple(row) for row in held_runs}
-        differ = {r.run_id for r in runs if (r.run_id, r.commit_sha, r.source) not in same_runs}
-        differ |= {key[0] for key in held.keys() | coming.keys() if held.get(key) != coming.get(key)}
+        differ = {key[0] for key in held.keys() | coming.keys() if held.get(key) != coming.get(key)}
         if differ:
             shown = ", ".join(sorted(differ)[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
             raise StoreError(
