@@ -43,7 +43,7 @@ def test_the_markdown_section_escapes_test_ids(tmp_path):
               "first_bad": "b" * 40, "change": 0.08, "kind": "regression", "mark": None}  # fmt: skip
     event = {"state": "confirmed", "kind": "regression", "series_moved": 1, "series": [change["series"]],
              "changes": ["k@b"], "last_good": "a" * 40, "first_bad": "b" * 40, "sizes": [0.08, 0.08], "fails": False,
-             "mark": None}  # fmt: skip
+             "mark": None, "series_total": 1, "shared": False, "changed_there": []}  # fmt: skip
     data = {"format": ANALYSIS_FORMAT, "events": [event], "changes": [change], "creep": []}
     (tmp_path / ANALYSIS_FILE).write_text(json.dumps(data))
     section = markdown_section(tmp_path)

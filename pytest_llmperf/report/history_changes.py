@@ -61,10 +61,15 @@ def _row(change: Mapping[str, Any]) -> str:
 
 
 def _event_what(event: Mapping[str, Any]) -> str:
-    """The series an event moved: the one's label, or how many of the machine's, with their sizes."""
+    """The series an event moved: the one's label, or how many of the machine's and what that suggests."""
     if event["series_moved"] == 1:
         return str(event["series"][0])
-    return f"{event['describe']} ({event['target']}, {event['machine']})"
+    text = f"{event['series_moved']} of {event['series_total']} series ({event['target']}, {event['machine']})"
+    if event["shared"]:
+        text += ", most of this machine's alike: likely the runner or its environment"
+    if event["changed_there"]:
+        text += f" ({' and '.join(event['changed_there'])} changed there)"
+    return text
 
 
 def _size(event: Mapping[str, Any]) -> str:
