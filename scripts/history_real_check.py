@@ -140,7 +140,7 @@ def otava(binary: str, data: dict, last: int | None) -> dict:
     series = values_of(data, last)
     with tempfile.TemporaryDirectory() as tmp:
         tests = []
-        for n, (name, direction, _, values) in enumerate(series):
+        for n, (_, direction, _, values) in enumerate(series):
             path = Path(tmp) / f"s{n}.csv"
             lines = ["time,value"] + [f"2000-01-01 {i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d} +0000,{v!r}"
                                       for i, v in enumerate(values)]  # fmt: skip

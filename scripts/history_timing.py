@@ -103,8 +103,10 @@ def end_of_job(benchmarks: int, repeats: int, commits: int = 200) -> tuple[int, 
             with Store(Location("sqlite", str(store))) as opened:
                 for i, sha in enumerate(line[:-1]):
                     (run,) = runs
-                    earlier = dataclasses.replace(run, run_id=f"e{i}:stored", job_id=f"e{i}", commit_sha=sha,
-                                                  commit_order=i + 1, started_at=f"2025-01-01T{i // 60:02d}:{i % 60:02d}")  # fmt: skip
+                    earlier = dataclasses.replace(
+                        run, run_id=f"e{i}:stored", job_id=f"e{i}", commit_sha=sha, commit_order=i + 1,
+                        started_at=f"2025-01-01T{i // 60:02d}:{i % 60:02d}",
+                    )  # fmt: skip
                     scaled = [
                         dataclasses.replace(r, run_id=earlier.run_id, value=r.value * (1 + rng.normal(0, 0.02)))
                         for r in results

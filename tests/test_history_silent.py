@@ -141,7 +141,7 @@ def test_a_bad_result_is_refused_with_its_line_and_field_and_creates_no_store(tm
     path.write_text("\n".join(lines) + "\n")
     assert main(["history", "--store", str(tmp_path / "h.sqlite"), "import", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"rows.jsonl, line 7: result 'test_engine.py::test_engine'" in err and said in err
+    assert err.count("\n") == 1 and "rows.jsonl, line 7: result 'test_engine.py::test_engine'" in err and said in err
     assert not (tmp_path / "h.sqlite").exists()
 
 
