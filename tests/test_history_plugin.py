@@ -219,7 +219,7 @@ def test_a_confirmed_regression_fails_the_job_only_when_asked_and_until_marked(p
 
 def test_a_store_committed_by_mistake_leaves_later_jobs_clean(project, run):
     """No `.llmperf/` in .gitignore: the folder ignores itself, so `git add -A` leaves the store out; committed by
-    force anyway, the jobs after it still measure a clean tree and enter the series."""
+    force anyway, the jobs after it still measure a clean tree, enter the series and say "clean" in their reports."""
     (project.path / ".gitignore").write_text("reports/\nbaselines/\n__pycache__/\n")
     git(project.path, "commit", "-qam", "no .llmperf/ in .gitignore")
     run("--llmperf-update").assert_outcomes(passed=1)
@@ -233,6 +233,9 @@ def test_a_store_committed_by_mistake_leaves_later_jobs_clean(project, run):
         result = run()
         result.assert_outcomes(passed=1)
         assert "enter no series" not in result.stdout.str()
+        # the report's fingerprint reads the tree by the same rule (judge/environment.py's `dirty`)
+        report = json.loads((project.path / "reports" / "cpu.json").read_text())
+        assert report["fingerprint"]["git"]["dirty"] is False
     with store_of(project) as store:
         later = store.runs()[1:]
     assert [(r.dirty, r.on_default_branch) for r in later] == [(False, True), (False, True)]

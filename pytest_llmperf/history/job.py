@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import strict_json, write_text_atomic
+from ..judge.environment import dirty
 from ..judge.verdicts import Outcome
 from . import lineage, rowsfile, series, summary
 from .analysis import analyze
@@ -59,7 +60,7 @@ def append_job(
     if location is None and not rows_file:
         return done
     line = _first_parent_line(job, problems)
-    runs, results = job_rows(job, outcomes, line, lineage.dirty(job.rootdir, _own_files(location, report_dir)))
+    runs, results = job_rows(job, outcomes, line, dirty(job.rootdir, own_files(location, report_dir)))
     if not runs:
         return done
     if line and not any(series.enters(r) and r.on_default_branch for r in runs):  # said, never failing: a pull
@@ -92,9 +93,9 @@ def append_job(
     return done
 
 
-def _own_files(location: Location | None, report_dir: Path) -> list[Path]:
-    """The plugin's files in the tree, left out of the dirty check: the report directory, a SQLite store and its
-    write-ahead log, and the .gitignore written beside it."""
+def own_files(location: Location | None, report_dir: Path) -> list[Path]:
+    """The plugin's files in the tree, left out of the dirty check (judge/environment.py's `dirty`, also the
+    fingerprint's): the report directory, a SQLite store and its write-ahead log, and the .gitignore beside it."""
     own = [report_dir]
     if location is not None and location.dialect == "sqlite":
         store = Path(location.target)

@@ -10,20 +10,12 @@ its rows; rows without an order are ordered by commit time.
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..judge.environment import git
+
 MAX_LINE = 20_000  # first-parent commits read at most
-
-
-def git(root: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def default_branch(root: Path, given: str | None = None) -> str | None:
@@ -54,23 +46,6 @@ def first_parent_line(root: Path, branch: str) -> list[str]:
         return []
     text = git(root, "rev-list", "--first-parent", f"--max-count={MAX_LINE}", ref)
     return list(reversed(text.split())) if text else []
-
-
-def dirty(root: Path, own: Sequence[Path]) -> bool | None:
-    """Whether the tracked files have changes, leaving out the plugin's own (`own`: the store, the report directory):
-    a store committed by mistake changes with every job, and must not make every later job's tree dirty. None where
-    git cannot tell."""
-    top = git(root, "rev-parse", "--show-toplevel")
-    if top is None:
-        return None
-    excluded = []
-    for path in own:
-        try:
-            excluded.append(f":(exclude,top){Path(path).resolve().relative_to(Path(top).resolve()).as_posix()}")
-        except ValueError:  # outside the repository: git does not see it
-            continue
-    text = git(root, "status", "--porcelain", "--untracked-files=no", "--", ":(top)", *excluded)
-    return None if text is None else bool(text)
 
 
 def current_branch(root: Path) -> str | None:
