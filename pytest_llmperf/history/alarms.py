@@ -35,8 +35,9 @@ analysis, and the same store always gives the same states; where it starts is th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -178,31 +179,61 @@ class _Sums:
         # against, while the commits since were too few or too close to it: judged again once they are not
         self.waiting: dict[int, tuple[int, int, _Level]] = {}
         self.sized = (0.0, 0.0)  # the medians a change was confirmed with (`_sized`)
+        self.found: list[Signal] = []  # what `read` confirmed
+        self.snapshots: list[dict[str, Any]] = []  # taken at the lengths `read` was asked to keep
 
-    def read(self) -> list[Signal]:
-        found = []
-        for now in range(len(self.logs)):
-            end = now - self.method.confirm_guard
-            if end - self.start < self.needed:
+    def read(self, state: Mapping[str, Any] | None = None, keep: Collection[int] = ()) -> list[Signal]:
+        """The signals; from `state` on (a `snapshot` after the same first commits: a commit's verdict reads only
+        the commits up to it, so going on from it is exact). `keep`: the lengths to take a `snapshot` at."""
+        self.found, first = self._restore(state) if state else ([], 0)
+        for now in range(first, len(self.logs)):
+            self._commit(now)
+            if now + 1 in keep:
+                self.snapshots.append(self.snapshot(now + 1))
+        return self.found
+
+    def _commit(self, now: int) -> None:
+        """Read commit `now` against the level, on each side."""
+        end = now - self.method.confirm_guard
+        if end - self.start < self.needed:
+            return
+        aside = self.outliers.at(now + 1)
+        level = _Level.of(self.logs, self.start, end, aside)
+        for side in (1, -1):
+            summed = self._add(side, now, level, aside)
+            if summed is None:
+                self.waiting.pop(side, None)
                 continue
-            aside = self.outliers.at(now + 1)
-            level = _Level.of(self.logs, self.start, end, aside)
-            for side in (1, -1):
-                summed = self._add(side, now, level, aside)
-                if summed is None:
-                    self.waiting.pop(side, None)
-                    continue
-                if self._still_waiting(side, summed[0], now, aside):
-                    continue
-                confirmed = self._judge(now, end, aside, summed, side)
-                if confirmed == _NOT_YET:
-                    continue
-                if confirmed is not None:
-                    found.append(Signal(confirmed, now + 1, *self.sized))
-                    self.start, self.needed = confirmed, self.method.confirm_level_after_change
-                self.trails, self.held, self.waiting = {1: [], -1: []}, {}, {}
-                break
-        return found
+            if self._still_waiting(side, summed[0], now, aside):
+                continue
+            confirmed = self._judge(now, end, aside, summed, side)
+            if confirmed == _NOT_YET:
+                continue
+            if confirmed is not None:
+                self.found.append(Signal(confirmed, now + 1, *self.sized))
+                self.start, self.needed = confirmed, self.method.confirm_level_after_change
+            self.trails, self.held, self.waiting = {1: [], -1: []}, {}, {}
+            return
+
+    def snapshot(self, length: int) -> dict[str, Any]:
+        """What the read holds after its first `length` commits, as JSON (floats as repr: read back the same)."""
+        return {
+            "length": length,
+            "signals": [astuple(s) for s in self.found],
+            "start": self.start,
+            "needed": self.needed,
+            "trails": {str(side): list(trail) for side, trail in self.trails.items()},
+            "held": {str(side): [sorted(aside), total, list(held)] for side, (aside, total, held) in self.held.items()},
+            "waiting": {str(side): [left, at, astuple(level)] for side, (left, at, level) in self.waiting.items()},
+            "sized": list(self.sized),
+        }
+
+    def _restore(self, state: Mapping[str, Any]) -> tuple[list[Signal], int]:
+        self.start, self.needed, self.sized = state["start"], state["needed"], tuple(state["sized"])
+        self.trails = {int(side): [(j, x) for j, x in trail] for side, trail in state["trails"].items()}
+        self.held = {int(side): (frozenset(a), total, list(b)) for side, (a, total, b) in state["held"].items()}
+        self.waiting = {int(side): (left, at, _Level(*level)) for side, (left, at, level) in state["waiting"].items()}
+        return [Signal(*s) for s in state["signals"]], state["length"]
 
     def _add(self, side: int, now: int, level: _Level, aside: set[int]) -> list[int] | None:
         """Add commit `now` to a side's sum: the commits the sum holds where it reaches the decision interval."""
@@ -323,11 +354,20 @@ class Analyses:
     """The series cut after each commit: detect.py's change points, each computed once, and the confirmed changes."""
 
     def __init__(
-        self, values: Sequence[float], method: Method = DEFAULT_METHOD, min_effect: float = DEFAULT_MIN_EFFECT
+        self,
+        values: Sequence[float],
+        method: Method = DEFAULT_METHOD,
+        min_effect: float = DEFAULT_MIN_EFFECT,
+        resume: Mapping[str, Any] | None = None,
+        keep: Collection[int] = (),
     ) -> None:
+        """`resume`: where a read of the same first commits stopped; `keep`: the lengths at which to take the read's
+        `snapshots`, for a later analysis to go on from (history/checkpoint.py)."""
         self.values = list(values)
         self.prefixes = Prefixes(self.values, method)
-        self.signals = _Sums(self.values, method, min_effect, self.prefixes).read()
+        sums = _Sums(self.values, method, min_effect, self.prefixes)
+        self.signals = sums.read(resume, keep)
+        self.snapshots = sums.snapshots
 
     def at(self, length: int) -> list[int]:
         """detect.py's change points of the series cut at `length`."""

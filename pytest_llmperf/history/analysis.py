@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import checkpoint
 from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses, Found
 from .creep import Creep, creep
 from .detect import DEFAULT_METHOD, Method, noise, outliers, two_sample_p
@@ -89,6 +90,7 @@ class SeriesAnalysis:
     warnings: list[str] = field(default_factory=list)
     set_aside: list[int] = field(default_factory=list)  # points whose value is zero, negative or not finite
     analysed: list[int] = field(default_factory=list)  # the indices into series.points of the values analysed
+    checkpoint: str | None = None  # where the next analysis may go on from (history/checkpoint.py), to keep
 
 
 def level(values: Sequence[float]) -> float:
@@ -127,9 +129,12 @@ def analyze_series(
     min_effect: float = DEFAULT_MIN_EFFECT,
     anchor: str | None = None,
     marks: Sequence[Mark] = (),
+    resume_from: str | None = None,
 ) -> SeriesAnalysis:
     """Every commit of the series (its whole history). A value that is zero, negative or not finite (a broken job)
-    is set aside with a warning, and the series analysed without it: changes are found as ratios of values."""
+    is set aside with a warning, and the series analysed without it: changes are found as ratios of values.
+    `resume_from`: the series' checkpoint (history/checkpoint.py): its sequential read goes on from where an
+    earlier analysis of the same first values stopped; the same analysis either way."""
     analysed = [i for i, p in enumerate(series.points) if math.isfinite(p.value) and p.value > 0]
     points = [series.points[i] for i in analysed]
     values = [p.value for p in points]
@@ -144,7 +149,11 @@ def analyze_series(
         )
     if len(values) < MIN_COMMITS:
         return result
-    analyses = Analyses(values, method, min_effect)
+    kept = checkpoint.valid(resume_from, values, method, min_effect)
+    analyses = Analyses(
+        values, method, min_effect, kept[-1]["state"] if kept else None, checkpoint.lengths(len(values))
+    )
+    result.checkpoint = checkpoint.written(kept, analyses.snapshots, values, method, min_effect)
     found = analyses.found()
     set_aside = outliers(values, method)
     result.outliers = [analysed[i] for i in set_aside]
@@ -267,9 +276,11 @@ def analyze(
     min_effect: float = DEFAULT_MIN_EFFECT,
     anchor: str | None = None,
     marks: Sequence[Mark] = (),
+    checkpoints: Mapping[str, str] | None = None,
 ) -> list[SeriesAnalysis]:
-    """Every series, in a stable order (by label)."""
+    """Every series, in a stable order (by label); `checkpoints`: by series key (`analyze_series`)."""
+    kept = checkpoints or {}
     return [
-        analyze_series(s, method=method, min_effect=min_effect, anchor=anchor, marks=marks)
+        analyze_series(s, method=method, min_effect=min_effect, anchor=anchor, marks=marks, resume_from=kept.get(s.key))
         for s in sorted(series.values(), key=lambda s: s.id.label())
     ]

@@ -202,7 +202,9 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
     )
     if args.anchor and not anchor:
         raise BadArgument(f"--anchor {args.anchor} is no commit of the repository {args.repo} (--repo)")
-    analyses = analyze(_series(store, args), min_effect=args.min_effect, anchor=anchor, marks=store.marks())
+    built = _series(store, args)
+    kept = store.checkpoints(built)  # where the jobs' reads stopped: the same analysis, sooner
+    analyses = analyze(built, min_effect=args.min_effect, anchor=anchor, marks=store.marks(), checkpoints=kept)
     changes = [c for a in analyses for c in a.changes]
     found = events(analyses, args.min_effect)
     several = [e for e in found if len(e.changes) > 1]  # an event of one series is its change's line
@@ -221,7 +223,7 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
         return 0
     data = summary.document(analyses, DEFAULT_METHOD, args.min_effect, store.location.describe())
     if args.out:
-        write_text_atomic(args.out, strict_json(data))
+        write_text_atomic(args.out, strict_json(data, indent=None))
         print(f"wrote {args.out}")
     for event in several:
         print(event_text(event))

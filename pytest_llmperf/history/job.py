@@ -11,6 +11,7 @@ matters and is still in effect (`Change.fails`) fails the session, and so does a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ..files import strict_json, write_text_atomic
 from ..judge.environment import dirty
 from ..judge.verdicts import Outcome
 from . import lineage, rowsfile, series, summary
-from .analysis import analyze
+from .analysis import SeriesAnalysis, analyze
 from .backends import Location, StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
 from .events import Event, events
@@ -79,6 +80,7 @@ def append_job(
             built = series.build(stored, opened.results(keys), line or None)
             marks = opened.marks()
             orphans = series.orphaned(stored, line)
+            kept = opened.checkpoints(keys)
     except StoreError as exc:
         problems.append(f"llmperf history: {exc}")
         if kept is None:  # nothing of the job is lost: its rows go where `history import` reads them
@@ -89,8 +91,22 @@ def append_job(
     )
     if orphans:
         done.lines.append(f"llmperf history: {orphan_line(orphans)}")
-    _analyse(done, built, marks, location, report_dir, check=check, min_effect=min_effect, anchor=anchor, job=job)
+    analyses = _analyse(
+        done, built, marks, kept, location, report_dir, check=check, min_effect=min_effect, anchor=anchor, job=job
+    )
+    _keep_checkpoints(location, analyses)
     return done
+
+
+CHECKPOINT_TIMEOUT_S = 5.0  # a cache: a job does not wait the store's whole lock timeout to keep it
+
+
+def _keep_checkpoints(location: Location, analyses: Sequence[SeriesAnalysis]) -> None:
+    """Where each series' read stopped, for the next job (history/checkpoint.py). A store that cannot take them
+    now (another job holding its lock) costs the next job time, never a verdict: it reads those series whole."""
+    texts = {a.series.key: a.checkpoint for a in analyses if a.checkpoint is not None}
+    with suppress(StoreError), Store(location, timeout=CHECKPOINT_TIMEOUT_S) as opened:
+        opened.keep_checkpoints(texts)
 
 
 def own_files(location: Location | None, report_dir: Path) -> list[Path]:
@@ -153,6 +169,7 @@ def _analyse(
     done: HistoryDone,
     built: dict,
     marks: list,
+    checkpoints: dict[str, str],
     location: Location,
     report_dir: Path,
     *,
@@ -160,7 +177,7 @@ def _analyse(
     min_effect: float,
     anchor: str | None,
     job: Job,
-) -> None:
+) -> list[SeriesAnalysis]:
     anchor_sha = (
         lineage.git(job.rootdir, "rev-parse", "--verify", "--quiet", f"{anchor}^{{commit}}") if anchor else None
     )
@@ -170,14 +187,15 @@ def _analyse(
             "from the oldest commit analysed"
         )
     try:
-        analyses = analyze(built, min_effect=min_effect, anchor=anchor_sha, marks=marks)
+        analyses = analyze(built, min_effect=min_effect, anchor=anchor_sha, marks=marks, checkpoints=checkpoints)
     except RupturesMissing as exc:  # nothing analysed: with --llmperf-history-check=fail, that fails
         (done.errors if check == "fail" else done.lines).append(f"llmperf {exc}")
-        return
+        return []
     data = summary.document(analyses, DEFAULT_METHOD, min_effect, location.describe())
     path = report_dir / ANALYSIS_FILE
     try:
-        done.written.append(write_text_atomic(path, strict_json(data)))
+        # on one line: its plotted series hold every commit, megabytes for a long history, which json writes in C
+        done.written.append(write_text_atomic(path, strict_json(data, indent=None)))
     except OSError as exc:
         done.lines.append(f"llmperf history: cannot write {path}: {exc}")
     found = events(analyses, min_effect)
@@ -197,6 +215,7 @@ def _analyse(
             "that nobody marked (--llmperf-history-check=fail; one per event): mark one with `pytest-llmperf history "
             "mark` if it is expected"
         )
+    return analyses
 
 
 def event_line(event: Event) -> str:

@@ -121,13 +121,22 @@ def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | 
 
 
 def _point(sha: str, members: Sequence[tuple[Run, Result]]) -> Point:
+    if len(members) == 1:  # most commits hold one run: its value and its process medians' range
+        run, result = members[0]
+        medians = result.process_medians
+        if not math.isfinite(sum(medians)):  # a NaN or infinity among them (or their sum overflows): left out
+            medians = tuple(m for m in medians if math.isfinite(m))
+        low, high = (min(medians), max(medians)) if medians else (result.value, result.value)
+        return Point(
+            sha, run.commit_time, result.value, low, high, [run.run_id], run.env_fp, run.machine_fp, [run.source]
+        )
     medians = [m for _, r in members for m in r.process_medians if math.isfinite(m)]
     values = [r.value for _, r in members]
     newest = max(members, key=lambda m: m[0].started_at)[0]
     return Point(
         sha,
         members[0][0].commit_time,
-        float(statistics.median(values)),  # a few values, most often one: not worth an array
+        float(statistics.median(values)),
         min(medians, default=min(values)),
         max(medians, default=max(values)),
         [run.run_id for run, _ in members],

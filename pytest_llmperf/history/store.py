@@ -8,12 +8,14 @@ or a job's rows file after the job itself wrote to the store, adds nothing the s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .backends import Connection, Location, StoreError
 from .records import Mark, Result, Run
 from .schema import META, RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION, statements
+
+CHECKPOINT = "checkpoint:"  # llmperf_meta's keys of the series' checkpoints (history/checkpoint.py)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class Store:
         def measured(rows: Iterable[Result]) -> dict[tuple, str]:  # repr: NaN equals NaN
             return {(r.run_id, r.test, r.metric, r.batch_size): repr((r.value, r.process_medians)) for r in rows}
 
-        held = measured(_result_of(row) for row in held_results)
+        held = measured(_results_of(held_results))
         wanted = set(ids)
         coming = measured(r for r in results if r.run_id in wanted)
         differ = {key[0] for key in held.keys() | coming.keys() if held.get(key) != coming.get(key)}
@@ -204,7 +206,26 @@ class Store:
                 return []
             sql += f" WHERE series_key IN ({','.join('?' * len(keys))})"
         rows = self.db.execute(sql + " ORDER BY run_id, test, metric, batch_size", keys or ())
-        return [_result_of(r) for r in rows]
+        return _results_of(rows)
+
+    def checkpoints(self, series_keys: Iterable[str]) -> dict[str, str]:
+        """The kept checkpoints of these series' reads (history/checkpoint.py), by series key."""
+        keys = sorted({CHECKPOINT + k for k in series_keys})
+        if not keys:
+            return {}
+        rows = self.db.execute(f"SELECT key, value FROM llmperf_meta WHERE key IN ({','.join('?' * len(keys))})", keys)
+        return {key.removeprefix(CHECKPOINT): value for key, value in rows}
+
+    def keep_checkpoints(self, texts: Mapping[str, str]) -> None:
+        """Replace the series' checkpoints, all in one transaction."""
+        if not texts:
+            return
+        with self.db.writing():
+            self.db.executemany(
+                "INSERT INTO llmperf_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
+                "excluded.value",
+                [(CHECKPOINT + k, v) for k, v in sorted(texts.items())],
+            )
 
     def marks(self) -> list[Mark]:
         rows = self.db.execute("SELECT series_key, commit_sha, state, note, marked_at FROM llmperf_mark")
@@ -237,8 +258,8 @@ def _result_row(result: Result) -> tuple:
     return tuple(data[c] for c in RESULT_COLUMNS)
 
 
-def _result_of(row: Sequence) -> Result:
-    """A stored result (checked when it was written: Result.from_json checks what a rows file brings)."""
-    data = dict(zip(RESULT_COLUMNS, row))
-    data["process_medians"] = tuple(json.loads(data["process_medians"]))
-    return Result(**data)
+def _results_of(rows: Sequence[Sequence]) -> list[Result]:
+    """Stored results (checked when they were written: Result.from_json checks what a rows file brings). Their
+    process medians are parsed in one call: a job's end reads every result of its series' history."""
+    medians = json.loads(f"[{','.join(row[-1] for row in rows)}]")
+    return [Result(*row[:-1], tuple(m)) for row, m in zip(rows, medians)]
