@@ -4,6 +4,8 @@ that hold: the part of a change still in effect is not led by a huge later step,
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,7 @@ def test_changes_further_apart_than_two_commits_are_separate_events():
         n = int(r.metric.removeprefix("metric"))
         index = int(r.run_id.removeprefix("ci-runner")[:4])
         factor = 1.0 if n < 3 or not (40 <= index < 48) else 1 / 1.12
-        shifted.append(Result(**{**r.__dict__, "value": r.value * factor, "process_medians": (r.value * factor,)}))
+        shifted.append(dataclasses.replace(r, value=r.value * factor, process_medians=(r.value * factor,)))
     found = [e for e in events(analyze(build(runs, shifted)), 0.05) if e.state == "confirmed"]
     assert sorted(len(e.changes) for e in found) == [3, 3]
 

@@ -261,6 +261,8 @@ def _reached(
 
 def _marked(change: Change, points: Sequence, marks: Sequence[Mark]) -> Change:
     """The change with the mark a person put on it, or on a change of the same series within MARK_REACH commits."""
+    if not any(mark.series_key == change.series_key for mark in marks):
+        return change
     index = {p.commit_sha: i for i, p in enumerate(points)}
     for mark in marks:
         near = mark.commit_sha in index and abs(index[mark.commit_sha] - index[change.first_bad]) <= MARK_REACH

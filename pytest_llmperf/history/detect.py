@@ -219,7 +219,7 @@ class PrefixOutliers:
 
     def _noise(self, length: int) -> float:
         """`noise(values[:length])`: the quartiles of the differences, kept sorted as the prefix grows."""
-        if length < self._length:
+        if length < self._length or length - self._length > len(self._sorted):  # back, or far ahead: sort anew
             self._sorted, self._length = sorted(self.diffs[: max(length - 1, 0)]), max(length, 1)
         for d in self.diffs[self._length - 1 : length - 1]:
             bisect.insort(self._sorted, d)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from .records import Result, Run, SeriesId
 
 
-@dataclass
+@dataclass(slots=True)  # a job's end builds one for every commit of its series
 class Point:
     commit_sha: str
     commit_time: str | None
@@ -112,15 +112,12 @@ def build(runs: Sequence[Run], results: Sequence[Result], line: Sequence[str] | 
     rank = {sha: i for i, sha in enumerate(sorted(first, key=lambda sha: (first[sha], sha)))}
     for series_key, commits in grouped.items():
         series = found[series_key]
-        items = sorted(commits.items(), key=lambda kv: (first[kv[0][0]], kv[0][0], kv[0][1]))
-        for (sha, excluded), members in items:
-            point = _point(sha, members)
-            point.order = rank[sha]
-            (series.excluded if excluded else series.points).append(point)
+        for (sha, excluded), members in sorted(commits.items(), key=lambda kv: (rank[kv[0][0]], kv[0][1])):
+            (series.excluded if excluded else series.points).append(_point(sha, members, rank[sha]))
     return found
 
 
-def _point(sha: str, members: Sequence[tuple[Run, Result]]) -> Point:
+def _point(sha: str, members: Sequence[tuple[Run, Result]], order: int) -> Point:
     if len(members) == 1:  # most commits hold one run: its value and its process medians' range
         run, result = members[0]
         medians = result.process_medians
@@ -128,7 +125,7 @@ def _point(sha: str, members: Sequence[tuple[Run, Result]]) -> Point:
             medians = tuple(m for m in medians if math.isfinite(m))
         low, high = (min(medians), max(medians)) if medians else (result.value, result.value)
         return Point(
-            sha, run.commit_time, result.value, low, high, [run.run_id], run.env_fp, run.machine_fp, [run.source]
+            sha, run.commit_time, result.value, low, high, [run.run_id], run.env_fp, run.machine_fp, [run.source], order
         )
     medians = [m for _, r in members for m in r.process_medians if math.isfinite(m)]
     values = [r.value for _, r in members]
@@ -143,4 +140,5 @@ def _point(sha: str, members: Sequence[tuple[Run, Result]]) -> Point:
         newest.env_fp,
         newest.machine_fp,
         sorted({run.source for run, _ in members}),
+        order,
     )
