@@ -32,11 +32,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.history import alarms
-from pytest_llmperf.history.alarms import Analyses, decision_interval, first_confirmations
+from pytest_llmperf.history.alarms import Analyses, first_confirmations
 from pytest_llmperf.history.analysis import analyze_series
 from pytest_llmperf.history.creep import creep
 from pytest_llmperf.history.detect import Method
 from pytest_llmperf.history.series import build
+from pytest_llmperf.history.thresholds import decision_interval
 from tests.history_rows import history_rows
 from tests.history_synthetic import LEVEL, Case, history
 
@@ -146,7 +147,7 @@ def bound(seeds: range, run_length: float) -> str:
 def rule_knowing_the_level(seeds: range) -> str:
     """The plugin's rule (history/alarms.py) read against the true level and noise instead of the ones it learns:
     what its clip, its wait for commits and PELT's placement cost with nothing to learn."""
-    known = classmethod(lambda cls, logs, start, end, aside: cls(float(np.log(LEVEL)), 0.03, 10**6))
+    known = classmethod(lambda cls, logs, start, end, aside: cls(float(np.log(LEVEL)), 0.03, 10**6, start, end))
     with mock.patch.object(alarms._Level, "of", known):
         placed, anywhere, _ = delay(Method(), seeds)
     return f"| this plugin's rule knowing level and noise | - | {placed:.0%} ({anywhere:.0%}) |"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_llmperf.history.alarms import SAME_POINT, Analyses, decision_interval, signals
-from pytest_llmperf.history.detect import outliers
+from pytest_llmperf.history.alarms import SAME_POINT, Analyses, signals
+from pytest_llmperf.history.detect import PrefixOutliers, outliers, two_sample_p
+from pytest_llmperf.history.thresholds import decision_interval
 from tests.history_synthetic import Case, history
 
 
@@ -100,3 +101,30 @@ def test_the_decision_interval_gives_the_run_length_asked_for(reference, measure
     assert _simulated_run_length(2.4, 500) > 500  # measured: 784
     assert decision_interval(0.25, 500) > decision_interval(0.81, 500) > decision_interval(0.81, 100) > 0
     assert decision_interval(1e200, 2000) == 0.0 and 0 < decision_interval(1e-9, 2000) < 2000**0.5  # finite at the ends
+
+
+def test_the_incremental_outlier_flags_are_those_of_each_prefix():
+    """detect.PrefixOutliers, which the sequential read asks at every commit, flags what `outliers` flags on the
+    series cut at that length: continuous, quantised and spiky series, lengths asked in and out of order."""
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        n = int(rng.integers(2, 80))
+        values = 100 * np.exp(rng.normal(0, 0.03, n))
+        values[rng.integers(0, n, 3)] *= 1.3
+        if trial % 3 == 0:
+            values = np.round(values)
+        prefix = PrefixOutliers(values)
+        lengths = list(range(1, n + 1)) if trial % 2 else list(rng.permutation(np.arange(1, n + 1)))
+        assert all(prefix.at(int(length)) == set(outliers(values[: int(length)])) for length in lengths)
+
+
+def test_the_rank_test_gives_scipys_p():
+    """detect.two_sample_p computes Mann-Whitney's p as scipy.stats.mannwhitneyu does by default (exact for small
+    sides without ties, else the tie- and continuity-corrected normal approximation), without its call's cost."""
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(0)
+    for _ in range(1500):
+        a = np.round(rng.normal(0, 1, rng.integers(1, 14)), int(rng.integers(0, 3)))
+        b = np.round(rng.normal(rng.normal(0, 0.5), 1, rng.integers(1, 300)), int(rng.integers(0, 4)))
+        assert two_sample_p(a, b) == pytest.approx(mannwhitneyu(a, b, alternative="two-sided").pvalue, abs=1e-12)

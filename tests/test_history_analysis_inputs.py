@@ -22,13 +22,29 @@ def test_a_series_of_zeros_is_a_warning_not_an_exception():
     (series,) = build(runs, rows).values()
     analysis = analyze_series(series)
     assert analysis.changes == [] and analysis.creep is None
-    assert "zero, negative or not finite: not analysed" in analysis.warnings[0]
+    assert "12 job(s) with a value that is zero, negative or not finite" in analysis.warnings[0]
+    assert analysis.set_aside == list(range(12))
+
+
+def test_a_broken_job_is_set_aside_and_the_regression_around_it_still_fails():
+    """One job of 40 measured inf, 0 or a negative value: the series is analysed without it, with a line."""
+    values = list(history(Case(40, 0.01, ((20, 0.10),)), 0))
+    for bad in (float("inf"), 0.0, -1.0):
+        runs, rows = history_rows([*values[:30], bad, *values[30:]])
+        (series,) = build(runs, rows).values()
+        analysis = analyze_series(series)
+        assert analysis.set_aside == [30] and "1 job(s) with a value that is zero" in analysis.warnings[0]
+        (regression,) = analysis.changes
+        assert regression.index == 20 and regression.fails(0.05)
 
 
 def test_the_markdown_section_escapes_test_ids(tmp_path):
-    change = {"series": "t.py::t[a|b] decode_token_ms bs 1", "state": "confirmed", "last_good": "a" * 40,
+    change = {"id": "k@b", "series": "t.py::t[a|b] decode_token_ms bs 1", "state": "confirmed", "last_good": "a" * 40,
               "first_bad": "b" * 40, "change": 0.08, "kind": "regression", "mark": None}  # fmt: skip
-    data = {"format": ANALYSIS_FORMAT, "changes": [change], "creep": []}
+    event = {"state": "confirmed", "kind": "regression", "series_moved": 1, "series": [change["series"]],
+             "changes": ["k@b"], "last_good": "a" * 40, "first_bad": "b" * 40, "sizes": [0.08, 0.08], "fails": False,
+             "mark": None, "series_total": 1, "shared": False, "changed_there": []}  # fmt: skip
+    data = {"format": ANALYSIS_FORMAT, "events": [event], "changes": [change], "creep": []}
     (tmp_path / ANALYSIS_FILE).write_text(json.dumps(data))
     section = markdown_section(tmp_path)
     (row,) = [line for line in section.splitlines() if "decode_token_ms" in line]

@@ -215,3 +215,45 @@ def test_a_confirmed_regression_fails_the_job_only_when_asked_and_until_marked(p
     change_id = f"{change['series_key']}@{change['first_bad'][:12]}"
     assert main(["history", "--store", store_path, "mark", change_id, "--as", "expected"]) == 0
     run("--llmperf-history-check=fail").assert_outcomes(passed=1)
+
+
+def test_a_store_committed_by_mistake_leaves_later_jobs_clean(project, run):
+    """No `.llmperf/` in .gitignore: the folder ignores itself, so `git add -A` leaves the store out; committed by
+    force anyway, the jobs after it still measure a clean tree, enter the series and say "clean" in their reports."""
+    (project.path / ".gitignore").write_text("reports/\nbaselines/\n__pycache__/\n")
+    git(project.path, "commit", "-qam", "no .llmperf/ in .gitignore")
+    run("--llmperf-update").assert_outcomes(passed=1)
+    assert (project.path / ".llmperf" / ".gitignore").read_text().splitlines()[-1] == "*"
+    git(project.path, "add", "-A")
+    assert ".llmperf" not in git(project.path, "status", "--porcelain")
+    git(project.path, "add", "-f", ".llmperf")
+    git(project.path, "commit", "-qm", "the store, by mistake")
+    for n in range(2):
+        git(project.path, "commit", "-q", "--allow-empty", "-m", f"next {n}")
+        result = run()
+        result.assert_outcomes(passed=1)
+        assert "enter no series" not in result.stdout.str()
+        # the report's fingerprint reads the tree by the same rule (judge/environment.py's `dirty`)
+        report = json.loads((project.path / "reports" / "cpu.json").read_text())
+        assert report["fingerprint"]["git"]["dirty"] is False
+    with store_of(project) as store:
+        later = store.runs()[1:]
+    assert [(r.dirty, r.on_default_branch) for r in later] == [(False, True), (False, True)]
+
+
+def test_a_job_whose_runs_enter_no_series_says_why(project, run):
+    run("--llmperf-update").assert_outcomes(passed=1)
+    (project.path / "notes.txt").write_text("one\n")
+    git(project.path, "add", "notes.txt")
+    git(project.path, "commit", "-qm", "notes")
+    (project.path / "notes.txt").write_text("two\n")
+    run().stdout.fnmatch_lines(
+        ["*llmperf history: the working tree has uncommitted changes (dirty) besides the plugin's own files: the "
+         "job's runs are stored but enter no series*"]
+    )  # fmt: skip
+    git(project.path, "checkout", "-q", "-b", "feature")
+    git(project.path, "commit", "-qam", "on a branch")
+    sha = git(project.path, "rev-parse", "HEAD")
+    run().stdout.fnmatch_lines(
+        [f"*llmperf history: commit {sha[:12]} is not on the default branch's first-parent line*enter no series*"]
+    )

@@ -171,7 +171,8 @@ def test_an_unreachable_postgres_store_names_it_without_its_password():
 def test_locations(tmp_path):
     assert parse_location("off", tmp_path) is None
     assert parse_location("h.sqlite", tmp_path) == Location("sqlite", str(tmp_path / "h.sqlite"))
-    assert parse_location("sqlite:///abs/h.db", tmp_path) == Location("sqlite", "/abs/h.db")
+    assert parse_location("sqlite:////abs/h.db", tmp_path) == Location("sqlite", "/abs/h.db")
+    assert parse_location("sqlite:///rel/h.db", tmp_path) == Location("sqlite", str(tmp_path / "rel/h.db"))
     assert parse_location("postgres://u@h/db", tmp_path).dialect == "postgresql"
     with pytest.raises(ValueError, match="postgresql://URL"):
         parse_location("mysql://x", tmp_path)

@@ -1,5 +1,6 @@
 """The analysis of series: their change points with states and marks, creep since the anchor, and a warning where
-a series is too noisy for the smallest change that matters. What the report, the command line and the gate read.
+a series is too noisy for the smallest change that matters. What the report, the command line and the gate read;
+history/events.py groups the changes of many series into events.
 """
 
 from __future__ import annotations
@@ -10,24 +11,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import checkpoint
 from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses, Found
 from .creep import Creep, creep
 from .detect import DEFAULT_METHOD, Method, noise, outliers, two_sample_p
 from .records import Mark
 from .series import Series
+from .thresholds import resolution
 
-MAX_COMMITS = 200  # the newest commits of a series analysed
 MARK_REACH = 2  # commits a change may move between analyses and keep its mark
+STEP_NOT_CREEP = 2  # a confirmed change this many times the smallest change that matters is left out of creep
 
 
 @dataclass(frozen=True)
 class Change:
     series_key: str
     label: str
-    index: int  # into the analysed points: the first commit of the new level
+    index: int  # into the series' points: the first commit of the new level
     last_good: str
     first_bad: str
-    before: float  # the segment's level before and after (geometric means)
+    # the level before and after (medians of the commits, outlier jobs aside): a provisional change's two segments
+    # between its neighbouring change points; a confirmed change's level it was confirmed against, and its commits
+    # since up to the next change point (at least those it was confirmed with)
+    before: float
     after: float
     change: float  # after / before - 1
     direction: int
@@ -37,29 +43,38 @@ class Change:
     mark: str | None = None  # expected | false_positive, a person's word
     env_changed: bool = False  # the software fingerprint differs across the change
     machine_changed: bool = False  # the hardware fingerprint differs across the change
-    # the newest level (from the newest confirmed change on) against `before`, - 1, where a confirmed change came
-    # after this one; None where this change's own level is the newest
+    # where a confirmed change came after this one: the part of it still in effect (`in_effect`), as after / before
+    # - 1; None where no confirmed change came after it
     now: float | None = None
     # the commit of the first job, from the one that confirmed this change on, at which it measured a regression of
     # at least the smallest change that matters (`_reached`); None: it never did, or it is no confirmed regression
     reached_at: str | None = None
+    # the smallest change the series' noise resolves between the two segments (alarms.resolution), relative
+    resolution: float = 0.0
+    order: int = 0  # the first bad commit's place among all commits (series.Point.order): events group by it
 
     @property
     def kind(self) -> str:
         return "regression" if self.change * self.direction < 0 else "improvement"
 
+    @property
+    def id(self) -> str:
+        return f"{self.series_key}@{self.first_bad[:12]}"
+
     def fails(self, min_effect: float) -> bool:
         """A confirmed, unmarked regression that measured at least the smallest change that matters at some job since
-        it was confirmed (`reached_at`), and is still in effect: where a confirmed change came after it, the newest
-        level is still that much worse than the level before it. Once it fails, it fails at every later job until it
-        is marked or undone, however its size moves with the commits since: a job is not red, then green, then red
-        again for one regression. A regression fixed since stays listed, with `now`, and no longer fails."""
+        it was confirmed (`reached_at`), larger than what the series' noise resolves, and still in effect: where a
+        confirmed change came after it, what of it is not undone is still that large. Once it fails, it fails at
+        every later job until it is marked or undone, however its size moves with the commits since: a job is not
+        red, then green, then red again for one regression. A regression fixed since stays listed, with `now`, and
+        no longer fails."""
         still = self.now is None or (self.now * self.direction < 0 and abs(self.now) >= min_effect)
         return (
             self.state == "confirmed"
             and self.mark is None
             and self.kind == "regression"
             and self.reached_at is not None
+            and abs(self.change) >= self.resolution
             and still
         )
 
@@ -67,18 +82,44 @@ class Change:
 @dataclass
 class SeriesAnalysis:
     series: Series
-    first: int  # index of the first analysed point in series.points
     points: list[int]  # change point indices into series.points
     changes: list[Change]
     outliers: list[int]  # indices into series.points
     noise: float
     creep: Creep | None = None
     warnings: list[str] = field(default_factory=list)
+    set_aside: list[int] = field(default_factory=list)  # points whose value is zero, negative or not finite
+    analysed: list[int] = field(default_factory=list)  # the indices into series.points of the values analysed
+    checkpoint: str | None = None  # where the next analysis may go on from (history/checkpoint.py), to keep
 
 
 def level(values: Sequence[float]) -> float:
-    """A segment's level: the geometric mean of its values."""
-    return float(math.exp(np.mean(np.log(values))))
+    """A segment's level: the median of its values (in logs; a median is one of them, or between two)."""
+    return float(math.exp(np.median(np.log(values))))
+
+
+def in_effect(sizes: Sequence[float]) -> list[float]:
+    """For confirmed changes of sizes `sizes` (logs, oldest first), the part of each still in effect after the ones
+    since: a change the other way undoes the newest changes it meets first, and only as much as they moved. A change
+    the same way adds nothing to an earlier one (it is its own alarm), so one huge step never reads as part of the
+    changes before it."""
+    remaining = list(sizes)
+    open_: list[int] = []  # changes not wholly undone, newest last
+    for i, size in enumerate(sizes):
+        left = size
+        while open_ and left and (remaining[open_[-1]] > 0) != (left > 0):
+            top = open_[-1]
+            if abs(left) >= abs(remaining[top]):
+                left += remaining[top]
+                remaining[top] = 0.0
+                open_.pop()
+            else:
+                remaining[top] += left
+                left = 0.0
+        remaining[i] = left
+        if left:
+            open_.append(i)
+    return remaining
 
 
 def analyze_series(
@@ -88,62 +129,100 @@ def analyze_series(
     min_effect: float = DEFAULT_MIN_EFFECT,
     anchor: str | None = None,
     marks: Sequence[Mark] = (),
+    resume_from: str | None = None,
 ) -> SeriesAnalysis:
-    first = max(0, len(series.points) - MAX_COMMITS)
-    points = series.points[first:]
+    """Every commit of the series (its whole history). A value that is zero, negative or not finite (a broken job)
+    is set aside with a warning, and the series analysed without it: changes are found as ratios of values.
+    `resume_from`: the series' checkpoint (history/checkpoint.py): its sequential read goes on from where an
+    earlier analysis of the same first values stopped; the same analysis either way."""
+    analysed = [i for i, p in enumerate(series.points) if math.isfinite(p.value) and p.value > 0]
+    points = [series.points[i] for i in analysed]
     values = [p.value for p in points]
-    if not all(math.isfinite(v) and v > 0 for v in values):  # the analysis works on logs: on ratios of values
-        result = SeriesAnalysis(series, first, [], [], [], float("nan"))
-        result.warnings.append(
-            f"{series.id.label()}: holds values that are zero, negative or not finite: not analysed (changes are "
-            "found as ratios)"
-        )
-        return result
+    bad = sorted(set(range(len(series.points))) - set(analysed))
     sigma = noise(values)
-    result = SeriesAnalysis(series, first, [], [], [], sigma)
+    result = SeriesAnalysis(series, [], [], [], sigma, set_aside=bad, analysed=analysed)
+    if bad:
+        shas = ", ".join(series.points[i].commit_sha[:12] for i in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        result.warnings.append(
+            f"{series.id.label()}: {len(bad)} job(s) with a value that is zero, negative or not finite ({shas}): "
+            "set aside, the rest analysed"
+        )
     if len(values) < MIN_COMMITS:
         return result
-    analyses = Analyses(values, method, min_effect)
+    kept = checkpoint.valid(resume_from, values, method, min_effect)
+    analyses = Analyses(
+        values, method, min_effect, kept[-1]["state"] if kept else None, checkpoint.lengths(len(values))
+    )
+    result.checkpoint = checkpoint.written(kept, analyses.snapshots, values, method, min_effect)
     found = analyses.found()
     set_aside = outliers(values, method)
-    result.outliers = [first + i for i in set_aside]
-    result.points = [first + f.index for f in found]
+    result.outliers = [analysed[i] for i in set_aside]
+    result.points = [analysed[f.index] for f in found]
     edges = [0, *[f.index for f in found], len(values)]
-    keep = [i for i in range(len(values)) if i not in set(set_aside)]
+    keep = sorted(set(range(len(values))) - set(set_aside))
     reached = _reached(values, keep, found, series.direction, min_effect)
-    # the level now: from the newest confirmed change on, what every change before it is read against (`now`)
-    newest = max((f.index for f in found if f.confirmed), default=len(values))
-    since = [values[i] for i in keep if i >= newest]
-    current = level(since) if since else None
+    confirmed = [n for n, f in enumerate(found) if f.confirmed]
+    segments = [
+        (
+            [values[i] for i in keep if edges[n] <= i < edges[n + 1]],
+            [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]],
+        )
+        for n in range(len(found))
+    ]
+    # a provisional change is read between its neighbouring change points; a confirmed one against the level it was
+    # confirmed with (alarms.Signal), which later commits do not move, its commits since up to the next change point
+    # but at least those it was confirmed with: a change point found later among them does not shrink it
+    levels = []
     for n, f in enumerate(found):
-        before = [values[i] for i in keep if edges[n] <= i < edges[n + 1]]
-        after = [values[i] for i in keep if edges[n + 1] <= i < edges[n + 2]]
+        if f.signal is None:
+            levels.append((math.log(level(segments[n][0])), math.log(level(segments[n][1]))))
+            continue
+        end = max(edges[n + 2], f.signal.length)
+        since = [values[i] for i in keep if f.index <= i < end]
+        levels.append((f.signal.before, math.log(level(since)) if since else f.signal.after))
+    sizes = [after - before for before, after in levels]
+    remaining = dict(zip(confirmed, in_effect([sizes[n] for n in confirmed])))
+    for n, f in enumerate(found):
+        before, after = segments[n]
         lo, hi = points[f.index - 1], points[f.index]
+        later = any(m > n for m in confirmed)
         change = Change(
             series.key,
             series.id.label(),
-            first + f.index,
+            analysed[f.index],
             lo.commit_sha,
             hi.commit_sha,
-            level(before),
-            level(after),
-            level(after) / level(before) - 1,
+            math.exp(levels[n][0]),
+            math.exp(levels[n][1]),
+            math.expm1(sizes[n]),
             series.direction,
             "confirmed" if f.confirmed else "provisional",
             f.commits_after,
             two_sample_p(np.log(before), np.log(after)),
             env_changed=lo.env_fp != hi.env_fp,
             machine_changed=lo.machine_fp != hi.machine_fp,
-            now=current / level(before) - 1 if current is not None and f.index < newest else None,
+            now=math.expm1(remaining[n]) if n in remaining and later else None,
             reached_at=points[reached[f.index]].commit_sha if f.index in reached else None,
+            resolution=math.expm1(resolution(sigma, len(before), len(after), method.p_value)),
+            order=hi.order,
         )
         result.changes.append(_marked(change, points, marks))
     start = next((i for i, p in enumerate(points) if p.commit_sha == anchor), 0) if anchor else 0
-    result.creep = creep(values, anchor=start, min_drift=min_effect / 2, p_value=method.p_value, set_aside=set_aside)
+    # the drift the confirmed steps do not explain: a change of at least twice the smallest change that matters is
+    # a step, an alarm of its own, not creep (one huge step would otherwise read as creep of that size); smaller
+    # confirmed changes are often a few small steps merged, which is what creep reports
+    logs = np.log(np.asarray(values, dtype=float))
+    for n in confirmed:
+        if abs(math.expm1(sizes[n])) >= STEP_NOT_CREEP * min_effect:
+            logs[found[n].index :] -= sizes[n]
+    result.creep = creep(
+        np.exp(logs), anchor=start, min_drift=min_effect / 2, p_value=method.p_value, set_aside=set_aside
+    )
     if sigma > min_effect:
         result.warnings.append(
             f"{series.id.label()}: its noise from commit to commit ({sigma:.1%}) is larger than the smallest change "
-            f"that matters ({min_effect:.0%}): changes of that size cannot be told from noise here"
+            f"that matters ({min_effect:.0%}): a change of that size is confirmed only once enough commits on each "
+            "side resolve it"
         )
     return result
 
@@ -182,6 +261,8 @@ def _reached(
 
 def _marked(change: Change, points: Sequence, marks: Sequence[Mark]) -> Change:
     """The change with the mark a person put on it, or on a change of the same series within MARK_REACH commits."""
+    if not any(mark.series_key == change.series_key for mark in marks):
+        return change
     index = {p.commit_sha: i for i, p in enumerate(points)}
     for mark in marks:
         near = mark.commit_sha in index and abs(index[mark.commit_sha] - index[change.first_bad]) <= MARK_REACH
@@ -197,9 +278,11 @@ def analyze(
     min_effect: float = DEFAULT_MIN_EFFECT,
     anchor: str | None = None,
     marks: Sequence[Mark] = (),
+    checkpoints: Mapping[str, str] | None = None,
 ) -> list[SeriesAnalysis]:
-    """Every series, in a stable order (by label)."""
+    """Every series, in a stable order (by label); `checkpoints`: by series key (`analyze_series`)."""
+    kept = checkpoints or {}
     return [
-        analyze_series(s, method=method, min_effect=min_effect, anchor=anchor, marks=marks)
+        analyze_series(s, method=method, min_effect=min_effect, anchor=anchor, marks=marks, resume_from=kept.get(s.key))
         for s in sorted(series.values(), key=lambda s: s.id.label())
     ]

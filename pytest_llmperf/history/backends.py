@@ -16,6 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 POSTGRES_HINT = "pip install 'pytest-llmperf[postgres]'"
 LOCK_TIMEOUT_S = 60.0
@@ -37,39 +38,72 @@ class Location:
 
 
 def parse_location(text: str, base: Path) -> Location | None:
-    """`off` -> None; `postgresql://...` (or `postgres://`); `sqlite:///abs/path`, `sqlite:relative` or a path,
-    relative paths from `base`."""
+    """`off` -> None; `postgresql://...` (or `postgres://`); `sqlite:///relative/path`, `sqlite:////absolute/path`
+    (SQLAlchemy's URLs), `sqlite:path` or a path; relative paths from `base`."""
     text = text.strip()
     if text.lower() in ("", "off", "none"):
         return None
     if text.startswith(("postgresql://", "postgres://")):
         return Location("postgresql", text)
-    if text.startswith("sqlite:"):
-        text = text.removeprefix("sqlite:").removeprefix("//")
+    if text.startswith("sqlite:"):  # SQLAlchemy's form: sqlite:///relative/path, sqlite:////absolute/path
+        rest = text.removeprefix("sqlite:")
+        text = rest[3:] if rest.startswith("///") else rest.removeprefix("//")
     if "://" in text:
         raise ValueError(f"{text!r}: a history store is a file path, sqlite:///PATH, postgresql://URL or off")
     return Location("sqlite", str((base / Path(text).expanduser()).resolve()))
 
 
+STORE_FOLDER = ".llmperf"  # the default store's folder (settings.DEFAULT_STORE)
+
+
+def _make_folder(folder: Path) -> None:
+    """The store's folder, created with a .gitignore of `*` where the plugin creates it or it is the default
+    `.llmperf/` (as pytest does for .pytest_cache): `git add -A` must not commit the store, whose every write would
+    then make the tree dirty."""
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    ignore = folder / ".gitignore"
+    if (created or folder.name == STORE_FOLDER) and not ignore.exists():
+        with suppress(OSError):  # a read-only folder: the store reports its own error
+            ignore.write_text("# written by pytest-llmperf: its history store is not part of the repository\n*\n")
+
+
 class Connection:
     """One connection: `?` placeholders in, the driver's style out; errors as StoreError."""
 
-    def __init__(self, location: Location, timeout: float = LOCK_TIMEOUT_S) -> None:
+    def __init__(self, location: Location, timeout: float = LOCK_TIMEOUT_S, *, read_only: bool = False) -> None:
         self.location = location
         self.timeout = timeout
         self.dialect = location.dialect
+        self.read_only = read_only
         self._db: Any = self._sqlite() if self.dialect == "sqlite" else self._postgres()
 
     def _sqlite(self) -> sqlite3.Connection:
         path = Path(self.location.target)
+        if self.read_only:
+            return self._sqlite_reading(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(path.parent)
             db = sqlite3.connect(path, timeout=self.timeout, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA foreign_keys=ON")
         except (OSError, sqlite3.Error) as exc:
             raise self.error(exc) from None
         return db
+
+    def _sqlite_reading(self, path: Path) -> sqlite3.Connection:
+        """Opened read-only, changing nothing; where the folder cannot hold the write-ahead log's shared memory (a
+        read-only folder), opened as immutable: read as it is on disk."""
+        uri = f"file:{quote(str(path))}"
+        last: sqlite3.Error | None = None
+        for mode in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                db = sqlite3.connect(uri + mode, uri=True, timeout=self.timeout, isolation_level=None)
+                db.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                return db
+            except sqlite3.Error as exc:
+                last = exc
+        raise self.error(last or sqlite3.Error("cannot open")) from None
 
     def _postgres(self) -> Any:
         try:

@@ -3,7 +3,8 @@
     import FILE...            merge rows files (history-rows.jsonl of CI jobs) into the store, once each
     analyze [--fail]          analyse every series; write the analysis; exit 1 on a confirmed, unmarked regression
     changes [--state S]       list the changes found (newest analysis), with their ids
-    mark ID --as STATE        mark a change expected or false_positive (--clear removes the mark)
+    mark ID --as STATE        mark a change, or every change of an event, expected or false_positive (--clear removes)
+    replace OLD NEW           move the runs of a commit no longer on the default branch onto the one that replaced it
     exclude RUN --reason R    set a run (or a whole job) aside from every series (--undo takes it back)
     export --format F --out D the series as Otava's CSV tests and config, or JSON lines
     migrate                   bring the store to this plugin's schema
@@ -15,43 +16,72 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 from ..files import strict_json, write_text_atomic
 from . import export, lineage, rowsfile, series, summary
 from .analysis import DEFAULT_MIN_EFFECT, Change, analyze
 from .backends import StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
+from .events import Event, events
 from .records import MARK_STATES, Mark
 from .settings import DEFAULT_STORE
 from .store import Store
 
 PROG = "pytest-llmperf history"
+READING = ("analyze", "changes", "export")  # commands that only read: they work on a store they cannot write
 
 
 class BadArgument(Exception):
     """An argument the command cannot use (a ref git does not know); said in one line, exit 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line (`PROG COMMAND: error: ...`) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _min_effect(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a relative size such as 0.05, got {text!r}") from None
+    if not (math.isfinite(value) and 0 < value < 1):
+        raise argparse.ArgumentTypeError(f"expected a relative size above 0 and below 1 (0.05 is 5%), got {text!r}")
+    return value
+
+
+def _directory(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is no directory")
+    return path
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog=PROG, description="Work on pytest-llmperf's history store (docs/history.md).")
+    top = _Parser(prog=PROG, description="Work on pytest-llmperf's history store (docs/history.md).")
     top.add_argument(
         "--store",
         help=f"the store: a SQLite path, sqlite:///PATH or postgresql://URL (default: "
         f"$LLMPERF_HISTORY, else {DEFAULT_STORE})",
     )
-    commands = top.add_subparsers(dest="command", required=True)
+    commands = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     imp = commands.add_parser("import", help="merge rows files into the store (idempotent)")
     imp.add_argument("files", nargs="+", type=Path, metavar="FILE")
     for name, text in (("analyze", "analyse every series"), ("changes", "list the changes found")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument(
             "--repo",
-            type=Path,
+            type=_directory,
             default=Path("."),
             help="the git repository whose default branch "
             "orders the series (default: .; without it, the order the jobs recorded)",
@@ -62,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--anchor", help="the git ref creep is measured from (default: the oldest commit)")
         sub.add_argument(
             "--min-effect",
-            type=float,
+            type=_min_effect,
             default=DEFAULT_MIN_EFFECT,
             help=f"the smallest change that matters (default: {DEFAULT_MIN_EFFECT})",
         )
@@ -77,8 +107,12 @@ def parser() -> argparse.ArgumentParser:
         default="all",
         help="failing: what --llmperf-history-check=fail and analyze --fail fail on (default: all)",
     )
-    mark = commands.add_parser("mark", help="mark a change (its id from `changes`)")
-    mark.add_argument("change_id", metavar="ID", help="SERIES_KEY@COMMIT, as `changes` lists it")
+    mark = commands.add_parser("mark", help="mark a change, or every change of an event (its id from `changes`)")
+    mark.add_argument(
+        "change_id", metavar="ID", help="SERIES_KEY@COMMIT or EVENT:MACHINE@COMMIT, as `changes` lists it"
+    )
+    mark.add_argument("--repo", type=_directory, default=Path("."), help="the repository ordering the series")
+    mark.add_argument("--branch")
     group = mark.add_mutually_exclusive_group(required=True)
     group.add_argument("--as", dest="state", choices=MARK_STATES)
     group.add_argument("--clear", action="store_true")
@@ -91,8 +125,14 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--format", choices=("otava", "jsonl"), default="otava")
     out.add_argument("--out", type=Path, required=True)
     out.add_argument("-k", dest="pattern", help="only series whose label matches this glob")
-    out.add_argument("--repo", type=Path, default=Path("."))
+    out.add_argument("--repo", type=_directory, default=Path("."))
     out.add_argument("--branch")
+    replace = commands.add_parser(
+        "replace", help="move the runs of a commit no longer on the default branch onto the one that replaced it"
+    )
+    replace.add_argument("old", metavar="OLD", help="the stored commit (a prefix of its sha)")
+    replace.add_argument("new", metavar="NEW", help="the commit that replaced it (a ref of --repo, or a full sha)")
+    replace.add_argument("--repo", type=_directory, default=Path("."))
     commands.add_parser("migrate", help="bring the store to this plugin's schema")
     return top
 
@@ -107,13 +147,25 @@ def _open(args: argparse.Namespace) -> Store:
         raise StoreError("the store is off: give --store PATH|URL")
     if location.dialect == "sqlite" and not Path(location.target).exists() and args.command != "import":
         raise StoreError(f"history store {location.target} does not exist: give --store, or run a job first")
-    return Store(location)
+    return Store(location, read_only=args.command in READING)
 
 
 def _series(store: Store, args: argparse.Namespace) -> dict[str, series.Series]:
     branch = lineage.default_branch(args.repo, args.branch)
     line = (lineage.first_parent_line(args.repo, branch) or None) if branch else None
-    built = series.build(store.runs(), store.results(), line)
+    runs = store.runs()
+    if line is None:
+        print(
+            f"note: no first-parent line of a default branch in {args.repo} (--repo; not a git repository, or a "
+            "shallow clone): the series are ordered as the jobs recorded them",
+            file=sys.stderr,
+        )
+    orphans = series.orphaned(runs, line)
+    if orphans:
+        from .job import orphan_line
+
+        print(f"note: {orphan_line(orphans)}", file=sys.stderr)
+    built = series.build(runs, store.results(), line)
     return {
         k: s
         for k, s in built.items()
@@ -122,8 +174,12 @@ def _series(store: Store, args: argparse.Namespace) -> dict[str, series.Series]:
     }
 
 
-def change_id(change: Change) -> str:
-    return f"{change.series_key}@{change.first_bad[:12]}"
+def event_text(event: Event) -> str:
+    mark = f", marked {event.mark}" if event.mark else ""
+    return (
+        f"{event.id}  {event.state:<11} {event.kind:<11} {event.describe()} ({event.target}, {event.machine})  "
+        f"{event.last_good[:12]}..{event.first_bad[:12]}{', failing' if event.fails else ''}{mark}"
+    )
 
 
 def change_line(change: Change) -> str:
@@ -135,7 +191,7 @@ def change_line(change: Change) -> str:
         if on
     )
     return (
-        f"{change_id(change)}  {change.state:<11} {change.kind:<11} {change.change:+7.1%}  {change.label}  "
+        f"{change.id}  {change.state:<11} {change.kind:<11} {change.change:+7.1%}  {change.label}  "
         f"{change.last_good[:12]}..{change.first_bad[:12]}  {change.before:.4g} -> {change.after:.4g}{now}{mark}{flags}"
     )
 
@@ -146,51 +202,87 @@ def _analyze(store: Store, args: argparse.Namespace) -> int:
     )
     if args.anchor and not anchor:
         raise BadArgument(f"--anchor {args.anchor} is no commit of the repository {args.repo} (--repo)")
-    analyses = analyze(_series(store, args), min_effect=args.min_effect, anchor=anchor, marks=store.marks())
+    built = _series(store, args)
+    kept = store.checkpoints(built)  # where the jobs' reads stopped: the same analysis, sooner
+    analyses = analyze(built, min_effect=args.min_effect, anchor=anchor, marks=store.marks(), checkpoints=kept)
     changes = [c for a in analyses for c in a.changes]
+    found = events(analyses, args.min_effect)
+    several = [e for e in found if len(e.changes) > 1]  # an event of one series is its change's line
     if args.command == "changes":
         shown = [
             c
             for c in changes
             if args.state in ("all", c.state) or (args.state == "failing" and c.fails(args.min_effect))
         ]
+        for event in several:
+            if args.state in ("all", event.state) or (args.state == "failing" and event.fails):
+                print(event_text(event))
         for change in shown:
             print(change_line(change))
-        print(f"{len(shown)} change(s) in {len(analyses)} series")
+        print(f"{len(found)} event(s), {len(shown)} change(s) in {len(analyses)} series")
         return 0
     data = summary.document(analyses, DEFAULT_METHOD, args.min_effect, store.location.describe())
     if args.out:
-        write_text_atomic(args.out, strict_json(data))
+        write_text_atomic(args.out, strict_json(data, indent=None))
         print(f"wrote {args.out}")
+    for event in several:
+        print(event_text(event))
     for change in changes:
         print(change_line(change))
     for item in data["creep"]:
         print(f"creep {item['drift']:+.1%} ({item['kind']}) in {item['series']} since {item['from'][:12]}")
     for warning in data["warnings"]:
         print(f"warning: {warning}")
-    failing = [c for c in changes if c.fails(args.min_effect)]
-    for change in failing:
+    failing = [e for e in found if e.fails]
+    for event in failing:
+        reached = min((c.reached_at or "" for c in event.changes if c.fails(args.min_effect)), default="")
+        what = event.changes[0].id if len(event.changes) == 1 else f"{event.id} ({len(event.changes)} series)"
         print(
-            f"failing: {change_id(change)}, a regression of at least {args.min_effect:.0%} since the job at "
-            f"{(change.reached_at or '')[:12]}, still in effect and not marked"
+            f"failing: {what}, a regression of at least {args.min_effect:.0%} since the job at {reached[:12]}, still "
+            "in effect and not marked"
         )
     confirmed = sum(c.state == "confirmed" for c in changes)
-    print(f"{len(analyses)} series, {len(changes)} change(s), {confirmed} confirmed, {len(failing)} failing")
+    print(
+        f"{len(analyses)} series, {len(changes)} change(s), {confirmed} confirmed, {len(failing)} failing "
+        f"({len(found)} event(s): the changes of a machine's series at one place are one)"
+    )
     return 1 if args.fail and failing else 0
 
 
 def _mark(store: Store, args: argparse.Namespace) -> int:
-    key, _, prefix = args.change_id.partition("@")
-    commits = {r.commit_sha for r in store.runs() if prefix and r.commit_sha.startswith(prefix)}
-    if len(commits) != 1 or not store.results([key]):
-        print(f"{PROG} mark: error: no change {args.change_id} (ids as `{PROG} changes` lists them)", file=sys.stderr)
-        return 2
-    (sha,) = commits
+    if args.change_id.startswith("EVENT:"):
+        analyses = analyze(_series(store, args), marks=store.marks())
+        chosen = [e for e in events(analyses, DEFAULT_MIN_EFFECT) if e.id == args.change_id]
+        if not chosen:
+            raise BadArgument(f"no event {args.change_id} (ids as `{PROG} changes --repo DIR` lists them)")
+        targets = [(c.series_key, c.first_bad) for c in chosen[0].changes]
+    else:
+        key, _, prefix = args.change_id.partition("@")
+        commits = {r.commit_sha for r in store.runs() if prefix and r.commit_sha.startswith(prefix)}
+        if len(commits) != 1 or not store.results([key]):
+            raise BadArgument(f"no change {args.change_id} (ids as `{PROG} changes` lists them)")
+        targets = [(key, commits.pop())]
     if args.clear:
-        print(f"{store.unmark(key, sha)} mark(s) removed")
+        print(f"{sum(store.unmark(key, sha) for key, sha in targets)} mark(s) removed")
         return 0
-    store.mark(Mark(key, sha, args.state, args.note, datetime.now(timezone.utc).isoformat(timespec="seconds")))
-    print(f"{args.change_id} marked {args.state}")
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for key, sha in targets:
+        store.mark(Mark(key, sha, args.state, args.note, when))
+    print(f"{args.change_id} marked {args.state}" + (f" ({len(targets)} changes)" if len(targets) > 1 else ""))
+    return 0
+
+
+def _replace(store: Store, args: argparse.Namespace) -> int:
+    old = {r.commit_sha for r in store.runs() if r.commit_sha.startswith(args.old)}
+    if len(old) != 1:
+        raise BadArgument(f"{args.old} is {'no' if not old else 'more than one'} stored commit (a prefix of its sha)")
+    new = lineage.git(args.repo, "rev-parse", "--verify", "--quiet", f"{args.new}^{{commit}}")
+    if not new:
+        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", args.new):
+            raise BadArgument(f"{args.new} is no commit of {args.repo} (--repo) nor a full sha")
+        new = args.new
+    moved = store.replace_commit(old.pop(), new)
+    print(f"{moved} run(s) moved onto {new[:12]}")
     return 0
 
 
@@ -205,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
             return _analyze(store, args)
         if args.command == "mark":
             return _mark(store, args)
+        if args.command == "replace":
+            return _replace(store, args)
         if args.command == "exclude":
             changed = store.exclude(args.run_id, args.reason, undo=args.undo)
             if not changed:

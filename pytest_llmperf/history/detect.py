@@ -20,13 +20,19 @@ ruptures is the `history` extra, imported here only: `RupturesMissing` names the
 
 from __future__ import annotations
 
+import bisect
 import math
+import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-EXTRA_HINT = "pip install 'pytest-llmperf[history]'"
+EXTRA_HINT = (
+    "it is installed with pytest-llmperf where it has a wheel (CPython 3.10-3.13 on x86_64 or arm64 Linux, macOS, "
+    "Windows); here, pip install 'pytest-llmperf[history]' builds it with a C compiler"
+)
 
 
 class RupturesMissing(ImportError):
@@ -83,27 +89,79 @@ def noise(values: Sequence[float]) -> float:
 
 
 def two_sample_p(before: np.ndarray, after: np.ndarray) -> float:
-    """Two-sided p of Mann-Whitney's U test of two segments (exact for small ones); 1.0 where a side is empty."""
-    from scipy.stats import mannwhitneyu
-
+    """Two-sided p of Mann-Whitney's U test of two segments; 1.0 where a side is empty. Where both sides hold more
+    than `EXACT_UP_TO` commits scipy's `mannwhitneyu` takes its normal approximation (tie-corrected, with continuity
+    correction), computed here the same way in a few array operations: scipy's call costs about 3 ms in its argument
+    handling, and the significance step makes thousands of them on a long real history (docs/history.md, "Cost")."""
     if len(before) == 0 or len(after) == 0:
         return 1.0
-    p = float(mannwhitneyu(before, after, alternative="two-sided").pvalue)
-    return p if math.isfinite(p) else 1.0
+    return _rank_sum_p(np.asarray(before, dtype=float), np.asarray(after, dtype=float))
+
+
+EXACT_UP_TO = 8  # scipy's mannwhitneyu is exact (without ties) where a side holds at most this many, else asymptotic
+
+
+@lru_cache(maxsize=4096)
+def _u_tail(small: int, large: int) -> tuple[float, ...]:
+    """P(U >= u) for u = 0 .. small * large, distinct values: U's counts are the coefficients of the Gaussian
+    binomial [small + large, small] in q, the product over i of (1 - q^(large + i)) / (1 - q^i), kept to degree
+    small * large (exact integers; dividing by 1 - q^i is a running sum at stride i)."""
+    top = small * large
+    counts = np.zeros(top + 1, dtype=object)
+    counts[0] = 1
+    for i in range(1, small + 1):
+        shift = large + i
+        if shift <= top:
+            counts[shift:] = counts[shift:] - counts[: top + 1 - shift]
+        for r in range(i):
+            counts[r::i] = np.cumsum(counts[r::i])
+    total = sum(counts)
+    tail = np.cumsum(counts[::-1])[::-1]
+    return tuple(float(t) / total for t in tail)
+
+
+def _rank_sum_p(before: np.ndarray, after: np.ndarray) -> float:
+    """Mann-Whitney's two-sided p as scipy.stats.mannwhitneyu computes it by default: exact where a side holds at
+    most `EXACT_UP_TO` values and none tie, else the normal approximation with tie and continuity corrections."""
+    from scipy.special import ndtr
+
+    values = np.concatenate([before, after])
+    n1, n2, n = len(before), len(after), len(before) + len(after)
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    edges = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1], [True])))
+    counts = np.diff(edges)
+    ranks = np.empty(n)
+    ranks[order] = np.repeat((edges[:-1] + edges[1:] + 1) / 2.0, counts)  # average ranks of ties, from 1
+    u1 = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2.0
+    u = max(u1, n1 * n2 - u1)
+    if min(n1, n2) <= EXACT_UP_TO and len(counts) == n:  # no ties
+        return min(1.0, 2.0 * _u_tail(min(n1, n2), max(n1, n2))[round(u)])
+    ties = float((counts**3 - counts).sum())
+    spread = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1))))
+    if spread == 0.0:
+        return 1.0
+    return min(1.0, 2.0 * float(ndtr(-(u - n1 * n2 / 2.0 - 0.5) / spread)))
 
 
 def _significant(logs: np.ndarray, points: list[int], p_value: float) -> list[int]:
-    """Drop the weakest change point while any has p >= p_value over its neighbouring segments."""
+    """Drop the weakest change point while any has p >= p_value over its neighbouring segments. Dropping a point
+    changes the tests of its two neighbours only: those are made again, the others kept."""
     points = list(points)
-    while points:
+
+    def test(i: int) -> float:
         edges = [0, *points, len(logs)]
-        ps = [
-            two_sample_p(logs[edges[i] : edges[i + 1]], logs[edges[i + 1] : edges[i + 2]]) for i in range(len(points))
-        ]
+        return two_sample_p(logs[edges[i] : edges[i + 1]], logs[edges[i + 1] : edges[i + 2]])
+
+    ps = [test(i) for i in range(len(points))]
+    while points:
         weakest = int(np.argmax(ps))
         if ps[weakest] < p_value:
             break
-        del points[weakest]
+        del points[weakest], ps[weakest]
+        for i in (weakest - 1, weakest):
+            if 0 <= i < len(points):
+                ps[i] = test(i)
     return points
 
 
@@ -131,6 +189,72 @@ def outliers(values: Sequence[float], method: Method = DEFAULT_METHOD) -> list[i
     right = np.where(np.isnan(after), left, logs[k:] - after)
     flagged = (np.abs(left) > limit) & (np.abs(right) > limit) & (left * right > 0)
     return [int(i) + k for i in np.flatnonzero(flagged)]
+
+
+class PrefixOutliers:
+    """`outliers(values[:length])` for each length in turn, without recomputing the whole prefix: a job's distance
+    from the median of the commits before it is fixed once it is measured, and from that of the commits after it
+    once those are; only the noise, the limit they are held to, moves with the prefix (its neighbour differences are
+    kept sorted as it grows, so its quartiles are read, not recomputed). The same flags as `outliers` at every
+    length (tests/test_history_alarms.py asserts it); the sequential read of alarms.py asks at every commit."""
+
+    def __init__(self, values: Sequence[float], method: Method = DEFAULT_METHOD) -> None:
+        self.logs = np.log(np.asarray(values, dtype=float))
+        self.limit_sigmas = method.outlier_sigmas
+        k, n = OUTLIER_NEIGHBOURS, len(self.logs)
+        self.left = np.zeros(n)
+        self.score = np.zeros(n)  # min of the two distances where both exist and agree in sign, else 0
+        if n > k:
+            windows = np.lib.stride_tricks.sliding_window_view(self.logs, k)
+            self.left[k:] = self.logs[k:] - np.median(windows[: n - k], axis=1)
+            if n > 2 * k:
+                right = self.logs[k : n - k] - np.median(windows[k + 1 :], axis=1)
+                left = self.left[k : n - k]
+                self.score[k : n - k] = np.where(left * right > 0, np.minimum(np.abs(left), np.abs(right)), 0.0)
+        self.by_score = np.argsort(-self.score, kind="stable").tolist()
+        self.scores = self.score.tolist()
+        self.diffs = np.diff(self.logs).tolist()
+        self._sorted: list[float] = []  # the first `_length - 1` differences, sorted
+        self._length = 1
+
+    def _noise(self, length: int) -> float:
+        """`noise(values[:length])`: the quartiles of the differences, kept sorted as the prefix grows."""
+        if length < self._length or length - self._length > len(self._sorted):  # back, or far ahead: sort anew
+            self._sorted, self._length = sorted(self.diffs[: max(length - 1, 0)]), max(length, 1)
+        for d in self.diffs[self._length - 1 : length - 1]:
+            bisect.insort(self._sorted, d)
+        self._length = max(self._length, length)
+        if length < 3:
+            return 0.0
+        return (_percentile(self._sorted, 75) - _percentile(self._sorted, 25)) / (1.349 * math.sqrt(2))
+
+    def at(self, length: int) -> set[int]:
+        """The outlier jobs of the series cut at `length`."""
+        k = OUTLIER_NEIGHBOURS
+        sigma = self._noise(length)
+        if sigma == 0.0 or length < k + 1:
+            return set()
+        limit = self.limit_sigmas * sigma
+        settled = length - k  # jobs before it have their k commits after them in the prefix
+        found = set()
+        for i in self.by_score:  # the highest scores first: few exceed the limit
+            if self.scores[i] <= limit:
+                break
+            if k <= i < settled:
+                found.add(int(i))
+        for i in range(max(k, settled), length):
+            left = self.left[i]
+            right = left if i == length - 1 else self.logs[i] - statistics.median(self.logs[i + 1 : length].tolist())
+            if abs(left) > limit and abs(right) > limit and left * right > 0:
+                found.add(i)
+        return found
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """numpy's default (linear) percentile of an already sorted list."""
+    h = (len(ordered) - 1) * q / 100
+    low = int(h)
+    return ordered[low] + (h - low) * (ordered[low + 1] - ordered[low]) if low + 1 < len(ordered) else ordered[low]
 
 
 def change_points(

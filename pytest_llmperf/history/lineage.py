@@ -10,19 +10,12 @@ its rows; rows without an order are ordered by commit time.
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..judge.environment import git
+
 MAX_LINE = 20_000  # first-parent commits read at most
-
-
-def git(root: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def default_branch(root: Path, given: str | None = None) -> str | None:

@@ -103,11 +103,15 @@ def results_of(result: BenchmarkResult, run_id: str, target: str, machine: str) 
     return rows
 
 
-def job_rows(job: Job, outcomes: Sequence[Outcome], line: list[str]) -> tuple[list[Run], list[Result]]:
+def job_rows(
+    job: Job, outcomes: Sequence[Outcome], line: list[str], dirty: bool | None = None
+) -> tuple[list[Run], list[Result]]:
     """The job's runs (one, or A/B's base and head) and their results; `line`: the default branch's first-parent
-    commits, oldest first (job.py finds it once per job)."""
+    commits, oldest first (job.py finds it once per job); `dirty`: whether the tree has changes besides the plugin's
+    own files (lineage.dirty; None: the fingerprint's word)."""
     branch = lineage.default_branch(job.rootdir, job.default_branch) if line else None
     git = job.fingerprint.get("git") or {}
+    changed = bool(git.get("dirty")) if dirty is None else dirty
     machine = machine_class(job)
     common: dict[str, Any] = {
         "job_id": job.job_id,
@@ -123,9 +127,9 @@ def job_rows(job: Job, outcomes: Sequence[Outcome], line: list[str]) -> tuple[li
     sides: list[tuple[str, str, bool, list[BenchmarkResult]]] = []
     if job.compared_ref is not None:
         sides.append(("ab-base", job.compared_ref, False, [o.reference for o in outcomes if o.reference is not None]))
-        sides.append(("ab-head", "HEAD", bool(git.get("dirty")), [o.result for o in outcomes]))
+        sides.append(("ab-head", "HEAD", changed, [o.result for o in outcomes]))
     else:
-        sides.append(("stored", "HEAD", bool(git.get("dirty")), [o.result for o in outcomes]))
+        sides.append(("stored", "HEAD", changed, [o.result for o in outcomes]))
     runs, results = [], []
     for source, ref, dirty, measured in sides:
         placed = lineage.place(job.rootdir, ref, line)

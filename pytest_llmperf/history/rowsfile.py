@@ -55,6 +55,8 @@ def read(path: Path) -> list[tuple[Run, list[Result]]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RowsFileError(f"{path}: cannot read the rows file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RowsFileError(f"{path}: not a rows file (not UTF-8 text; a rows file is history-rows.jsonl)") from None
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -8,12 +8,14 @@ or a job's rows file after the job itself wrote to the store, adds nothing the s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .backends import Connection, Location, StoreError
 from .records import Mark, Result, Run
 from .schema import META, RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION, statements
+
+CHECKPOINT = "checkpoint:"  # llmperf_meta's keys of the series' checkpoints (history/checkpoint.py)
 
 
 @dataclass(frozen=True)
@@ -24,11 +26,16 @@ class Appended:
 
 
 class Store:
-    def __init__(self, location: Location, *, timeout: float | None = None) -> None:
+    def __init__(self, location: Location, *, timeout: float | None = None, read_only: bool = False) -> None:
+        """`read_only`: for reading only (a store on a read-only disk, or one this user may not write): nothing is
+        created or migrated; an older store is read after `pytest-llmperf history migrate` only."""
         self.location = location
-        self.db = Connection(location) if timeout is None else Connection(location, timeout)
+        self.db = Connection(location, read_only=read_only, **({} if timeout is None else {"timeout": timeout}))
         try:
-            self._migrate()
+            if read_only:
+                self._check_readable()
+            else:
+                self._migrate()
         except BaseException:
             self.db.close()
             raise
@@ -50,6 +57,15 @@ class Store:
             return 0
         rows = self.db.execute("SELECT value FROM llmperf_meta WHERE key = 'schema_version'")
         return int(rows[0][0]) if rows else 0
+
+    def _check_readable(self) -> None:
+        found = self.version()
+        self._refuse_newer(found)
+        if found < SCHEMA_VERSION:
+            raise StoreError(
+                f"history store {self.location.describe()} has schema version {found}: bring it to version "
+                f"{SCHEMA_VERSION} with `pytest-llmperf history migrate` (which writes it) before reading it"
+            )
 
     def _migrate(self) -> None:
         found = self.version()
@@ -88,15 +104,43 @@ class Store:
 
     # -- writing ----------------------------------------------------------------------------------------------
     def append(self, runs: Sequence[Run], results: Sequence[Result]) -> Appended:
-        """Write a job's runs and their results in one transaction; runs already stored are skipped whole."""
+        """Write a job's runs and their results in one transaction; runs already stored are skipped whole, and runs
+        already stored with other values (a second rows file reusing run ids) refuse the whole append, naming them."""
         with self.db.writing():
             known = self._known({r.run_id for r in runs})
+            self._refuse_conflicts([r for r in runs if r.run_id in known], results)
             new = [r for r in runs if r.run_id not in known]
             fresh = {r.run_id for r in new}
             rows = [r for r in results if r.run_id in fresh]
             self.db.executemany(_insert("llmperf_run", RUN_COLUMNS), [_run_row(r) for r in new])
             self.db.executemany(_insert("llmperf_result", RESULT_COLUMNS), [_result_row(r) for r in rows])
         return Appended(len(new), len(rows), len(runs) - len(new))
+
+    def _refuse_conflicts(self, runs: Sequence[Run], results: Sequence[Result]) -> None:
+        """Refuse rows of runs the store holds where their results differ from those it holds (their commit may
+        differ: `pytest-llmperf history replace` moves stored runs onto the commit that replaced theirs)."""
+        if not runs:
+            return
+        ids = sorted({r.run_id for r in runs})
+        marks = ",".join("?" * len(ids))
+        held_results = self.db.execute(
+            f"SELECT {', '.join(RESULT_COLUMNS)} FROM llmperf_result WHERE run_id IN ({marks})", ids
+        )
+
+        def measured(rows: Iterable[Result]) -> dict[tuple, str]:  # repr: NaN equals NaN
+            return {(r.run_id, r.test, r.metric, r.batch_size): repr((r.value, r.process_medians)) for r in rows}
+
+        held = measured(_results_of(held_results))
+        wanted = set(ids)
+        coming = measured(r for r in results if r.run_id in wanted)
+        differ = {key[0] for key in held.keys() | coming.keys() if held.get(key) != coming.get(key)}
+        if differ:
+            shown = ", ".join(sorted(differ)[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+            raise StoreError(
+                f"history store {self.location.describe()} already holds run(s) {shown} with other values: nothing "
+                "of these rows was written (two jobs' rows files with the same run ids? import the right one, or "
+                "set the stored runs aside with `pytest-llmperf history exclude`)"
+            )
 
     def _known(self, run_ids: set[str]) -> set[str]:
         if not run_ids:
@@ -114,6 +158,19 @@ class Store:
                 "UPDATE llmperf_run SET excluded = ?, exclude_reason = ? WHERE run_id = ? OR job_id = ?",
                 (0 if undo else 1, None if undo else reason, run_id, run_id),
             )
+        return len(found)
+
+    def replace_commit(self, old: str, new: str) -> int:
+        """Move the runs (and marks) of commit `old` onto `new`, the commit that replaced it on the default branch;
+        their recorded place on it is dropped (git's line gives it). The number of runs moved."""
+        with self.db.writing():
+            found = self.db.execute("SELECT run_id FROM llmperf_run WHERE commit_sha = ?", (old,))
+            self.db.execute(
+                "UPDATE llmperf_run SET commit_sha = ?, commit_order = NULL, on_default_branch = 1 "
+                "WHERE commit_sha = ?",
+                (new, old),
+            )
+            self.db.execute("UPDATE llmperf_mark SET commit_sha = ? WHERE commit_sha = ?", (new, old))
         return len(found)
 
     def mark(self, mark: Mark) -> None:
@@ -149,7 +206,26 @@ class Store:
                 return []
             sql += f" WHERE series_key IN ({','.join('?' * len(keys))})"
         rows = self.db.execute(sql + " ORDER BY run_id, test, metric, batch_size", keys or ())
-        return [_result_of(r) for r in rows]
+        return _results_of(rows)
+
+    def checkpoints(self, series_keys: Iterable[str]) -> dict[str, str]:
+        """The kept checkpoints of these series' reads (history/checkpoint.py), by series key."""
+        keys = sorted({CHECKPOINT + k for k in series_keys})
+        if not keys:
+            return {}
+        rows = self.db.execute(f"SELECT key, value FROM llmperf_meta WHERE key IN ({','.join('?' * len(keys))})", keys)
+        return {key.removeprefix(CHECKPOINT): value for key, value in rows}
+
+    def keep_checkpoints(self, texts: Mapping[str, str]) -> None:
+        """Replace the series' checkpoints, all in one transaction."""
+        if not texts:
+            return
+        with self.db.writing():
+            self.db.executemany(
+                "INSERT INTO llmperf_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
+                "excluded.value",
+                [(CHECKPOINT + k, v) for k, v in sorted(texts.items())],
+            )
 
     def marks(self) -> list[Mark]:
         rows = self.db.execute("SELECT series_key, commit_sha, state, note, marked_at FROM llmperf_mark")
@@ -182,7 +258,8 @@ def _result_row(result: Result) -> tuple:
     return tuple(data[c] for c in RESULT_COLUMNS)
 
 
-def _result_of(row: Sequence) -> Result:
-    data = dict(zip(RESULT_COLUMNS, row))
-    data["process_medians"] = json.loads(data["process_medians"])
-    return Result.from_json(data)
+def _results_of(rows: Sequence[Sequence]) -> list[Result]:
+    """Stored results (checked when they were written: Result.from_json checks what a rows file brings). Their
+    process medians are parsed in one call: a job's end reads every result of its series' history."""
+    medians = json.loads(f"[{','.join(row[-1] for row in rows)}]")
+    return [Result(*row[:-1], tuple(m)) for row, m in zip(rows, medians)]

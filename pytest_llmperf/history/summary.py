@@ -1,6 +1,9 @@
 """The analysis as data for the reports: `<report dir>/history.json`, read by the HTML report's history section and
 the markdown report (report/history_changes.py), and printed by the command line.
 
+First the events (history/events.py: the changes of a machine's series at one place, as one item with the series it
+moved and the spread of their sizes), then the changes one series at a time.
+
 Per change: the series, the commit range (last good, first bad), the levels before and after, the change in % as a
 regression or improvement by the metric's direction, where a confirmed change came after it the newest level against
 the level before it (`now`), its state and mark, and whether the environment or the machine changed there. Per
@@ -15,6 +18,7 @@ from typing import Any
 
 from .analysis import Change, SeriesAnalysis, level
 from .detect import Method
+from .events import Event, events
 from .settings import ANALYSIS_FORMAT
 
 FORMAT = ANALYSIS_FORMAT
@@ -23,6 +27,7 @@ MAX_PLOTTED = 24  # series drawn in the report: confirmed changes first, then cr
 
 def change_json(change: Change, min_effect: float) -> dict[str, Any]:
     return {
+        "id": change.id,
         "series_key": change.series_key,
         "series": change.label,
         "last_good": change.last_good,
@@ -40,6 +45,30 @@ def change_json(change: Change, min_effect: float) -> dict[str, Any]:
         "p_value": change.p_value,
         "env_changed": change.env_changed,
         "machine_changed": change.machine_changed,
+        "resolution": change.resolution,
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    low, high = event.sizes
+    return {
+        "id": event.id,
+        "state": event.state,
+        "kind": event.kind,
+        "target": event.target,
+        "machine": event.machine,
+        "last_good": event.last_good,
+        "first_bad": event.first_bad,
+        "sizes": [low, high],
+        "series_moved": len(event.changes),
+        "series_total": event.series_total,
+        "shared": event.shared,  # most of the machine's series alike: likely the runner or its environment
+        "changed_there": event.changed_there,
+        "fails": event.fails,
+        "mark": event.mark,
+        "describe": event.describe(),
+        "series": [c.label for c in event.changes],
+        "changes": [c.id for c in event.changes],
     }
 
 
@@ -69,7 +98,6 @@ def series_json(a: SeriesAnalysis) -> dict[str, Any]:
         "unit": s.unit,
         "direction": s.direction,
         "noise": a.noise,
-        "first_analysed": a.first,
         "points": [
             {
                 "commit": p.commit_sha,
@@ -82,17 +110,18 @@ def series_json(a: SeriesAnalysis) -> dict[str, Any]:
             for p in s.points
         ],
         "excluded": [{"commit": p.commit_sha, "value": p.value, "at": commits.get(p.commit_sha)} for p in s.excluded],
-        "segments": _segments(s.values, a.points, a.outliers),
+        "segments": _segments(s.values, a.points, [*a.outliers, *a.set_aside]),
         "change_points": a.points,
         "states": [c.state for c in a.changes],
         "outliers": a.outliers,
+        "set_aside": a.set_aside,
         "env_changes": env_changes,
         "machine_changes": machine_changes,
         "creep": None
         if a.creep is None
         else {
-            "from": s.points[a.first + a.creep.first[0]].commit_sha,
-            "to": s.points[a.first + a.creep.last[1] - 1].commit_sha,
+            "from": s.points[a.analysed[a.creep.first[0]]].commit_sha,
+            "to": s.points[a.analysed[a.creep.last[1] - 1]].commit_sha,
             "drift": a.creep.drift,
             "p_value": a.creep.p_value,
             "flagged": a.creep.flagged,
@@ -117,6 +146,7 @@ def document(analyses: Sequence[SeriesAnalysis], method: Method, min_effect: flo
         "method": method.describe(),
         "min_effect": min_effect,
         "series_analysed": len(analyses),
+        "events": [event_json(e) for e in events(analyses, min_effect)],
         "changes": [change_json(c, min_effect) for c in changes],
         "creep": [
             {"series": a.series.id.label(), **series_json(a)["creep"]} for a in analyses if a.creep and a.creep.flagged

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,26 +142,40 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def git_commit(root: Path) -> dict[str, Any]:
+def git(root: Path, *args: str) -> str | None:
+    """git's output in `root`, stripped; None where git is missing, fails or times out."""
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-        )
-        return {"commit": sha, "dirty": dirty}
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
-def fingerprint(root: Path) -> dict[str, Any]:
+def dirty(root: Path, own: Sequence[Path] = ()) -> bool | None:
+    """Whether the tracked files have changes, leaving out the plugin's own (`own`: the history store, the report
+    directory): a store committed by mistake changes with every job, and must not make every later job's tree
+    dirty. None where git cannot tell. The one rule: the fingerprint's `git.dirty` and the history's runs."""
+    top = git(root, "rev-parse", "--show-toplevel")
+    if top is None:
+        return None
+    excluded = []
+    for path in own:
+        try:
+            excluded.append(f":(exclude,top){Path(path).resolve().relative_to(Path(top).resolve()).as_posix()}")
+        except ValueError:  # outside the repository: git does not see it
+            continue
+    text = git(root, "status", "--porcelain", "--untracked-files=no", "--", ":(top)", *excluded)
+    return None if text is None else bool(text)
+
+
+def git_commit(root: Path, own: Sequence[Path] = ()) -> dict[str, Any]:
+    """The commit checked out and whether the tree is dirty besides the plugin's own files (`dirty`)."""
+    sha = git(root, "rev-parse", "HEAD")
+    return {"commit": sha, "dirty": dirty(root, own) if sha else None}
+
+
+def fingerprint(root: Path, own: Sequence[Path] = ()) -> dict[str, Any]:
+    """This machine and its software; `own`: the plugin's files in the tree, which do not make it dirty."""
     cuda = None
     if "torch" in sys.modules:  # only if a backend already imported it: never import torch for this
         cuda = getattr(sys.modules["torch"].version, "cuda", None)
@@ -176,7 +190,7 @@ def fingerprint(root: Path) -> dict[str, Any]:
         "transformers": _version("transformers"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "git": git_commit(root),
+        "git": git_commit(root, own),
         "threads_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
     }
 

@@ -142,11 +142,17 @@ class LLMPerfSession:
         """This machine and its software, as a baseline keeps it: the installed versions of the distributions the
         benchmarks imported (here, or in the worker processes of the working tree) among them."""
         from ..environments.installed import imported_distributions
+        from ..history.backends import parse_location
+        from ..history.job import own_files
         from ..judge.environment import fingerprint
 
         packages = {**imported_distributions(), **self.imported}
+        try:  # the plugin's own files (the history store, the reports) do not make the tree dirty
+            store = parse_location(self.settings.history, self.settings.rootdir)
+        except ValueError:  # said where the history is appended (history/job.py)
+            store = None
         return {
-            **fingerprint(self.settings.rootdir),
+            **fingerprint(self.settings.rootdir, own_files(store, self.report_dir)),
             "malloc": self.malloc,
             "threads": self.threads_text(),
             "packages": dict(sorted(packages.items())),

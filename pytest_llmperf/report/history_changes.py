@@ -1,6 +1,7 @@
 """The reports' view of the history across jobs: `<report dir>/history.json` (history/summary.py), written by the
-session before its reports, as a table of changes and a small plot per series in the HTML page, and the confirmed
-changes in the markdown report and the job summary.
+session before its reports, as a table of events (the changes of a machine's series at one place), a table of
+changes and a small plot per series in the HTML page, and the confirmed events in the markdown report and the job
+summary.
 
 The plots are inline SVG drawn here (no script, no network, as the rest of the page): per commit of the default
 branch a dot with a bar from the lowest to the highest per-process median, the levels of the segments between change
@@ -56,6 +57,42 @@ def _row(change: Mapping[str, Any]) -> str:
         f"<td class='{kind}' style='color:{COLOURS[kind]}'>{change['change']:+.1%} {kind}{_now(change)}</td>"
         f"<td>{change['commits_after']}</td><td>{_esc(flags or '-')}</td><td>{_esc(change['mark'] or '-')}</td>"
         f"<td><code>{_esc(change['series_key'])}@{_esc(change['first_bad'][:12])}</code></td></tr>"
+    )
+
+
+def _event_what(event: Mapping[str, Any]) -> str:
+    """The series an event moved: the one's label, or how many of the machine's and what that suggests."""
+    if event["series_moved"] == 1:
+        return str(event["series"][0])
+    text = f"{event['series_moved']} of {event['series_total']} series ({event['target']}, {event['machine']})"
+    if event["shared"]:
+        text += ", most of this machine's alike: likely the runner or its environment"
+    if event["changed_there"]:
+        text += f" ({' and '.join(event['changed_there'])} changed there)"
+    return text
+
+
+def _size(event: Mapping[str, Any]) -> str:
+    low, high = event["sizes"]
+    return f"{low:+.1%}" if event["series_moved"] == 1 or low == high else f"{low:+.1%} to {high:+.1%}"
+
+
+def _event_row(event: Mapping[str, Any]) -> str:
+    kind, fails = str(event["kind"]), bool(event["fails"])
+    colour = COLOURS.get(kind, "#6d4c41")
+    listed = "".join(f"<li>{_esc(label)}</li>" for label in event["series"])
+    series = (
+        _esc(event["series"][0])
+        if event["series_moved"] == 1
+        else f"<details><summary>{_esc(_event_what(event))}</summary><ul>{listed}</ul></details>"
+    )
+    return (
+        f"<tr class='event {_esc(event['state'])}{' failing' if fails else ''}'><td class='state'>"
+        f"{_esc(event['state'])}{' (failing)' if fails else ''}</td><td>{series}</td><td><code>"
+        f"{_esc(event['last_good'][:12])}</code>..<code>{_esc(event['first_bad'][:12])}</code></td>"
+        f"<td class='{_esc(kind)}' style='color:{colour}'>{_size(event)} {_esc(kind)}</td>"
+        f"<td>{_esc(', '.join(event['changed_there']) or '-')}</td><td>{_esc(event['mark'] or '-')}</td>"
+        f"<td><code>{_esc(event['id'] if event['series_moved'] > 1 else event['changes'][0])}</code></td></tr>"
     )
 
 
@@ -134,6 +171,7 @@ def section(documents: Sequence[Mapping[str, Any]]) -> str:
     if data is None:
         return ""
     rows = "".join(_row(c) for c in data["changes"])
+    events = "".join(_event_row(e) for e in data.get("events", []))  # absent from documents written before events
     creep = "".join(
         f"<li>{_esc(c['series'])}: <b style='color:{COLOURS[c['kind']]}'>{c['drift']:+.1%}</b> ({_esc(c['kind'])}) "
         f"from <code>{_esc(c['from'][:12])}</code> to <code>{_esc(c['to'][:12])}</code></li>"
@@ -144,6 +182,14 @@ def section(documents: Sequence[Mapping[str, Any]]) -> str:
         "<h2 id='history-changes'>History across jobs</h2>"
         f"<p>{data['series_analysed']} series of {_esc(data['store'])}, analysed with {_esc(data['method'])}; the "
         f"smallest change that matters: {data['min_effect']:.0%} (docs/history.md).</p>"
+        + (
+            "<h3>Events</h3><p class='note'>The changes of a machine's series within two commits of each other are one "
+            "event: one alarm, failed on and marked as one.</p><table class='history-events'><tr><th>state</th>"
+            "<th>series</th><th>last good..first bad</th><th>change</th><th>changed there</th><th>mark</th>"
+            f"<th>id</th></tr>{events}</table><h3>Changes, series by series</h3>"
+            if events
+            else ""
+        )
         + (
             "<table class='history-changes'><tr><th>state</th><th>series</th><th>last good..first bad</th>"
             "<th>before &rarr; after</th><th>change</th><th>commits since</th><th>changed there</th><th>mark</th>"
@@ -163,22 +209,26 @@ def section(documents: Sequence[Mapping[str, Any]]) -> str:
 
 
 def markdown_section(report_dir: Path | str) -> str:
-    """The confirmed changes and flagged creep, for the markdown report and the job summary (empty when none)."""
+    """The confirmed events (one row for the changes of a machine's series at one place) and flagged creep, for the
+    markdown report and the job summary (empty when none)."""
     data = read(report_dir)
     if data is None:
         return ""
-    confirmed = [c for c in data["changes"] if c["state"] == "confirmed"]
-    if not confirmed and not data["creep"]:
-        return ""
+    confirmed = [e for e in data.get("events", []) if e["state"] == "confirmed"]
+    by_id = {c.get("id"): c for c in data["changes"]}
     rows = [
         [
-            c["series"],
-            f"{c['last_good'][:12]}..{c['first_bad'][:12]}",
-            f"{c['change']:+.1%} {c['kind']}{_now(c)}{', failing' if c.get('fails') else ''}",
-            c["mark"] or "",
+            _event_what(e),
+            f"{e['last_good'][:12]}..{e['first_bad'][:12]}",
+            f"{_size(e)} {e['kind']}"
+            + (_now(by_id.get(e["changes"][0], {})) if e["series_moved"] == 1 else "")
+            + (", failing" if e["fails"] else ""),
+            e["mark"] or "",
         ]
-        for c in confirmed
+        for e in confirmed
     ]
+    if not confirmed and not data["creep"]:
+        return ""
     rows += [
         [f"{c['series']} (creep)", f"{c['from'][:12]}..{c['to'][:12]}", f"{c['drift']:+.1%} {c['kind']}", ""]
         for c in data["creep"]
