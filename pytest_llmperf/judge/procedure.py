@@ -1,34 +1,35 @@
 """The gate's decision procedure: one function gives every row its verdict, in every mode, at every look.
 
 A benchmark is measured in *looks*: N units per side (worker processes, or runs in one process), then, for the
-batch sizes still undecided, more units, up to a cap. In worker processes a test is looked at after every round
-from the first look on; measured in one process, at doublings of its runs. At each look `decide` gives every
-undecided row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
+batch sizes still undecided, more units, up to a cap. At each look `decide` gives every undecided row (a metric at a
+batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
 
-- **regressed**: credibly beyond the tolerance. The estimate's `DECISION_LEVEL` lower bound lies above
-  1 + rtol, *and* the metric is worse than its reference at the family-wise level: one-sided p below
-  alpha x w_k / rows in the family, Bonferroni over every gated row of the job (or, measured in one process,
-  of the benchmark) and over the looks that spend alpha: the doublings (5, 10, 20 units) and the cap (25),
-  look k spending the share w_k in proportion to its units (1/12, 2/12, 4/12, 5/12: alpha spent linearly in
-  the information, most where most is known). So a job of unchanged code ends with a regressed row with
-  probability at most alpha however many rows and looks it has, and a slowdown below the tolerance fails
-  rarely (its lower bound must clear 1 + rtol).
-- **improved**: the mirror image (the same family-wise p, in the improving direction).
-- **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol. The looks
-  between the doublings spend no alpha: there a row can only pass. A row of unchanged code that 5 processes
-  leave open can pass at the 6th or any later one instead of waiting for the 10th: 11 processes per test on
-  average instead of 17 at seed 000's noise, for half a point of power (docs/notes/noise.md, "A look after every
-  round").
-- undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
+- **pass**: its interval lies within the tolerance: the upper end of the ratio's interval shown for the row is below
+  1 + rtol. The interval is a *sequential* one: each look spends a share w_k of its error (1 - CONFIDENCE, 5%), so
+  that every interval a row was shown, at every look, covers the true ratio together with 95% confidence
+  (Bonferroni over the looks, however they depend on each other), and the one it stopped at does whatever made it
+  stop. A pass therefore says what it shows: the slowdown is below the tolerance.
+- **regressed**: the lower end lies beyond 1 + rtol, *and* the metric is worse than its reference at the
+  family-wise level: one-sided p below alpha x w_k / rows in the family (Bonferroni over every gated row of the job,
+  or, measured in one process, of the benchmark, and over the looks). So a job of unchanged code ends with a
+  regressed row with probability at most alpha however many rows and looks it has.
+- **improved**: the mirror image (the upper end below 1 - rtol, and the same family-wise p the other way).
+- undecided: measure more; at the last look, **inconclusive**, stating the bound the interval did establish (no
+  regression beyond it) and about how many units would decide it.
 
-A row decided at one look keeps its verdict; the job stops as soon as every row is decided.
+Looks: worker processes of an A/B job are judged at *planned* looks (`Schedule.planned`): the first look spends
+PLANNED_SHARES[0] and measures the spreads of this job; the next look is put where the spreads say the rows will be
+decided (judge/allocation.py, within the job's budget) and spends PLANNED_SHARES[1]; a last one, at most at the cap,
+spends what is left. Against stored baselines and in one process the looks are at doublings of the units, each
+spending in proportion to its units (Kim and DeMets' t x alpha). A row decided at one look keeps its verdict; the job
+stops as soon as every row is decided.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -38,10 +39,15 @@ from .stats import Estimate
 from .trim import kept
 from .verdicts import Verdict
 
-#: One-sided level of the bounds that decide "within" or "beyond" the tolerance: a row passes when the 80%
-#: upper bound of its slowdown is within rtol. The family-wise error is controlled by alpha (above); this
-#: level trades processes for how often a slowdown near the tolerance is called either way.
-DECISION_LEVEL = 0.2
+#: The confidence of a row's intervals over all its looks together: the interval shown is the one that decides.
+CONFIDENCE = 0.95
+#: Shares of the error (of the intervals and of alpha) spent at an A/B job's planned looks: the first, the planned
+#: one, and the last (what is left: 0.2 where there are three looks, 0.65 where the planned look is the cap). On
+#: synthetic jobs at a quiet runner's spreads the first look decided unchanged code and +10% alike (20 s a job);
+#: (0.2, 0.5) took 31-48 s, (0.6, 0.3) left more rows open on a shared runner (docs/notes/gate-runs.md).
+PLANNED_SHARES = (0.35, 0.45)
+#: At most this many looks in a planned schedule: the first, the planned one, and one more for what they left open.
+PLANNED_LOOKS = 3
 #: Per-unit noise the "can it fail" check assumes: processes on a shared CPU runner scatter 3-10% (docs/notes/noise.md,
 #: "What the cpu target measured").
 REFERENCE_NOISE = 0.05
@@ -55,13 +61,15 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
-    """When a benchmark is judged: units per side at each look (the last is the cap), the family's alpha, and the
-    looks that spend it (`spend`, a subset of `looks` holding the cap; empty: every look)."""
+    """When a benchmark is judged: units per side at each look (the last is the cap), the family's alpha, and each
+    look's share of the error (`shares`: a planned schedule's, in order, the last look taking what is left; empty:
+    in proportion to the looks' units)."""
 
     looks: tuple[int, ...]
     alpha: float
     family: int = 1  # gated rows judged together (Bonferroni)
-    spend: tuple[int, ...] = ()
+    shares: tuple[float, ...] = ()
+    confidence: float = CONFIDENCE
 
     @classmethod
     def doubling(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
@@ -72,27 +80,39 @@ class Schedule:
         return cls(tuple(looks), alpha, max(family, 1))
 
     @classmethod
-    def every_round(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
-        """A look at every unit from `first` to `cap`; alpha spent at the doublings' looks only."""
-        doublings = cls.doubling(first, cap, alpha, family)
-        return cls(tuple(range(doublings.looks[0], doublings.cap + 1)), alpha, doublings.family, doublings.looks)
+    def planned(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
+        """A first look at `first`, a last one at `cap`; `plan` puts a look between them once the first has
+        measured the spreads."""
+        first = max(first, 1)
+        return cls((first, max(cap, first)) if cap > first else (first,), alpha, max(family, 1), PLANNED_SHARES)
 
     @property
     def cap(self) -> int:
         return self.looks[-1]
 
     @property
-    def spending(self) -> tuple[int, ...]:
-        """The looks that spend alpha."""
-        return self.spend or self.looks
-
-    @property
     def weights(self) -> tuple[float, ...]:
-        """Each look's share of alpha, in proportion to its units among the looks that spend it (0 elsewhere):
-        alpha spent linearly in the information (Kim and DeMets' t * alpha), each look's increment applied by
-        Bonferroni, so the shares add up to alpha however the looks depend on each other."""
-        total = sum(self.spending)
-        return tuple(n / total if n in self.spending else 0.0 for n in self.looks)
+        """Each look's share of the error: a planned schedule's shares (the last look what they leave), else in
+        proportion to the looks' units (alpha spent linearly in the information, as Kim and DeMets' t x alpha, each
+        look's increment applied by Bonferroni, so the shares add up to 1 however the looks depend on each other)."""
+        if self.shares:
+            head = self.shares[: len(self.looks) - 1]
+            return (*head, 1.0 - sum(head))
+        total = sum(self.looks)
+        return tuple(n / total for n in self.looks)
+
+    def plan(self, units: int, next_look: int) -> Schedule:
+        """The schedule with its next look after `units` at `next_look` (a planned schedule, whose looks so far end
+        at `units`): at most the cap; the last of PLANNED_LOOKS is the cap's."""
+        done = tuple(n for n in self.looks if n <= units)
+        if len(done) + 1 >= PLANNED_LOOKS or next_look >= self.cap:
+            return replace(self, looks=(*done, self.cap))
+        return replace(self, looks=(*done, max(next_look, units + 1), self.cap))
+
+    def share(self, look: int, final: bool) -> float:
+        """The error look `look` spends: its weight, or at a last look before the cap (a budget spent) what the
+        looks before it left."""
+        return 1.0 - sum(self.weights[:look]) if final else self.weights[look]
 
     def look_of(self, units: int) -> int:
         """The index of the look that `units` per side reached (the last look at or below them)."""
@@ -108,43 +128,45 @@ class Schedule:
         return self.alpha_at(len(self.looks) - 1)
 
     def with_family(self, family: int) -> Schedule:
-        return Schedule(self.looks, self.alpha, max(family, 1), self.spend)
+        return replace(self, family=max(family, 1))
 
     def next_look(self, units: int) -> int | None:
         """The units of the look after one with `units`, or None at the cap."""
         return next((n for n in self.looks if n > units), None)
 
-    def adjusted(self, p: ArrayLike, look: int) -> NDArray[np.float64]:
-        """p adjusted for the family and the look's share of alpha: compared with alpha (1 where the look spends
-        none)."""
+    def adjusted(self, p: ArrayLike, look: int, final: bool = False) -> NDArray[np.float64]:
+        """p adjusted for the family and the look's share of alpha: compared with alpha."""
         p = np.asarray(p, dtype=float)
-        weight = self.weights[look]
+        weight = self.share(look, final)
         return np.minimum(1.0, p * self.family / weight) if weight > 0 else np.ones_like(p)
 
 
 @dataclass(frozen=True)
 class Decisions:
     """Per row: its verdict (None: undecided, measure more units), the one-sided p in the bad direction (the
-    good one for "improved") adjusted for the family and looks, and for an inconclusive row the units per side
-    that would likely decide it."""
+    good one for "improved") adjusted for the family and looks, the interval of now / reference that decided (the
+    look's sequential interval), and for an inconclusive row the units per side that would likely decide it."""
 
     verdicts: NDArray[np.object_]
     p_adjusted: NDArray[np.float64]
     needed: NDArray[np.int64]
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
 
 
 def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bool, units: int) -> Decisions:
-    """The verdict of every row at the look that `units` per side reached; `final` at the cap (an undecided row
-    is then inconclusive)."""
+    """The verdict of every row at the look that `units` per side reached; `final` at the last look (an undecided
+    row is then inconclusive)."""
     rtol = np.asarray(rtol, dtype=float)
     margin = np.log1p(rtol) if estimate.scale == "log" else rtol
-    bound = np.where(estimate.se > 0, estimate.t(1 - DECISION_LEVEL) * estimate.se, 0.0)
     look = schedule.look_of(units)
-    worse = schedule.adjusted(estimate.p_worse(), look)
-    better = schedule.adjusted(estimate.p_better(), look)
-    regressed = (estimate.bad - bound > margin) & (worse < schedule.alpha)
-    improved = ~regressed & (estimate.bad + bound < -margin) & (better < schedule.alpha)
-    passed = ~regressed & ~improved & (estimate.bad + bound < margin)
+    share = schedule.share(look, final)
+    half = half_width(estimate, (1 - schedule.confidence) * share)
+    worse = schedule.adjusted(estimate.p_worse(), look, final)
+    better = schedule.adjusted(estimate.p_better(), look, final)
+    regressed = (estimate.bad - half > margin) & (worse < schedule.alpha)
+    improved = ~regressed & (estimate.bad + half < -margin) & (better < schedule.alpha)
+    passed = ~regressed & ~improved & (estimate.bad + half < margin)
     verdicts = np.full(np.shape(estimate.bad), None, dtype=object)
     verdicts[regressed] = Verdict.REGRESSED
     verdicts[improved] = Verdict.IMPROVED
@@ -154,13 +176,28 @@ def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bo
     if final:
         verdicts[undecided] = Verdict.INCONCLUSIVE
         needed = np.where(undecided, units_needed(estimate, margin, schedule), 0)
-    return Decisions(verdicts, np.where(improved, better, worse), needed)
+    ends = np.sort(np.stack([estimate.ratio(estimate.bad - half), estimate.ratio(estimate.bad + half)]), axis=0)
+    return Decisions(verdicts, np.where(improved, better, worse), needed, ends[0], ends[1])
+
+
+def half_width(estimate: Estimate, error: float) -> NDArray[np.float64]:
+    """Half the two-sided interval of the bad effect whose error is `error` (inf where no error is spent)."""
+    if error <= 0:
+        return np.full(np.shape(estimate.bad), np.inf)
+    return np.where(estimate.se > 0, estimate.t(1 - error / 2) * estimate.se, 0.0)
+
+
+def regression_bound(decision_high: float, decision_low: float, better: str) -> float:
+    """The largest regression a row's interval leaves possible, as a fraction (0.088: no regression beyond 8.8%):
+    for a latency the upper end of now / reference above 1, for a throughput how far below 1 the lower end lies."""
+    return decision_high - 1.0 if better == "lower" else 1.0 - decision_low
 
 
 def units_needed(estimate: Estimate, margin: NDArray[np.floating], schedule: Schedule) -> NDArray[np.int64]:
-    """About how many units per side would decide each row (normal approximation: the standard error shrinks
-    with the square root of the units), at most NEEDED_LIMIT."""
-    z_decide = stats.norm.ppf(1 - DECISION_LEVEL)
+    """About how many units per side would decide each row at one more look spending what the cap spent (normal
+    approximation: the standard error shrinks with the square root of the units), at most NEEDED_LIMIT."""
+    last = len(schedule.looks) - 1
+    z_decide = stats.norm.ppf(1 - (1 - schedule.confidence) * schedule.weights[last] / 2)
     z_alpha = stats.norm.ppf(1 - schedule.alpha_per_test)
     beyond = estimate.bad > margin  # the bound must clear the margin and the worse-than-reference test pass
     target = np.where(
@@ -186,13 +223,13 @@ def smallest_detectable(
     """The slowdown (e.g. 0.3 for 30%) this schedule calls regressed at its cap with even odds, when units
     scatter by `noise` (log sd per unit; per pair for A/B: `reference` None). Against a stored baseline of
     `reference` units, none where Mann-Whitney's exact test cannot reach the cap's level at all."""
-    h = kept(schedule.cap)
+    paired = reference is None
+    h = schedule.cap if paired else kept(schedule.cap)  # A/B pairs are weighted, not trimmed (judge/stats.py)
     if h < 2 or (reference is not None and smallest_rank_sum_p(reference, schedule.cap) >= schedule.alpha_per_test):
         return math.inf
-    paired = reference is None
     se = noise * math.sqrt(1 / h if paired else 2 / h)
     df = h - 1 if paired else 2 * h - 2
-    t_decide = stats.t.ppf(1 - DECISION_LEVEL, df)
+    t_decide = stats.t.ppf(1 - (1 - schedule.confidence) * schedule.weights[-1] / 2, df)
     t_alpha = stats.t.ppf(1 - schedule.alpha_per_test, df)
     return math.expm1(max(math.log1p(rtol) + t_decide * se, t_alpha * se))
 
@@ -205,13 +242,8 @@ def can_fail(schedule: Schedule, rtol: float, *, reference: int | None) -> bool:
 
 
 def capped_at(schedule: Schedule, cap: int) -> Schedule:
-    """The schedule with its looks below `cap` and a last look at `cap` (which spends alpha)."""
-    return Schedule(
-        (*tuple(n for n in schedule.looks if n < cap), cap),
-        schedule.alpha,
-        schedule.family,
-        (*tuple(n for n in schedule.spending if n < cap), cap),
-    )
+    """The schedule with its looks below `cap` and a last look at `cap`."""
+    return replace(schedule, looks=(*tuple(n for n in schedule.looks if n < cap), cap))
 
 
 def smallest_cap(schedule: Schedule, rtol: float, *, reference: int | None) -> int:
@@ -235,7 +267,7 @@ def check_can_fail(schedule: Schedule, rtol: float, *, reference: int | None, wh
     baseline = f", and a baseline recorded with as many (it holds {reference})" if short else ""
     raise SettingError(
         f"{what} cannot fail: judging {schedule.family} gated row(s) over looks at "
-        f"{list(schedule.spending)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows "
+        f"{list(schedule.looks)} units per side (alpha {schedule.alpha:g}, Bonferroni over rows "
         f"and looks), a slowdown to {2 * (1 + rtol):.2f}x (twice the tolerance) would not be called regressed when "
         f"units scatter by {REFERENCE_NOISE:.0%}. Allow at least {need} units per side at the last look{baseline}"
     )
