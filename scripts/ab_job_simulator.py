@@ -165,6 +165,13 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
         reference, current = rows.arrays(open_rows)
         estimate = stats.nested(reference, current, better="lower")
         decision = procedure.decide(estimate, rtol=job.rtol, schedule=schedule, final=final, units=index)
+        if not final and any(v == Verdict.REGRESSED for v in [*verdicts, *decision.verdicts]):
+            final = True  # the test fails whatever its other rows say: this look is its last (as the campaign does),
+            last = procedure.decide(estimate, rtol=job.rtol, schedule=schedule, final=True, units=index)
+            first = decision.verdicts != None  # noqa: E711 (an object array): rows decided keep their verdicts
+            decision = procedure.Decisions(*(np.where(first, a, b) for a, b in zip(
+                (decision.verdicts, decision.p_adjusted, decision.needed, decision.low, decision.high),
+                (last.verdicts, last.p_adjusted, last.needed, last.low, last.high))))
         needs = []
         for i, r in enumerate(open_rows):
             if decision.verdicts[i] is not None:
@@ -173,15 +180,14 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
             else:
                 needs.append(allocation.Need(int(rows.batch_of[r]), float(estimate.spread.between[i]),
                                              float(estimate.spread.within[i]), abs(margin - float(estimate.bad[i])),
-                                             margin))
+                                             margin, float(estimate.se[i])))
         if final or not needs:
             break
         left = {n.batch_size for n in needs}
         runs_now = max(runs.values())
 
-        def affordable(chosen: dict[int, int], index: int = index, seconds: float = seconds) -> int:
-            per_round = allocation.round_seconds(costs, chosen)
-            return min(job.cap, index + max(int((budget - seconds) // per_round), 0))
+        def affordable(chosen: dict[int, int], index: int = index, left: float = budget - seconds) -> int:
+            return min(job.cap, index + max(int(left // allocation.round_seconds(costs, chosen)), 0))
 
         schedule, chosen = allocation.plan_next(needs, costs, schedule, look=look, runs_now=runs_now, least=job.runs,
                                                 most=job.most_runs, affordable=affordable)

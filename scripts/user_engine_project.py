@@ -186,7 +186,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from myengine.engine import MyEngine
 e = MyEngine()
-state = np.ones((1, len(e.weights)), np.float32)
+state = np.ones((int(sys.argv[2]), len(e.weights)), np.float32)
 for _ in range(20):
     e.decode_step(state)
 times = []
@@ -196,9 +196,11 @@ print(float(np.median(times)) / 1e6)
 '''
 
 
-def truth(root: Path, commits: tuple[str, str], processes: int = 10, python: str = sys.executable) -> float:
-    """decode_step() of commits[1] over commits[0], timed directly: the median of each fresh process's 200 calls,
-    the two alternating (ABBA), the ratio of their medians over `processes` processes each."""
+def truth(
+    root: Path, commits: tuple[str, str], processes: int = 10, python: str = sys.executable, batch_size: int = 1
+) -> float:
+    """decode_step() of commits[1] over commits[0] at `batch_size`, timed directly: the median of each fresh
+    process's 200 calls, the two alternating (ABBA), the ratio of their medians over `processes` processes each."""
     import statistics
     import tempfile
 
@@ -211,8 +213,8 @@ def truth(root: Path, commits: tuple[str, str], processes: int = 10, python: str
         try:
             for i in range(processes):
                 for c in commits if i % 2 == 0 else commits[::-1]:
-                    done = subprocess.run([python, "-c", TIMER, str(trees[c])], check=True, capture_output=True,
-                                          text=True)
+                    done = subprocess.run([python, "-c", TIMER, str(trees[c]), str(batch_size)], check=True,
+                                          capture_output=True, text=True)
                     times[c].append(float(done.stdout))
         finally:
             for c in commits:

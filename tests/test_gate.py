@@ -156,6 +156,29 @@ def test_looks_double_to_the_cap_and_alpha_is_spent_over_rows_and_looks_in_propo
     assert Schedule.doubling(5, 12, 0.01).looks == (5, 10, 12)
 
 
+def test_workers_look_after_every_round_spending_alpha_only_at_the_doublings():
+    schedule = Schedule.every_round(5, 25, 0.01, family=18)
+    assert schedule.looks == tuple(range(5, 26)) and schedule.spend == (5, 10, 20, 25)
+    spent = dict(zip(schedule.looks, schedule.weights))
+    assert [spent[n] for n in (5, 10, 20, 25)] == pytest.approx([5 / 60, 10 / 60, 20 / 60, 25 / 60])
+    assert sum(schedule.weights) == pytest.approx(1) and spent[6] == spent[19] == 0
+    assert schedule.alpha_per_test == pytest.approx(0.01 * 25 / 60 / 18)
+    assert schedule.next_look(5) == 6 and schedule.next_look(25) is None
+    assert list(schedule.adjusted([1e-12, 0.5], schedule.looks.index(7))) == [1, 1]  # no alpha to spend there
+    assert procedure.capped_at(schedule, 12).spend == (5, 10, 12)  # the capped schedule's last look spends
+
+
+def test_a_look_that_spends_no_alpha_passes_a_row_within_tolerance_and_regresses_none():
+    schedule = Schedule.every_round(5, 25, 0.01, family=1)
+    within = stats.paired(np.full(7, 100.0), np.full(7, 100.0) * (1 + np.linspace(-0.01, 0.01, 7)), better="lower")
+    assert decide(within, rtol=0.05, schedule=schedule, final=False, units=7).verdicts[()] == Verdict.PASS
+    rng = np.random.default_rng(3)
+    ref = rng.lognormal(0, 0.01, 10)
+    doubled = stats.paired(ref, 2 * ref * rng.lognormal(0, 0.01, 10), better="lower")
+    assert decide(doubled, rtol=0.05, schedule=schedule, final=False, units=9).verdicts[()] is None
+    assert decide(doubled, rtol=0.05, schedule=schedule, final=False, units=10).verdicts[()] == Verdict.REGRESSED
+
+
 def test_an_ab_schedule_plans_its_second_look_and_the_last_spends_what_is_left():
     schedule = Schedule.planned(8, 40, 0.01, family=6)
     assert schedule.looks == (8, 40) and schedule.weights == pytest.approx((0.35, 0.65))

@@ -9,8 +9,9 @@ they are cheaper than the processes' scatter they cannot remove: the cost of a g
 
 so more runs where the processes agree (tau small) and the runs scatter, more processes where the processes
 differ. The processes then follow from the interval the next look needs to decide each undecided row: its estimate
-lies `distance` from the tolerance, and the look's interval must clear it with room for the estimate to move:
-se <= distance / (z_look + z_power).
+lies `distance` from the tolerance, and the look's interval must clear it with room for the estimate to move,
+se <= distance / (z_look + z_power); the pairs measured so far hold 1 / se_now^2 of that information, each new pair
+1 / (tau^2 + 2 sigma^2 / n*).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Need:
     within: float  # sigma: one run, within its process
     distance: float
     margin: float  # the tolerance on the same scale
+    se: float  # the estimate's standard error now
 
 
 @dataclass(frozen=True)
@@ -75,23 +77,25 @@ def pair_variance(need: Need, runs: int) -> float:
     return need.between**2 + 2 * within**2 / max(runs, 1)
 
 
-def pairs_needed(needs: Sequence[Need], runs: Mapping[int, int], *, error: float, limit: int) -> int:
-    """The processes per side at which a look spending `error` (its interval's two-sided error) is likely to decide
-    every row of `needs` (PLANNED_POWER), at most `limit`."""
-    z = stats.norm.ppf(1 - error / 2) + stats.norm.ppf(PLANNED_POWER)
-    most = 2
+def pairs_needed(needs: Sequence[Need], runs: Mapping[int, int], *, done: int, error: float, limit: int) -> int:
+    """The processes per side (`done` so far) at which a look spending `error` (its interval's two-sided error) is
+    likely to decide every row of `needs` (PLANNED_POWER) when the next ones take `runs` runs, at most `limit`."""
+    z_power = stats.norm.ppf(PLANNED_POWER)
+    most = done + 1
     for need in needs:
         distance = max(need.distance, LEAST_DISTANCE * need.margin)
         variance = pair_variance(need, runs.get(need.batch_size, 1))
-        if distance <= 0 or not math.isfinite(variance):
+        if not (math.isfinite(variance) and variance > 0 and math.isfinite(need.se) and need.se > 0):
             return limit
-        k = math.ceil(variance * (z / distance) ** 2)
-        # a t with k - 1 degrees of freedom, not a normal: one more round per unit of z it lacks, roughly
-        k = math.ceil(k * (stats.t.ppf(1 - error / 2, max(k - 1, 1)) / stats.norm.ppf(1 - error / 2)) ** 2)
-        most = max(most, k)
-        if most >= limit:
-            return limit
-    return most
+        total = done
+        for _ in range(8):  # the t's degrees of freedom follow the pairs: a few rounds of fixed point
+            z = stats.t.ppf(1 - error / 2, max(total - 1, 1)) + z_power
+            more = (1 / (distance / z) ** 2 - 1 / need.se**2) * variance
+            total = done + max(math.ceil(more), 1)
+            if total >= limit:
+                return limit
+        most = max(most, total)
+    return min(most, limit)
 
 
 def round_seconds(costs: Costs, runs: Mapping[int, int]) -> float:
@@ -117,6 +121,7 @@ def plan_next(
     shares = schedule.shares
     share = shares[look + 1] if look + 1 < len(shares) else 1 - sum(shares)
     units = schedule.looks[look]
-    limit = affordable(runs)
-    want = units + pairs_needed(needs, runs, error=(1 - schedule.confidence) * share, limit=max(limit - units, 1))
-    return schedule.plan(units, min(want, max(limit, units + 1))), runs
+    limit = max(affordable(runs), units + 1)
+    return schedule.plan(
+        units, pairs_needed(needs, runs, done=units, error=(1 - schedule.confidence) * share, limit=limit)
+    ), runs

@@ -208,6 +208,7 @@ def _decided(
         p_better=float(estimate.p_better()),
         between_sd=None if estimate.spread is None else _finite(estimate.spread.between),
         within_sd=None if estimate.spread is None else _finite(estimate.spread.within),
+        se=None if estimate.spread is None else _finite(estimate.se),
         bound=bound,
     )
 

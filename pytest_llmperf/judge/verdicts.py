@@ -97,6 +97,7 @@ class Row:
     # run within its process (log scale); what the next look's runs and processes are chosen from (judge/allocation.py)
     between_sd: float | None = None
     within_sd: float | None = None
+    se: float | None = None  # the estimate's standard error (log scale): the information it holds
     bound: float | None = None  # an inconclusive row: the largest regression its interval leaves possible (0.088)
 
 

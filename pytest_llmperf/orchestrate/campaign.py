@@ -30,6 +30,7 @@ import pytest
 
 from ..judge import allocation
 from ..judge.rows import undecided_batches
+from ..judge.verdicts import Kind, Outcome
 from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from ..measure.allocator import steady_malloc_env
 from ..processes import sigterm_interrupts
@@ -332,12 +333,12 @@ class Campaign:
         if self.family is None and self.llm.mode != "update":
             self.family = self.measurements.count_family(list(self.plans.values()))
         final = plan.final or self._spent(plan)
-        outcomes = [
-            self.measurements.judge_or_record(plan, m, self.family, final)
-            for m in self.measurements.current_results(nodeid)
-        ]
-        plan.outcomes = {o.result.key: o for o in outcomes}
+        outcomes = self._judged(plan, final)
         undecided = sorted({b for o in outcomes for b in undecided_batches(o.rows)})
+        if undecided and not final and any(o.kind == Kind.REGRESSED for o in outcomes):
+            # the test fails whatever its other rows say: this look is its last (it spends what is left)
+            outcomes = self._judged(plan, final=True)
+            undecided = []
         if undecided and not final:
             least = int(self.llm.settings.runs)
             costs = self.measurements.costs(nodeid, statistics.median(self.fixed[-5:]) / max(len(self.plans), 1))
@@ -345,6 +346,13 @@ class Campaign:
                          affordable=lambda runs: self._affordable(plan, costs, runs))  # fmt: skip
             return
         self._finish(plan, Decision.of(self.llm, outcomes))
+
+    def _judged(self, plan: Plan, final: bool) -> list[Outcome]:
+        """The test's benchmarks judged at its current look (`final`: its last)."""
+        current = self.measurements.current_results(plan.item.nodeid)
+        outcomes = [self.measurements.judge_or_record(plan, m, self.family, final) for m in current]
+        plan.outcomes = {o.result.key: o for o in outcomes}
+        return outcomes
 
     def _spent(self, plan: Plan) -> bool:
         """Whether the budget cannot pay this test's next round (its look is then the last)."""

@@ -106,14 +106,14 @@ class Plan:
 
 def _need(row: Row, outcomes: Mapping[str, Outcome]) -> allocation.Need | None:
     """What the next look needs to decide an undecided row, where its spreads are known (log scale)."""
-    if row.between_sd is None or row.ratio is None or row.ratio <= 0:
+    if row.between_sd is None or row.se is None or row.ratio is None or row.ratio <= 0:
         return None
     outcome = next(o for o in outcomes.values() if row in o.rows)
     scenario = Scenario.from_json(outcome.result.scenario)
     margin = math.log1p(scenario.rtol_for(row.metric))
     bad = math.log(row.ratio) * (1 if metric_better(row.metric, outcome.result.counters_better) == "lower" else -1)
     within = row.within_sd if row.within_sd is not None else math.nan
-    return allocation.Need(row.batch_size, row.between_sd, within, abs(margin - bad), margin)
+    return allocation.Need(row.batch_size, row.between_sd, within, abs(margin - bad), margin, row.se)
 
 
 @dataclass

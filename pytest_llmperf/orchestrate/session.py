@@ -179,8 +179,8 @@ class LLMPerfSession:
     def worker_schedule(self, first: int, alpha: float, family: int = 1) -> Schedule:
         """The looks of a benchmark measured in worker processes: A/B, `first` processes per side, then a look
         planned from the job's spreads (judge/allocation.py) and one more at most at the cap; against stored
-        baselines, doublings of `first` up to the cap; when recording baselines, one look of RECORD_FACTOR times
-        `first`."""
+        baselines, one after every round up to the cap (alpha spent at the doublings); when recording baselines, one
+        look of RECORD_FACTOR times `first`."""
         from ..judge.procedure import Schedule
 
         if self.mode != "gate":
@@ -188,7 +188,7 @@ class LLMPerfSession:
         cap = max(self.max_processes, first)
         if self.settings.compare:
             return Schedule.planned(first, cap, alpha, family)
-        return Schedule.doubling(first, cap, alpha, family)
+        return Schedule.every_round(first, cap, alpha, family)
 
     @property
     def measures_in_one_process(self) -> bool:
