@@ -227,7 +227,7 @@ def test_nested_weighs_a_pair_whose_runs_agree_above_one_whose_runs_scatter():
     means = stats.process_means(np.log(cur))[0] - stats.process_means(np.log(ref))[0]
     assert means.mean() > 0.03 and abs(means[1:].mean()) < 0.001  # the pairs' plain mean is pulled by it
     assert abs(float(estimate.bad)) < 0.2 * means.mean()  # the weighted one much less
-    assert float(estimate.spread.within) > 0.05 and float(estimate.spread.runs) == 10
+    assert float(estimate.spread.within) > 0.05
 
 
 def test_nested_intervals_hold_their_level_where_processes_differ_and_where_runs_scatter():

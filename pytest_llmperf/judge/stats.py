@@ -31,9 +31,9 @@ pairs beyond what their runs explain (DerSimonian-Laird), each pair's runs' vari
 one (`PRIOR_DF` degrees of freedom: three runs say little about their own spread); the interval is Hartung and
 Knapp's, a t with (pairs - 1) degrees of freedom on the weighted residuals. So a pair whose runs agree tells more
 than one whose runs scatter, and processes that differ widen the interval as they should. Measured on synthetic
-pairs (docs/notes/gate-runs.md): misses at 95% and 99.5% within 0.9-1.3 times nominal where the processes are
-alike, fewer where some are disturbed; pooling the runs' degrees of freedom instead (a mixed model's REML with
-Satterthwaite's df) missed 2-4 times as often at 99.5%.
+pairs (docs/notes/gate-runs.md, "Which interval"): misses at 95% and 99.5% within 0.87-1.34 times nominal where the
+processes are alike, fewer where some are disturbed; pooling the runs' degrees of freedom instead (a mixed model's
+REML with Satterthwaite's df) missed up to 2.8 times as often at 99.5%.
 
 `Estimate` holds the effect in the *bad* direction (positive = worse: a latency up, a throughput down) with
 its standard error and degrees of freedom; `judge/procedure.py` turns it into a verdict. Every function
@@ -57,11 +57,13 @@ OUTLIER_Z = 4.0
 #: Units needed before any is set aside (a median absolute deviation of fewer is not a scale).
 SCREEN_MIN = 5
 #: Fraction of each tail of a process's runs left out of its mean (from 10 runs on: one a tail). The mean, not the
-#: median: on this project's runners the runs of a busy machine scatter by delays that add up (a preempted decode
-#: step), and the per-pair effects of means scattered 1.3-2 times less than those of medians (docs/notes/gate-runs.md).
+#: median: on this project's runner the runs of a busy machine scatter by delays that add up (a preempted decode
+#: step), and the pairs' effects of means scattered 1.2-1.3 times less than those of medians
+#: (docs/notes/gate-runs.md, "Summarising a process's runs").
 RUN_TRIM = 0.1
 #: Degrees of freedom of the prior that each pair's within-process variance is shrunk toward (the row's mean one):
-#: weights from three runs' own variance made the interval miss 1.3-1.7 times as often as it says at 99.5%.
+#: with 2, weights from three runs' own variance made the interval miss 1.3-1.7 times as often as it says at 99.5%
+#: (docs/notes/gate-runs.md, "Which interval").
 PRIOR_DF = 8.0
 
 Array = NDArray[np.float64]
@@ -79,7 +81,6 @@ class Spread:
 
     between: Array
     within: Array
-    runs: Array  # runs per process (the mean over the pairs)
 
 
 @dataclass(frozen=True)
@@ -353,9 +354,7 @@ def nested(reference: ArrayLike, current: ArrayLike, *, better: str) -> Estimate
     per_run = np.concatenate([ref_var, cur_var], axis=-1) * runs  # a process mean's variance x its runs
     measured = np.isfinite(per_run)
     within_run = np.sum(np.where(measured, per_run, 0.0), axis=-1) / np.maximum(measured.sum(axis=-1), 1)
-    spread = Spread(
-        between=tau, within=np.where(measured.any(axis=-1), np.sqrt(within_run), np.nan), runs=runs.mean(axis=-1)
-    )
+    spread = Spread(between=tau, within=np.where(measured.any(axis=-1), np.sqrt(within_run), np.nan))
     pairs = np.full(mean.shape, effects.shape[-1])
     return Estimate(
         mean,
