@@ -156,6 +156,8 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
         index += 1
         rows.round(runs)
         seconds += allocation.round_seconds(costs, runs)
+        if look > 0 and budget is not None and seconds + allocation.round_seconds(costs, runs) > budget:
+            schedule = procedure.capped_at(schedule, index)  # past the first look a budget spent: the last look
         if index < schedule.looks[look]:
             continue
         if budget is None:  # auto: as the campaign sets it at the first look

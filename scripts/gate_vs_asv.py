@@ -197,7 +197,7 @@ def main() -> int:
     parser.add_argument("--tool", action="append", choices=list(TOOLS), help="repeatable (default: all three)")
     parser.add_argument("--asv-venv", type=Path, default=Path("/tmp/llmperf-asv-venv"))
     parser.add_argument("--out", type=Path, help="a directory for every job's log and report (default: temporary)")
-    parser.add_argument("--truth-processes", type=int, default=10)
+    parser.add_argument("--truth-processes", type=int, default=16, help="fresh processes a commit to time the truth")
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest options for our jobs")
     args = parser.parse_args()
     conditions = args.condition or ["quiet", "busy"]

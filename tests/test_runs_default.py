@@ -72,7 +72,7 @@ def test_the_header_says_how_a_gate_adds_processes(pytester):
                                  "baselines"])
     assert "doubling to" not in result.stdout.str()
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-compare=HEAD", "--llmperf-budget=60",
-                                "-p", "no:cacheprovider", "--collect-only")
+                                "--llmperf-processes=auto", "-p", "no:cacheprovider", "--collect-only")
     result.stdout.fnmatch_lines(["llmperf: processes=8 (auto) per side at the first look (*the gate tests the means of "
                                  "their runs, pair by pair), then a look where this job's spreads say its undecided "
                                  "rows will be decided, runs per process chosen from them, and a last one, within 40 "

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from ..judge import allocation
+from ..judge.procedure import capped_at
 from ..judge.rows import undecided_batches
 from ..judge.verdicts import Kind, Outcome
 from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
@@ -227,8 +228,8 @@ class Campaign:
         }
         index = 0
         self.started = time.monotonic()
-        budget = self.llm.settings.budget
-        self.budget = None if budget == "auto" else float(budget)
+        budget = self.llm.settings.budget  # an A/B job's: against stored baselines the cap alone bounds a test
+        self.budget = float(budget) if self.llm.settings.compare and budget != "auto" else None
         while self.plans:
             index += 1
             due = {nodeid: plan for nodeid, plan in self.plans.items() if plan.units >= index}
@@ -245,8 +246,12 @@ class Campaign:
             if index == 1:  # a long campaign says how long, once the first round is timed
                 self._estimate()
             looking = [n for n, plan in due.items() if plan.units == index]
-            if looking and self.budget is None and all(p.look == 0 for p in self.plans.values()):
+            if looking and self.llm.settings.compare and self.llm.settings.budget == "auto" and self.budget is None:
                 self.budget = BUDGET_FACTOR * (time.monotonic() - self.started)  # auto: from the first look's time
+            for nodeid, plan in due.items():  # past the first look, a budget spent makes this round's look the last
+                if nodeid not in looking and plan.look > 0 and self._spent(plan):
+                    plan.schedule = capped_at(plan.schedule, index)
+                    looking.append(nodeid)
             for nodeid in looking:
                 self._look(self.plans[nodeid])
 

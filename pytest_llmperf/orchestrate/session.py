@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 #: "A last look at 25 processes").
 DEFAULT_PROCESSES = {"cpu": 5, "gpu": 5}
 #: ... in an A/B job: its first look decides most rows (judge/procedure.py, PLANNED_SHARES), and a sequential
-#: interval from 5 pairs (a t with 4 degrees of freedom at its share of 5%) is half again as wide as from 8
-#: (docs/notes/gate-runs.md).
+#: interval from 5 pairs is 1.6 times as wide as from 8 (a t with 4 degrees of freedom at its share of 5%, and
+#: fewer pairs; docs/notes/gate-runs.md, "The planned looks").
 DEFAULT_AB_PROCESSES = 8
 MAX_PROCESSES_FACTOR = 5
 #: A baseline records this many times --llmperf-processes: the gate tests a stored baseline with Mann-Whitney's exact
