@@ -186,6 +186,10 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
         if final or not needs:
             break
         left = {n.batch_size for n in needs}
+        if schedule.interim(index):  # an interim look: the plan stands
+            look += 1
+            runs = {b: n for b, n in runs.items() if b in left}
+            continue
         runs_now = max(runs.values())
 
         def affordable(chosen: dict[int, int], index: int = index, left: float = budget - seconds) -> int:

@@ -60,9 +60,11 @@ def test_the_gate_page_states_the_codes_figures():
     first, planned = procedure.PLANNED_SHARES
     assert f"at {DEFAULT_AB_PROCESSES} processes per side (`--llmperf-processes`" in text
     assert f"spends {first:.0%} and measures the job's own two levels" in text
-    assert f"and spends {planned:.0%}; a last one" in text and f"spends what is left ({1 - first - planned:.0%})" in text
+    assert f"and spends {planned:.0%}; a last one" in text and f"spends what is left ({1 - first - planned:.0%}, less" in text
     assert f"Runs grow at most {allocation.GROWTH} times from one look to the next" in text
     assert f"with {allocation.PLANNED_POWER:.0%} power" in text
+    assert (f"an interim look every {procedure.INTERIM_EVERY} rounds spends {procedure.INTERIM_SHARE:.0%} (at most "
+            f"{procedure.INTERIM_LOOKS} of them)") in text
     assert f"`auto` is {BUDGET_FACTOR:g} times the first look's time" in text
 
 

@@ -182,13 +182,16 @@ def test_a_look_that_spends_no_alpha_passes_a_row_within_tolerance_and_regresses
 def test_an_ab_schedule_plans_its_second_look_and_the_last_spends_what_is_left():
     schedule = Schedule.planned(8, 40, 0.01, family=6)
     assert schedule.looks == (8, 40) and schedule.weights == pytest.approx((0.35, 0.65))
-    planned = schedule.plan(8, 15)
-    assert planned.looks == (8, 15, 40) and planned.weights == pytest.approx((0.35, 0.45, 0.2))
-    assert planned.plan(15, 22).looks == (8, 15, 40)  # a third look is the last: at the cap
-    assert schedule.plan(8, 60).looks == (8, 40) and schedule.plan(8, 3).looks == (8, 9, 40)
+    planned = schedule.plan(8, 15)  # interim looks every 2 rounds before the planned one, 1% each
+    assert planned.looks == (8, 10, 12, 14, 15, 40) and planned.planned_at == (8, 15)
+    assert planned.weights == pytest.approx((0.35, 0.01, 0.01, 0.01, 0.45, 0.17)) and sum(planned.weights) == 1
+    assert planned.interim(12) and not planned.interim(15) and not planned.interim(40)
+    last = planned.plan(15, 22)  # a third planned look is the last: at the cap, interim looks up to 10 in all
+    assert last.looks == (8, 10, 12, 14, 15, 17, 19, 21, 23, 25, 27, 29, 40) and last.weights[-1] == pytest.approx(0.1)
+    assert schedule.plan(8, 60).looks[-1] == 40 and schedule.plan(8, 3).looks == (8, 9, 40)
     # a budget spent before the cap: that look is the last, and spends what the looks before it left
-    assert planned.share(1, final=True) == pytest.approx(0.65) and planned.share(1, final=False) == pytest.approx(0.45)
-    assert planned.adjusted(1e-4, 1, final=True) == pytest.approx(1e-4 * 6 / 0.65)
+    assert planned.share(4, final=True) == pytest.approx(0.62) and planned.share(4, final=False) == pytest.approx(0.45)
+    assert planned.adjusted(1e-4, 4, final=True) == pytest.approx(1e-4 * 6 / 0.62)
 
 
 def test_a_pass_is_shown_an_interval_within_the_tolerance_at_the_looks_share_of_5_percent():

@@ -118,8 +118,8 @@ def plan_next(
     are likely decided, at most where the budget affords (`affordable`: the most processes per side at given runs
     per process), and the runs per process of each of their batch sizes (at most GROWTH times `runs_now`)."""
     runs = runs_per_process(needs, costs, least=least, most=min(most, max(GROWTH * runs_now, least)))
-    shares = schedule.shares
-    share = shares[look + 1] if look + 1 < len(shares) else 1 - sum(shares)
+    shares, planned = schedule.shares, len(schedule.planned_at)
+    share = shares[planned] if planned < len(shares) else 1 - sum(shares)
     units = schedule.looks[look]
     limit = max(affordable(runs), units + 1)
     return schedule.plan(

@@ -58,8 +58,15 @@ CONFIDENCE = 0.95
 #: synthetic jobs at a quiet runner's spreads the first look decided unchanged code and +10% alike (20 s a job);
 #: (0.2, 0.5) took 31-48 s, (0.6, 0.3) left more rows open on a shared runner (docs/notes/gate-runs.md).
 PLANNED_SHARES = (0.35, 0.45)
-#: At most this many looks in a planned schedule: the first, the planned one, and one more for what they left open.
+#: At most this many planned looks: the first, the planned one, and one more for what they left open.
 PLANNED_LOOKS = 3
+#: Between the planned looks, an interim look every INTERIM_EVERY rounds spends INTERIM_SHARE (at most INTERIM_LOOKS
+#: of them, taken from the last look's share): a row that became clear since the last look is decided there. On
+#: synthetic jobs of a shared runner a 10% slowdown was called regressed in 39 s instead of 71 s, unchanged code as
+#: often red (docs/notes/gate-runs.md, "The planned looks").
+INTERIM_SHARE = 0.01
+INTERIM_EVERY = 2
+INTERIM_LOOKS = 10
 #: Per-unit noise the "can it fail" check assumes: processes on a shared CPU runner scatter 3-10% (docs/notes/noise.md,
 #: "What the cpu target measured").
 REFERENCE_NOISE = 0.05
@@ -74,8 +81,9 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class Schedule:
     """When a benchmark is judged: units per side at each look (the last is the cap), the family's alpha, the looks
-    that spend it (`spend`, a subset of `looks` holding the cap; empty: every look), and for a planned schedule each
-    look's share of the error (`shares`, in order, the last look taking what is left: its bounds are sequential)."""
+    that spend it (`spend`, a subset of `looks` holding the cap; empty: every look), and for a planned schedule the
+    shares of its planned looks (`shares`, in order, at the units of `planned_at`; the looks between them are interim
+    ones, and the last look takes what is left: its bounds are sequential)."""
 
     looks: tuple[int, ...]
     alpha: float
@@ -83,6 +91,7 @@ class Schedule:
     spend: tuple[int, ...] = ()
     shares: tuple[float, ...] = ()
     confidence: float = CONFIDENCE
+    planned_at: tuple[int, ...] = ()
 
     @classmethod
     def doubling(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
@@ -103,7 +112,8 @@ class Schedule:
         """A first look at `first`, a last one at `cap`; `plan` puts a look between them once the first has
         measured the spreads."""
         first = max(first, 1)
-        return cls((first, cap) if cap > first else (first,), alpha, max(family, 1), shares=PLANNED_SHARES)
+        looks = (first, cap) if cap > first else (first,)
+        return cls(looks, alpha, max(family, 1), shares=PLANNED_SHARES, planned_at=(first,))
 
     @property
     def cap(self) -> int:
@@ -126,18 +136,29 @@ class Schedule:
         spent linearly in the information (Kim and DeMets' t x alpha), each look's increment applied by Bonferroni,
         so the shares add up to 1 however the looks depend on each other."""
         if self.shares:
-            head = self.shares[: len(self.looks) - 1]
+            head = tuple(
+                self.shares[self.planned_at.index(n)] if n in self.planned_at else INTERIM_SHARE
+                for n in self.looks[:-1]
+            )
             return (*head, 1.0 - sum(head))
         total = sum(self.spending)
         return tuple(n / total if n in self.spending else 0.0 for n in self.looks)
 
     def plan(self, units: int, next_look: int) -> Schedule:
-        """The schedule with its next look after `units` at `next_look` (a planned schedule, whose looks so far end
-        at `units`): at most the cap; the last of PLANNED_LOOKS is the cap's."""
+        """The schedule with its next planned look after `units` at `next_look` (a planned schedule, whose looks so
+        far end at `units`), interim looks before it: at most the cap; the last of PLANNED_LOOKS is the cap's."""
         done = tuple(n for n in self.looks if n <= units)
-        if len(done) + 1 >= PLANNED_LOOKS or next_look >= self.cap:
-            return replace(self, looks=(*done, self.cap))
-        return replace(self, looks=(*done, max(next_look, units + 1), self.cap))
+        last = len(self.planned_at) + 1 >= PLANNED_LOOKS or next_look >= self.cap
+        target = self.cap if last else max(next_look, units + 1)
+        interim = sum(n not in self.planned_at for n in done)
+        between = tuple(range(units + INTERIM_EVERY, target, INTERIM_EVERY))[: max(INTERIM_LOOKS - interim, 0)]
+        if last:
+            return replace(self, looks=(*done, *between, self.cap))
+        return replace(self, looks=(*done, *between, target, self.cap), planned_at=(*self.planned_at, target))
+
+    def interim(self, units: int) -> bool:
+        """Whether the look at `units` is an interim one (a planned schedule's, between its planned looks)."""
+        return bool(self.shares) and units not in self.planned_at and units != self.cap
 
     def share(self, look: int, final: bool) -> float:
         """The share look `look` spends: its weight, or, planned, at a last look before the cap (a budget spent)

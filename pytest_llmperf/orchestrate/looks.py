@@ -93,8 +93,8 @@ class Plan:
         next look."""
         rows = [r for o in self.outcomes.values() for r in o.rows if r.verdict == Verdict.UNDECIDED]
         needs = [need for r in rows if (need := _need(r, self.outcomes)) is not None]
-        runs: dict[int, int | None] = dict.fromkeys(undecided)
-        if needs and len(needs) == len(rows) and self.schedule.shares:
+        runs: dict[int, int | None] = {b: (self.batch_sizes or {}).get(b) for b in undecided}  # as they were
+        if needs and len(needs) == len(rows) and self.schedule.shares and not self.schedule.interim(self.units):
             now = max((n for n in (self.batch_sizes or {}).values() if n), default=least)
             self.schedule, chosen = allocation.plan_next(
                 needs, costs, self.schedule, look=self.look, runs_now=now, least=least, most=most, affordable=affordable
