@@ -1,5 +1,6 @@
-"""Replay the gate on real jobs' per-process medians: the tolerance and looks a runner affords
-(docs/notes/noise.md, "Real jobs on this VM").
+"""Replay the gate of per-process medians on real jobs: the tolerance and looks a runner afforded before the A/B gate
+tested every run (docs/notes/noise.md, "Real jobs on this VM"). The A/B gate as it is (judge/stats.py's `nested`
+on every run, planned looks) is simulated by scripts/ab_job_simulator.py and measured by scripts/gate_vs_asv.py.
 
 Input: the JSON reports (`--llmperf-json`) of A/B jobs of unchanged code, each taken with one look of many
 processes at rtol 0, so that every row keeps every round:

@@ -60,7 +60,8 @@ def test_runs_auto_or_a_positive_integer(project):
 
 
 def test_the_header_says_how_a_gate_adds_processes(pytester):
-    """A gate looks after every round (judge/procedure.py, Schedule.every_round): the header says so, not "doubling"."""
+    """Against stored baselines a gate looks after every round (judge/procedure.py, Schedule.every_round); an A/B job
+    plans its looks within a budget (Schedule.planned): the header says which."""
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=4", "--llmperf-max-processes=20",
                                 "-p", "no:cacheprovider")
@@ -70,6 +71,12 @@ def test_the_header_says_how_a_gate_adds_processes(pytester):
                                  "round up to 20 (alpha spent at the doublings and the cap), against the stored "
                                  "baselines"])
     assert "doubling to" not in result.stdout.str()
+    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-compare=HEAD", "--llmperf-budget=60",
+                                "--llmperf-processes=auto", "-p", "no:cacheprovider", "--collect-only")
+    result.stdout.fnmatch_lines(["llmperf: processes=8 (auto) per side at the first look (*the gate tests the means of "
+                                 "their runs, pair by pair), then a look where this job's spreads say its undecided "
+                                 "rows will be decided, runs per process chosen from them, and a last one, within 40 "
+                                 "processes and a budget of 60 s, the working tree against HEAD*"])
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=5", "--llmperf-worker-start=exec", "-p",
                                 "no:cacheprovider")
     result.stdout.fnmatch_lines(["llmperf: processes=5 per side at the first look (worker processes, each a "

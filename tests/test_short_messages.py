@@ -189,3 +189,20 @@ def test_the_offload_engines_start_up_warning_is_located_at_the_test(tmp_path, m
     assert [(w.filename, w.lineno, str(w.message)) for w in shown] == [
         (str(tmp_path / "benchmarks" / "test_offload.py"), 0, "llmperf_offload: the machine was busy: 1.2 cores"),
         ("/lib/x.py", 7, "a library's own")]
+
+
+def test_an_ab_row_left_undecided_says_the_regression_it_ruled_out():
+    """A/B (judge/stats.py's `nested` on every run): the interval shown is the one that decided, and a row undecided
+    at its last look states its bound in the cell."""
+    ref, now = _measured(0, 8), _measured(100, 8)
+    reference = Reference(BaselineEntry.of_result(ref), "main", ref)
+    rows = judge_rows(now, reference, Scenario(batch_sizes=(1,), runs=5, rtol=0.0), splits_prefill=True,
+                      schedule=Schedule.planned(8, 8, 0.01, family=3), final=True, max_load=float("inf"))
+    undecided = [r for r in rows if r.verdict == Verdict.INCONCLUSIVE]
+    assert undecided  # at rtol 0 an A/A row can only be decided as improved or regressed
+    for r in undecided:
+        bound = r.ci_high - 1 if r.metric != "throughput_tokens_per_s" else 1 - r.ci_low
+        assert r.bound == pytest.approx(bound) and r.within_sd is not None and r.between_sd is not None
+        cell = cells({**r.__dict__, "verdict": str(r.verdict)})[-1]
+        assert cell == f"inconclusive: no regression above {bound:.1%} at 95%, undecided at 8 processes per side"
+        assert r.note.endswith("n=8/8 pairs, 40/40 runs")

@@ -1,25 +1,35 @@
 """The gate's decision procedure: one function gives every row its verdict, in every mode, at every look.
 
 A benchmark is measured in *looks*: N units per side (worker processes, or runs in one process), then, for the
-batch sizes still undecided, more units, up to a cap. In worker processes a test is looked at after every round
-from the first look on; measured in one process, at doublings of its runs. At each look `decide` gives every
-undecided row (a metric at a batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
+batch sizes still undecided, more units, up to a cap. At each look `decide` gives every undecided row (a metric at a
+batch size, `judge/stats.py`'s estimate of how much worse it is) one of:
 
-- **regressed**: credibly beyond the tolerance. The estimate's `DECISION_LEVEL` lower bound lies above
-  1 + rtol, *and* the metric is worse than its reference at the family-wise level: one-sided p below
-  alpha x w_k / rows in the family, Bonferroni over every gated row of the job (or, measured in one process,
-  of the benchmark) and over the looks that spend alpha: the doublings (5, 10, 20 units) and the cap (25),
-  look k spending the share w_k in proportion to its units (1/12, 2/12, 4/12, 5/12: alpha spent linearly in
-  the information, most where most is known). So a job of unchanged code ends with a regressed row with
-  probability at most alpha however many rows and looks it has, and a slowdown below the tolerance fails
-  rarely (its lower bound must clear 1 + rtol).
+- **regressed**: credibly beyond the tolerance: a lower bound of the slowdown lies above 1 + rtol, *and* the metric
+  is worse than its reference at the family-wise level: one-sided p below alpha x w_k / rows in the family
+  (Bonferroni over every gated row of the job, or, measured in one process, of the benchmark, and over the looks,
+  look k spending the share w_k). So a job of unchanged code ends with a regressed row with probability at most
+  alpha however many rows and looks it has, and a slowdown below the tolerance fails rarely.
 - **improved**: the mirror image (the same family-wise p, in the improving direction).
-- **pass**: shown to be within the tolerance: the `DECISION_LEVEL` upper bound lies below 1 + rtol. The looks
-  between the doublings spend no alpha: there a row can only pass. A row of unchanged code that 5 processes
-  leave open can pass at the 6th or any later one instead of waiting for the 10th: 11 processes per test on
-  average instead of 17 at seed 000's noise, for half a point of power (docs/notes/noise.md, "A look after every
-  round").
-- undecided: measure more; at the cap, **inconclusive**, with the number of units that would decide it.
+- **pass**: shown to be within the tolerance: an upper bound of the slowdown lies below 1 + rtol.
+- undecided: measure more; at the last look, **inconclusive**, stating the bound the row did establish and about
+  how many units would decide it.
+
+Which bounds decide:
+
+- **A/B in worker processes** (`Schedule.planned`): the interval *shown* for the row. It is a sequential one: each
+  look spends the share w_k of its error (1 - CONFIDENCE, 5%), so that all the intervals a row is shown, at every
+  look, cover the true ratio together with 95% confidence (Bonferroni over the looks, however they depend on each
+  other), and the one it stopped at does, whatever made it stop. A pass says what it shows. The looks are planned:
+  the first spends PLANNED_SHARES[0] and measures the job's spreads; the next is put where those spreads say the
+  undecided rows will be decided (judge/allocation.py, within the job's budget) and spends PLANNED_SHARES[1]; a last
+  one, at most at the cap, spends what is left, as does a look the budget makes the last.
+- **Against stored baselines, and in one process**: the `DECISION_LEVEL` one-sided bounds (80%), at looks after
+  every round spending alpha at the doublings and the cap (in one process at doublings of the runs), w_k in
+  proportion to their units (Kim and DeMets' t x alpha); between the doublings a row can only pass. The table shows
+  the 95% interval. A stored baseline holds a fixed number of units, so an interval at 95% over the looks would
+  rarely come within a tolerance of 5% (on synthetic jobs of 3% noise per process against 10 recorded processes,
+  14% of the rows of unchanged code stayed undecided at 25): the strict pass is the A/B gate's, whose units grow
+  on both sides.
 
 A row decided at one look keeps its verdict; the job stops as soon as every row is decided.
 """
@@ -28,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -38,10 +48,25 @@ from .stats import Estimate
 from .trim import kept
 from .verdicts import Verdict
 
-#: One-sided level of the bounds that decide "within" or "beyond" the tolerance: a row passes when the 80%
-#: upper bound of its slowdown is within rtol. The family-wise error is controlled by alpha (above); this
-#: level trades processes for how often a slowdown near the tolerance is called either way.
+#: Against stored baselines and in one process: the one-sided level of the bounds that decide "within" or
+#: "beyond" the tolerance (a row passes when the 80% upper bound of its slowdown is within rtol).
 DECISION_LEVEL = 0.2
+#: A/B: the confidence of a row's intervals over all its looks together; the interval shown is the one that decides.
+CONFIDENCE = 0.95
+#: Shares of the error (of the intervals and of alpha) spent at an A/B job's planned looks: the first, the planned
+#: one, and the last (what is left: 0.2 where there are three looks, 0.65 where the planned look is the cap). On
+#: synthetic jobs at a quiet runner's spreads the first look decided unchanged code and +10% alike (20 s a job);
+#: (0.2, 0.5) took 31-48 s, (0.6, 0.3) left more rows open on a shared runner (docs/notes/gate-runs.md).
+PLANNED_SHARES = (0.35, 0.45)
+#: At most this many planned looks: the first, the planned one, and one more for what they left open.
+PLANNED_LOOKS = 3
+#: Between the planned looks, an interim look every INTERIM_EVERY rounds spends INTERIM_SHARE (at most INTERIM_LOOKS
+#: of them, taken from the last look's share): a row that became clear since the last look is decided there. On
+#: synthetic jobs of a shared runner a 10% slowdown was called regressed in 39 s instead of 71 s, unchanged code as
+#: often red (docs/notes/gate-runs.md, "The planned looks").
+INTERIM_SHARE = 0.01
+INTERIM_EVERY = 2
+INTERIM_LOOKS = 10
 #: Per-unit noise the "can it fail" check assumes: processes on a shared CPU runner scatter 3-10% (docs/notes/noise.md,
 #: "What the cpu target measured").
 REFERENCE_NOISE = 0.05
@@ -55,13 +80,18 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
-    """When a benchmark is judged: units per side at each look (the last is the cap), the family's alpha, and the
-    looks that spend it (`spend`, a subset of `looks` holding the cap; empty: every look)."""
+    """When a benchmark is judged: units per side at each look (the last is the cap), the family's alpha, the looks
+    that spend it (`spend`, a subset of `looks` holding the cap; empty: every look), and for a planned schedule the
+    shares of its planned looks (`shares`, in order, at the units of `planned_at`; the looks between them are interim
+    ones, and the last look takes what is left: its bounds are sequential)."""
 
     looks: tuple[int, ...]
     alpha: float
     family: int = 1  # gated rows judged together (Bonferroni)
     spend: tuple[int, ...] = ()
+    shares: tuple[float, ...] = ()
+    confidence: float = CONFIDENCE
+    planned_at: tuple[int, ...] = ()
 
     @classmethod
     def doubling(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
@@ -77,9 +107,22 @@ class Schedule:
         doublings = cls.doubling(first, cap, alpha, family)
         return cls(tuple(range(doublings.looks[0], doublings.cap + 1)), alpha, doublings.family, doublings.looks)
 
+    @classmethod
+    def planned(cls, first: int, cap: int, alpha: float, family: int = 1) -> Schedule:
+        """A first look at `first`, a last one at `cap`; `plan` puts a look between them once the first has
+        measured the spreads."""
+        first = max(first, 1)
+        looks = (first, cap) if cap > first else (first,)
+        return cls(looks, alpha, max(family, 1), shares=PLANNED_SHARES, planned_at=(first,))
+
     @property
     def cap(self) -> int:
         return self.looks[-1]
+
+    @property
+    def sequential(self) -> bool:
+        """Whether the bounds that decide are the interval shown, sequential over the looks (a planned schedule)."""
+        return bool(self.shares)
 
     @property
     def spending(self) -> tuple[int, ...]:
@@ -88,11 +131,39 @@ class Schedule:
 
     @property
     def weights(self) -> tuple[float, ...]:
-        """Each look's share of alpha, in proportion to its units among the looks that spend it (0 elsewhere):
-        alpha spent linearly in the information (Kim and DeMets' t * alpha), each look's increment applied by
-        Bonferroni, so the shares add up to alpha however the looks depend on each other."""
+        """Each look's share of alpha (and, planned, of the intervals' error): a planned schedule's shares (the last
+        look what they leave), else in proportion to its units among the looks that spend it (0 elsewhere): alpha
+        spent linearly in the information (Kim and DeMets' t x alpha), each look's increment applied by Bonferroni,
+        so the shares add up to 1 however the looks depend on each other."""
+        if self.shares:
+            head = tuple(
+                self.shares[self.planned_at.index(n)] if n in self.planned_at else INTERIM_SHARE
+                for n in self.looks[:-1]
+            )
+            return (*head, 1.0 - sum(head))
         total = sum(self.spending)
         return tuple(n / total if n in self.spending else 0.0 for n in self.looks)
+
+    def plan(self, units: int, next_look: int) -> Schedule:
+        """The schedule with its next planned look after `units` at `next_look` (a planned schedule, whose looks so
+        far end at `units`), interim looks before it: at most the cap; the last of PLANNED_LOOKS is the cap's."""
+        done = tuple(n for n in self.looks if n <= units)
+        last = len(self.planned_at) + 1 >= PLANNED_LOOKS or next_look >= self.cap
+        target = self.cap if last else max(next_look, units + 1)
+        interim = sum(n not in self.planned_at for n in done)
+        between = tuple(range(units + INTERIM_EVERY, target, INTERIM_EVERY))[: max(INTERIM_LOOKS - interim, 0)]
+        if last:
+            return replace(self, looks=(*done, *between, self.cap))
+        return replace(self, looks=(*done, *between, target, self.cap), planned_at=(*self.planned_at, target))
+
+    def interim(self, units: int) -> bool:
+        """Whether the look at `units` is an interim one (a planned schedule's, between its planned looks)."""
+        return bool(self.shares) and units not in self.planned_at and units != self.cap
+
+    def share(self, look: int, final: bool) -> float:
+        """The share look `look` spends: its weight, or, planned, at a last look before the cap (a budget spent)
+        what the looks before it left."""
+        return 1.0 - sum(self.weights[:look]) if final and self.sequential else self.weights[look]
 
     def look_of(self, units: int) -> int:
         """The index of the look that `units` per side reached (the last look at or below them)."""
@@ -108,43 +179,47 @@ class Schedule:
         return self.alpha_at(len(self.looks) - 1)
 
     def with_family(self, family: int) -> Schedule:
-        return Schedule(self.looks, self.alpha, max(family, 1), self.spend)
+        return replace(self, family=max(family, 1))
 
     def next_look(self, units: int) -> int | None:
         """The units of the look after one with `units`, or None at the cap."""
         return next((n for n in self.looks if n > units), None)
 
-    def adjusted(self, p: ArrayLike, look: int) -> NDArray[np.float64]:
-        """p adjusted for the family and the look's share of alpha: compared with alpha (1 where the look spends
-        none)."""
+    def adjusted(self, p: ArrayLike, look: int, final: bool = False) -> NDArray[np.float64]:
+        """p adjusted for the family and the look's share of alpha: compared with alpha."""
         p = np.asarray(p, dtype=float)
-        weight = self.weights[look]
+        weight = self.share(look, final)
         return np.minimum(1.0, p * self.family / weight) if weight > 0 else np.ones_like(p)
 
 
 @dataclass(frozen=True)
 class Decisions:
     """Per row: its verdict (None: undecided, measure more units), the one-sided p in the bad direction (the
-    good one for "improved") adjusted for the family and looks, and for an inconclusive row the units per side
-    that would likely decide it."""
+    good one for "improved") adjusted for the family and looks, the interval of now / reference that decided (the
+    look's sequential interval), and for an inconclusive row the units per side that would likely decide it."""
 
     verdicts: NDArray[np.object_]
     p_adjusted: NDArray[np.float64]
     needed: NDArray[np.int64]
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
 
 
 def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bool, units: int) -> Decisions:
-    """The verdict of every row at the look that `units` per side reached; `final` at the cap (an undecided row
-    is then inconclusive)."""
+    """The verdict of every row at the look that `units` per side reached; `final` at the last look (an undecided
+    row is then inconclusive)."""
     rtol = np.asarray(rtol, dtype=float)
     margin = np.log1p(rtol) if estimate.scale == "log" else rtol
-    bound = np.where(estimate.se > 0, estimate.t(1 - DECISION_LEVEL) * estimate.se, 0.0)
     look = schedule.look_of(units)
-    worse = schedule.adjusted(estimate.p_worse(), look)
-    better = schedule.adjusted(estimate.p_better(), look)
-    regressed = (estimate.bad - bound > margin) & (worse < schedule.alpha)
-    improved = ~regressed & (estimate.bad + bound < -margin) & (better < schedule.alpha)
-    passed = ~regressed & ~improved & (estimate.bad + bound < margin)
+    if schedule.sequential:
+        half = half_width(estimate, (1 - schedule.confidence) * schedule.share(look, final))
+    else:
+        half = np.where(estimate.se > 0, estimate.t(1 - DECISION_LEVEL) * estimate.se, 0.0)
+    worse = schedule.adjusted(estimate.p_worse(), look, final)
+    better = schedule.adjusted(estimate.p_better(), look, final)
+    regressed = (estimate.bad - half > margin) & (worse < schedule.alpha)
+    improved = ~regressed & (estimate.bad + half < -margin) & (better < schedule.alpha)
+    passed = ~regressed & ~improved & (estimate.bad + half < margin)
     verdicts = np.full(np.shape(estimate.bad), None, dtype=object)
     verdicts[regressed] = Verdict.REGRESSED
     verdicts[improved] = Verdict.IMPROVED
@@ -154,13 +229,33 @@ def decide(estimate: Estimate, *, rtol: ArrayLike, schedule: Schedule, final: bo
     if final:
         verdicts[undecided] = Verdict.INCONCLUSIVE
         needed = np.where(undecided, units_needed(estimate, margin, schedule), 0)
-    return Decisions(verdicts, np.where(improved, better, worse), needed)
+    if schedule.sequential:
+        ends = np.sort(np.stack([estimate.ratio(estimate.bad - half), estimate.ratio(estimate.bad + half)]), axis=0)
+        low, high = ends[0], ends[1]
+    else:
+        low, high = estimate.interval(schedule.confidence)
+    return Decisions(verdicts, np.where(improved, better, worse), needed, low, high)
+
+
+def half_width(estimate: Estimate, error: float) -> NDArray[np.float64]:
+    """Half the two-sided interval of the bad effect whose error is `error` (inf where no error is spent)."""
+    if error <= 0:
+        return np.full(np.shape(estimate.bad), np.inf)
+    return np.where(estimate.se > 0, estimate.t(1 - error / 2) * estimate.se, 0.0)
+
+
+def regression_bound(decision_high: float, decision_low: float, better: str) -> float:
+    """The largest regression a row's interval leaves possible, as a fraction (0.088: no regression beyond 8.8%):
+    for a latency the upper end of now / reference above 1, for a throughput how far below 1 the lower end lies."""
+    return decision_high - 1.0 if better == "lower" else 1.0 - decision_low
 
 
 def units_needed(estimate: Estimate, margin: NDArray[np.floating], schedule: Schedule) -> NDArray[np.int64]:
-    """About how many units per side would decide each row (normal approximation: the standard error shrinks
-    with the square root of the units), at most NEEDED_LIMIT."""
-    z_decide = stats.norm.ppf(1 - DECISION_LEVEL)
+    """About how many units per side would decide each row at one more look spending what the cap spent (normal
+    approximation: the standard error shrinks with the square root of the units), at most NEEDED_LIMIT."""
+    last = len(schedule.looks) - 1
+    level = (1 - schedule.confidence) * schedule.weights[last] / 2 if schedule.sequential else DECISION_LEVEL
+    z_decide = stats.norm.ppf(1 - level)
     z_alpha = stats.norm.ppf(1 - schedule.alpha_per_test)
     beyond = estimate.bad > margin  # the bound must clear the margin and the worse-than-reference test pass
     target = np.where(
@@ -186,13 +281,14 @@ def smallest_detectable(
     """The slowdown (e.g. 0.3 for 30%) this schedule calls regressed at its cap with even odds, when units
     scatter by `noise` (log sd per unit; per pair for A/B: `reference` None). Against a stored baseline of
     `reference` units, none where Mann-Whitney's exact test cannot reach the cap's level at all."""
-    h = kept(schedule.cap)
+    paired = reference is None
+    h = schedule.cap if paired else kept(schedule.cap)  # A/B pairs are weighted, not trimmed (judge/stats.py)
     if h < 2 or (reference is not None and smallest_rank_sum_p(reference, schedule.cap) >= schedule.alpha_per_test):
         return math.inf
-    paired = reference is None
     se = noise * math.sqrt(1 / h if paired else 2 / h)
     df = h - 1 if paired else 2 * h - 2
-    t_decide = stats.t.ppf(1 - DECISION_LEVEL, df)
+    level = (1 - schedule.confidence) * schedule.weights[-1] / 2 if schedule.sequential else DECISION_LEVEL
+    t_decide = stats.t.ppf(1 - level, df)
     t_alpha = stats.t.ppf(1 - schedule.alpha_per_test, df)
     return math.expm1(max(math.log1p(rtol) + t_decide * se, t_alpha * se))
 
@@ -206,12 +302,9 @@ def can_fail(schedule: Schedule, rtol: float, *, reference: int | None) -> bool:
 
 def capped_at(schedule: Schedule, cap: int) -> Schedule:
     """The schedule with its looks below `cap` and a last look at `cap` (which spends alpha)."""
-    return Schedule(
-        (*tuple(n for n in schedule.looks if n < cap), cap),
-        schedule.alpha,
-        schedule.family,
-        (*tuple(n for n in schedule.spending if n < cap), cap),
-    )
+    below = tuple(n for n in schedule.looks if n < cap)
+    spend = (*tuple(n for n in schedule.spending if n < cap), cap) if schedule.spend else ()
+    return replace(schedule, looks=(*below, cap), spend=spend)
 
 
 def smallest_cap(schedule: Schedule, rtol: float, *, reference: int | None) -> int:

@@ -8,7 +8,6 @@ decision procedure (judge/stats.py, judge/procedure.py). A row decided at an ear
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -21,15 +20,14 @@ from ..measure.metrics import (
     gaps_per_run,
     gated_metrics,
     metric_better,
-    values_by_process,
 )
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
-from .baseline_entry import BaselineEntry, process_medians, stored_value
 from .baseline_values import check_value
 from .busy import busy_note
 from .instructions import count_message
+from .units import Comparison, Reference, padded, paired_up, reference_units, runs_of, units_of, with_runs
 from .verdicts import COMPARED, Row, Verdict, note_row
 
 PHASES = {
@@ -55,43 +53,6 @@ def unit_of(metric: str) -> str:
     return METRICS[metric].unit if metric in METRICS else ""
 
 
-@dataclass(frozen=True)
-class Reference:
-    """What a benchmark is compared with: a stored baseline, or the A side of an A/B comparison (paired:
-    its processes ran beside ours, round by round)."""
-
-    entry: BaselineEntry
-    label: str  # "the baseline", or the ref's label
-    side: BenchmarkResult | None = None  # A/B: the A side's runs, paired with ours by process (round) index
-
-
-def units_of(batch: BatchResult) -> tuple[str, dict[str, dict[int, float]]]:
-    """What the gate tests, per metric and unit index: ("process", each worker process's median of its runs)
-    when several processes took the runs, since runs of one process share its speed; ("run", the runs)."""
-    per_process = values_by_process(batch.samples)
-    processes = batch.processes
-    if len(processes) > 1:
-        return "process", {m: dict(zip(processes, process_medians(v))) for m, v in per_process.items()}
-    return "run", {m: dict(enumerate(v[0])) for m, v in per_process.items()}
-
-
-@dataclass
-class _Comparison:
-    batch_size: int
-    metric: str
-    reference: list[float]
-    current: list[float]
-    unit: str
-
-
-def _reference_units(reference: Reference, batch_size: int, metric: str) -> dict[int, float]:
-    """The reference's units of one metric, keyed by process index (A/B) or position (a stored baseline)."""
-    side = reference.side.batch(batch_size) if reference.side is not None else None
-    if side is not None and side.ok:
-        return units_of(side)[1].get(metric, {})
-    return dict(enumerate(reference.entry.values.get(batch_size, {}).get(metric, [])))
-
-
 def _invalid(values: Sequence[float], metric: str) -> str | None:
     """Why a measured value cannot be compared (NaN, infinite, a time <= 0), or None."""
     return next((problem for v in values if (problem := check_value(v, metric)) is not None), None)
@@ -115,7 +76,7 @@ def judge_rows(
     entry = reference.entry
     earlier = {(r.metric, r.batch_size): r for r in previous if r.verdict in COMPARED}
     rows: list[Row] = []
-    comparisons: list[_Comparison] = []
+    comparisons: list[Comparison] = []
     for batch in result.batches:
         rows += _batch_rows(result, batch, reference, scenario, max_load)
         if (
@@ -131,7 +92,7 @@ def judge_rows(
             if (metric, batch.batch_size) in earlier:
                 rows.append(earlier[(metric, batch.batch_size)])
                 continue
-            base = _reference_units(reference, batch.batch_size, metric)
+            base = reference_units(reference, batch.batch_size, metric)
             if metric in current and not base and reference.side is None and metric not in RUN_LENGTH_METRICS:
                 rows.append(
                     note_row(
@@ -168,9 +129,14 @@ def judge_rows(
                     )
                 )
             else:
-                comparisons.append(
-                    _paired_up(batch.batch_size, metric, base, current[metric], unit, reference.side is not None)
+                comparison = paired_up(
+                    batch.batch_size, metric, base, current[metric], unit, reference.side is not None
                 )
+                if comparison.unit == "pairs":
+                    theirs = reference.side.batch(batch.batch_size) if reference.side is not None else None
+                    comparison = with_runs(comparison, runs_of(theirs).get(metric, {}) if theirs else {},
+                                            runs_of(batch).get(metric, {}))  # fmt: skip
+                comparisons.append(comparison)
     for batch_size, reason in entry.errors.items():
         failed_before = result.batch(batch_size)
         if failed_before is not None and failed_before.ok:
@@ -182,49 +148,43 @@ def judge_rows(
     return rows
 
 
-def _paired_up(
-    batch_size: int, metric: str, base: dict[int, float], current: dict[int, float], unit: str, paired: bool
-) -> _Comparison:
-    """The values to compare, round by round for an A/B comparison (the processes that both sides measured)."""
-    if paired and unit == "process":
-        common = sorted(set(base) & set(current))
-        return _Comparison(batch_size, metric, [base[i] for i in common], [current[i] for i in common], "pairs")
-    return _Comparison(
-        batch_size,
-        metric,
-        list(base.values()),
-        [stored_value(v) for v in current.values()],
-        "processes" if unit == "process" else "runs",
-    )
-
-
 def _decided(
     result: BenchmarkResult,
-    c: _Comparison,
+    c: Comparison,
     scenario: Scenario,
     schedule: procedure.Schedule,
     final: bool,
     counters_better: Mapping[str, str] | None,
 ) -> Row:
     better = metric_better(c.metric, counters_better)
-    measure = stats.paired if c.unit == "pairs" else stats.unpaired
     try:
-        estimate = measure(np.asarray(c.reference), np.asarray(c.current), better=better)
+        if c.reference_runs is not None and c.current_runs is not None:
+            estimate = stats.nested(padded(c.reference_runs), padded(c.current_runs), better=better)
+        else:
+            measure = stats.paired if c.unit == "pairs" else stats.unpaired
+            estimate = measure(np.asarray(c.reference), np.asarray(c.current), better=better)
     except stats.NoScale as exc:
         return note_row(result, c.metric, c.batch_size, Verdict.UNGATED, f"a counter: {exc}; reported, not gated")
     decision = procedure.decide(
         estimate, rtol=scenario.rtol_for(c.metric), schedule=schedule, final=final, units=len(c.current)
     )
     verdict = cast("Verdict | None", decision.verdicts[()]) or Verdict.UNDECIDED  # an object array's element
-    low, high = (float(x) for x in estimate.interval())
+    low, high = float(decision.low[()]), float(decision.high[()])
     note = f"n={len(c.reference)}/{len(c.current)} {c.unit}"
+    if c.current_runs is not None:
+        note += f", {sum(map(len, c.reference_runs or []))}/{sum(map(len, c.current_runs))} runs"
     if int(estimate.dropped):
         note += f", {int(estimate.dropped)} disturbed set aside"
+    bound = None
     if verdict == Verdict.INCONCLUSIVE:  # said first: the verdict table shows a note that does not start with n=
+        bound = procedure.regression_bound(high, low, better)
         needed = int(decision.needed[()])
         more = f"about {needed}" if needed < procedure.NEEDED_LIMIT else f"more than {procedure.NEEDED_LIMIT}"
         units = "runs" if c.unit == "runs" else "processes"
-        note = f"undecided at the cap of {schedule.cap} {units} per side, {more} would decide it; {note}"
+        note = (
+            f"no regression above {bound:.1%} at {schedule.confidence:.0%}, undecided at "
+            f"{len(c.current)} {units} per side; {more} would decide it; {note}"
+        )
         if c.unit != "pairs" and len(c.reference) < len(c.current):  # more units now do not help a small baseline
             more_of = "--llmperf-processes" if units == "processes" else "runs= or --llmperf-runs"
             note += (
@@ -246,7 +206,16 @@ def _decided(
         verdict,
         note,
         p_better=float(estimate.p_better()),
+        between_sd=None if estimate.spread is None else _finite(estimate.spread.between),
+        within_sd=None if estimate.spread is None else _finite(estimate.spread.within),
+        se=None if estimate.spread is None else _finite(estimate.se),
+        bound=bound,
     )
+
+
+def _finite(value: object) -> float | None:
+    number = float(np.asarray(value))
+    return number if np.isfinite(number) else None
 
 
 def _batch_rows(
@@ -301,7 +270,7 @@ def _batch_rows(
             ),
         ]
     for metric in MEMORY_METRICS:
-        base_values = list(_reference_units(reference, batch.batch_size, metric).values())
+        base_values = list(reference_units(reference, batch.batch_size, metric).values())
         if metric in current and base_values:
             row = memory_row(result, batch.batch_size, metric, base_values, list(current[metric].values()), scenario)
             if row.verdict != Verdict.PASS:  # the report's memory table shows every value

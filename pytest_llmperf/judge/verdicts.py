@@ -93,6 +93,12 @@ class Row:
     verdict: Verdict
     note: str = ""
     p_better: float | None = None  # one-sided p of the improving direction (reports show it for "improved")
+    # A/B pairs with their runs (judge/stats.py, `nested`): how much a pair's effect scatters beyond its runs, and one
+    # run within its process (log scale); what the next look's runs and processes are chosen from (judge/allocation.py)
+    between_sd: float | None = None
+    within_sd: float | None = None
+    se: float | None = None  # the estimate's standard error (log scale): the information it holds
+    bound: float | None = None  # an inconclusive row: the largest regression its interval leaves possible (0.088)
 
 
 def note_row(result: BenchmarkResult, metric: str, batch_size: int, verdict: Verdict, note: str) -> Row:

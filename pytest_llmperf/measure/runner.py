@@ -8,8 +8,8 @@ oom"); any other error is recorded with its reason and the sweep goes on.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from .backend import Backend, GenerationRequest, OutOfMemory, check_sample
 from .gpu import GpuMeter, open_nvml
@@ -145,9 +145,11 @@ def measure(
     counter: InstructionClock | None = None,
     before_batch: Callable[[], None] | None = None,
     before_run: Callable[[], None] | None = None,
+    runs: Mapping[int, int] | None = None,
 ) -> BenchmarkResult:
     """Every batch size of the scenario. `before_batch` is called before each one's warmups, `before_run` before
-    its warmups and each of its runs (a worker of an A/B round waits there for its turn: orchestrate/turns.py)."""
+    its warmups and each of its runs (a worker of an A/B round waits there for its turn: orchestrate/turns.py).
+    `runs`: the runs of some batch sizes, where not the scenario's (a later look chose them: judge/allocation.py)."""
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()
@@ -163,7 +165,8 @@ def measure(
                 continue
             if before_batch is not None:
                 before_batch()
-            result = measure_batch(backend, scenario, batch_size, on_run, counter, before_run, batch_size in warmed)
+            taken = replace(scenario, runs=runs[batch_size]) if runs and batch_size in runs else scenario
+            result = measure_batch(backend, taken, batch_size, on_run, counter, before_run, batch_size in warmed)
             if result.oom and oom_at is None:
                 oom_at = batch_size
             batches.append(result)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +28,10 @@ from typing import Any
 
 import pytest
 
+from ..judge import allocation
+from ..judge.procedure import capped_at
 from ..judge.rows import undecided_batches
+from ..judge.verdicts import Kind, Outcome
 from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from ..measure.allocator import steady_malloc_env
 from ..processes import sigterm_interrupts, stop_inheriting
@@ -37,6 +42,14 @@ from .markers import marker_kwargs
 from .pool import WorkerPool
 from .protocol import ENV_IMPORTS, ENV_OUT, Record, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
+
+#: --llmperf-budget when auto: this many times the first look's time (the cap of processes is 5 times the first look's).
+BUDGET_FACTOR = 5.0
+
+
+def _timed_seconds(runs: list[WorkerRun]) -> float:
+    """Seconds the runs of a round's workers were timed for (their generate calls), all sides."""
+    return sum(s.end_to_end_ns for run in runs for m in run.measured for b in m.result.batches for s in b.samples) / 1e9
 
 
 class Campaign:
@@ -50,6 +63,9 @@ class Campaign:
         self.measurements = Measurements(llm, [Side("", Path(config.rootpath), "the working tree")])
         self.plans: dict[str, Plan] = {}  # the timed tests still undecided, by node id
         self.family: int | None = None  # gated rows of the whole job, judged as one family
+        self.started: float | None = None  # when the first round started (the budget counts from then)
+        self.budget: float | None = None  # seconds the rounds may take (--llmperf-budget; auto: set at the first look)
+        self.fixed: list[float] = []  # per round: its seconds not spent in a timed run (start-up, warmups)
         self.foreign: set[tuple[str, str]] = set()  # (side, module) said to come from outside its checkout
 
     def run(self, items: list[pytest.Item]) -> None:
@@ -224,19 +240,32 @@ class Campaign:
             item.nodeid: Plan(item, llm.worker_schedule(llm.processes_for(item), self._alpha(item))) for item in items
         }
         index = 0
+        self.started = time.monotonic()
+        budget = self.llm.settings.budget  # an A/B job's: against stored baselines the cap alone bounds a test
+        self.budget = float(budget) if self.llm.settings.compare and budget != "auto" else None
         while self.plans:
             index += 1
             due = {nodeid: plan for nodeid, plan in self.plans.items() if plan.units >= index}
             try:
-                for run in self._round(self._specs(due, index), pool):
+                began = time.monotonic()
+                done = self._round(self._specs(due, index), pool)
+                for run in done:
                     self._check_imports(run)
                     self.measurements.runs[run.side.name].append(run)
+                self.fixed.append(max(time.monotonic() - began - _timed_seconds(done), 0.0))
             except WorkerError as exc:
                 self._fail_all([plan.item for plan in self.plans.values()], f"llmperf: {exc}")
                 return
             if index == 1:  # a long campaign says how long, once the first round is timed
                 self._estimate()
-            for nodeid in [n for n, plan in due.items() if plan.units == index]:
+            looking = [n for n, plan in due.items() if plan.units == index]
+            if looking and self.llm.settings.compare and self.llm.settings.budget == "auto" and self.budget is None:
+                self.budget = BUDGET_FACTOR * (time.monotonic() - self.started)  # auto: from the first look's time
+            for nodeid, plan in due.items():  # past the first look, a budget spent makes this round's look the last
+                if nodeid not in looking and plan.look > 0 and self._spent(plan):
+                    plan.schedule = capped_at(plan.schedule, index)
+                    looking.append(nodeid)
+            for nodeid in looking:
                 self._look(self.plans[nodeid])
 
     def _check_imports(self, run: WorkerRun) -> None:
@@ -322,16 +351,46 @@ class Campaign:
             return
         if self.family is None and self.llm.mode != "update":
             self.family = self.measurements.count_family(list(self.plans.values()))
-        outcomes = [
-            self.measurements.judge_or_record(plan, m, self.family) for m in self.measurements.current_results(nodeid)
-        ]
-        plan.outcomes = {o.result.key: o for o in outcomes}
+        final = plan.final or self._spent(plan)
+        outcomes = self._judged(plan, final)
         undecided = sorted({b for o in outcomes for b in undecided_batches(o.rows)})
-        if undecided and not plan.final:
-            plan.look += 1
-            plan.batch_sizes = undecided
+        if undecided and not final and any(o.kind == Kind.REGRESSED for o in outcomes):
+            # the test fails whatever its other rows say: this look is its last (it spends what is left)
+            outcomes = self._judged(plan, final=True)
+            undecided = []
+        if undecided and not final:
+            least = int(self.llm.settings.runs)
+            costs = self.measurements.costs(nodeid, statistics.median(self.fixed[-5:]) / max(len(self.plans), 1))
+            plan.advance(undecided, costs, least=least, most=max(self.llm.settings.max_runs, least),
+                         affordable=lambda runs: self._affordable(plan, costs, runs))  # fmt: skip
             return
         self._finish(plan, Decision.of(self.llm, outcomes))
+
+    def _judged(self, plan: Plan, final: bool) -> list[Outcome]:
+        """The test's benchmarks judged at its current look (`final`: its last)."""
+        current = self.measurements.current_results(plan.item.nodeid)
+        outcomes = [self.measurements.judge_or_record(plan, m, self.family, final) for m in current]
+        plan.outcomes = {o.result.key: o for o in outcomes}
+        return outcomes
+
+    def _spent(self, plan: Plan) -> bool:
+        """Whether the budget cannot pay this test's next round (its look is then the last)."""
+        if self.budget is None or self.started is None or not self.fixed:
+            return False
+        costs = self.measurements.costs(plan.item.nodeid, statistics.median(self.fixed[-5:]))
+        sizes = plan.batch_sizes or dict.fromkeys(costs.run)
+        next_round = allocation.round_seconds(costs, {b: n or int(self.llm.settings.runs) for b, n in sizes.items()})
+        return time.monotonic() - self.started + next_round > self.budget
+
+    def _affordable(self, plan: Plan, costs: allocation.Costs, runs: Mapping[int, int]) -> int:
+        """The most processes per side this test can reach within the budget at `runs` runs per process (the
+        schedule's cap without one)."""
+        cap = plan.schedule.cap
+        if self.budget is None or self.started is None:
+            return cap
+        left = self.budget - (time.monotonic() - self.started)
+        per_round = allocation.round_seconds(costs, runs)
+        return min(cap, plan.units + max(int(left // max(per_round, 1e-3)), 0))
 
     def _finish(self, plan: Plan, decision: Decision) -> None:
         self.decisions[plan.item.nodeid] = decision

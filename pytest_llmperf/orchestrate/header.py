@@ -68,6 +68,14 @@ def _measured_how(llm: LLMPerfSession) -> str:
         "fork": "forked from a server that imported the libraries both sides share",
         "exec": "each a fresh interpreter",
     }[s.worker_start]
+    if s.compare:
+        budget = "5 times the first look's time (auto)" if s.budget == "auto" else f"{float(s.budget):g} s"
+        return (
+            f"processes={llm.processes}{auto} per side at the first look (worker processes, {started}; the gate "
+            f"tests the means of their runs, pair by pair), then a look where this job's spreads say its undecided "
+            f"rows will be decided, runs per process chosen from them, and a last one, within "
+            f"{llm.max_processes} processes and a budget of {budget}, {where}"
+        )
     return (
         f"processes={llm.processes}{auto} per side at the first look (worker processes, {started}; the gate "
         f"tests their medians), then one more a round while rows are undecided, judged after every round up to "

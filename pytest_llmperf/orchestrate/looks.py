@@ -8,15 +8,20 @@ judging.py). A test that failed or was skipped in a worker is not judged: `stopp
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 
+from ..judge import allocation
+from ..judge.allocation import Costs
 from ..judge.procedure import Schedule
 from ..judge.rows import Reference, judge_rows
-from ..judge.verdicts import COMPARED, Outcome, Verdict
+from ..judge.verdicts import COMPARED, Outcome, Row, Verdict
+from ..measure.metrics import metric_better
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
 from ..warning import warn_at
@@ -61,7 +66,8 @@ class Plan:
     item: pytest.Item
     schedule: Schedule
     look: int = 0  # index into schedule.looks
-    batch_sizes: list[int] | None = None  # a later look measures only these (None: all)
+    # a later look measures only these batch sizes, each taking this many runs (None: the scenario's) (None: all)
+    batch_sizes: dict[int, int | None] | None = None
     outcomes: dict[str, Outcome] = field(default_factory=dict)  # by benchmark key, as judged so far
 
     @property
@@ -71,6 +77,43 @@ class Plan:
     @property
     def final(self) -> bool:
         return self.look + 1 >= len(self.schedule.looks)
+
+    def advance(
+        self,
+        undecided: Sequence[int],
+        costs: Costs,
+        *,
+        least: int,
+        most: int,
+        affordable: Callable[[Mapping[int, int]], int],
+    ) -> None:
+        """Move on to the next look for the `undecided` batch sizes: where its rows' spreads are known (A/B pairs
+        with their runs), runs per process and the next look's processes are chosen from them and the costs
+        (judge/allocation.py), the processes at most what the budget affords at those runs; else the schedule's
+        next look."""
+        rows = [r for o in self.outcomes.values() for r in o.rows if r.verdict == Verdict.UNDECIDED]
+        needs = [need for r in rows if (need := _need(r, self.outcomes)) is not None]
+        runs: dict[int, int | None] = {b: (self.batch_sizes or {}).get(b) for b in undecided}  # as they were
+        if needs and len(needs) == len(rows) and self.schedule.shares and not self.schedule.interim(self.units):
+            now = max((n for n in (self.batch_sizes or {}).values() if n), default=least)
+            self.schedule, chosen = allocation.plan_next(
+                needs, costs, self.schedule, look=self.look, runs_now=now, least=least, most=most, affordable=affordable
+            )
+            runs.update({b: n for b, n in chosen.items() if b in runs})
+        self.look += 1
+        self.batch_sizes = runs
+
+
+def _need(row: Row, outcomes: Mapping[str, Outcome]) -> allocation.Need | None:
+    """What the next look needs to decide an undecided row, where its spreads are known (log scale)."""
+    if row.between_sd is None or row.se is None or row.ratio is None or row.ratio <= 0:
+        return None
+    outcome = next(o for o in outcomes.values() if row in o.rows)
+    scenario = Scenario.from_json(outcome.result.scenario)
+    margin = math.log1p(scenario.rtol_for(row.metric))
+    bad = math.log(row.ratio) * (1 if metric_better(row.metric, outcome.result.counters_better) == "lower" else -1)
+    within = row.within_sd if row.within_sd is not None else math.nan
+    return allocation.Need(row.batch_size, row.between_sd, within, abs(margin - bad), margin, row.se)
 
 
 @dataclass
@@ -152,9 +195,11 @@ class Measurements:
         exists = result.nodeid in self.available.get(ref.name, ())
         return judging.ab_reference(result, side, label, exists_on_a=exists)
 
-    def judge_or_record(self, plan: Plan | None, merged: BenchmarkResult, family: int | None) -> Outcome:
+    def judge_or_record(
+        self, plan: Plan | None, merged: BenchmarkResult, family: int | None, final: bool | None = None
+    ) -> Outcome:
         """Record the benchmark (update modes), or judge it at this look (no plan: on its counts alone, against
-        what side A's counting workers counted)."""
+        what side A's counting workers counted); `final`: the last look, where not its schedule's (a budget spent)."""
         llm = self.llm
         merged = counting.attach(merged, self.counted.get(self.current.name, []), self.current.label)
         scenario = Scenario.from_json(merged.scenario)
@@ -171,10 +216,21 @@ class Measurements:
             reference,
             scenario,
             plan.schedule if plan else None,
-            final=plan.final if plan else True,
+            final=(plan.final if final is None else final) if plan else True,
             previous=plan.outcomes.get(merged.key) if plan else None,
             family=family,
         )
+
+    def costs(self, nodeid: str, fixed: float) -> Costs:
+        """What a round of a test costs: `fixed` seconds, and one run of each batch size on every side (the mean of
+        the runs taken so far)."""
+        per_run: dict[int, float] = defaultdict(float)
+        for side in self.sides:
+            for result in self.merged(nodeid, self.runs.get(side.name, [])).values():
+                for batch in result.batches:
+                    if batch.samples:
+                        per_run[batch.batch_size] += statistics.fmean(s.end_to_end_ns for s in batch.samples) / 1e9
+        return Costs(fixed, dict(per_run))
 
     def count_family(self, plans: Sequence[Plan]) -> int:
         """Gated rows of every planned test, counted on what the first rounds measured: one family."""

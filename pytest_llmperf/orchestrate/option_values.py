@@ -197,6 +197,13 @@ def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
     return comma_list(text, FORMATS)
 
 
+def budget(text: str | float) -> float | str:
+    """`auto` (decided from the job's first look) or a number of seconds > 0."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    return positive_float(text)
+
+
 def auto_or_positive_int(text: str | int) -> int | str:
     """`auto` (decided by the session for its mode and target) or an integer >= 1."""
     if str(text).strip().lower() == "auto":

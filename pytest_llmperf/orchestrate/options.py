@@ -10,6 +10,7 @@ a marker may set). docs/options.md is generated from this table (scripts/referen
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -72,8 +73,8 @@ class CoreOptions:
         metavar="N",
     )
     max_runs: int = option(
-        "Measured in one process: most runs per batch size while a row is undecided, more added in "
-        "doublings from --llmperf-runs (default: 30)",
+        "Most runs per batch size: measured in one process, while a row is undecided (doubling from "
+        "--llmperf-runs); in an A/B job's worker processes, each (default: 30)",
         parsers.positive_int,
         default=30,
         metavar="N",
@@ -141,18 +142,24 @@ class CoreOptions:
     )
     processes: int | str = option(
         "Worker processes per side at a benchmark's first look, each reduced to its medians; the "
-        "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5)",
+        "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5; 8 in an A/B job)",
         parsers.auto_or_positive_int,
         default="auto",
         metavar="N|auto",
     )
     max_processes: int | None = option(
-        "Most worker processes per side while a row is undecided; one more is added a round "
-        "from --llmperf-processes on, for the batch sizes still undecided, and the test is judged after every "
-        "round (default: 5 times --llmperf-processes, 4 times for 1 or 2, where a fifth doubling would trim away "
+        "Most worker processes per side while a row is undecided, for the batch sizes still undecided "
+        "(default: 5 times --llmperf-processes, 4 times for 1 or 2, where a fifth doubling would trim away "
         "what it adds)",
         parsers.positive_int,
         metavar="N",
+    )
+    budget: float | str = option(
+        "Seconds an A/B job's rounds may take; its runs and processes are chosen within them "
+        "(default: auto, 5 times its first look's)",
+        parsers.budget,
+        default="auto",
+        metavar="SECONDS|auto",
     )
     compare: str | None = option(
         "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, A/B in alternating worker "
@@ -274,7 +281,9 @@ class Settings(HistoryOptions, EnvironmentOptions, ServerOptions, CoreOptions):
     def for_worker(self) -> str:
         """What a worker process measures with (ENV_SETTINGS, JSON): these settings, measured in the worker itself,
         writing nothing (its controller judges, records and reports)."""
-        mine = {"processes": 1, "compare": None, "json": None, "update": False, "update_missing": False}
+        mine: dict[str, Any] = {"processes": 1, "compare": None, "json": None, "update": False, "update_missing": False}
+        if self.compare:  # A/B: a steady load is both sides', and a run taken again would break its pairing with
+            mine["max_load"] = math.inf  # the other side's run (docs/gate.md, "A busy machine")
         return json.dumps({**self.as_dict(), **mine})
 
     def for_test(self, marker_kwargs: Mapping[str, Any]) -> dict[str, Any]:

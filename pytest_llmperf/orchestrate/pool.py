@@ -126,7 +126,7 @@ class WorkerPool:
             }
         )
         if spec.batch_sizes:
-            env[ENV_BATCHES] = json.dumps({nodeid: list(sizes) for nodeid, sizes in spec.batch_sizes.items()})
+            env[ENV_BATCHES] = json.dumps({nodeid: dict(sizes) for nodeid, sizes in spec.batch_sizes.items()})
         env.update(self.environ)
         env.update(spec.environ)
         return env

@@ -8,7 +8,8 @@ pool (pool.py) starts it with this environment:
     LLMPERF_WORKER_OUT       the records file it appends to; its presence makes a pytest process a worker
     LLMPERF_WORKER_SETTINGS  the controller's resolved settings, JSON (Settings.for_worker)
     LLMPERF_WORKER_PROCESS   its index on its side, from 1 (0 in a record: measured in the pytest process itself)
-    LLMPERF_WORKER_BATCHES   JSON {nodeid: [batch sizes]}: measure only these (a later look); absent: all
+    LLMPERF_WORKER_BATCHES   JSON {nodeid: {batch size: runs}}: measure only these, that many runs each (a later
+                             look; runs null: the scenario's); absent: all
     LLMPERF_WORKER_TURNS     "READ_FD,WRITE_FD": its ends of the turn pipes in an A/B round (turns.py)
     LLMPERF_WORKER_COUNT     a counting worker under callgrind: callgrind's output file (counting.py)
     LLMPERF_KEEP_DUMPS       "1": a counting worker keeps callgrind's dumps (scripts/instruction_spread.py)
@@ -233,12 +234,13 @@ class Side:
 @dataclass(frozen=True)
 class WorkerSpec:
     """One worker to start: on which side, its index there, the tests it runs and, at a later look, their batch
-    sizes. A counting worker runs under `wrapper` (valgrind) with `environ` added to its environment."""
+    sizes with the runs each takes (None: the scenario's). A counting worker runs under `wrapper` (valgrind) with
+    `environ` added to its environment."""
 
     side: Side
     index: int
     nodeids: tuple[str, ...]
-    batch_sizes: Mapping[str, Sequence[int]] | None = None
+    batch_sizes: Mapping[str, Mapping[int, int | None]] | None = None
     tag: str = ""  # names its log and records file (default: side and index)
     wrapper: tuple[str, ...] = ()
     environ: Mapping[str, str] = field(default_factory=dict)

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 #: that a disturbed process or two left open at 20; rows decided earlier cost nothing more (docs/notes/noise.md,
 #: "A last look at 25 processes").
 DEFAULT_PROCESSES = {"cpu": 5, "gpu": 5}
+#: ... in an A/B job: its first look decides most rows (judge/procedure.py, PLANNED_SHARES), and a sequential
+#: interval from 5 pairs is 1.6 times as wide as from 8 (a t with 4 degrees of freedom at its share of 5%, and
+#: fewer pairs; docs/notes/gate-runs.md, "The planned looks").
+DEFAULT_AB_PROCESSES = 8
 MAX_PROCESSES_FACTOR = 5
 #: A baseline records this many times --llmperf-processes: the gate tests a stored baseline with Mann-Whitney's exact
 #: U, whose smallest p is 1 / C(m + n, n); against 5 recorded processes a family of 12 rows reaches its level only
@@ -162,7 +166,9 @@ class LLMPerfSession:
     def processes(self) -> int:
         """Worker processes per benchmark at the first look: the option, or the default for the target class."""
         value = self.settings.processes
-        return DEFAULT_PROCESSES[self.target_class] if value == "auto" else int(value)
+        if value == "auto":
+            return DEFAULT_AB_PROCESSES if self.settings.compare else DEFAULT_PROCESSES[self.target_class]
+        return int(value)
 
     @property
     def max_processes(self) -> int:
@@ -178,14 +184,18 @@ class LLMPerfSession:
         return int(given) if given is not None else self.processes
 
     def worker_schedule(self, first: int, alpha: float, family: int = 1) -> Schedule:
-        """The looks of a benchmark measured in worker processes: `first` processes per side, then one after
-        every round up to the cap (alpha spent at the doublings); when recording baselines, one look of
-        RECORD_FACTOR times `first`."""
+        """The looks of a benchmark measured in worker processes: A/B, `first` processes per side, then a look
+        planned from the job's spreads (judge/allocation.py) and one more at most at the cap; against stored
+        baselines, one after every round up to the cap (alpha spent at the doublings); when recording baselines, one
+        look of RECORD_FACTOR times `first`."""
         from ..judge.procedure import Schedule
 
         if self.mode != "gate":
             return Schedule.doubling(RECORD_FACTOR * first, RECORD_FACTOR * first, alpha, family)
-        return Schedule.every_round(first, max(self.max_processes, first), alpha, family)
+        cap = max(self.max_processes, first)
+        if self.settings.compare:
+            return Schedule.planned(first, cap, alpha, family)
+        return Schedule.every_round(first, cap, alpha, family)
 
     @property
     def measures_in_one_process(self) -> bool:

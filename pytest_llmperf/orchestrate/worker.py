@@ -126,11 +126,12 @@ class WorkerRecorder:
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self._write(Start(nodeid))
 
-    def batch_sizes(self, nodeid: str) -> set[int] | None:
-        """The batch sizes of a test this worker measures, when the controller named them (None: all)."""
+    def batch_sizes(self, nodeid: str) -> dict[int, int | None] | None:
+        """The batch sizes of a test this worker measures and the runs of each (None: the scenario's), when the
+        controller named them (None: all)."""
         raw = os.environ.get(ENV_BATCHES)
         wanted = json.loads(raw).get(nodeid) if raw else None
-        return set(wanted) if wanted is not None else None
+        return {int(size): runs for size, runs in wanted.items()} if wanted is not None else None
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -58,6 +58,7 @@ class WorkerBenchmark(Benchmark):
             counter=recorder.counter,
             before_batch=None if by_run else wait,
             before_run=wait if by_run else None,
+            runs={b: n for b, n in (wanted or {}).items() if n},
         )
         return self._hand_over(result)
 

@@ -313,21 +313,25 @@ def reference_summary(result: BenchmarkResult) -> dict[str, Any]:
                 "runs": len(b.runs),
                 "summary": {m: summarize(v).to_json() for m, v in b.values().items()},
                 "processes": _process_medians(b),
+                "process_runs": _process_runs(b),
             }
             for b in reduced.batches
         ],
     }
 
 
-def _process_medians(batch: StoredBatch) -> dict[str, dict[str, float]]:
-    """{metric: {process index: the median of that process's runs}}."""
+def _process_runs(batch: StoredBatch) -> dict[str, dict[str, list[float]]]:
+    """{metric: {process index: that process's runs, in the order taken}} (the gate tests them: judge/stats.py)."""
     found: dict[str, dict[int, list[float]]] = {}
     for run in batch.runs:
         for metric, value in run.values.items():
-            found.setdefault(metric, {}).setdefault(run.process, []).append(value)
-    return {
-        m: {str(p): _rounded(float(np.median(v))) for p, v in sorted(per.items())} for m, per in sorted(found.items())
-    }
+            found.setdefault(metric, {}).setdefault(run.process, []).append(_rounded(value))
+    return {m: {str(p): v for p, v in sorted(per.items())} for m, per in sorted(found.items())}
+
+
+def _process_medians(batch: StoredBatch) -> dict[str, dict[str, float]]:
+    """{metric: {process index: the median of that process's runs}}."""
+    return {m: {p: _rounded(float(np.median(v))) for p, v in per.items()} for m, per in _process_runs(batch).items()}
 
 
 def compact_reference(data: Any) -> Any:
