@@ -37,7 +37,9 @@ from pytest_llmperf.environments.records import (
 )  # fmt: skip
 from pytest_llmperf.environments.uv_runner import find_uv
 from pytest_llmperf.environments.wheels import plugin_wheel
-from tests.env_projects import LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace
+from tests.env_projects import (
+    LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace, workspace_with_a_library,
+)  # fmt: skip
 
 OFFLINE = BuildSettings(offline=True)
 
@@ -231,6 +233,28 @@ def test_a_uv_workspace_member_is_built_from_the_workspaces_lock(tmp_path, env_d
     assert detection.files == ("../../uv.lock",)
     envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
     assert envs.base.recipe == "uv.lock" and [str(c) for c in envs.changes] == ["fastlib 1.0 -> 2.0"]
+
+
+def test_a_workspace_library_is_installed_as_its_side_had_it_not_linked_to_a_checkout(tmp_path, env_dir):
+    # uv sync installs a workspace's other members editable: links into the checkout it ran in. The base side's
+    # checkout is removed at the job's end while its environment stays cached; and a later job whose base side (the
+    # merged pull request) reused the head's environment imported the library from the working tree: the next pull
+    # request's code, on both sides. A change of the library alone was not even seen.
+    base = workspace_with_a_library(tmp_path / "base", loops=100)
+    head = workspace_with_a_library(tmp_path / "head", loops=200)
+    detection = detect(base, head)
+    assert detection.files == ("../lib",)  # the library's files, by content
+    envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
+    assert envs.per_side and [str(c) for c in envs.changes] == ["lib 0.1.0 -> 0.1.0 (other files)"]
+    assert "bench" not in envs.head.installed  # the project itself: imported from its checkout
+    shutil.rmtree(tmp_path / "base")  # the base side's worktree, removed at the job's end
+    (head.parent / "lib" / "src" / "lib" / "__init__.py").write_text("LOOPS = 300\n")  # the working tree moves on
+    loops = "import lib; print(lib.LOOPS)"
+    assert (run_in(envs.base.python, loops), run_in(envs.head.python, loops)) == ("100", "200")
+    merged = workspace_with_a_library(tmp_path / "merged", loops=200)  # a later job: the first one's head, merged
+    later = prepare(detect(merged, head), env_dir=env_dir, settings=OFFLINE)
+    assert (later.base.how, later.base.key, later.head.how) == (CACHE_HIT, envs.head.key, BUILT)
+    assert (run_in(later.base.python, loops), run_in(later.head.python, loops)) == ("200", "300")  # uv's cache, too
 
 
 def test_an_extra_named_by_the_option_is_installed_from_the_lock_or_the_pyproject(tmp_path, env_dir):

@@ -40,6 +40,9 @@ HARMLESS = {"UV_CACHE_DIR", "UV_NO_PROGRESS", "UV_CONCURRENT_DOWNLOADS", "UV_CON
             "UV_COLOR", "UV_NATIVE_TLS", "UV_SYSTEM_CERTS"}  # fmt: skip
 #: UV_* variables that name files whose content decides what is installed.
 FILE_SETTINGS = ("UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT", "UV_EXCLUDE", "UV_CONFIG_FILE")
+#: Local packages (workspace members, editable sources) go in as copies, not links into the checkout: the base
+#: side's worktree is removed at the job's end, the working tree moves on, and the environment stays in the cache.
+COPIES = "--no-editable"
 
 
 @dataclass(frozen=True)
@@ -183,11 +186,11 @@ def unsatisfied(recipe: Recipe, root: Path, python: str, uv: Uv, settings: Build
     would change nothing); this plugin aside, which every side gets at the controller's version."""
     run = functools.partial(uv.run, cwd=root, timeout=settings.timeout_s, side=side)
     with tempfile.TemporaryDirectory(prefix="llmperf-env-") as scratch:
-        args = ["pip", "install", "--dry-run", "--python", python, *settings.flags()]
+        args = ["pip", "install", "--dry-run", "--python", python, COPIES, *settings.flags()]
         if recipe.kind == UV_LOCK:
             exported = Path(scratch, "requirements.txt")
             export = ["export", "--frozen", "--no-hashes", "--no-emit-workspace", "--format", "requirements-txt"]
-            run([*export, "-q", "-o", str(exported), *settings.flags(), *settings.selection()])
+            run([*export, COPIES, "-q", "-o", str(exported), *settings.flags(), *settings.selection()])
             args += ["-r", str(exported)]
         else:
             args += recipe.install_args(settings)
@@ -294,12 +297,17 @@ def _make(
     what = f"building the {side} side's environment {directory} from {root}/{recipe.label(settings)}"
     run = functools.partial(uv.run, cwd=root, timeout=settings.timeout_s, side=side, hold=(lock,), what=what)
     if recipe.kind == UV_LOCK:
-        args = ["sync", "--frozen", "--no-install-project", "--python", base.base_executable, *settings.flags()]
-        run([*args, *settings.selection()], env={"UV_PROJECT_ENVIRONMENT": str(directory)})
+        args = ["sync", "--frozen", "--no-install-project", COPIES, "--python", base.base_executable, *settings.flags()]
+        args, env = [*args, *settings.selection()], {"UV_PROJECT_ENVIRONMENT": str(directory)}
     else:
         run(["venv", "--no-project", "--python", base.base_executable, str(directory)])
-        run(["pip", "install", "--python", str(python), *settings.flags(), *recipe.install_args(settings)])
+        args, env = ["pip", "install", "--python", str(python), COPIES, *settings.flags()], None
+        args += recipe.install_args(settings)
+    run(args, env=env)
     own = probe(str(python))
+    if own.local:  # uv's cache knows a local package's build by its path and pyproject.toml's time, not by its files
+        run([*args, *(item for name in own.local for item in ("--reinstall-package", name))], env=env)
+        own = probe(str(python))
     plugin_install.install(uv, python, own.installed, wheel=wheel, wheels_dir=wheels_dir, flags=settings.flags(),
                            cwd=root, timeout=settings.timeout_s, side=side, hold=(lock,))  # fmt: skip
     done = probe(str(python))

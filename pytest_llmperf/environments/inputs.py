@@ -39,12 +39,9 @@ _INCLUDE = re.compile(r"^\s*(-r|--requirement|-c|--constraint)(?:\s*=\s*|\s+|(?<
 # Options of a requirements line whose value may be a local path.
 _PATH_OPTIONS = ("-f", "--find-links", "-e", "--editable", "-i", "--index-url", "--extra-index-url")
 _ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
-#: TOML keys whose quoted values are paths or URLs (uv.lock sources, [tool.uv], pylock.toml): in an inline table,
-#: or at the start of a line.
-_KEYS = r"(?:path|directory|registry|find-links|url|index-url|extra-index-url)"
-_INLINE = re.compile(r"\{[^{}\n]*\}")
-_TOML_PATH = re.compile(rf"\b{_KEYS}\s*=\s*(['\"])(.*?)\1")
-_TOML_PATHS = re.compile(rf"(?m)^\s*{_KEYS}\s*=\s*(\[[^\]]*\]|'[^'\n]*'|\"[^\"\n]*\")")
+#: TOML keys whose values are paths or URLs (uv.lock sources, [tool.uv], pylock.toml): a string or an array of them.
+_KEYS = r"(?:path|directory|editable|registry|find-links|url|index-url|extra-index-url)"
+_TOML_PATHS = re.compile(rf"(?<![\w-]){_KEYS}\s*=\s*(\[[^\]]*\]|'[^'\n]*'|\"[^\"\n]*\")")
 _QUOTED = re.compile(r"\"([^\"\n]*)\"|'([^'\n]*)'")
 #: Left out of a directory's fingerprint.
 _SKIPPED = {".git", "__pycache__", ".venv", "node_modules"}
@@ -140,8 +137,7 @@ def _requirement_paths(line: str) -> Iterator[str]:
 
 def named_paths(file: InputFile) -> Iterator[str]:
     """The paths that the input `file` names, as written: read by lines (a requirements file) or by the keys uv reads
-    paths from (a TOML file: uv.lock sources, [tool.uv], pylock.toml), never parsed. Editable sources (the project's
-    own code, imported from the checkout) are left out."""
+    paths from (a TOML file: uv.lock sources, [tool.uv], pylock.toml), never parsed."""
     if file.data is None:
         return
     text = file.data.decode("utf-8-sig", errors="replace")
@@ -151,10 +147,7 @@ def named_paths(file: InputFile) -> Iterator[str]:
         return
     if not file.path.endswith((".toml", ".lock")):
         return
-    for table in _INLINE.findall(text):
-        if "editable" not in table and "virtual" not in table:
-            yield from (value for _, value in _TOML_PATH.findall(table))
-    for values in _TOML_PATHS.findall(_INLINE.sub("", text)):
+    for values in _TOML_PATHS.findall(text):
         yield from (a or b for a, b in _QUOTED.findall(values))
     for a, b in _QUOTED.findall(text):
         if "@" in (a or b):
@@ -286,11 +279,13 @@ def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs
             queue += [
                 (path.parent / target, option, relative) for option, target in includes(data) if "://" not in target
             ]
-    local = {}
+    local, project = {}, {root.resolve(), *root.resolve().parents}
     for file in files.values():
         for named in named_paths(file):
             given = _local(named)
             if given is None or not (path := (root / file.path).parent / given).exists():
+                continue
+            if path.resolve() in project:  # the project itself: never installed, imported from its checkout
                 continue
             inside = not os.path.isabs(given)
             local[_relative(path, root) if inside else str(path)] = fingerprint(path, inside)

@@ -38,7 +38,7 @@ markers = {
     "platform_python_implementation": platform.python_implementation(),
     "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform,
 }
-installed, contents, damaged = {}, {}, []
+installed, contents, damaged, local = {}, {}, [], []
 for dist in importlib.metadata.distributions() if sys.argv[1:] != ["--no-installed"] else ():
     name = dist.metadata["Name"]
     if name and name not in installed:
@@ -54,11 +54,13 @@ for dist in importlib.metadata.distributions() if sys.argv[1:] != ["--no-install
             if item.hash is not None and item.parts[0] != ".." and not item.parts[0].endswith(".dist-info"):
                 own.append(f"{item.as_posix()} {item.hash.value}")
         contents[name] = hashlib.sha256("\n".join(sorted(own)).encode()).hexdigest()[:16]
+        if '"dir_info"' in (dist.read_text("direct_url.json") or ""):
+            local.append(name)
 print(json.dumps({
     "executable": sys.executable, "base_executable": getattr(sys, "_base_executable", sys.executable),
     "version": sys.version, "implementation": impl.name, "cache_tag": impl.cache_tag,
     "magic": importlib.util.MAGIC_NUMBER.hex(), "markers": markers, "installed": installed, "contents": contents,
-    "damaged": damaged,
+    "damaged": damaged, "local": local,
 }))
 """
 
@@ -74,6 +76,7 @@ class Probe:
     installed: Mapping[str, str] = field(default_factory=dict)  # canonical name -> version
     contents: Mapping[str, str] = field(default_factory=dict)  # canonical name -> digest of its files (RECORD)
     damaged: tuple[str, ...] = ()  # files that a distribution's RECORD lists but that are missing or changed in size
+    local: tuple[str, ...] = ()  # distributions installed from a local directory
 
     @property
     def python_version(self) -> str:
@@ -98,7 +101,7 @@ def probe(python: str, *, installed: bool = True, timeout: float = 120.0) -> Pro
     found = {canonical_name(name): version for name, version in data["installed"].items()}
     contents = {canonical_name(name): digest for name, digest in data["contents"].items()}
     return Probe(str(data["executable"]), str(data["base_executable"]), identity, data["markers"], found, contents,
-                 tuple(data["damaged"]))  # fmt: skip
+                 tuple(data["damaged"]), tuple(data["local"]))  # fmt: skip
 
 
 def installed_here() -> dict[str, str]:
