@@ -523,13 +523,32 @@ def test_a_cuda_torch_on_the_cpu_target_is_worth_a_warning_with_the_line_to_add(
     assert _cuda_note(SideEnvironment("base", BUILT, "/e/bin/python", installed={"torch": "2.13.0+cpu"})) is None
 
 
-def test_prune_keeps_the_newest_used_environments(tmp_path):
-    for age, name in enumerate(["newest", "middle", "oldest"]):
+def test_what_no_job_used_for_two_weeks_is_pruned_but_never_an_entry_in_use(tmp_path):
+    # A cache that only grew filled a runner's disk (nothing called prune). An entry's marker is touched at each reuse.
+    now, day = time.time(), 86400
+    for name, days in (("recent", 1), ("old", 15), ("in-use", 15)):
         (tmp_path / name / "bin").mkdir(parents=True)
         cache.mark_ready(tmp_path / name, name, {"installed": {}})
-        os.utime(tmp_path / name / cache.MARKER, (1_000_000 - age, 1_000_000 - age))
-    (tmp_path / "half-built").mkdir()  # no marker: a build in progress holds its lock; not prune's to take
-    (tmp_path / cache.WHEELS).mkdir()
-    assert cache.prune(tmp_path, keep=1, spare=(tmp_path / "oldest",)) == [tmp_path / "middle"]
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [
-        cache.WHEELS, "half-built", "newest", "oldest"]  # fmt: skip
+        os.utime(tmp_path / name / cache.MARKER, (now - days * day, now - days * day))
+    for name, days in (("half-built", 15), (f"{cache.WHEELS}/plugin-old", 15), (f"{cache.WHEELS}/plugin-new", 0)):
+        (tmp_path / name).mkdir(parents=True)  # half-built: what a killed build left, its lock free
+        os.utime(tmp_path / name, (now - days * day, now - days * day))
+    with cache.entry_lock(tmp_path / "in-use"):  # a job building or reusing it
+        removed = cache.prune(tmp_path, now=now)
+    assert sorted(p.name for p in removed) == ["half-built", "old", "plugin-old"]
+    kept = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+    assert kept == [cache.WHEELS, "in-use", "recent"]
+    assert [p.name for p in (tmp_path / cache.WHEELS).iterdir()] == ["plugin-new"]
+
+
+def test_a_job_that_builds_prunes_what_no_job_used_for_two_weeks_and_says_so(tmp_path):
+    old = tmp_path / "envs" / "0123456789abcdef01234567"
+    (old / "bin").mkdir(parents=True)
+    cache.mark_ready(old, old.name, {"installed": {}})
+    os.utime(old / cache.MARKER, (time.time() - 15 * 86400,) * 2)
+    roots = [requirements_project(tmp_path / side, version) for side, version in (("base", "1.0"), ("head", "2.0"))]
+    envs = prepare(detect(*roots), env_dir=tmp_path / "envs", settings=OFFLINE)
+    assert envs.notes == (f"removed 1 environments or wheels that no job used for 14 days from {tmp_path / 'envs'}",)
+    assert not old.exists() and Path(envs.base.directory).exists() and Path(envs.head.directory).exists()
+    again = prepare(detect(*roots), env_dir=tmp_path / "envs", settings=OFFLINE)  # nothing built: nothing pruned
+    assert (again.base.how, again.head.how, again.notes) == (CACHE_HIT, CACHE_HIT, ())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -31,6 +32,9 @@ except ImportError:  # Windows: no lock (nor a uv that could outlive its build t
 MARKER = "llmperf-env.json"
 #: Wheels of what the controller runs (wheels.py), beside the environments.
 WHEELS = ".wheels"
+#: An entry (or wheel) no job used for this long is removed by the next job that builds one: rebuilt from uv's warm
+#: cache it costs seconds (docs/environments.md), kept it fills a runner's disk.
+UNUSED_DAYS = 14
 
 
 def default_env_dir() -> Path:
@@ -73,22 +77,25 @@ def mark_ready(directory: Path, key: str, record: Mapping[str, Any]) -> None:
     write_text_atomic(directory / MARKER, json.dumps({"key": key, "built_at": time.time(), **record}, indent=1))
 
 
-def touch(directory: Path) -> None:
-    """Note a reuse (prune keeps the newest used)."""
+def touch(path: Path) -> None:
+    """Note a reuse of an entry or a wheel (prune removes what no job used for long)."""
     with contextlib.suppress(OSError):
-        os.utime(directory / MARKER)
+        os.utime(path / MARKER if (path / MARKER).exists() else path)
 
 
 @contextlib.contextmanager
-def entry_lock(directory: Path) -> Iterator[int]:
+def entry_lock(directory: Path, *, wait: bool = True) -> Iterator[int | None]:
     """Hold the lock of the entry `directory` (`.<name>.lock` beside it) while the block builds or reuses it; yields
-    its descriptor, for the builder's processes to inherit. The lock file stays: a process that inherited it may hold
-    it still."""
-    fd = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    its descriptor, for the builder's processes to inherit (None, not waiting, where another holds it). The lock file
+    stays: a process that inherited it may hold it still."""
+    fd, locked = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o666), True
     try:
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                locked = False
+        yield fd if locked else None
     finally:
         os.close(fd)  # the last holder's close releases the flock
 
@@ -101,20 +108,27 @@ def discard(directory: Path) -> None:
         shutil.rmtree(directory)
 
 
-def prune(root: Path, keep: int, *, spare: tuple[Path, ...] = ()) -> list[Path]:
-    """Remove all but the `keep` most recently used environments under `root` (and those in `spare`); each is
-    removed holding its lock, so a job building or reusing it is never pulled from under. The removed paths."""
-    entries = []
-    for child in root.iterdir() if root.is_dir() else ():
-        marker = child / MARKER
-        if child.is_dir() and not child.name.startswith(".") and marker.exists():
-            entries.append((marker.stat().st_mtime, child))
-    entries.sort(reverse=True)
-    removed = []
-    for _, child in entries[keep:]:
-        if any(child.samefile(s) for s in spare if s.exists()):
+def _used(path: Path) -> float:
+    """When an entry was last built or reused (its marker's time; what a killed build left: its own), or a wheel."""
+    try:
+        return (path / MARKER if (path / MARKER).exists() else path).stat().st_mtime
+    except FileNotFoundError:  # removed meanwhile (another job pruning)
+        return math.inf
+
+
+def prune(root: Path, *, days: float = UNUSED_DAYS, now: float | None = None) -> list[Path]:
+    """Remove the entries and wheels under `root` that no job used for `days`. An entry is removed holding its lock,
+    taken without waiting: one that a job is building or reusing stays. The removed paths."""
+    cutoff = (time.time() if now is None else now) - days * 86400
+    wheels = sorted((root / WHEELS).iterdir()) if (root / WHEELS).is_dir() else []
+    removed = [path for path in wheels if _used(path) < cutoff]  # a build touches the wheels it uses first
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir() or _used(entry) >= cutoff:
             continue
-        with entry_lock(child):
-            discard(child)
-        removed.append(child)
+        with entry_lock(entry, wait=False) as fd:
+            if fd is not None and _used(entry) < cutoff:  # not reused (nor removed) while this looked
+                discard(entry)
+                removed.append(entry)
     return removed

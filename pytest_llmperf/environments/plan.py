@@ -25,6 +25,7 @@ from .inputs import Detection
 from .installed import installed_here, probe
 from .records import (
     BASE_PYTHON,
+    BUILT,
     CHANGED,
     CODE_ONLY,
     COMPARE_DEPS_MODES,
@@ -86,14 +87,19 @@ def prepare(
         missed = f"{', '.join(detection.files)} differ (both sides ran this environment)"
         base, head = _here("base", CODE_ONLY, installed=ours), _here("head", CODE_ONLY, installed=ours)
         return _record(detection, mode, base, head, not_measured=(missed,))
-    base, head = _build_both(detection, mode, env_dir, settings, uv)
+    root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
+    base, head = _build_both(detection, mode, root, settings, uv)
     unread = [p for p in detection.files if _unread(detection, p)]
     if unread:
         raise CannotBuild(f"{', '.join(unread)} differ and no build reads them, so what they change is not measured",
                           files=detection.files,
                           fix="name in llmperf_compare_deps_paths only files the sides are built from")  # fmt: skip
+    pruned = cache.prune(root) if BUILT in (base.how, head.how) else []  # the cache grew: what no job uses goes
     warned = (_cuda_note(side) for side in (base, head) if cpu_target)
     said = (*_refused_notes(detection), *(note for note in warned if note))
+    if pruned:
+        said += (f"removed {len(pruned)} environments or wheels that no job used for {cache.UNUSED_DAYS} days from "
+                 f"{root}",)  # fmt: skip
     changes = held_changes(base.installed, head.installed, base.contents, head.contents)
     if not changes and mode == "auto":  # a form-only edit: one build to learn it, then the job runs as before
         return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=said)
@@ -130,11 +136,10 @@ def _cuda_note(side: SideEnvironment) -> str | None:
 
 
 def _build_both(
-    detection: Detection, mode: str, env_dir: str | Path | None, settings: BuildSettings, uv: str | Path | None
+    detection: Detection, mode: str, root: Path, settings: BuildSettings, uv: str | Path | None
 ) -> tuple[SideEnvironment, SideEnvironment]:
     """Both sides built at the same time (uv mostly waits on files and the network; a cache hit beside a build costs
     nothing): the first failure, in side order, is raised, and the other side's uv is stopped."""
-    root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
     try:
         tool, base_interpreter = find_uv(uv), probe(sys.executable, installed=False)
         plugin = wheels.plugin_wheel(root / cache.WHEELS, write=cache.writable(root))

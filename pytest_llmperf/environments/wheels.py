@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from ..files import write_atomic
+from .cache import touch
 from .errors import EnvironmentsError
 
 PLUGIN = "pytest-llmperf"
@@ -105,6 +106,8 @@ def plugin_wheel(into: Path, *, write: bool = True) -> tuple[str, Path]:
     path = into / f"plugin-{digest}" / f"{_escaped(PLUGIN)}-{dist.version}-py3-none-any.whl"
     if write and not path.exists():
         write_wheel(path, files, f"{_escaped(PLUGIN)}-{dist.version}.dist-info")
+    elif write:
+        touch(path.parent)
     return f"{dist.version}-{digest}", path
 
 
@@ -122,6 +125,7 @@ def repack(dist: importlib.metadata.Distribution, into: Path) -> Path:
     digest = hashlib.sha256(record.encode()).hexdigest()[:16]
     path = into / f"{_escaped(name)}-{digest}" / f"{_escaped(name)}-{version}-{tags[0] if tags else 'py3-none-any'}.whl"
     if path.exists():
+        touch(path.parent)
         return path
 
     def files() -> Iterable[tuple[str, bytes]]:
