@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from pytest_llmperf.environments.uv_runner import find_uv
-from pytest_llmperf.environments.wheels import write_wheel
+from pytest_llmperf.environments.plugin_install import write_wheel
 
 #: Loop iterations of fastlib.work() per version: 2.0 does 10% more work than 1.0.
 LOOPS = {"1.0": 200_000, "2.0": 220_000, "3.0": 240_000}

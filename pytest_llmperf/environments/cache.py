@@ -1,12 +1,5 @@
-"""The cache of built environments: one directory per key, so that a rerun, and every pull request against the same
-main, reuses what an earlier job built.
-
-The key is a digest of everything that decides what gets installed (build.key_parts). A directory is built while its
-lock is held: two jobs never build one at once (the second waits, then reuses it), and the uv processes of a build
-inherit the lock, so a build whose controller was killed holds it until the last of them is gone. A directory is
-ready only once its marker is written, last and atomically: what a killed or failed build left has none, and the next
-builder removes it first. A cache that this job cannot write is still read: a ready entry is reused without a lock.
-"""
+"""The cache of built environments: one directory per key, built holding its lock, ready once its marker is written
+(last, atomically), reused by later jobs, pruned when unused (docs/environments.md, "The cache")."""
 
 from __future__ import annotations
 
@@ -30,7 +23,7 @@ except ImportError:  # Windows: no lock (nor a uv that could outlive its build t
     fcntl = None  # type: ignore[assignment]
 
 MARKER = "llmperf-env.json"
-#: Wheels of what the controller runs (wheels.py), beside the environments.
+#: Wheels of what the controller runs (plugin_install.py), beside the environments.
 WHEELS = ".wheels"
 #: An entry (or wheel) no job used for this long is removed by the next job that builds one: rebuilt from uv's warm
 #: cache it costs seconds (docs/environments.md), kept it fills a runner's disk.
@@ -44,7 +37,7 @@ def default_env_dir() -> Path:
 
 
 def key_of(parts: Mapping[str, Any]) -> str:
-    """The cache key: a digest of the canonical JSON of what defines the environment."""
+    """A digest of the canonical JSON of what defines the environment (build.key_parts)."""
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -62,7 +55,7 @@ def writable(root: Path) -> bool:
 
 
 def ready(directory: Path, key: str) -> dict[str, Any] | None:
-    """The marker of a ready environment at `directory` built for `key`, or None (not built, half built, another)."""
+    """The marker of the ready environment at `directory` built for `key`, or None."""
     try:
         marker = json.loads((directory / MARKER).read_text())
     except (OSError, ValueError):
@@ -85,9 +78,8 @@ def touch(path: Path) -> None:
 
 @contextlib.contextmanager
 def entry_lock(directory: Path, *, wait: bool = True) -> Iterator[int | None]:
-    """Hold the lock of the entry `directory` (`.<name>.lock` beside it) while the block builds or reuses it; yields
-    its descriptor, for the builder's processes to inherit (None, not waiting, where another holds it). The lock file
-    stays: a process that inherited it may hold it still."""
+    """Hold the lock of the entry `directory` (`.<name>.lock` beside it); yields its descriptor, for a builder's uv to
+    inherit (None, not waiting, where another holds it). The file stays: a process that inherited it may hold it."""
     fd, locked = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o666), True
     try:
         if fcntl is not None:
@@ -101,7 +93,7 @@ def entry_lock(directory: Path, *, wait: bool = True) -> Iterator[int | None]:
 
 
 def discard(directory: Path) -> None:
-    """Remove what a killed or stale build left (call holding the lock)."""
+    """Remove an entry (call holding its lock)."""
     if directory.is_symlink() or directory.is_file():
         directory.unlink()
     elif directory.exists():

@@ -1,26 +1,17 @@
-"""Each side's environment for an A/B job: shared, built, the user's base interpreter, or code-only, and why.
-
-    detection = detect(base_root, head_root, extra)        # inputs.py: by bytes, nothing built
-    environments = prepare(detection, mode=..., ...)       # here: may build; CannotBuild says the ways out
-
-`auto` (the default) shares the controller's environment where the sides' inputs are byte-identical; where they
-differ it builds both sides (at the same time) and compares what the two environments hold: the same packages, and
-the sides run shared again, said so; else each side runs its own, the packages that differ named. `build` always
-builds both, each its own (the A/A check of the machinery); `code-only` never builds, and the record says the
-difference was not measured. A base interpreter (`--llmperf-base-python`) runs the base side instead of a build,
-checked by uv against the base side's files; the head side runs in the controller's environment, checked likewise.
-Nothing that is not measured passes in `auto` or `build`: CannotBuild, with the ways out.
-"""
+"""Which environment each side of an A/B job gets: shared, built (both sides at once, then compared by what they
+hold), the user's base interpreter, or code-only; nothing that is not measured passes in `auto` or `build`
+(docs/environments.md, the table of modes)."""
 
 from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import build, cache, wheels
-from .errors import CODE_ONLY_WAY, CannotBuild, EnvironmentsError
+from . import build, cache, plugin_install
+from .errors import CODE_ONLY_WAY, WRITABLE_WAY, CannotBuild, EnvironmentsError
 from .inputs import Detection
 from .installed import installed_here, probe
 from .records import (
@@ -64,27 +55,20 @@ def prepare(
     uv: str | Path | None = None,
     cpu_target: bool = False,
 ) -> Environments:
-    """Each side's environment for `detection`'s two sides.
-
-    mode: auto, build or code-only (--llmperf-compare-deps). base_python: the base side's interpreter
-    (--llmperf-base-python), which wins over the mode: nothing is built. env_dir: the cache of built environments
-    (default cache.default_env_dir()). settings: how both sides are built. uv: the uv binary (default: on PATH or
-    the uv package's). cpu_target: the job measures the cpu target (a CUDA build of torch is worth a warning).
-
-    Raises CannotBuild (the dependencies differ and what they change cannot be measured: no uv, a failed build, a
-    base interpreter that does not hold the base side's dependencies; the message names the side and the ways out)
-    and EnvironmentsError (a base_python that cannot be used at all)."""
+    """Each side's environment. `mode`: --llmperf-compare-deps; `base_python`: --llmperf-base-python (nothing is
+    built); `env_dir`: the cache (default cache.default_env_dir()); `uv`: the uv binary (default: on PATH, or the uv
+    package's); `cpu_target`: a CUDA torch is worth a warning. CannotBuild where what differs cannot be measured,
+    EnvironmentsError where `base_python` cannot be used at all."""
     if mode not in COMPARE_DEPS_MODES:
         raise ValueError(f"mode must be one of {', '.join(COMPARE_DEPS_MODES)}, got {mode!r}")
     settings = settings or BuildSettings()
     if base_python is not None:
         return _with_base_python(detection, mode, str(base_python), settings, uv)
     if mode != "build" and not detection.differs:
-        notes = () if detection.found else (detection.none_found(),)
-        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=notes)
+        none_found = () if detection.found else (detection.none_found(),)
+        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=none_found)
     if mode == "code-only":
-        ours = installed_here()
-        missed = f"{', '.join(detection.files)} differ (both sides ran this environment)"
+        ours, missed = installed_here(), f"{', '.join(detection.files)} differ (both sides ran this environment)"
         base, head = _here("base", CODE_ONLY, installed=ours), _here("head", CODE_ONLY, installed=ours)
         return _record(detection, mode, base, head, not_measured=(missed,))
     root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
@@ -95,32 +79,29 @@ def prepare(
                           files=detection.files,
                           fix="name in llmperf_compare_deps_paths only files the sides are built from")  # fmt: skip
     pruned = cache.prune(root) if BUILT in (base.how, head.how) else []  # the cache grew: what no job uses goes
-    warned = (_cuda_note(side) for side in (base, head) if cpu_target)
-    said = (*_refused_notes(detection), *(note for note in warned if note))
+    cuda = [_cuda_note(side) for side in (base, head)] if cpu_target else []
+    notes = [*_refused_notes(detection), *filter(None, cuda)]
     if pruned:
-        said += (f"removed {len(pruned)} environments or wheels that no job used for {cache.UNUSED_DAYS} days from "
-                 f"{root}",)  # fmt: skip
+        notes.append(f"removed {len(pruned)} environments or wheels that no job used for {cache.UNUSED_DAYS} days "
+                     f"from {root}")  # fmt: skip
     changes = held_changes(base.installed, head.installed, base.contents, head.contents)
     if not changes and mode == "auto":  # a form-only edit: one build to learn it, then the job runs as before
-        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=said)
+        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=tuple(notes))
     other = (f"built from {base.recipe} -> {head.recipe}",) if base.recipe != head.recipe else ()
-    return _record(detection, mode, base, head, changes=changes, other=other, notes=said)
+    return _record(detection, mode, base, head, changes=changes, other=other, notes=tuple(notes))
 
 
 def _unread(detection: Detection, path: str) -> bool:
-    """Whether a differing input is one that no build reads: a file named by llmperf_compare_deps_paths that is no
-    requirements file, nor a wheel or directory that one names."""
-    file, named = (
-        detection.head.get(path) or detection.base.get(path),
-        {*dict(detection.base.local), *dict(detection.head.local)},
-    )
+    """Whether a differing input is one no build reads: named by llmperf_compare_deps_paths, neither a requirements
+    file nor a wheel or directory that one names."""
+    file = detection.head.get(path) or detection.base.get(path)
+    named = {*dict(detection.base.local), *dict(detection.head.local)}
     return file is not None and file.kind == "other" and path not in ("uv.toml", ".python-version", *named)
 
 
 def _refused_notes(detection: Detection) -> list[str]:
-    refused = [
-        p for p in detection.files if (f := detection.head.get(p) or detection.base.get(p)) and f.kind == "refused"
-    ]
+    files = [detection.head.get(path) or detection.base.get(path) for path in detection.files]
+    refused = [file.path for file in files if file is not None and file.kind == "refused"]
     return [f"{', '.join(refused)} differ: not what the environments are built from"] if refused else []
 
 
@@ -135,6 +116,16 @@ def _cuda_note(side: SideEnvironment) -> str | None:
             f"pyproject.toml")  # fmt: skip
 
 
+def _cannot_build(exc: Exception, side: str | None, files: Sequence[str]) -> CannotBuild:
+    """`exc`, raised making a side's environment, as the job's error: naming the inputs that differ."""
+    if isinstance(exc, CannotBuild):
+        exc.files = tuple(files)
+        return exc
+    if isinstance(exc, OSError):  # the cache: a file where a directory goes, a full disk
+        return CannotBuild(f"cannot write the environments' cache: {exc}", side=side, files=files, fix=WRITABLE_WAY)
+    return CannotBuild(str(exc), side=side, files=files)  # a built interpreter that does not run, ...
+
+
 def _build_both(
     detection: Detection, mode: str, root: Path, settings: BuildSettings, uv: str | Path | None
 ) -> tuple[SideEnvironment, SideEnvironment]:
@@ -142,28 +133,17 @@ def _build_both(
     nothing): the first failure, in side order, is raised, and the other side's uv is stopped."""
     try:
         tool, base_interpreter = find_uv(uv), probe(sys.executable, installed=False)
-        plugin = wheels.plugin_wheel(root / cache.WHEELS, write=cache.writable(root))
-    except CannotBuild as exc:
-        raise exc.naming(detection.files) from None
-    except EnvironmentsError as exc:  # this job's plugin cannot be installed elsewhere (not installed here)
-        raise CannotBuild(str(exc), files=detection.files) from None
-    except OSError as exc:
-        raise CannotBuild(f"cannot write the environments' cache: {exc}", files=detection.files,
-                          fix="give a writable directory: --llmperf-env-dir=PATH") from None  # fmt: skip
+        plugin = plugin_install.plugin_wheel(root / cache.WHEELS, write=cache.writable(root))
+    except (EnvironmentsError, OSError) as exc:  # no uv; this plugin not installed here
+        raise _cannot_build(exc, None, detection.files) from None
 
     def one(side: str) -> SideEnvironment:
-        inputs = detection.base if side == "base" else detection.head
         try:
-            return build.build_side(side, inputs, base=base_interpreter, uv=tool, env_dir=root, settings=settings,
-                                    plugin=plugin, copy=side if mode == "build" else "")  # fmt: skip
-        except CannotBuild as exc:
-            raise exc.naming(detection.files) from None
-        except EnvironmentsError as exc:  # a built interpreter that does not run, a plugin that is not installed here
-            raise CannotBuild(str(exc), side=side, files=detection.files) from None
-        except OSError as exc:  # the cache: a file where a directory goes, a full disk
-            raise CannotBuild(f"cannot write the environments' cache: {exc}", side=side, files=detection.files,
-                              fix="give a writable directory: --llmperf-env-dir=PATH (ini llmperf_env_dir, or "
-                              "LLMPERF_ENV_DIR)") from None  # fmt: skip
+            return build.build_side(side, detection.base if side == "base" else detection.head, base=base_interpreter,
+                                    uv=tool, env_dir=root, settings=settings, plugin=plugin,
+                                    copy=side if mode == "build" else "")  # fmt: skip
+        except (EnvironmentsError, OSError) as exc:
+            raise _cannot_build(exc, side, detection.files) from None
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmperf-env") as pool:
         futures = [pool.submit(one, side) for side in ("base", "head")]
@@ -177,23 +157,19 @@ def _build_both(
 def _with_base_python(
     detection: Detection, mode: str, path: str, settings: BuildSettings, uv: str | Path | None
 ) -> Environments:
-    from .plugin_install import PLUGIN
-
     try:
         given = probe(path)
     except EnvironmentsError as exc:
         raise EnvironmentsError(f"--llmperf-base-python {path}: {exc}") from None
-    ours = probe(sys.executable).installed
-    plugin = canonical_name(PLUGIN)
+    ours, plugin = probe(sys.executable).installed, canonical_name(plugin_install.PLUGIN)
     if given.installed.get(plugin) != ours.get(plugin):
-        have = given.installed.get(plugin)
         raise EnvironmentsError(
-            f"--llmperf-base-python {path} has {PLUGIN} {have or '(not installed)'}, this job runs {ours.get(plugin)}: "
-            f"both sides must run the same plugin. Install it there: {path} -m pip install {PLUGIN}=={ours.get(plugin)}"
+            f"--llmperf-base-python {path} has {plugin} {given.installed.get(plugin) or '(not installed)'}, this job "
+            f"runs {ours.get(plugin)}: both sides must run the same plugin. Install it there: {path} -m pip install "
+            f"{plugin}=={ours.get(plugin)}"
         )
-    tool = find_uv(uv)
-    findings: dict[str, tuple[str, ...]] = {}
-    sides = (("base", detection.base, path, given.markers["python_full_version"]),
+    tool, findings = find_uv(uv), dict[str, tuple[str, ...]]()
+    sides = (("base", detection.base, path, given.version),
              ("head", detection.head, sys.executable, platform.python_version()))  # fmt: skip
     for side, inputs, python, version in sides:
         try:
@@ -201,7 +177,7 @@ def _with_base_python(
         except CannotBuild as exc:  # poetry, conda: what the interpreter was prepared for; uv cannot check it
             findings[side] = (f"not checked: {exc.reason}",)
             continue
-        missing = build.unsatisfied(recipe, inputs.root, python, tool, settings, side)
+        missing = build.Build(side, inputs, recipe, tool, settings).unsatisfied(python)
         findings[side] = tuple(f"does not hold what {recipe.label(settings)} asks for: {m}" for m in missing)
     base = SideEnvironment("base", BASE_PYTHON, path, given.python_version, installed=given.installed,
                            findings=findings["base"])  # fmt: skip
