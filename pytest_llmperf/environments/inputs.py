@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import EnvironmentsError
+from .records import CHANGED, NONE_FOUND, UNCHANGED
 
 #: Files looked for by name at the root: what uv builds from, and (REFUSED) what it cannot.
 BUILT = ("pyproject.toml", "uv.lock", "pylock.toml", "uv.toml", ".python-version")
@@ -131,8 +132,14 @@ def named_paths(file: InputFile) -> Iterator[str]:
 
 def fingerprint(path: Path, content: bool) -> str:
     """A digest of what lies at `path`, a file or a directory: by content, or by size and modification time."""
+    files = [(".", path)]
+    if not path.is_file():
+        files = []
+        for folder, subfolders, names in os.walk(path):
+            subfolders[:] = [s for s in subfolders if s not in _SKIPPED]
+            files += [(_relative(Path(folder, name), path), Path(folder, name)) for name in names]
     digest = hashlib.sha256()
-    for name, file in [(".", path)] if path.is_file() else sorted(_files(path)):
+    for name, file in sorted(files):
         digest.update(f"{name}\0".encode())
         if content:
             with open(file, "rb") as handle:
@@ -142,12 +149,6 @@ def fingerprint(path: Path, content: bool) -> str:
             digest.update(f"{file.stat().st_size}:{file.stat().st_mtime_ns}".encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
-
-
-def _files(directory: Path) -> Iterator[tuple[str, Path]]:
-    for folder, subfolders, names in os.walk(directory):
-        subfolders[:] = [s for s in subfolders if s not in _SKIPPED]
-        yield from ((_relative(Path(folder, name), directory), Path(folder, name)) for name in names)
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -259,6 +260,10 @@ class Detection:
     @property
     def differs(self) -> bool:
         return bool(self.files)
+
+    @property
+    def status(self) -> str:
+        return CHANGED if self.differs else UNCHANGED if self.found else NONE_FOUND
 
     def none_found(self) -> str:
         return (f"no dependency files at {self.head.root} (nor above it in the repository): a change of dependencies "

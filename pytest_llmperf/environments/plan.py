@@ -17,27 +17,22 @@ from .installed import installed_here, probe
 from .records import (
     BASE_PYTHON,
     BUILT,
-    CHANGED,
     CODE_ONLY,
     COMPARE_DEPS_MODES,
     CURRENT,
-    NONE_FOUND,
     SHARED,
-    UNCHANGED,
     BuildSettings,
     Environments,
     SideEnvironment,
-    canonical_name,
     held_changes,
-)  # fmt: skip
+)
 from .uv_runner import find_uv
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def _record(detection: Detection, mode: str, base: SideEnvironment, head: SideEnvironment, **more) -> Environments:
-    status = CHANGED if detection.differs else UNCHANGED if detection.found else NONE_FOUND
-    return Environments(mode, status, base, head, detection.files, detect_seconds=detection.seconds, **more)
+    return Environments(mode, detection.status, base, head, detection.files, detect_seconds=detection.seconds, **more)
 
 
 def _here(side: str, how: str, **more) -> SideEnvironment:
@@ -73,14 +68,18 @@ def prepare(
         return _record(detection, mode, base, head, not_measured=(missed,))
     root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
     base, head = _build_both(detection, mode, root, settings, uv)
-    unread = [p for p in detection.files if _unread(detection, p)]
+    kinds = {f.path: f.kind for f in (*detection.base.files, *detection.head.files) if f.data is not None}
+    named = {*dict(detection.base.local), *dict(detection.head.local)}  # what a requirements file names: built
+    unread = [p for p in detection.files if kinds.get(p) == "other" and p not in ("uv.toml", ".python-version", *named)]
     if unread:
         raise CannotBuild(f"{', '.join(unread)} differ and no build reads them, so what they change is not measured",
                           files=detection.files,
                           fix="name in llmperf_compare_deps_paths only files the sides are built from")  # fmt: skip
     pruned = cache.prune(root) if BUILT in (base.how, head.how) else []  # the cache grew: what no job uses goes
     cuda = [_cuda_note(side) for side in (base, head)] if cpu_target else []
-    notes = [*_refused_notes(detection), *filter(None, cuda)]
+    refused = [p for p in detection.files if kinds.get(p) == "refused"]
+    notes = [f"{', '.join(refused)} differ: not what the environments are built from"] if refused else []
+    notes += filter(None, cuda)
     if pruned:
         notes.append(f"removed {len(pruned)} environments or wheels that no job used for {cache.UNUSED_DAYS} days "
                      f"from {root}")  # fmt: skip
@@ -89,20 +88,6 @@ def prepare(
         return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=tuple(notes))
     other = (f"built from {base.recipe} -> {head.recipe}",) if base.recipe != head.recipe else ()
     return _record(detection, mode, base, head, changes=changes, other=other, notes=tuple(notes))
-
-
-def _unread(detection: Detection, path: str) -> bool:
-    """Whether a differing input is one no build reads: named by llmperf_compare_deps_paths, neither a requirements
-    file nor a wheel or directory that one names."""
-    file = detection.head.get(path) or detection.base.get(path)
-    named = {*dict(detection.base.local), *dict(detection.head.local)}
-    return file is not None and file.kind == "other" and path not in ("uv.toml", ".python-version", *named)
-
-
-def _refused_notes(detection: Detection) -> list[str]:
-    files = [detection.head.get(path) or detection.base.get(path) for path in detection.files]
-    refused = [file.path for file in files if file is not None and file.kind == "refused"]
-    return [f"{', '.join(refused)} differ: not what the environments are built from"] if refused else []
 
 
 def _cuda_note(side: SideEnvironment) -> str | None:
@@ -161,7 +146,7 @@ def _with_base_python(
         given = probe(path)
     except EnvironmentsError as exc:
         raise EnvironmentsError(f"--llmperf-base-python {path}: {exc}") from None
-    ours, plugin = probe(sys.executable).installed, canonical_name(plugin_install.PLUGIN)
+    ours, plugin = probe(sys.executable).installed, plugin_install.PLUGIN
     if given.installed.get(plugin) != ours.get(plugin):
         raise EnvironmentsError(
             f"--llmperf-base-python {path} has {plugin} {given.installed.get(plugin) or '(not installed)'}, this job "

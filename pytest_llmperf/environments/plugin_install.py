@@ -9,7 +9,6 @@ import base64
 import hashlib
 import importlib.metadata
 import json
-import re
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -35,7 +34,7 @@ def controller_version() -> str:
 
 def _escaped(name: str) -> str:
     """A distribution name as a wheel's file name spells it."""
-    return re.sub(r"[-_.]+", "_", name).lower()
+    return canonicalize_name(name).replace("-", "_")
 
 
 def write_wheel(path: Path, files: Iterable[tuple[str, bytes]], dist_info: str) -> Path:
@@ -58,8 +57,19 @@ def write_wheel(path: Path, files: Iterable[tuple[str, bytes]], dist_info: str) 
     return write_atomic(path, write, text=False, fsync=False)  # made again from its sources if a crash loses it
 
 
-def _plugin_files() -> tuple[str, list[tuple[str, bytes]]]:
-    """The controller's pytest-llmperf: its version, and its wheel's files from the package directory it imported."""
+def _wheel(path: Path, files: Callable[[], Iterable[tuple[str, bytes]]], dist_info: str, write: bool = True) -> Path:
+    """The wheel at `path` (in a directory named by its content), written unless there already, touched if it is
+    (neither where not `write`: a cache that is only read)."""
+    if write and path.exists():
+        touch(path.parent)
+    elif write:
+        write_wheel(path, files(), dist_info)
+    return path
+
+
+def plugin_wheel(into: Path, *, write: bool = True) -> tuple[str, Path]:
+    """The controller's pytest-llmperf as a wheel under `into`, from the package directory it imported (not written
+    where not `write`: a cache that is only read): (its version and a digest of its files, the wheel)."""
     import pytest_llmperf
 
     package = Path(pytest_llmperf.__file__).parent
@@ -80,20 +90,10 @@ def _plugin_files() -> tuple[str, list[tuple[str, bytes]]]:
     info = f"{_escaped(PLUGIN)}-{dist.version}.dist-info"
     files += [(f"{info}/{name}", text.encode()) for name in ("entry_points.txt", "top_level.txt")
               if (text := dist.read_text(name)) is not None]  # fmt: skip
-    return dist.version, [*files, (f"{info}/METADATA", metadata.encode()), (f"{info}/WHEEL", _WHEEL.encode())]
-
-
-def plugin_wheel(into: Path, *, write: bool = True) -> tuple[str, Path]:
-    """The controller's pytest-llmperf as a wheel under `into`, written unless there already (or not `write`: a
-    cache that is only read): (its version and a digest of its content, the wheel)."""
-    version, files = _plugin_files()
+    files += [(f"{info}/METADATA", metadata.encode()), (f"{info}/WHEEL", _WHEEL.encode())]
     digest = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in files)).hexdigest()[:16]
-    path = into / f"plugin-{digest}" / f"{_escaped(PLUGIN)}-{version}-py3-none-any.whl"
-    if write and not path.exists():
-        write_wheel(path, files, f"{_escaped(PLUGIN)}-{version}.dist-info")
-    elif write:
-        touch(path.parent)
-    return f"{version}-{digest}", path
+    path = into / f"plugin-{digest}" / f"{_escaped(PLUGIN)}-{dist.version}-py3-none-any.whl"
+    return f"{dist.version}-{digest}", _wheel(path, lambda: files, info, write)
 
 
 def repack(dist: importlib.metadata.Distribution, into: Path) -> Path:
@@ -107,9 +107,6 @@ def repack(dist: importlib.metadata.Distribution, into: Path) -> Path:
     tags = [line.split(":", 1)[1].strip() for line in wheel if line.startswith("Tag:")]
     digest = hashlib.sha256((dist.read_text("RECORD") or "").encode()).hexdigest()[:16]
     path = into / f"{_escaped(name)}-{digest}" / f"{_escaped(name)}-{version}-{tags[0] if tags else 'py3-none-any'}.whl"
-    if path.exists():
-        touch(path.parent)
-        return path
 
     def files() -> Iterable[tuple[str, bytes]]:
         for item in dist.files or ():
@@ -121,7 +118,7 @@ def repack(dist: importlib.metadata.Distribution, into: Path) -> Path:
             yield item.as_posix(), Path(str(dist.locate_file(item))).read_bytes()
 
     dist_info = next((p.parts[0] for p in dist.files if p.parts[0].endswith(".dist-info")), f"{name}.dist-info")
-    return write_wheel(path, files(), dist_info)
+    return _wheel(path, files, dist_info)
 
 
 def requirement_closure(name: str = PLUGIN, have: Mapping[str, str] | None = None) -> dict[str, str]:
