@@ -1,6 +1,5 @@
-"""One side's environment: what it is built from (chosen by file name, from what uv builds from; other tools' files
-are named, never read), its cache key, and its build with uv into the cache, or the reuse of an entry that still
-holds what the side asks for (docs/environments.md)."""
+"""One side's environment: what it is built from (by file name), its cache key, and its build with uv, or the reuse
+of a cache entry that still holds what the side asks for (docs/environments.md)."""
 
 from __future__ import annotations
 
@@ -91,8 +90,7 @@ def _check_python(inputs: DependencyInputs, project: dict[str, Any], version: st
 
 
 def recipe_for(inputs: DependencyInputs, settings: BuildSettings, version: str, side: str) -> Recipe:
-    """How the side is built, with an interpreter of Python `version`; CannotBuild when nothing it has is what uv
-    builds from, or when it asks for another Python."""
+    """How the side is built on Python `version`; CannotBuild where uv cannot build it or it wants another Python."""
     project = _project(inputs)
     _check_python(inputs, project, version, side)
     if inputs.of_kind("uv.lock") and inputs.get("pyproject.toml"):
@@ -122,8 +120,7 @@ def recipe_for(inputs: DependencyInputs, settings: BuildSettings, version: str, 
 
 
 def uv_settings(root: Path) -> dict[str, Any]:
-    """uv's configuration beyond the side's own files: the UV_* variables (and the files they name), uv.toml above the
-    side's root, the user's and the system's uv.toml."""
+    """uv's configuration beyond the side's files: UV_* variables (and the files they name), every uv.toml it reads."""
     found: dict[str, Any] = {k: v for k, v in os.environ.items() if k.startswith("UV_") and k not in HARMLESS}
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     dirs = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(os.pathsep)
@@ -165,8 +162,7 @@ class Build:
         }
 
     def unsatisfied(self, python: str) -> tuple[str, ...]:
-        """What the interpreter `python` lacks of what the side asks for, as uv's dry run says it (empty: uv would
-        change nothing); this plugin aside, which every side gets at the controller's version."""
+        """What `python` lacks of what the side asks for, as uv's dry run says it; this plugin aside (it is ours)."""
         flags = [COPIES, *self.settings.flags()]
         with tempfile.TemporaryDirectory(prefix="llmperf-env-") as scratch:
             args = ["pip", "install", "--dry-run", "--python", python, *flags]
@@ -203,8 +199,7 @@ class Build:
         return now, f"it does not hold what the side asks for (uv: {'; '.join(missing)})" if missing else None
 
     def make(self, directory: Path, base: Probe, wheel: Path, wheels_dir: Path, lock: int) -> Probe:
-        """Build the environment at `directory`, its lock held and inherited by every uv: the side's dependencies,
-        then the plugin."""
+        """Build the environment at `directory`, every uv inheriting its `lock`: the side's dependencies, the plugin."""
         python, flags = cache.python_in(directory), [COPIES, *self.settings.flags()]
         what = f"building the {self.side} side's environment {directory} from {self.inputs.root}/{self.label()}"
         run = functools.partial(self.run, hold=(lock,), what=what)
@@ -244,9 +239,8 @@ def build_side(
     copy: str = "",
     clock: Callable[[], float] = time.perf_counter,
 ) -> SideEnvironment:
-    """The environment of `side` ("base" or "head") built from `inputs` with the interpreter `base`, or reused from
-    `env_dir`; `plugin`: (its identity, its wheel). Sides with equal inputs share one environment unless `copy` names
-    each (--llmperf-compare-deps=build: two builds, the A/A check of the machinery)."""
+    """The environment of `side` built from `inputs` on `base`, or reused from `env_dir`; `copy` keeps the sides'
+    entries apart where their inputs are equal (--llmperf-compare-deps=build, the machinery's A/A check)."""
     start = clock()
     build = Build(side, inputs, recipe_for(inputs, settings, base.version, side), uv, settings)
     key = cache.key_of(build.key_parts(base, plugin[0], copy))

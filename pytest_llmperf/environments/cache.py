@@ -109,8 +109,7 @@ def _used(path: Path) -> float:
 
 
 def prune(root: Path, *, days: float = UNUSED_DAYS, now: float | None = None) -> list[Path]:
-    """Remove the entries and wheels under `root` that no job used for `days`. An entry is removed holding its lock,
-    taken without waiting: one that a job is building or reusing stays. The removed paths."""
+    """Remove (and return) what no job used for `days`; an entry that a job builds or reuses meanwhile stays."""
     cutoff = (time.time() if now is None else now) - days * 86400
     wheels = sorted((root / WHEELS).iterdir()) if (root / WHEELS).is_dir() else []
     removed = [path for path in wheels if _used(path) < cutoff]  # a build touches the wheels it uses first

@@ -1,6 +1,5 @@
-"""A side's dependency inputs, known by their bytes: the files that say what its environment holds, found by name,
-and the local paths they name, fingerprinted. Nothing is parsed to decide what changed: only byte-identical sides are
-the same (docs/environments.md, "Detecting a difference")."""
+"""A side's dependency inputs, known by their bytes: the files found by name and the local paths they name. Nothing is
+parsed to decide what changed (docs/environments.md, "Detecting a difference")."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ _SKIPPED = {".git", "__pycache__", ".venv", "node_modules"}
 
 
 def kind_of(path: str) -> str:
-    """What a dependency input is, from its name: pyproject.toml, uv.lock, pylock, requirements, constraints, refused,
-    or other (uv.toml, .python-version, a file the user named)."""
+    """What a dependency input is, from its name (other: uv.toml, .python-version, a file the user named)."""
     name = path.rsplit("/", 1)[-1]
     if name in ("pyproject.toml", "uv.lock"):
         return name
@@ -90,10 +88,6 @@ class DependencyInputs:
         files = {f.path: None if f.data is None else hashlib.sha256(f.data).hexdigest() for f in self.files}
         return {**files, **dict(self.local)}
 
-    def differing(self, other: DependencyInputs) -> tuple[str, ...]:
-        mine, theirs = self.digests(), other.digests()
-        return tuple(sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, "-") != theirs.get(p, "-")))
-
 
 def _local(text: str) -> str | None:
     """The local path a URL or path names ('file:///w/x.whl', './vendor', '../libs/x'), else None."""
@@ -118,8 +112,7 @@ def _requirement_paths(line: str) -> Iterator[str]:
 
 
 def named_paths(file: InputFile) -> Iterator[str]:
-    """The paths that the input `file` names, as written: by lines (a requirements file) or by the keys uv reads
-    paths from (a TOML file: uv.lock sources, [tool.uv], pylock.toml)."""
+    """The paths that the input `file` names, as written: in a requirements line, or under a TOML key uv reads."""
     text, lines = (file.data or b"").decode("utf-8-sig", errors="replace"), []
     if file.kind in ("requirements", "constraints"):
         lines = text.splitlines()
@@ -166,8 +159,7 @@ def _globbed(root: Path, patterns: Sequence[str]) -> list[Path]:
 
 
 def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path, Path]:
-    """(base, head): where each side's dependency inputs are read: the same place on both sides, the nearest, from the
-    head's pytest rootdir up to its repository's top, that holds one on either side; else the rootdir."""
+    """(base, head): where the sides' inputs are read: the nearest place above the rootdir that holds one on either."""
     try:
         relative = head_root.resolve().relative_to(head_top.resolve())
     except ValueError:  # a rootdir outside the repository: only itself
@@ -180,8 +172,7 @@ def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path,
 
 
 def workspace_root(root: Path) -> Path | None:
-    """The uv workspace a member at `root` (a pyproject.toml, no uv.lock) is built from: the nearest directory above
-    it, up to its repository's top, with a uv.lock and a pyproject.toml that declares [tool.uv.workspace]."""
+    """The uv workspace that a member at `root` (a pyproject.toml, no uv.lock) is built from, within its repository."""
     if (root / "uv.lock").is_file() or not (root / "pyproject.toml").is_file() or (root / ".git").exists():
         return None
     for directory in root.resolve().parents:
@@ -278,8 +269,9 @@ def detect(
     *,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Detection:
-    """How the dependency inputs of the side at `base_root` (the compared ref's checkout) and at `head_root` (the
-    working tree) differ; `extra`: more paths or globs, relative to each root (ini llmperf_compare_deps_paths)."""
+    """How the dependency inputs at `base_root` and `head_root` differ (`extra`: ini llmperf_compare_deps_paths)."""
     start = clock()
     base, head = find_inputs(base_root, extra), find_inputs(head_root, extra)
-    return Detection(base, head, base.differing(head), clock() - start)
+    mine, theirs = base.digests(), head.digests()
+    differing = sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, "-") != theirs.get(p, "-"))
+    return Detection(base, head, tuple(differing), clock() - start)

@@ -1,6 +1,5 @@
-"""What an interpreter holds (`probe`: one isolated subprocess of it), and what a worker actually ran
-(`imported_distributions`, in the worker; `check_imported`, in the controller). Standard library only: a worker
-imports this."""
+"""What an interpreter holds (`probe`), and what a worker actually ran (`imported_distributions`, `check_imported`).
+Standard library only: a worker imports this."""
 
 from __future__ import annotations
 

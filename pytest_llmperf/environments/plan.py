@@ -1,6 +1,5 @@
-"""Which environment each side of an A/B job gets: shared, built (both sides at once, then compared by what they
-hold), the user's base interpreter, or code-only; nothing that is not measured passes in `auto` or `build`
-(docs/environments.md, the table of modes)."""
+"""Which environment each side of an A/B job gets: shared, built, the user's base interpreter, or code-only; nothing
+unmeasured passes in `auto` or `build` (docs/environments.md, the table of modes)."""
 
 from __future__ import annotations
 
@@ -50,10 +49,8 @@ def prepare(
     uv: str | Path | None = None,
     cpu_target: bool = False,
 ) -> Environments:
-    """Each side's environment. `mode`: --llmperf-compare-deps; `base_python`: --llmperf-base-python (nothing is
-    built); `env_dir`: the cache (default cache.default_env_dir()); `uv`: the uv binary (default: on PATH, or the uv
-    package's); `cpu_target`: a CUDA torch is worth a warning. CannotBuild where what differs cannot be measured,
-    EnvironmentsError where `base_python` cannot be used at all."""
+    """Each side's environment, as the options ask (`cpu_target`: a CUDA torch is worth a warning); CannotBuild where
+    what differs cannot be measured, EnvironmentsError where `base_python` cannot be used at all."""
     if mode not in COMPARE_DEPS_MODES:
         raise ValueError(f"mode must be one of {', '.join(COMPARE_DEPS_MODES)}, got {mode!r}")
     settings = settings or BuildSettings()
@@ -114,8 +111,7 @@ def _cannot_build(exc: Exception, side: str | None, files: Sequence[str]) -> Can
 def _build_both(
     detection: Detection, mode: str, root: Path, settings: BuildSettings, uv: str | Path | None
 ) -> tuple[SideEnvironment, SideEnvironment]:
-    """Both sides built at the same time (uv mostly waits on files and the network; a cache hit beside a build costs
-    nothing): the first failure, in side order, is raised, and the other side's uv is stopped."""
+    """Both sides built at the same time (uv mostly waits): the first failure, in side order, stops the other's uv."""
     try:
         tool, base_interpreter = find_uv(uv), probe(sys.executable, installed=False)
         plugin = plugin_install.plugin_wheel(root / cache.WHEELS, write=cache.writable(root))

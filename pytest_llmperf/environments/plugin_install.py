@@ -1,7 +1,5 @@
-"""This plugin in a side's environment: the controller's own pytest-llmperf (same version, same files), and those of
-its requirements the side lacks, at the controller's versions, from wheels of the controller's distributions (no
-index needed). The side's versions constrain the install: a conflict fails the build with uv's words, naming both.
-Each wheel is written once, atomically, into a directory named by its content."""
+"""This plugin in a side's environment: the controller's own pytest-llmperf and the requirements the side lacks, from
+wheels of the controller's distributions, each written once into a directory named by its content."""
 
 from __future__ import annotations
 
@@ -58,8 +56,7 @@ def write_wheel(path: Path, files: Iterable[tuple[str, bytes]], dist_info: str) 
 
 
 def _wheel(path: Path, files: Callable[[], Iterable[tuple[str, bytes]]], dist_info: str, write: bool = True) -> Path:
-    """The wheel at `path` (in a directory named by its content), written unless there already, touched if it is
-    (neither where not `write`: a cache that is only read)."""
+    """The wheel at `path`, written unless there already, touched if it is; neither where the cache is only read."""
     if write and path.exists():
         touch(path.parent)
     elif write:
@@ -68,8 +65,7 @@ def _wheel(path: Path, files: Callable[[], Iterable[tuple[str, bytes]]], dist_in
 
 
 def plugin_wheel(into: Path, *, write: bool = True) -> tuple[str, Path]:
-    """The controller's pytest-llmperf as a wheel under `into`, from the package directory it imported (not written
-    where not `write`: a cache that is only read): (its version and a digest of its files, the wheel)."""
+    """The controller's pytest-llmperf, from the package directory it imported: (its version-digest, its wheel)."""
     import pytest_llmperf
 
     package = Path(pytest_llmperf.__file__).parent
@@ -97,8 +93,7 @@ def plugin_wheel(into: Path, *, write: bool = True) -> tuple[str, Path]:
 
 
 def repack(dist: importlib.metadata.Distribution, into: Path) -> Path:
-    """The installed distribution `dist` as a wheel under `into`, from its RECORD (scripts aside: an installer writes
-    them from entry_points.txt); EnvironmentsError where it cannot be (no RECORD, an editable install)."""
+    """The installed `dist` as a wheel, from its RECORD (scripts aside: an installer writes them again)."""
     name, version = dist.metadata["Name"], dist.version
     direct = json.loads(dist.read_text("direct_url.json") or "{}")
     if dist.files is None or (direct.get("dir_info") or {}).get("editable"):
@@ -148,8 +143,7 @@ def requirement_closure(name: str = PLUGIN, have: Mapping[str, str] | None = Non
 def install(
     run: Callable[..., Any], python: Path, installed: Mapping[str, str], wheel: Path, wheels_dir: Path, flags: list[str]
 ) -> None:
-    """Install the plugin wheel `wheel` and its missing requirements with `run` (uv's, for the side) into the
-    environment of `python`, whose distributions are `installed`."""
+    """Install `wheel` and the requirements that `installed` lacks into `python`'s environment with uv's `run`."""
     side_own = {name: version for name, version in installed.items() if name != PLUGIN}
     missing = requirement_closure(have=side_own)
     links, from_index = [str(wheel.parent)], []

@@ -1,6 +1,5 @@
-"""uv, found, asked its version, and run: each uv in a process group of its own that dies with the controller
-(docs/environments.md, "The cache"). An inherited UV_NO_CONFIG is dropped (it would hide the side's [tool.uv]), and
-VIRTUAL_ENV, so that uv acts only on the environment it is given."""
+"""uv, found and run: each uv in a process group of its own that dies with the controller (docs/environments.md,
+"The cache"). An inherited UV_NO_CONFIG would hide the side's [tool.uv], a VIRTUAL_ENV another environment: dropped."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ class Uv:
         hold: Sequence[int] = (),
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run `uv ARGS` in `cwd`, inheriting the descriptors `hold` (a cache entry's lock); BuildFailed naming `side`,
-        the command as it ran and what uv said, when it fails (unless not `check`)."""
+        """Run `uv ARGS` in `cwd`, inheriting `hold` (an entry's lock); BuildFailed with the command and uv's words."""
         environ = {**{k: v for k, v in os.environ.items() if k not in DROPPED}, **(env or {})}
         command, what = [self.path, *args], what or "uv"
         settings = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
