@@ -149,7 +149,7 @@ def _with_base_python(
             f"runs {ours.get(plugin)}: both sides must run the same plugin. Install it there: {path} -m pip install "
             f"{plugin}=={ours.get(plugin)}"
         )
-    tool, findings = find_uv(uv), dict[str, tuple[str, ...]]()
+    tool, findings, missed = find_uv(uv), dict[str, tuple[str, ...]](), list[str]()
     sides = (("base", detection.base, path, given.version),
              ("head", detection.head, sys.executable, platform.python_version()))  # fmt: skip
     for side, inputs, python, version in sides:
@@ -160,13 +160,13 @@ def _with_base_python(
             continue
         missing = build.Build(side, inputs, recipe, tool, settings).unsatisfied(python)
         findings[side] = tuple(f"does not hold what {recipe.label(settings)} asks for: {m}" for m in missing)
+        missed += [f"the {side} side's interpreter {python} {finding}" for finding in findings[side]]
     base = SideEnvironment("base", BASE_PYTHON, path, given.python_version, installed=given.installed,
                            findings=findings["base"])  # fmt: skip
     head = _here("head", CURRENT, installed=ours, findings=findings["head"])
-    missed = tuple(f"the {s.side} side's interpreter {s.python} {f}" for s in (base, head) for f in s.findings
-                   if not f.startswith("not checked"))  # fmt: skip
     if missed and mode != "code-only":
         raise CannotBuild("\n    ".join(["what a side runs is not what its files ask for, so the difference is not "
                                          "measured:", *missed]), files=detection.files, ways=(
             "install into each interpreter what its side's files ask for", CODE_ONLY_WAY))  # fmt: skip
-    return _record(detection, mode, base, head, changes=held_changes(given.installed, ours), not_measured=missed)
+    changes = held_changes(given.installed, ours)
+    return _record(detection, mode, base, head, changes=changes, not_measured=tuple(missed))
