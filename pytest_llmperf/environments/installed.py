@@ -96,9 +96,8 @@ def installed_here() -> dict[str, str]:
 
 
 def imported_distributions(modules: Iterable[str] | None = None, *, own: Iterable[str | Path] = ()) -> dict[str, str]:
-    """The versions of the distributions that provide these modules (default: every module imported here), leaving
-    out the standard library, modules of no distribution (the project's, from its checkout), and a distribution whose
-    metadata lies directly in one of the side's import roots `own` (the egg-info of `pip install -e .` in src/)."""
+    """The versions of the distributions that provide these modules (default: all imported here), but the standard
+    library, the project's own, and one whose metadata lies in a side's import root `own` (`pip install -e .`)."""
     names = list(sys.modules) if modules is None else modules  # a copy: another thread may import meanwhile
     providers = importlib.metadata.packages_distributions()
     roots = {Path(root).resolve() for root in own}
