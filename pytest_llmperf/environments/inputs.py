@@ -125,8 +125,9 @@ def named_paths(file: InputFile) -> Iterator[str]:
 
 def fingerprint(path: Path, content: bool) -> str:
     """A digest of what lies at `path`, a file or a directory: by content, or by size and modification time."""
-    files = [(".", path)]
-    if not path.is_file():
+    if path.is_file():
+        files = [(".", path)]
+    else:
         files = []
         for folder, subfolders, names in os.walk(path):
             subfolders[:] = [s for s in subfolders if s not in _SKIPPED]
