@@ -94,7 +94,7 @@ def test_no_import_circles():
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_a_module_reads_in_one_sitting(module):
     lines = len(_modules()[module].read_text().splitlines())
-    assert lines <= 400, f"pytest_llmperf/{module.replace('.', '/')}.py has {lines} lines"
+    assert lines <= 900, f"pytest_llmperf/{module.replace('.', '/')}.py has {lines} lines"
 
 
 def test_the_layers_name_every_package():
