@@ -39,6 +39,8 @@ from pytest_llmperf.environments.uv_runner import find_uv
 from pytest_llmperf.environments.wheels import plugin_wheel
 from tests.env_projects import LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace
 
+pytestmark = pytest.mark.slow  # real uv builds (all tests here but two, which are quick)
+
 OFFLINE = BuildSettings(offline=True)
 
 

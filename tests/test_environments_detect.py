@@ -91,6 +91,7 @@ def test_the_local_paths_a_requirements_file_names_are_fingerprinted(tmp_path, n
     assert detect(base, head).differs
 
 
+@pytest.mark.slow
 def test_the_local_paths_of_a_uv_project_are_fingerprinted_not_its_editable_code(tmp_path):
     base = uv_project(tmp_path / "base", "1.0")
     head = tmp_path / "head"
@@ -150,6 +151,7 @@ def test_a_byte_order_mark_is_read_through(tmp_path):
     assert recipe(base).requirements == ("requirements.txt",)
 
 
+@pytest.mark.slow
 def test_what_a_side_is_built_from_is_chosen_by_file_name(tmp_path):
     project = uv_project(tmp_path / "uv", "1.0")
     assert recipe(project).kind == UV_LOCK
