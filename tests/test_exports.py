@@ -165,3 +165,22 @@ def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, 
     runs = [r for b in report["benchmarks"][0]["batches"] for r in b["runs"]]
     assert {r["process"] for r in runs} == {1, 2, 3, 4}  # an update records twice --llmperf-processes
     assert float(case.get("time")) == pytest.approx(sum(r["values"]["e2e_ms"] for r in runs) / 1000, abs=2e-3)
+
+
+def test_junit_properties_of_benchmarks_measured_in_worker_processes_sit_beside_the_users_own(project, run,  # noqa: F811
+                                                                                               monkeypatch):
+    monkeypatch.setenv("LLMPERF_PROCESSES", "2")  # the tests measured in workers have no fixtures in this process
+    project.makepyfile(test_own="def test_own(record_testsuite_property):\n"
+                                "    record_testsuite_property('mine', 'kept')\n")
+    xml = project.path / "workers.xml"
+    run("--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=2)
+    props = suite_properties(valid_xunit2(xml))
+    assert props["mine"] == "kept" and props[f"{PREFIX} outcome"] == "created"
+    assert float(props[f"{PREFIX} bs=2 prefill_ms median (ms)"]) > 0
+    assert all(case.find("properties") is None for case in ET.parse(xml).getroot().iter("testcase"))
+
+    from pytest_llmperf.report.exports import add_suite_properties
+
+    add_suite_properties(xml, [("llmperf note", "a server's \x1b[31mred\x1b[0m")])  # XML 1.0 cannot hold ESC
+    props = suite_properties(valid_xunit2(xml))
+    assert props["llmperf note"] == "a server's #x1B[31mred#x1B[0m" and props["mine"] == "kept"
