@@ -156,17 +156,17 @@ def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
 
 
 def row_properties(prefix: str, row: Row) -> list[tuple[str, str]]:
-    """One verdict row: the medians, `ratio now/baseline (medians, ...)` = now median / baseline median (the
-    terminal's and markdown's "Ratio now/baseline"), `estimated ratio now/baseline` = the gate's
-    estimate with its 95% CI where the row has one, and the verdict."""
+    """One verdict row: the medians, `ratio now/baseline (medians, ...)` = now median / baseline median (the JSON
+    report's `medians_ratio`), `estimated ratio now/baseline` = the gate's estimate with its 95% CI where the row has
+    one (the tables' "Ratio estimate [95% CI]"), and the verdict."""
     name = f"{prefix} bs={row.batch_size} {row.metric}"
     if row.metric == "*":
         return [(f"{name} verdict", row.verdict + (f": {row.note}" if row.note else ""))]
     unit = unit_of(row.metric)
     props = [(f"{name} baseline median ({unit})", _num(row.baseline)), (f"{name} now median ({unit})", _num(row.now))]
     worse = "higher" if metric_better(row.metric) == "lower" else "lower"
-    if row.baseline and row.now is not None:
-        props.append((f"{name} ratio now/baseline (medians, {worse} is worse)", _num(row.now / row.baseline)))
+    if row.medians_ratio() is not None:
+        props.append((f"{name} ratio now/baseline (medians, {worse} is worse)", _num(row.medians_ratio())))
     if row.ratio is not None and row.ci_low is not None and row.ci_high is not None:
         props.append((f"{name} estimated ratio now/baseline ({worse} is worse)", _num(row.ratio)))
         props.append((f"{name} estimated ratio 95% CI", f"{_num(row.ci_low)} to {_num(row.ci_high)}"))

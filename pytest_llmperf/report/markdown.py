@@ -19,7 +19,7 @@ import numpy as np
 
 from ..files import strict_json, write_text_atomic
 from ..judge.environment import describe_cpu
-from ..judge.verdicts import Kind, Row
+from ..judge.verdicts import Kind
 from ..measure.metrics import METRICS, PERCENTILE_METHOD
 from ..measure.records import BenchmarkResult
 from .benchmark_tables import benchmark_section, runs_taken
@@ -229,12 +229,6 @@ def markdown(document: Mapping[str, Any], counts_line: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def medians_ratio(row: Row) -> float | None:
-    """Now's median over the baseline's: the JSON report keeps it beside the ratio the verdict rests on (`ratio`, the
-    gate's estimate), which is the one the tables show."""
-    return row.now / row.baseline if row.baseline and row.now is not None else None
-
-
 def json_document(
     device: str,
     created: str,
@@ -268,7 +262,7 @@ def json_document(
             }
             for o in outcomes
         ],
-        "verdicts": [{**r.__dict__, "medians_ratio": medians_ratio(r)} for o in outcomes for r in o.rows],
+        "verdicts": [{**r.__dict__, "medians_ratio": r.medians_ratio()} for o in outcomes for r in o.rows],
         "counts": dict(counts),
     }
 
