@@ -40,6 +40,8 @@ from tests.env_projects import (
     LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace, workspace_with_a_library,
 )  # fmt: skip
 
+pytestmark = pytest.mark.slow  # real uv builds (all tests here but two, which are quick)
+
 OFFLINE = BuildSettings(offline=True)
 
 

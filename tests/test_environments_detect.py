@@ -91,6 +91,7 @@ def test_the_local_paths_a_requirements_file_names_are_fingerprinted(tmp_path, n
     assert detect(base, head).differs
 
 
+@pytest.mark.slow
 def test_the_local_paths_of_a_uv_project_are_fingerprinted_its_editable_sources_too_not_the_project(tmp_path):
     # An editable source goes into an environment as a copy (build.COPIES): a link into the checkout it was built
     # from went with the base side's worktree, or followed the working tree. The project is imported from its checkout.
@@ -155,6 +156,7 @@ def test_a_byte_order_mark_is_read_through(tmp_path):
     assert recipe(base).requirements == ("requirements.txt",)
 
 
+@pytest.mark.slow
 def test_what_a_side_is_built_from_is_chosen_by_file_name(tmp_path):
     project = uv_project(tmp_path / "uv", "1.0")
     assert recipe(project).kind == UV_LOCK
