@@ -73,6 +73,22 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def drop_set_here(pytest_args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the steps' pytest arguments less the options each step sets itself, those left out): a red job's command,
+    pasted, keeps its --llmperf-compare."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    args = iter(pytest_args)
+    for arg in args:
+        if arg in SET_HERE:  # --llmperf-json FILE
+            dropped.append(f"{arg} {next(args, '')}".strip())
+        elif arg.split("=")[0] in SET_HERE:
+            dropped.append(arg)
+        else:
+            kept.append(arg)
+    return kept, dropped
+
+
 def commit_range(root: Path, good: str, bad: str) -> tuple[str, str, list[str]]:
     """(GOOD's sha, BAD's sha, the first-parent commits after GOOD up to BAD, oldest first)."""
     if git(root, "rev-parse", "--show-toplevel") is None:
@@ -215,10 +231,9 @@ def bisect(
 def main(argv: Sequence[str]) -> int:
     own, pytest_args = split_argv(argv)
     args = parser().parse_args(own)
-    given = [a for a in pytest_args if a.split("=")[0] in SET_HERE]
-    if given:
-        print(f"{PROG}: error: {', '.join(given)}: each step sets it itself; leave it out", file=sys.stderr)
-        return 2
+    pytest_args, dropped = drop_set_here(pytest_args)
+    if dropped:
+        print(f"bisect: left out {', '.join(dropped)}: each step sets it itself")
     try:
         result = bisect(Path.cwd(), args.good, args.bad, pytest_args, args.out, metrics=args.metric,
                         batch_size=args.batch_size, python=args.python)  # fmt: skip

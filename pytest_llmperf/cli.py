@@ -67,16 +67,20 @@ def migrate_baselines(paths: Sequence[Path]) -> int:
     return 2 if errors else 0
 
 
+def bisect(argv: Sequence[str]) -> int:
+    from .bisection_run import main as bisect_main
+
+    return bisect_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["history"]:
         from .history.cli import main as history_main
 
-        return history_main(argv[1:])
+        return history_main(argv[1:], run_bisect=bisect)  # `history bisect ID` runs `bisect`
     if argv[:1] == ["bisect"]:
-        from .bisection_run import main as bisect_main
-
-        return bisect_main(argv[1:])
+        return bisect(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "migrate-baselines":
         return migrate_baselines(args.paths)
