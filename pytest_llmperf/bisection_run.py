@@ -14,7 +14,6 @@ import argparse
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -197,8 +196,8 @@ def bisect(
         result.steps.append(done)
         result.seconds = clock() - started
         ratio = f"{row.text()}; " if row else ""
-        say(f"bisect: step {number}: {commit[:10]} {outcome}: {ratio}{why} ({done.seconds:.0f} s; {result.seconds:.0f} s "
-            f"in all)")  # fmt: skip
+        took = f"{done.seconds:.0f} s; {result.seconds:.0f} s in all"
+        say(f"bisect: step {number}: {commit[:10]} {outcome}: {ratio}{why} ({took})")
         _write(result, out)
         return done
 

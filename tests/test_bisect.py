@@ -228,3 +228,37 @@ def test_a_red_ab_job_prints_the_bisect_command_of_its_two_commits():
     assert line in summary_lines(session())
     assert bisect_line(session(dirty=True)) == []  # the change is not (only) in a commit
     assert bisect_line(session(commit="1" * 40)) == []  # A/B against HEAD: one commit
+
+
+@pytest.mark.slow
+def test_sigterm_mid_step_stops_its_pytest_and_removes_every_worktree(tmp_path):
+    import signal
+    import time
+
+    project, tmp = tmp_path / "project", tmp_path / "tmp"
+    tmp.mkdir()
+    shas = make_history(project, 4, {2: 1.10})
+    env = {k: v for k, v in os.environ.items() if k not in {o.env for o in OPTIONS}}
+    env["TMPDIR"] = str(tmp)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_llmperf", "bisect", shas[0], shas[-1], "--", *STEP_ARGS],
+                            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        seen = ""
+        for line in proc.stdout:  # the step's own process lines: its A/B job is measuring
+            seen += line
+            if line.startswith("    llmperf: process"):
+                break
+        proc.send_signal(signal.SIGTERM)  # a cancelled CI job
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, seen + out
+    assert "bisect: interrupted after 0 step(s)" in out
+    report = json.loads((project / "reports" / "bisect" / "bisect.json").read_text())
+    assert report["status"] == "interrupted"
+    assert git(project, "worktree", "list").count("\n") == 0
+    deadline = time.monotonic() + 30  # the step's pytest removes its own worktree of GOOD as it stops
+    while list(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(tmp.iterdir()) == []
