@@ -34,6 +34,10 @@ SET_HERE = ("--llmperf-compare", "--llmperf-json", "--llmperf-report-dir", "--ll
 Say = Callable[[str], None]
 
 
+def say_now(text: str) -> None:
+    print(text, flush=True)  # a CI log is a pipe: each line as it happens
+
+
 class BisectError(Exception):
     """A bisection that cannot start (an unknown commit, GOOD not before BAD); said in one line, exit 2."""
 
@@ -166,7 +170,7 @@ def bisect(
     metrics: Sequence[str] = (),
     batch_size: int | None = None,
     python: str = sys.executable,
-    say: Say = print,
+    say: Say = say_now,
     clock: Callable[[], float] = time.monotonic,
 ) -> Bisection:
     """Bisect the first-parent commits after GOOD up to BAD; the steps, the first bad commit and whether its
@@ -183,15 +187,17 @@ def bisect(
 
     def step(index: int, against: str, role: str) -> Step:
         commit = commits[index]
+        title = subject(cwd, commit)
         number = len(result.steps) + 1
-        where = f"commit {index + 1} of {len(commits)}"
-        say(f"bisect: step {number} ({role}): {commit[:10]} ({where}) {subject(cwd, commit)!r} against {against[:10]}")
+        other = f"{'GOOD' if against == good_sha else 'its parent'} {against[:10]}"
+        say(f"bisect: step {number} ({role}): {commit[:10]} (commit {index + 1} of {len(commits)}) {title!r} against "
+            f"{other}")  # fmt: skip
         began = clock()
         code, report, log = run_step(cwd, commit, against, pytest_args, out, number, python, say)
         regressed = [s.row for s in result.steps if s.outcome == BAD and s.row]
         focus = (regressed[-1].metric, regressed[-1].batch_size) if regressed else None
         outcome, why, row = step_outcome(_read(report), code, metrics, batch_size, focus)
-        done = Step(number, commit, subject(cwd, commit), against, role, outcome, why, row, clock() - began, code,
+        done = Step(number, commit, title, against, role, outcome, why, row, clock() - began, code,
                     str(log))  # fmt: skip
         result.steps.append(done)
         result.seconds = clock() - started
