@@ -262,3 +262,14 @@ def test_sigterm_mid_step_stops_its_pytest_and_removes_every_worktree(tmp_path):
     while list(tmp.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list(tmp.iterdir()) == []
+
+
+def test_a_result_its_parent_does_not_confirm_or_skipped_neighbours_fail_and_say_why():
+    result = Bisection("a" * 40, "b" * 40, 8, "pytest")
+    result.first_bad, result.subject, result.status = "d" * 40, "commit 5", "not-confirmed"
+    assert "against its parent it is not" in result.verdict() and "accumulated" in result.verdict()
+    assert result.exit_code() == 1
+    result.status, result.suspects = "ambiguous", ["c" * 40, "d" * 40]
+    assert result.verdict().startswith("the first bad commit is one of cccccccccccc, dddddddddddd")
+    result.status = "interrupted"
+    assert result.exit_code() == 130
