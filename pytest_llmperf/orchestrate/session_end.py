@@ -47,6 +47,7 @@ class SessionEnd:
             export=settings.export,
             fingerprint=fingerprint,
             compared_to=llm.compared_to,
+            compared_commit=llm.compared_commit,
             processes_used=list(llm.processes_used),
             rerun=llm.rerun,
             environment_lines=envs.shown_lines(
