@@ -245,10 +245,15 @@ def test_sigterm_mid_step_stops_its_pytest_and_removes_every_worktree(tmp_path):
                             cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         seen = ""
-        for line in proc.stdout:  # the step's own process lines: its A/B job is measuring
+        for line in proc.stdout:
             seen += line
-            if line.startswith("    llmperf: process"):
+            if line.startswith("bisect: step 1 (bisect)"):
                 break
+        # the step's pytest is measuring once its own worktree of GOOD sits beside the step's worktree; a step takes
+        # seconds (7 s on a quiet machine), its process lines come only every 8 s, so they are no signal to wait for
+        deadline = time.monotonic() + 120
+        while len(list(tmp.iterdir())) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)  # a cancelled CI job
         out, _ = proc.communicate(timeout=60)
     finally:
