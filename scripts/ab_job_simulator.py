@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pytest_llmperf.judge import allocation, procedure, stats  # noqa: E402
 from pytest_llmperf.judge.verdicts import Verdict  # noqa: E402
-from pytest_llmperf.orchestrate.campaign import BUDGET_FACTOR  # noqa: E402
+from pytest_llmperf.orchestrate.campaign import auto_budget  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Job:
     most_runs: int = 30
     rtol: float = 0.05
     alpha: float = 0.01
-    budget: float | None = None  # seconds of rounds; None: auto, BUDGET_FACTOR times the first look's
+    budget: float | None = None  # seconds of rounds; None: auto, as the campaign sets it from the first look's
     fixed_s: float = 0.7  # a round's fixed part
     run_s: tuple[float, ...] = (0.08, 0.26)  # one run of each batch size, both sides
     setup_s: float = 6.0  # what a job costs besides its rounds (pytest, the ref's checkout and collection)
@@ -161,7 +161,7 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
         if index < schedule.looks[look]:
             continue
         if budget is None:  # auto: as the campaign sets it at the first look
-            budget = BUDGET_FACTOR * seconds
+            budget = auto_budget(seconds)
         final = look + 1 >= len(schedule.looks) or seconds + allocation.round_seconds(costs, runs) > budget
         open_rows = [r for r in range(rows.count) if verdicts[r] is None]
         reference, current = rows.arrays(open_rows)

@@ -227,24 +227,27 @@ def test_a_counting_worker_that_ran_the_other_sides_environment_fails_the_job(co
     }
 
 
-def test_an_ab_job_stops_at_its_budget_and_an_open_row_says_its_bound(collect, monkeypatch):
-    """--llmperf-budget: rounds of 3 s on an injected clock, 30 s to spend; rows at the tolerance stay open past the
-    planned look, and the round after which the budget could not pay another is the last look, whatever the cap."""
+@pytest.mark.parametrize(("budget", "round_s"), [("30", 3.0), ("auto", 60.0)])
+def test_an_ab_job_stops_at_its_budget_and_an_open_row_says_its_bound(collect, monkeypatch, budget, round_s):
+    """--llmperf-budget: rounds on an injected clock, 10 rounds' worth to spend (30 s of rounds of 3 s; auto with a
+    first look of 5 rounds of 60 s: the first look and 5 min more, not 5 times it); rows at the tolerance stay open
+    past the planned look, and the round after which the budget could not pay another is the last look, whatever the
+    cap."""
     now = [0.0]
     monkeypatch.setattr("pytest_llmperf.orchestrate.campaign.time.monotonic", lambda: now[0])
     items = collect("--llmperf-compare=HEAD", "--llmperf-processes=5", "--llmperf-max-processes=40",
-                    "--llmperf-budget=30")
+                    f"--llmperf-budget={budget}")
     pool = FakePool(slowdown={"B": 1.05}, noise=0.08)
     run_round = pool.run_round
 
     def timed(specs):
-        now[0] += 3.0
+        now[0] += round_s
         return run_round(specs)
 
     pool.run_round = timed
     campaign = FakeCampaign(items[0].config, pool)
     campaign.run(items)
-    assert max(spec.index for spec in pool.specs) <= 10  # 30 s of rounds of 3 s, not the cap of 40
+    assert max(spec.index for spec in pool.specs) <= 10  # 10 rounds' worth, not the cap of 40
     later = [spec for spec in pool.specs if spec.index > 5]
     assert later and all(isinstance(runs, int) for spec in later for runs in spec.batch_sizes[spec.nodeids[0]].values())
     failures = [d.failure for d in campaign.decisions.values() if d.failure]

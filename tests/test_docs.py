@@ -12,7 +12,7 @@ from pytest_llmperf.judge.verdicts import JUDGED, NOT_JUDGED
 from pytest_llmperf.orchestrate import worker
 from pytest_llmperf.orchestrate.option_values import DEFAULT_FAIL_ON
 from pytest_llmperf.orchestrate.options import OPTIONS_BY_NAME
-from pytest_llmperf.orchestrate.campaign import BUDGET_FACTOR
+from pytest_llmperf.orchestrate.campaign import BUDGET_FACTOR, BUDGET_MOST_MORE_S
 from pytest_llmperf.orchestrate.session import DEFAULT_AB_PROCESSES, DEFAULT_PROCESSES, DEFAULT_RTOL
 from pytest_llmperf.orchestrate import campaign_progress
 from pytest_llmperf.report.verdict_table import CELL_LIMIT
@@ -66,6 +66,7 @@ def test_the_gate_page_states_the_codes_figures():
     assert (f"an interim look every {procedure.INTERIM_EVERY} rounds spends {procedure.INTERIM_SHARE:.0%} (at most "
             f"{procedure.INTERIM_LOOKS} of them)") in text
     assert f"`auto` is {BUDGET_FACTOR:g} times the first look's time" in text
+    assert f"and at most {BUDGET_MOST_MORE_S / 60:g} min more than the first look" in text
 
 
 def test_the_workers_page_states_the_progress_figures():

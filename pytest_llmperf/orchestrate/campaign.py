@@ -43,8 +43,16 @@ from .pool import WorkerPool
 from .protocol import ENV_IMPORTS, ENV_OUT, Record, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
 
-#: --llmperf-budget when auto: this many times the first look's time (the cap of processes is 5 times the first look's).
+#: --llmperf-budget when auto: this many times the first look's time (the cap of processes is 5 times the first look's),
+#: and at most BUDGET_MOST_MORE_S more than it: a suite of many tests (the shipped one's first look took 5-10 min on a
+#: 2-core runner) would otherwise grant its few undecided rows an hour, where a small project's job gets a minute or two.
 BUDGET_FACTOR = 5.0
+BUDGET_MOST_MORE_S = 300.0
+
+
+def auto_budget(first_look_s: float) -> float:
+    """--llmperf-budget=auto: the seconds a job's rounds may take, from its first look's."""
+    return min(BUDGET_FACTOR * first_look_s, first_look_s + BUDGET_MOST_MORE_S)
 
 
 def _timed_seconds(runs: list[WorkerRun]) -> float:
@@ -260,7 +268,7 @@ class Campaign:
                 self._estimate()
             looking = [n for n, plan in due.items() if plan.units == index]
             if looking and self.llm.settings.compare and self.llm.settings.budget == "auto" and self.budget is None:
-                self.budget = BUDGET_FACTOR * (time.monotonic() - self.started)  # auto: from the first look's time
+                self.budget = auto_budget(time.monotonic() - self.started)
             for nodeid, plan in due.items():  # past the first look, a budget spent makes this round's look the last
                 if nodeid not in looking and plan.look > 0 and self._spent(plan):
                     plan.schedule = capped_at(plan.schedule, index)

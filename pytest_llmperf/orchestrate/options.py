@@ -156,7 +156,7 @@ class CoreOptions:
     )
     budget: float | str = option(
         "Seconds an A/B job's rounds may take; its runs and processes are chosen within them "
-        "(default: auto, 5 times its first look's)",
+        "(default: auto, 5 times its first look's, at most 5 min more than it)",
         parsers.budget,
         default="auto",
         metavar="SECONDS|auto",
