@@ -22,6 +22,8 @@ def test_a_long_campaign_is_estimated_from_its_first_round():
     assert campaign_progress.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
     assert "up to" not in campaign_progress.campaign_estimate(3.0, [plan(400, 400)])
     assert campaign_progress.campaign_estimate(3.0, []) is None
+    budgeted = campaign_progress.campaign_estimate(60.0, [plan(8, 40)], budget_s=780.0)  # an A/B job's budget
+    assert "about 8 min, up to 13 min if rows stay undecided (the cap or the budget, --llmperf-budget)" in budgeted
 
 
 def test_the_estimate_is_said_after_the_first_round(project, run, monkeypatch):

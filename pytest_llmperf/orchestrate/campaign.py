@@ -264,8 +264,8 @@ class Campaign:
             except WorkerError as exc:
                 self._fail_all([plan.item for plan in self.plans.values()], f"llmperf: {exc}")
                 return
-            if index == 1:  # a long campaign says how long, once the first round is timed
-                self._estimate()
+            if index == 1:  # a long campaign says how long, once the first round is timed (its wall time: the two
+                self._estimate(time.monotonic() - began)  # sides of a round take turns or run one after the other)
             looking = [n for n, plan in due.items() if plan.units == index]
             if looking and self.llm.settings.compare and self.llm.settings.budget == "auto" and self.budget is None:
                 self.budget = auto_budget(time.monotonic() - self.started)
@@ -344,9 +344,12 @@ class Campaign:
             self.progress.done(done[-1].seconds, side=spec.side.label)
         return done
 
-    def _estimate(self) -> None:
-        first = sum(runs[0].seconds for runs in self.measurements.runs.values() if runs)
-        said = campaign_progress.campaign_estimate(first, [plan.schedule for plan in self.plans.values()])
+    def _estimate(self, round_s: float) -> None:
+        schedules = [plan.schedule for plan in self.plans.values()]
+        budget = self.budget
+        if self.llm.settings.compare and self.llm.settings.budget == "auto" and schedules:
+            budget = auto_budget(round_s * max(schedule.looks[0] for schedule in schedules))
+        said = campaign_progress.campaign_estimate(round_s, schedules, budget)
         if said:
             self.progress.say(said)
 

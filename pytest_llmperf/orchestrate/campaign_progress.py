@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: Not a tty: a line at least this often while a worker runs (issue 22: no silence longer than 10 s).
 LINE_EVERY_S = 8.0
 #: A first look expected to take longer than this is announced with its estimate (campaign_estimate).
-LONG_FIRST_LOOK_S = 15 * 60
+LONG_FIRST_LOOK_S = 5 * 60
 #: A tty: the status line is rewritten at most this often.
 STATUS_EVERY_S = 0.25
 
@@ -228,20 +228,19 @@ def for_terminal(config: pytest.Config) -> CampaignProgress:
     )
 
 
-def campaign_estimate(round_s: float, schedules: Sequence[Schedule]) -> str | None:
+def campaign_estimate(round_s: float, schedules: Sequence[Schedule], budget_s: float | None = None) -> str | None:
     """How long the campaign will take at the first round's pace, when its first look takes more than
-    LONG_FIRST_LOOK_S (--llmperf-processes=1000 ran 1000 rounds, about 50 minutes, without a word)."""
+    LONG_FIRST_LOOK_S (--llmperf-processes=1000 ran 1000 rounds, about 50 minutes, without a word); `budget_s`: the
+    most seconds an A/B job's rounds may take."""
     if not schedules:
         return None
     first = max(schedule.looks[0] for schedule in schedules)
     cap = max(schedule.cap for schedule in schedules)
     if round_s * first <= LONG_FIRST_LOOK_S:
         return None
-    up_to = (
-        f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)"
-        if cap > first
-        else ""
-    )
+    most = round_s * cap if budget_s is None else min(round_s * cap, max(budget_s, round_s * first))
+    bounds = "the cap, --llmperf-max-processes" if budget_s is None else "the cap or the budget, --llmperf-budget"
+    up_to = f", up to {most / 60:.0f} min if rows stay undecided ({bounds})" if most > round_s * first else ""
     return (
         f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "
         f"min{up_to}; fewer processes (--llmperf-processes) take less. Ctrl-C stops cleanly"
