@@ -157,8 +157,8 @@ def inconclusive(project, run, monkeypatch):
 def test_inconclusive_not_listed_passes_and_is_counted(inconclusive, run):
     result = run("--llmperf-fail-on=regressed,missing", "--llmperf-max-runs=10")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at the "
-                                 "cap)", "*| prefill_ms | 1 *| inconclusive: *undecided at 10 runs per side*",
+    result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at their "
+                                 "last look)", "*| prefill_ms | 1 *| inconclusive: *undecided at 10 runs per side*",
                                  "1 inconclusive"])
 
 

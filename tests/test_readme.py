@@ -47,8 +47,8 @@ def readme_files():
 
 #: What a loaded machine adds to the README's outputs (the suite does not fail on inconclusive), as normal() writes
 #: it: a row undecided at the cap, and the summary's count of them. The README shows a quiet machine's.
-LOADED = (("; # of the judged inconclusive: undecided at the cap)", ")"),
-          (" (# of the judged inconclusive: undecided at the cap)", ""), ("| inconclusive |", "| pass |"))  # fmt: skip
+LOADED = (("; # of the judged inconclusive: undecided at their last look)", ")"),
+          (" (# of the judged inconclusive: undecided at their last look)", ""), ("| inconclusive |", "| pass |"))  # fmt: skip
 
 
 def normal(line):
@@ -159,10 +159,11 @@ def test_the_readme_flow_runs_as_written(project):
 def test_a_loaded_machines_inconclusive_rows_read_as_the_readmes_lines():
     # Asserting the README's summary line exactly failed whenever a loaded run added "1 of the judged inconclusive".
     shown = "llmperf: judged 1 of 2 benchmarks (1 missing: no baseline)"
-    loaded = "llmperf: judged 1 of 2 benchmarks (1 missing: no baseline; 1 of the judged inconclusive: undecided at the cap)"
+    loaded = ("llmperf: judged 1 of 2 benchmarks (1 missing: no baseline; 1 of the judged inconclusive: undecided at "
+              "their last look)")
     assert normal(loaded) == normal(shown)
-    assert normal("llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at the cap)") == normal(
-        "llmperf: judged 1 of 1 benchmarks")
+    judged = "llmperf: judged 1 of 1 benchmarks"
+    assert normal(f"{judged} (1 of the judged inconclusive: undecided at their last look)") == normal(judged)
     assert normal("| t | prefill_ms | 1 | 9.8 ms | 9.9 ms | 1.006 | 1.004 [0.9, 1.1] | 0.3 (1) | inconclusive |") == normal(
         "| t | prefill_ms | 1 | 9.8 ms | 9.9 ms | 1.006 | 1.004 [0.9, 1.1] | 0.3 (1) | pass |")
     assert normal("llmperf: judged 0 of 2 benchmarks (2 missing: no baseline): nothing was compared") != normal(shown)

@@ -186,7 +186,7 @@ def reason_of(outcome: Outcome) -> str:
             else "not comparable"
         )
     if kind == Kind.INCONCLUSIVE:
-        return "undecided at the cap"
+        return "undecided at their last look"
     return ""
 
 

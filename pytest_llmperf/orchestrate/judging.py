@@ -240,8 +240,8 @@ def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[
     if inconclusive:
         return [
             *inconclusive,
-            "Measure more units where a row stays undecided (--llmperf-max-processes, or "
-            "max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)",
+            "Measure more units where a row stays undecided (--llmperf-budget in an A/B job, --llmperf-max-processes, "
+            "or max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)",
         ]
     return []
 

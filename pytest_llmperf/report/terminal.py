@@ -47,7 +47,7 @@ def judged_line(session: SessionSummary) -> tuple[str, str]:
     if invalid:
         parts.append(f"{invalid} not run: settings that cannot work")
     if kinds.count(Kind.INCONCLUSIVE):
-        parts.append(f"{kinds.count(Kind.INCONCLUSIVE)} of the judged inconclusive: undecided at the cap")
+        parts.append(f"{kinds.count(Kind.INCONCLUSIVE)} of the judged inconclusive: undecided at their last look")
     total = len(outcomes) + skipped + invalid
     line = f"llmperf: judged {judged} of {total} benchmarks" + (f" ({'; '.join(parts)})" if parts else "")
     if not session.gating and all(k in (Kind.CREATED, Kind.UPDATED) for k in kinds):
