@@ -45,7 +45,7 @@ from .session import LLMPerfSession
 
 #: --llmperf-budget when auto: this many times the first look's time (the cap of processes is 5 times the first look's),
 #: and at most BUDGET_MOST_MORE_S more than it: a suite of many tests (the shipped one's first look took 5-10 min on a
-#: 2-core runner) would otherwise grant its few undecided rows an hour, where a small project's job gets a minute or two.
+#: 2-core runner) would otherwise grant its few undecided rows an hour, where a small project's job gets a minute or 2.
 BUDGET_FACTOR = 5.0
 BUDGET_MOST_MORE_S = 300.0
 

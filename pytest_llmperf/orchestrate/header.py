@@ -69,7 +69,8 @@ def _measured_how(llm: LLMPerfSession) -> str:
         "exec": "each a fresh interpreter",
     }[s.worker_start]
     if s.compare:
-        budget = "5 times the first look's time, at most 5 min more (auto)" if s.budget == "auto" else f"{float(s.budget):g} s"
+        auto_budget = "5 times the first look's time, at most 5 min more (auto)"
+        budget = auto_budget if s.budget == "auto" else f"{float(s.budget):g} s"
         return (
             f"processes={llm.processes}{auto} per side at the first look (worker processes, {started}; the gate "
             f"tests the means of their runs, pair by pair), then a look where this job's spreads say its undecided "
