@@ -23,6 +23,7 @@ the same runs, side by side, and the report's "Policy pairs" gives their paired 
 from typing import Any
 
 import pytest
+from every_core import every_core_marks
 
 from pytest_llmperf.orchestrate.fixtures import SESSION_KEY
 from pytest_llmperf.offload.engine import physical_cores
@@ -60,7 +61,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # The thread counts depend on the target and the machine, so the cases are made at collection.
     if "knobs" in metafunc.fixturenames:
         runs = sweep(metafunc.config.stash[SESSION_KEY].device != "cpu", physical_cores())
-        metafunc.parametrize("knobs", [k for _, k in runs], ids=[i for i, _ in runs])
+        metafunc.parametrize("knobs", [pytest.param(k, id=i, marks=every_core_marks(k["threads"])) for i, k in runs])
 
 
 @pytest.mark.llmperf(batch_sizes=[1], sequence_length=16, decode_length=8, group="seed004",
