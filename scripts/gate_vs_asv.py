@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -202,6 +203,7 @@ def main() -> int:
     args = parser.parse_args()
     conditions = args.condition or ["quiet", "busy"]
     tools = args.tool or list(TOOLS)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its temporary project
     work = Path(tempfile.mkdtemp(prefix="llmperf-vs-asv-"))
     out = args.out.resolve() if args.out else work / "jobs"
     out.mkdir(parents=True, exist_ok=True)
