@@ -26,7 +26,7 @@ def require_tgi(config: pytest.Config) -> bool:
     launcher = OPTIONS_BY_NAME["tgi_launcher"].value(config)
     if shutil.which(launcher) is None:
         pytest.skip(f"no TGI here: {launcher!r} is not on PATH. Attach to a server with --llmperf-tgi-url=URL, "
-                    "or install text-generation-inference (--llmperf-tgi-launcher=PATH)")
+                    "or install text-generation-inference (-o llmperf_tgi_launcher=PATH)")
     if visible_gpus() == 0 and not os.environ.get("LLMPERF_TGI_ALLOW_CPU"):
         pytest.skip("text-generation-launcher found but no GPU is visible; set LLMPERF_TGI_ALLOW_CPU=1 to run "
                     "TGI on CPU anyway, or attach with --llmperf-tgi-url=URL")

@@ -155,7 +155,7 @@ def test_junit_says_refused_when_every_row_was_refused(project, run):  # noqa: F
 
 
 def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, run, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("LLMPERF_PROCESSES", "2")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=2")
     xml = project.path / "workers.xml"
     # the call's duration alone: by default a testcase's time also holds its setup and teardown (a few ms here,
     # which a loaded machine pushed past the tolerance below)

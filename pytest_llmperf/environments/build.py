@@ -138,7 +138,7 @@ def recipe_for(inputs: DependencyInputs, settings: BuildSettings, version: str, 
     if declares or project.get("dependency-groups") or (settings.groups and project):
         return Recipe(PYPROJECT, ("pyproject.toml",))
     extras = ", ".join(project.get("optional-dependencies") or ())
-    hint = f"; its dependencies are only extras ({extras}): name them with --llmperf-env-extras" if extras else ""
+    hint = f"; its dependencies are only extras ({extras}): name them in llmperf_env_extras (ini)" if extras else ""
     raise CannotBuild(f"{inputs.root} declares no dependencies to build from (no uv.lock, pylock.toml, requirements "
                       f"file or pyproject.toml [project] dependencies){hint}", side=side)  # fmt: skip
 
@@ -256,8 +256,8 @@ def build_side(
             return record(CACHE_HIT, now)
         raise CannotBuild(f"the environments' cache {env_dir} cannot be written, and it holds no usable environment "
                           f"for this side{f' ({why})' if why else ''}", side=side,
-                          fix="give a writable directory: --llmperf-env-dir=PATH (ini llmperf_env_dir, or "
-                          "LLMPERF_ENV_DIR)")  # fmt: skip
+                          fix="give a writable directory: -o llmperf_env_dir=PATH, or the ini key "
+                          "llmperf_env_dir")  # fmt: skip
     with cache.entry_lock(directory) as lock:
         now, why = reusable()
         if now is not None and why is None:

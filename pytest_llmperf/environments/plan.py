@@ -144,7 +144,7 @@ def _build_both(
         raise CannotBuild(str(exc), files=detection.files) from None
     except OSError as exc:
         raise CannotBuild(f"cannot write the environments' cache: {exc}", files=detection.files,
-                          fix="give a writable directory: --llmperf-env-dir=PATH") from None  # fmt: skip
+                          fix="give a writable directory: -o llmperf_env_dir=PATH") from None  # fmt: skip
 
     def one(side: str) -> SideEnvironment:
         inputs = detection.base if side == "base" else detection.head
@@ -157,8 +157,8 @@ def _build_both(
             raise CannotBuild(str(exc), side=side, files=detection.files) from None
         except OSError as exc:  # the cache: a file where a directory goes, a full disk
             raise CannotBuild(f"cannot write the environments' cache: {exc}", side=side, files=detection.files,
-                              fix="give a writable directory: --llmperf-env-dir=PATH (ini llmperf_env_dir, or "
-                              "LLMPERF_ENV_DIR)") from None  # fmt: skip
+                              fix="give a writable directory: -o llmperf_env_dir=PATH, or the ini key "
+                              "llmperf_env_dir") from None  # fmt: skip
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmperf-env") as pool:
         futures = [pool.submit(one, side) for side in ("base", "head")]

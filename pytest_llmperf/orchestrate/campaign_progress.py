@@ -238,7 +238,7 @@ def campaign_estimate(round_s: float, schedules: Sequence[Schedule]) -> str | No
     if round_s * first <= LONG_FIRST_LOOK_S:
         return None
     up_to = (
-        f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, --llmperf-max-processes)"
+        f", up to {round_s * cap / 60:.0f} min if rows stay undecided (the cap, llmperf_max_processes)"
         if cap > first
         else ""
     )

@@ -14,7 +14,10 @@ NOT_REPEATED = ("update", "update_missing", "device")
 
 
 def _format(name: str, value: Any) -> list[str]:
-    cli = OPTIONS_BY_NAME[name].cli
+    option = OPTIONS_BY_NAME[name]
+    if option.expert:  # an ini key only: set for the one run
+        return ["-o", shlex.quote(f"{option.ini}={value}")]
+    cli = option.cli
     if isinstance(value, bool):
         return [cli] if value else []
     if isinstance(value, Mapping):  # --llmperf-model NAME=PATH, repeated
