@@ -141,6 +141,7 @@ def test_compare_deps_refuses_other_values():
 def test_extra_dependency_paths():
     assert option_values.path_list(["ci/torch.txt", " docker/*.env "]) == ("ci/torch.txt", "docker/*.env")
     assert option_values.path_list("ci/torch.txt, docker/*.env") == ("ci/torch.txt", "docker/*.env")
+    assert option_values.path_list(["ci/torch.txt, docker/*.env"]) == ("ci/torch.txt", "docker/*.env")  # -o key=a,b
     with pytest.raises(ValueError, match="relative to the rootdir"):
         option_values.path_list(["/etc/requirements.txt"])
 

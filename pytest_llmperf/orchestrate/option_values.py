@@ -192,8 +192,8 @@ def model_map(items: Sequence[str] | str) -> dict[str, str]:
 
 
 def path_list(items: Sequence[str] | str) -> tuple[str, ...]:
-    """Paths or globs relative to the rootdir."""
-    paths = tuple(words(items))
+    """Paths or globs relative to the rootdir; `-o llmperf_compare_deps_paths=a,b` gives two."""
+    paths = tuple(p.strip() for item in words(items) for p in item.split(",") if p.strip())
     for path in paths:  # an absolute path would name one file for both sides: never a difference
         if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
             raise ValueError(f"expected paths or globs relative to the rootdir, got {path!r}")
@@ -202,7 +202,7 @@ def path_list(items: Sequence[str] | str) -> tuple[str, ...]:
 
 def name_list(items: Sequence[str] | str) -> tuple[str, ...]:
     """Names (extras, dependency groups); `-o llmperf_env_extras=a,b` gives two."""
-    names = tuple(n for item in words(items) for n in words(item))
+    names = tuple(n.strip() for item in words(items) for n in item.split(",") if n.strip())
     for name in names:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"expected names of extras or dependency groups (letters, digits, . _ -), got {name!r}")
