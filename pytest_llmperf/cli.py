@@ -3,6 +3,7 @@
 pytest-llmperf report FILE... [--out DIR]   merge several targets' reports/<device>.json into one
 pytest-llmperf migrate-baselines DIR...     convert baseline files of schema 2 to schema 3, measuring nothing
 pytest-llmperf history ...                  the history store: import, analyze, changes, mark, exclude, export
+pytest-llmperf bisect GOOD BAD [-- ARGS]    the first commit that made the benchmarks slower, by A/B jobs
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
     migrate.add_argument("paths", nargs="+", type=Path, metavar="DIR", help="a baseline directory (or file)")
     # its own parser (history/cli.py): `pytest-llmperf history --help` lists its commands
     commands.add_parser("history", help="work on the history store (pytest-llmperf history --help)", add_help=False)
+    # its own parser (bisection_run.py): the arguments after -- go to each step's pytest
+    commands.add_parser(
+        "bisect", help="find the commit that made the benchmarks slower (pytest-llmperf bisect --help)", add_help=False
+    )
     return top
 
 
@@ -62,12 +67,20 @@ def migrate_baselines(paths: Sequence[Path]) -> int:
     return 2 if errors else 0
 
 
+def bisect(argv: Sequence[str]) -> int:
+    from .bisection_run import main as bisect_main
+
+    return bisect_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["history"]:
         from .history.cli import main as history_main
 
-        return history_main(argv[1:])
+        return history_main(argv[1:], run_bisect=bisect)  # `history bisect ID` runs `bisect`
+    if argv[:1] == ["bisect"]:
+        return bisect(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "migrate-baselines":
         return migrate_baselines(args.paths)

@@ -88,7 +88,7 @@ def plugins_for(config: pytest.Config, llm: LLMPerfSession) -> list[tuple[str, o
         check_setup(llm)
     plugins += [
         ("llmperf-end", SessionEnd(llm)),
-        ("llmperf-exports", Exports(llm)),
+        ("llmperf-exports", Exports(llm, config)),
         ("llmperf-baselines", BaselineHygiene(config, llm)),
     ]
     return plugins

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import dis
-import functools
 import importlib
-import importlib.util
-import inspect
 import os
 import subprocess
 import types
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
-
-import pytest_llmperf
 
 try:  # report/html.py imports matplotlib lazily; imported first inside a pytester in-process run, it is
     # dropped from sys.modules after that run and a second import mixes two copies of its classes
@@ -128,134 +121,43 @@ def run(pytester: pytest.Pytester) -> PluginRun:
     return PluginRun(pytester)
 
 
-# -- which tests are slow, and the fast ones first (as pytest's own testing/conftest.py) --------------------------
+# -- which tests are slow, and the fast ones first (pytest's own rule, its testing/conftest.py) ---------------------
 #
-# A test is `slow` when it starts an inner pytest session (it uses pytester) or a process. Which processes it starts
-# is read from its code: the names that the test, its fixtures and the functions and classes of this suite and of
-# the package they name refer to. `tox -e fast` runs the others, and `_no_processes` below makes sure they start
-# none: a test marked fast that starts a process fails, naming what to do.
-
-# Fixtures whose use makes a test slow: a pytest session run inside the test. A test slow for another reason (seconds
-# of work in this process) says so itself: `pytest.mark.slow`.
+# A test is `slow` when it runs a pytest session (it uses pytester) or starts a process, read from the names its own
+# code uses (`co_names`). A test slow for another reason, or one that starts its process through a helper or a
+# fixture, says so itself: `@pytest.mark.slow`. `tox -e fast` runs the others, and `_no_processes` below makes sure
+# they start none: a test left fast that starts a process fails, naming the fix.
 SLOW_FIXTURES = frozenset({"pytester", "testdir"})
-# Names whose mention means a process: subprocess.run/Popen, os.fork/posix_spawn/popen, multiprocessing, pytester's
-# subprocess runs, asyncio's subprocesses. (Not `system`: platform.system() is no process; os.system is caught below.)
 SPAWNS = frozenset({
-    "subprocess", "Popen", "check_output", "check_call", "fork", "forkpty", "posix_spawn", "posix_spawnp", "popen",
-    "multiprocessing", "ProcessPoolExecutor", "create_subprocess_exec", "create_subprocess_shell",
-    "runpytest_subprocess", "spawn", "spawn_pytest",
+    "subprocess", "Popen", "check_output", "check_call", "fork", "posix_spawn", "multiprocessing",
+    "ProcessPoolExecutor", "create_subprocess_exec", "runpytest_subprocess", "spawn",
 })
-_HERE = Path(__file__).resolve().parent
-_FOLLOWED = (str(_HERE), str(Path(pytest_llmperf.__file__).resolve().parent))
 
 
-def _followed(obj: object) -> bool:
-    code = getattr(obj, "__code__", None)
-    return code is not None and code.co_filename.startswith(_FOLLOWED)
-
-
-_ALWAYS = ("__init__", "__post_init__", "__new__", "__call__", "__enter__", "__exit__", "__iter__", "__next__")
-
-
-def _methods(cls: type, named: Iterable[str]) -> Iterator[object]:
-    """The methods of a class of ours that a call may reach: construction, calls, and those named in the code."""
-    for klass in cls.__mro__:
-        for name, member in vars(klass).items():
-            if name in _ALWAYS or name in named:
-                member = getattr(member, "__func__", member)  # staticmethod, classmethod
-                yield from (part for part in (member, getattr(member, "fget", None)) if _followed(part))
-
-
-def _imported_inside(code: types.CodeType, package: str) -> dict[str, object]:
-    """What the imports inside a function bind (the package imports its heavy parts where they are used:
-    `from .uv_runner import find_uv`), for those of our modules that import here."""
-    bound: dict[str, object] = {}
-    instructions = list(dis.get_instructions(code))
-    module: types.ModuleType | None = None
-    for at, instruction in enumerate(instructions):
-        if instruction.opname == "IMPORT_NAME":
-            level = instructions[at - 2].argval if at >= 2 else 0
-            name = "." * (level if isinstance(level, int) else 0) + str(instruction.argval)
-            try:
-                module = importlib.import_module(importlib.util.resolve_name(name, package) if level else name)
-            except Exception:  # an optional library not installed here, or one whose import fails
-                module = None
-            if module is not None and str(getattr(module, "__file__", "")).startswith(_FOLLOWED):
-                bound.update(vars(module))
-        elif instruction.opname == "IMPORT_FROM" and module is not None:
-            bound[str(instruction.argval)] = getattr(module, str(instruction.argval), None)
-    return bound
-
-
-@functools.cache
-def _refers_to(func: Any) -> tuple[frozenset[str], tuple[object, ...], tuple[type, ...]]:
-    """The names a function's code refers to, and the functions and classes of ours among them."""
-    scope = dict(func.__globals__)
-    for value in list(scope.values()):  # `server_helpers.run_inner`: a name in a module of ours
-        if isinstance(value, types.ModuleType) and str(getattr(value, "__file__", "")).startswith(_FOLLOWED):
-            scope.update(vars(value))
-    names: set[str] = set()
-    codes = [func.__code__]
-    while codes:
-        code = codes.pop()
-        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-        names.update(code.co_names)
-        scope.update(_imported_inside(code, func.__globals__.get("__package__") or ""))
-    # A decorated function (contextlib.contextmanager, functools.wraps): the function it wraps.
-    values = [inspect.unwrap(scope[n]) if callable(scope.get(n)) else scope.get(n) for n in names]
-    functions = [value for value in values if _followed(value)]
-    for cell in func.__closure__ or ():  # a decorated function: the function it wraps
-        with contextlib.suppress(ValueError):
-            if _followed(cell.cell_contents):
-                functions.append(cell.cell_contents)
-    classes = tuple(scope[n] for n in names if isinstance(scope.get(n), type))
-    return frozenset(names), tuple(functions), classes
-
-
-def _mentions(start: Iterable[object]) -> set[str]:
-    """Every name the given functions refer to, and the functions and classes of this suite and of the package
-    they name, transitively (a class: the methods its users name)."""
-    names: set[str] = set()
-    todo = [f for f in start if _followed(f)]
-    seen: set[object] = set()
-    classes: set[type] = set()
-    while todo:
-        while todo:
-            func = todo.pop()
-            if func in seen:
-                continue
-            seen.add(func)
-            named, functions, their_classes = _refers_to(func)
-            names |= named
-            todo.extend(functions)
-            classes.update(their_classes)
-        todo = [m for cls in classes for m in _methods(cls, names) if m not in seen]
-    return names
-
-
-def _fixture_functions(item: pytest.Item) -> list[object]:
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    return [fixturedef.func for fixturedefs in defs for fixturedef in fixturedefs]
+def _names(code: types.CodeType) -> Iterator[str]:
+    """The names a function's code uses, its nested functions' included."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
-    """Mark `slow` the tests that run pytest sessions or start processes; run the others
-    first, then the slow ones in this process, then those that start processes. (A wrapper, so that `-m` sees the
-    marks.)"""
-    fast, slow, processes = [], [], []
+    """Mark the slow tests and run the fast ones first (a wrapper, so that `-m` sees the marks)."""
+    fast, slow = [], []
     for item in items:
         function = getattr(item, "function", None)
-        if function is not None and _mentions([function, *_fixture_functions(item)]) & SPAWNS:
-            processes.append(item)
-        elif SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
+        if (
+            SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            or item.get_closest_marker("slow")
+            or (function is not None and SPAWNS.intersection(_names(function.__code__)))
+        ):
+            item.add_marker(pytest.mark.slow)
             slow.append(item)
         else:
             fast.append(item)
-            continue
-        item.add_marker(pytest.mark.slow)
-    items[:] = fast + slow + processes
+    items[:] = fast + slow
     return (yield)
 
 
@@ -266,10 +168,7 @@ class StartedAProcess(Exception):
 @contextlib.contextmanager
 def _no_processes(nodeid: str) -> Iterator[None]:
     def refuse(*args: object, **kwargs: object) -> NoReturn:
-        raise StartedAProcess(
-            f"{nodeid} is not marked slow but starts a process or a pytest session: tests/conftest.py marks a test "
-            "slow by the names its code refers to; add the name it calls to SPAWNS, or mark it pytest.mark.slow"
-        )
+        raise StartedAProcess(f"{nodeid} starts a process or a pytest session: mark it @pytest.mark.slow")
 
     import _posixsubprocess
 

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from pytest_llmperf.environments.uv_runner import find_uv
-from pytest_llmperf.environments.wheels import write_wheel
+from pytest_llmperf.environments.plugin_install import write_wheel
 
 #: Loop iterations of fastlib.work() per version: 2.0 does 10% more work than 1.0.
 LOOPS = {"1.0": 200_000, "2.0": 220_000, "3.0": 240_000}
@@ -81,6 +81,27 @@ def uv_workspace(root: Path, version: str) -> Path:
     assert done.returncode == 0, done.stderr
     _wheels(root, ("1.0", "2.0"))  # both committed by now: the lock decides
     return member
+
+
+def workspace_with_a_library(root: Path, loops: int) -> Path:
+    """A uv workspace whose member packages/bench (returned: where its benchmarks' rootdir would be) depends on the
+    workspace's library packages/lib, whose `LOOPS` is `loops`; lib is built by uv's own backend (no download), the
+    workspace locked by real uv offline."""
+    lib, bench = root / "packages" / "lib", root / "packages" / "bench"
+    (lib / "src" / "lib").mkdir(parents=True, exist_ok=True)
+    bench.mkdir(parents=True, exist_ok=True)
+    head = '[project]\nname = "{}"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
+    (root / "pyproject.toml").write_text(head.format("root") + '[tool.uv]\npackage = false\n[tool.uv.workspace]\n'
+                                         'members = ["packages/*"]\n')  # fmt: skip
+    uv = find_uv()
+    backend = f'[build-system]\nrequires = ["uv_build=={uv.version}"]\nbuild-backend = "uv_build"\n'
+    (lib / "pyproject.toml").write_text(head.format("lib") + backend)
+    (lib / "src" / "lib" / "__init__.py").write_text(f"LOOPS = {loops}\n")
+    (bench / "pyproject.toml").write_text(head.format("bench") + 'dependencies = ["lib"]\n[tool.uv.sources]\n'
+                                          'lib = { workspace = true }\n')  # fmt: skip
+    done = subprocess.run([uv.path, "lock", "--offline", "--no-cache", "-q"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return bench
 
 
 def requirements_project(root: Path, version: str, *, wheels: tuple[str, ...] = ("1.0", "2.0")) -> Path:

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from pytest_llmperf.environments.wheels import write_wheel
+from pytest_llmperf.environments.plugin_install import write_wheel
 
 OWN_IMPORT = "    import engineproj  # noqa: F401  (the project's own, from its checkout's src/)\n"
 SLOWDOWN = {"1.0": 1.0, "1.1": 1.0, "2.0": 1.25}

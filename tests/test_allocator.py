@@ -35,6 +35,7 @@ def probe(mode):
     return out.splitlines()
 
 
+@pytest.mark.slow
 def test_steady_serves_large_blocks_from_the_heap():
     said, mmapped = probe("steady")
     assert said.startswith("steady (glibc mmap threshold 32 MiB") and int(mmapped) == 0

@@ -52,6 +52,7 @@ def record(directory, seed, commit, created, keys=("test_a", "test_b")):
     return path
 
 
+@pytest.mark.slow
 def test_two_tests_at_two_batch_sizes_take_at_most_150_lines_one_per_metric(tmp_path):
     path = record(tmp_path, 1, "a" * 40, "2026-01-01T00:00:00+00:00")
     lines = path.read_text().splitlines()
@@ -71,6 +72,7 @@ def test_two_tests_at_two_batch_sizes_take_at_most_150_lines_one_per_metric(tmp_
     assert entry.values[1]["prefill_ms"] == pytest.approx(medians, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_re_record_of_unchanged_code_changes_only_numbers_line_by_line(tmp_path):
     before = record(tmp_path / "a", 1, "a" * 40, "2026-01-01T00:00:00+00:00").read_text().splitlines()
     after = record(tmp_path / "b", 2, "b" * 40, "2026-02-01T00:00:00+00:00").read_text().splitlines()
@@ -127,6 +129,7 @@ def migrate(*paths):
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_migrate_converts_a_set_once_and_leaves_what_it_cannot_convert(tmp_path):
     target = tmp_path / "cpu" / "m207" / "benchmarks" / "test_seed000_prefill_decode.json"
     target.parent.mkdir(parents=True)
@@ -190,6 +193,7 @@ def test_a_schema_2_file_names_the_migration_and_is_never_rewritten_in_passing(p
     gated.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks", "1 passed*"])
 
 
+@pytest.mark.slow
 def test_the_history_reads_a_schema_2_version_and_its_conversion_as_one_point(tmp_path):
     target = tmp_path / "baselines" / "cpu" / "m207" / "benchmarks" / "test_seed000_prefill_decode.json"
     target.parent.mkdir(parents=True)

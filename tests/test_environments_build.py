@@ -31,13 +31,16 @@ from pytest_llmperf.environments.errors import BuildFailed, CannotBuild, Environ
 from pytest_llmperf.environments.inputs import detect
 from pytest_llmperf.environments.installed import check_imported, probe
 from pytest_llmperf.environments.plan import _cuda_note, prepare
-from pytest_llmperf.environments.plugin_install import controller_version
+from pytest_llmperf.environments.plugin_install import controller_version, plugin_wheel
 from pytest_llmperf.environments.records import (
     BUILT, CACHE_HIT, CODE_ONLY, SHARED, BuildSettings, SideEnvironment,
 )  # fmt: skip
 from pytest_llmperf.environments.uv_runner import find_uv
-from pytest_llmperf.environments.wheels import plugin_wheel
-from tests.env_projects import LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace
+from tests.env_projects import (
+    LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace, workspace_with_a_library,
+)  # fmt: skip
+
+pytestmark = pytest.mark.slow  # real uv builds (all tests here but two, which are quick)
 
 OFFLINE = BuildSettings(offline=True)
 
@@ -231,6 +234,28 @@ def test_a_uv_workspace_member_is_built_from_the_workspaces_lock(tmp_path, env_d
     assert detection.files == ("../../uv.lock",)
     envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
     assert envs.base.recipe == "uv.lock" and [str(c) for c in envs.changes] == ["fastlib 1.0 -> 2.0"]
+
+
+def test_a_workspace_library_is_installed_as_its_side_had_it_not_linked_to_a_checkout(tmp_path, env_dir):
+    # uv sync installs a workspace's other members editable: links into the checkout it ran in. The base side's
+    # checkout is removed at the job's end while its environment stays cached; and a later job whose base side (the
+    # merged pull request) reused the head's environment imported the library from the working tree: the next pull
+    # request's code, on both sides. A change of the library alone was not even seen.
+    base = workspace_with_a_library(tmp_path / "base", loops=100)
+    head = workspace_with_a_library(tmp_path / "head", loops=200)
+    detection = detect(base, head)
+    assert detection.files == ("../lib",)  # the library's files, by content
+    envs = prepare(detection, env_dir=env_dir, settings=OFFLINE)
+    assert envs.per_side and [str(c) for c in envs.changes] == ["lib 0.1.0 -> 0.1.0 (other files)"]
+    assert "bench" not in envs.head.installed  # the project itself: imported from its checkout
+    shutil.rmtree(tmp_path / "base")  # the base side's worktree, removed at the job's end
+    (head.parent / "lib" / "src" / "lib" / "__init__.py").write_text("LOOPS = 300\n")  # the working tree moves on
+    loops = "import lib; print(lib.LOOPS)"
+    assert (run_in(envs.base.python, loops), run_in(envs.head.python, loops)) == ("100", "200")
+    merged = workspace_with_a_library(tmp_path / "merged", loops=200)  # a later job: the first one's head, merged
+    later = prepare(detect(merged, head), env_dir=env_dir, settings=OFFLINE)
+    assert (later.base.how, later.base.key, later.head.how) == (CACHE_HIT, envs.head.key, BUILT)
+    assert (run_in(later.base.python, loops), run_in(later.head.python, loops)) == ("200", "300")  # uv's cache, too
 
 
 def test_an_extra_named_by_the_option_is_installed_from_the_lock_or_the_pyproject(tmp_path, env_dir):
@@ -499,13 +524,32 @@ def test_a_cuda_torch_on_the_cpu_target_is_worth_a_warning_with_the_line_to_add(
     assert _cuda_note(SideEnvironment("base", BUILT, "/e/bin/python", installed={"torch": "2.13.0+cpu"})) is None
 
 
-def test_prune_keeps_the_newest_used_environments(tmp_path):
-    for age, name in enumerate(["newest", "middle", "oldest"]):
+def test_what_no_job_used_for_two_weeks_is_pruned_but_never_an_entry_in_use(tmp_path):
+    # A cache that only grew filled a runner's disk (nothing called prune). An entry's marker is touched at each reuse.
+    now, day = time.time(), 86400
+    for name, days in (("recent", 1), ("old", 15), ("in-use", 15)):
         (tmp_path / name / "bin").mkdir(parents=True)
         cache.mark_ready(tmp_path / name, name, {"installed": {}})
-        os.utime(tmp_path / name / cache.MARKER, (1_000_000 - age, 1_000_000 - age))
-    (tmp_path / "half-built").mkdir()  # no marker: a build in progress holds its lock; not prune's to take
-    (tmp_path / cache.WHEELS).mkdir()
-    assert cache.prune(tmp_path, keep=1, spare=(tmp_path / "oldest",)) == [tmp_path / "middle"]
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [
-        cache.WHEELS, "half-built", "newest", "oldest"]  # fmt: skip
+        os.utime(tmp_path / name / cache.MARKER, (now - days * day, now - days * day))
+    for name, days in (("half-built", 15), (f"{cache.WHEELS}/plugin-old", 15), (f"{cache.WHEELS}/plugin-new", 0)):
+        (tmp_path / name).mkdir(parents=True)  # half-built: what a killed build left, its lock free
+        os.utime(tmp_path / name, (now - days * day, now - days * day))
+    with cache.entry_lock(tmp_path / "in-use"):  # a job building or reusing it
+        removed = cache.prune(tmp_path, now=now)
+    assert sorted(p.name for p in removed) == ["half-built", "old", "plugin-old"]
+    kept = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+    assert kept == [cache.WHEELS, "in-use", "recent"]
+    assert [p.name for p in (tmp_path / cache.WHEELS).iterdir()] == ["plugin-new"]
+
+
+def test_a_job_that_builds_prunes_what_no_job_used_for_two_weeks_and_says_so(tmp_path):
+    old = tmp_path / "envs" / "0123456789abcdef01234567"
+    (old / "bin").mkdir(parents=True)
+    cache.mark_ready(old, old.name, {"installed": {}})
+    os.utime(old / cache.MARKER, (time.time() - 15 * 86400,) * 2)
+    roots = [requirements_project(tmp_path / side, version) for side, version in (("base", "1.0"), ("head", "2.0"))]
+    envs = prepare(detect(*roots), env_dir=tmp_path / "envs", settings=OFFLINE)
+    assert envs.notes == (f"removed 1 environments or wheels that no job used for 14 days from {tmp_path / 'envs'}",)
+    assert not old.exists() and Path(envs.base.directory).exists() and Path(envs.head.directory).exists()
+    again = prepare(detect(*roots), env_dir=tmp_path / "envs", settings=OFFLINE)  # nothing built: nothing pruned
+    assert (again.base.how, again.head.how, again.notes) == (CACHE_HIT, CACHE_HIT, ())

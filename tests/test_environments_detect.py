@@ -91,18 +91,24 @@ def test_the_local_paths_a_requirements_file_names_are_fingerprinted(tmp_path, n
     assert detect(base, head).differs
 
 
-def test_the_local_paths_of_a_uv_project_are_fingerprinted_not_its_editable_code(tmp_path):
+@pytest.mark.slow
+def test_the_local_paths_of_a_uv_project_are_fingerprinted_its_editable_sources_too_not_the_project(tmp_path):
+    # An editable source goes into an environment as a copy (build.COPIES): a link into the checkout it was built
+    # from went with the base side's worktree, or followed the working tree. The project is imported from its checkout.
     base = uv_project(tmp_path / "base", "1.0")
+    text = (base / "pyproject.toml").read_text()
+    (base / "pyproject.toml").write_text(text + '[tool.uv.sources]\nengine = { path = "libs/engine", editable = true }\n')
+    write(base, "libs/engine/engine.py", "X = 1\n")
+    write(base, "requirements-dev.txt", "-e .\n")  # the project itself
     head = tmp_path / "head"
     shutil.copytree(base, head)
-    text = (head / "pyproject.toml").read_text()
-    (head / "pyproject.toml").write_text(text + '[tool.uv.sources]\nengine = { path = "libs/engine", editable = true }\n')
-    (base / "pyproject.toml").write_text((head / "pyproject.toml").read_text())
-    write(head, "libs/engine/engine.py", "X = 1\n")  # the project's own code: imported from the checkout
-    assert [p for p, _ in detect(base, head).head.local] == ["wheels"]
+    assert [p for p, _ in detect(base, head).head.local] == ["libs/engine", "wheels"]
+    write(head, "demo.py", "X = 2\n")  # the project's own code
     assert not detect(base, head).differs
+    write(head, "libs/engine/engine.py", "X = 2\n")
+    assert detect(base, head).files == ("libs/engine",)
     fastlib_wheel(head / "wheels", "2.0", loops=1)  # a wheel the lock reads through its registry = "wheels"
-    assert detect(base, head).files == ("wheels",)
+    assert detect(base, head).files == ("libs/engine", "wheels")
 
 
 def test_a_path_outside_the_repository_is_fingerprinted_by_size_and_time_not_read(tmp_path, monkeypatch):
@@ -150,6 +156,7 @@ def test_a_byte_order_mark_is_read_through(tmp_path):
     assert recipe(base).requirements == ("requirements.txt",)
 
 
+@pytest.mark.slow
 def test_what_a_side_is_built_from_is_chosen_by_file_name(tmp_path):
     project = uv_project(tmp_path / "uv", "1.0")
     assert recipe(project).kind == UV_LOCK

@@ -119,11 +119,11 @@ def test_junit_xml_is_valid_xunit2_with_the_results_as_testsuite_properties(proj
     hl = float(props[f"{PREFIX} bs=1 prefill_ms estimated ratio now/baseline (higher is worse)"])
     low, high = map(float, props[f"{PREFIX} bs=1 prefill_ms estimated ratio 95% CI"].split(" to "))
     assert base > 0 and now > 0 and ratio == pytest.approx(now / base, rel=1e-5) and low <= hl <= high
-    # one meaning of "ratio": the terminal's "Ratio now/baseline" column is the same ratio of the medians
+    # the terminal's table shows one ratio, the estimate the verdict rests on; the JUnit properties name both
     row = next(line for line in result.stdout.lines if line.startswith("| test_engine | prefill_ms  ")
                and "| 1 " in line)
     cells = [c.strip() for c in row.split("|")]
-    assert f"{ratio:.3f} (higher is worse)" in cells and f"{hl:.3f} [{low:.3f}, {high:.3f}]" in cells
+    assert f"{hl:.3f} [{low:.3f}, {high:.3f}] (higher is worse)" in cells and f"{ratio:.3f} (higher is worse)" not in cells
     assert f"{PREFIX} bs=4 throughput_tokens_per_s ratio now/baseline (medians, lower is worse)" in props
 
 
@@ -165,3 +165,23 @@ def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, 
     runs = [r for b in report["benchmarks"][0]["batches"] for r in b["runs"]]
     assert {r["process"] for r in runs} == {1, 2, 3, 4}  # an update records twice --llmperf-processes
     assert float(case.get("time")) == pytest.approx(sum(r["values"]["e2e_ms"] for r in runs) / 1000, abs=2e-3)
+
+
+def test_junit_properties_of_benchmarks_measured_in_worker_processes_sit_beside_the_users_own(project, run,  # noqa: F811
+                                                                                               monkeypatch):
+    # the tests measured in workers have no fixtures in this process
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=2")
+    project.makepyfile(test_own="def test_own(record_testsuite_property):\n"
+                                "    record_testsuite_property('mine', 'kept')\n")
+    xml = project.path / "workers.xml"
+    run("--llmperf-update", f"--junitxml={xml}").assert_outcomes(passed=2)
+    props = suite_properties(valid_xunit2(xml))
+    assert props["mine"] == "kept" and props[f"{PREFIX} outcome"] == "created"
+    assert float(props[f"{PREFIX} bs=2 prefill_ms median (ms)"]) > 0
+    assert all(case.find("properties") is None for case in ET.parse(xml).getroot().iter("testcase"))
+
+    from pytest_llmperf.report.exports import add_suite_properties
+
+    add_suite_properties(xml, [("llmperf note", "a server's \x1b[31mred\x1b[0m")])  # XML 1.0 cannot hold ESC
+    props = suite_properties(valid_xunit2(xml))
+    assert props["llmperf note"] == "a server's #x1B[31mred#x1B[0m" and props["mine"] == "kept"

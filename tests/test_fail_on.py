@@ -154,7 +154,7 @@ def test_inconclusive_not_listed_passes_and_is_counted(inconclusive, run):
     result = run("--llmperf-fail-on=regressed,missing", "-o", "llmperf_max_runs=10")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at the "
-                                 "cap)", "*| prefill_ms | 1 *| inconclusive: *undecided at the cap of 10 runs*",
+                                 "cap)", "*| prefill_ms | 1 *| inconclusive: *undecided at 10 runs per side*",
                                  "1 inconclusive"])
 
 
@@ -162,8 +162,8 @@ def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconc
     result = run("-o", "llmperf_max_runs=10")
     assert result.ret == 1
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size 1 inconclusive: baseline median*undecided at the "
-                                 "cap of 10 runs per side, about * would decide it*",
+    result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size 1 inconclusive: baseline median*undecided at "
+                                 "10 runs per side; about * would decide it*",
                                  "*Measure more units where a row stays undecided*",
                                  "llmperf: the run fails: 1 inconclusive (--llmperf-fail-on=*"])
 

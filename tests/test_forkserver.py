@@ -60,6 +60,7 @@ def spawn(server, root, lib, tmp_path, *, env=None, fds_env=None, args=("test_pr
     return child
 
 
+@pytest.mark.slow
 def test_only_site_packages_are_imported_before_the_fork_and_the_rest_is_said(server):
     assert server.imported == ["pytest"]
     assert "not from site-packages" in server.skipped["json"]  # the standard library: a worker imports it itself
@@ -121,6 +122,7 @@ def test_a_server_that_dies_takes_its_workers_and_says_so(server, tmp_path):
     assert not alive(child.pid)
 
 
+@pytest.mark.slow
 def test_a_server_that_cannot_start_is_an_error_naming_its_log(tmp_path, monkeypatch):
     monkeypatch.setattr(forkserver, "ZYGOTE", tmp_path / "missing.py")
     server = ForkServer.start(tmp_path, server_env("system"), ["pytest"])

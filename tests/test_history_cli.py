@@ -39,6 +39,7 @@ def test_import_twice_adds_nothing_the_second_time(store, rows_file, capsys):
     assert "0 run(s) and 0 result(s) imported, 40 already there" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_analyze_finds_the_step_and_fails_only_when_asked(store, tmp_path, capsys):
     out = tmp_path / "analysis.json"
     assert main(["history", "--store", str(store), "analyze", "--repo", str(tmp_path), "--out", str(out)]) == 0
@@ -49,6 +50,7 @@ def test_analyze_finds_the_step_and_fails_only_when_asked(store, tmp_path, capsy
     assert "1 failing" in text and "a regression of at least 5% since the job at " in text
 
 
+@pytest.mark.slow
 def test_a_change_marked_expected_no_longer_fails(store, tmp_path, capsys):
     main(["history", "--store", str(store), "changes", "--repo", str(tmp_path), "--state", "confirmed"])
     change_id = capsys.readouterr().out.split()[0]
@@ -59,6 +61,7 @@ def test_a_change_marked_expected_no_longer_fails(store, tmp_path, capsys):
     assert "no change nope@123" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_excluded_runs_leave_the_series(store, tmp_path, capsys):
     with Store(Location("sqlite", str(store))) as opened:
         jobs = [r.job_id for r in opened.runs()[25:]]
@@ -70,6 +73,7 @@ def test_excluded_runs_leave_the_series(store, tmp_path, capsys):
     assert main(["history", "--store", str(store), "exclude", "nothing", "--reason", "x"]) == 2
 
 
+@pytest.mark.slow
 def test_export_writes_what_otavas_csv_reader_expects(store, tmp_path, capsys):
     out = tmp_path / "otava"
     assert main(["history", "--store", str(store), "export", "--out", str(out), "--repo", str(tmp_path)]) == 0
@@ -128,6 +132,7 @@ def _store_of(values, tmp_path):
     return store
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("back", "failing"), [(-0.09, 0), (-0.03, 1)])
 def test_a_regression_fixed_since_no_longer_fails(tmp_path, capsys, back, failing):
     """+10% at commit 25, then a confirmed gain at 50: undone (-9%: back within 1% of the old level) it no longer

@@ -70,6 +70,7 @@ def test_changes_further_apart_than_two_commits_are_separate_events():
     assert sorted(len(e.changes) for e in found) == [3, 3]
 
 
+@pytest.mark.slow
 def test_the_command_line_fails_and_marks_an_event_once(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("LLMPERF_HISTORY", raising=False)
     runs, rows = machine_rows("ci-runner", moved=12, still=2)

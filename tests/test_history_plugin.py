@@ -134,6 +134,7 @@ def test_a_bad_store_option_is_a_usage_error(project, run):
     result.stderr.fnmatch_lines(["*bad value for --llmperf-history*postgresql://URL*"])
 
 
+@pytest.mark.slow
 def test_an_ab_job_stores_both_sides_and_only_the_base_enters_a_series(tmp_path, monkeypatch):
     """Rows of an A/B job's outcomes: side A (Outcome.reference, the compared ref) and side B (the working tree)."""
     from pytest_llmperf.backends.simulated import SimulatedBackend

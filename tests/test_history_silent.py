@@ -48,6 +48,7 @@ def step() -> list[float]:
     return list(history(Case(40, 0.01, ((20, 0.10),)), 0))
 
 
+@pytest.mark.slow
 def test_runs_of_a_rewritten_default_branch_are_said_analysed_and_can_be_re_placed(tmp_path, capsys):
     """40 jobs recorded on main, whose commits a force-push replaced: the regression among them is still found and
     fails `analyze --fail`, the runs are counted in a note, and `replace` moves a run onto its new commit."""
@@ -73,6 +74,7 @@ def test_runs_of_a_rewritten_default_branch_are_said_analysed_and_can_be_re_plac
     assert main(["history", "--store", store, "replace", "f00", "HEAD", "--repo", str(repo)]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [math.inf, 0.0, -3.0])
 def test_one_broken_job_among_40_leaves_the_regression_failing(tmp_path, capsys, bad):
     values = step()

@@ -114,6 +114,9 @@ def test_index_html_renders_its_plots_in_chromium_offline(project, run, monkeypa
                 .filter(p => (p.getAttribute('d') || '').length > 20 && p.getBBox().width > 0) : [];
             return {cls: f.className, width: box.width, height: box.height, paths: drawn.length,
                     text: svg ? svg.textContent : ''}; })""")
+        # the ratio plot's numbers: one ratio, the estimate the verdict rests on (the medians' is the JSON's)
+        numbers = page.evaluate("""() => [...document.querySelectorAll('figure.ratio + details tr')].map(
+            r => [...r.children].map(c => c.textContent))""")
         screenshot = tmp_path / "index.png"
         page.screenshot(path=str(screenshot), full_page=True)
     assert errors == [] and requests == [index.as_uri()]  # no console error, nothing fetched but the file
@@ -125,6 +128,10 @@ def test_index_html_renders_its_plots_in_chromium_offline(project, run, monkeypa
     for label in ("Prefill latency", "Decode latency per token", "Throughput (end to end)", "batch size", "oom"):
         assert label in sweep["text"]
     assert "decode_token_ms bs 4" in ratio["text"] and "regressed" in ratio["text"]
+    assert numbers[0] == ["test", "metric", "batch size", "baseline median", "now median", "estimated ratio [95% CI]",
+                          "verdict"]
+    assert len(numbers) > 1 and all(len(row) == 7 and re.fullmatch(r"[\d.]+ \[[\d.]+, [\d.]+\]", row[5])
+                                    for row in numbers[1:])
     assert history["text"].count("baseline") >= 2 and "cpu" in history["text"]  # two commits + this run
     assert screenshot.stat().st_size > 20_000
 

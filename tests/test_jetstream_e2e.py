@@ -29,6 +29,8 @@ from pytest_llmperf.server_process import ProcessRegistry
 
 from .server_helpers import JETSTREAM_DOUBLE, PYTHON, SCRIPTS, clean_env, load_script
 
+pytestmark = pytest.mark.slow  # each test starts a real server (through its fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = SCRIPTS / "jetstream_mock_server.py"
 SEQ, DECODE = 8, 8

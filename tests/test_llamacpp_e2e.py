@@ -21,6 +21,8 @@ from pytest_llmperf.measure.metrics import run_values
 
 from .server_helpers import PYTHON, load_script
 
+pytestmark = pytest.mark.slow  # each test starts a real server (through its fixture)
+
 SEQ, DECODE = 16, 8
 # llama-cpp-python streams no `usage`, so tokens are the content chunks, checked against decode_length;
 # it has min_tokens but no ignore_eos: logit_bias -100 keeps the specials (unknown, BOS, EOS) out.

@@ -144,6 +144,56 @@ def test_plain():
 """
 
 
+SKIP_MARKS = """
+import sys
+import pytest
+from pytest_llmperf.backends.simulated import SimulatedBackend
+
+HERE = sys.platform  # a module global, which a string condition reads as pytest evaluates it
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=2, warmups=0)
+@pytest.mark.skipif("HERE == sys.platform and config.getoption('llmperf_device') == 'cpu'", reason="by a string")
+def test_skipped_by_a_string(llmperf):
+    raise AssertionError("measured though skipped")
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=2, warmups=0)
+@pytest.mark.skipif(False, reason="not met")
+@pytest.mark.skipif(condition=True, reason="by a boolean")
+def test_skipped_by_a_boolean(llmperf):
+    raise AssertionError("measured though skipped")
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=2, warmups=0)
+@pytest.mark.skip(reason="unconditional")
+def test_skipped(llmperf):
+    raise AssertionError("measured though skipped")
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=2, warmups=0)
+@pytest.mark.skipif("HERE != sys.platform", reason="not met")
+def test_measured(llmperf):
+    llmperf.measure(SimulatedBackend())
+
+@pytest.mark.llmperf(batch_sizes=[1], runs=2, warmups=0)
+@pytest.mark.skipif("no_such_name", reason="a condition that cannot be evaluated")
+def test_broken_condition(llmperf):
+    raise AssertionError("measured though its condition failed")
+"""
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_skip_marks_skip_a_benchmark_as_pytest_does_measured_in_this_process_or_in_workers(project, run,
+                                                                                         monkeypatch, processes):
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")
+    project.makepyfile(test_x=SKIP_MARKS)
+    result = run("--llmperf-update", "-rs")
+    result.assert_outcomes(skipped=3, passed=1, errors=1)
+    result.stdout.fnmatch_lines_random(["*by a string*", "*by a boolean*", "*unconditional*",
+                                        "*ERROR at setup of test_broken_condition*",
+                                        "*Error evaluating 'skipif' condition*"])
+    assert "measured though" not in result.stdout.str()
+    assert list(stored(project)) == ["test_measured"]
+    assert_clean(result)
+
+
 @pytest.mark.parametrize("processes", ["1", "5"])
 def test_a_benchmark_test_that_never_measures_fails_saying_so(project, run, monkeypatch, processes):
     monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")  # in this process, and in worker processes

@@ -109,6 +109,7 @@ def test_the_install_lines_pin_the_cpu_torch_this_suite_runs():
     assert 'pip install "pytest-llmperf[hf]"' in cpu[1]
 
 
+@pytest.mark.slow
 @pytest.mark.serial  # times a real model and asserts the README's verdicts: alone, after the parallel tests
 def test_the_readme_flow_runs_as_written(project):
     path = project[0]

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from pytest_llmperf.report import accumulate, verdict_table
 from tests.test_plugin import ENGINE_TEST, project, run  # noqa: F401  (fixture)
 
@@ -66,9 +68,13 @@ def test_ratio_is_now_over_baseline_improved_shows_its_p_and_order_is_stable(pro
     cells = by_metric[("prefill_ms", "1")]
     base, now = float(cells[3].split()[0]), float(cells[4].split()[0])
     assert cells[3].endswith(" ms") and now < base
-    assert cells[5].startswith(f"{now / base:.3f}"[:4]) and cells[5].endswith("(higher is worse)")
-    p = float(cells[7].split()[0])
-    assert p < 0.05 and "(improving)" in cells[7]
+    # one ratio: the estimate the verdict rests on, with its interval; the medians' ratio is the JSON report's
+    assert "Ratio of medians" not in header and header[5] == "Ratio estimate [95% CI]" and len(header) == len(cells)
+    row = next(r for r in improved if r["batch_size"] == 1)
+    assert cells[5] == f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] (higher is worse)"
+    assert row["ratio"] < 1 and row["medians_ratio"] == pytest.approx(now / base, rel=0.01)
+    p = float(cells[6].split()[0])
+    assert p < 0.05 and "(improving)" in cells[6]
     tput = by_metric[("throughput_tokens_per_s", "1")]
     assert float(tput[4].split()[0]) > float(tput[3].split()[0]) and float(tput[5].split()[0]) > 1
     assert tput[5].endswith("(lower is worse)")

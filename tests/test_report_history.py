@@ -85,6 +85,7 @@ def test_history_plots_each_committed_baseline_and_the_report_in_chromium(histor
         assert ys[0] > ys[1] > ys[2]
 
 
+@pytest.mark.slow
 def test_a_history_version_the_parser_cannot_read_is_left_out(tmp_path):
     from pytest_llmperf.report.history import baseline_points
 

@@ -203,6 +203,7 @@ def test_fixture_bad_url_option(pytester, monkeypatch):
     assert descendants() - before == set()
 
 
+@pytest.mark.slow
 def test_processes_started_while_a_grpc_stream_runs_start_clean(tmp_path_factory):
     """A child started while this process's gRPC channel streams must not inherit gRPC: a child forked with a
     preexec_fn ran gRPC's atfork handlers, restarted its pollers and then closed their descriptors before exec

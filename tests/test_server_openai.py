@@ -19,6 +19,8 @@ from pytest_llmperf.server_process import ProcessRegistry
 from .doubles.leaks import assert_gone, descendants
 from .server_helpers import PYTHON, TGI_DOUBLE, clean_env, run_inner
 
+pytestmark = pytest.mark.slow  # every test here starts a server double
+
 
 @pytest.fixture(autouse=True)
 def no_leaks():

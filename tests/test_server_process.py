@@ -55,6 +55,7 @@ def test_free_port_is_free_and_taken_port_is_detected():
         assert str(os.getpid()) in port_owner(port)
 
 
+@pytest.mark.slow
 def test_start_ready_and_stop_whole_tree(registry, tmp_path, monkeypatch):
     pidfile = tmp_path / "pids"
     port = free_port()
@@ -72,6 +73,7 @@ def test_start_ready_and_stop_whole_tree(registry, tmp_path, monkeypatch):
     proc.stop()  # twice is fine
 
 
+@pytest.mark.slow
 def test_exits_before_healthy_error_has_exit_code_and_log_tail(registry, tmp_path):
     port = free_port()
     proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}",
@@ -83,6 +85,7 @@ def test_exits_before_healthy_error_has_exit_code_and_log_tail(registry, tmp_pat
     assert "Shard 0 failed to start" in text and str(proc.log_path) in text and "--model-id double/m" in text
 
 
+@pytest.mark.slow
 def test_deadline_stops_the_server_and_says_how_to_wait_longer(registry, tmp_path):
     pidfile = tmp_path / "pids"
     port = free_port()
@@ -96,6 +99,7 @@ def test_deadline_stops_the_server_and_says_how_to_wait_longer(registry, tmp_pat
     assert_gone(read_pids(pidfile), within_s=2)
 
 
+@pytest.mark.slow
 def test_sigkill_after_grace_when_sigterm_is_ignored(registry, tmp_path):
     pidfile = tmp_path / "pids"
     port = free_port()
@@ -123,6 +127,7 @@ WRITES_A_TEMP_FILE = ("import pathlib, tempfile, time; path = pathlib.Path(tempf
                       "path.write_text('x'); print(path, flush=True); time.sleep(60)")
 
 
+@pytest.mark.slow
 def test_a_server_gets_a_temp_directory_of_its_own_removed_when_it_stops(registry, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where this process makes temp directories
     proc = registry.start("vLLM", [PYTHON, "-c", WRITES_A_TEMP_FILE], url="http://127.0.0.1:1")
@@ -135,6 +140,7 @@ def test_a_server_gets_a_temp_directory_of_its_own_removed_when_it_stops(registr
     assert not proc.tmp_dir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
 
 
+@pytest.mark.slow
 def test_a_tmpdir_the_caller_names_is_kept(registry, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -153,6 +159,7 @@ def test_stop_tree_of_a_finished_process_is_a_no_op():
     assert stop_tree(child.pid) == []
 
 
+@pytest.mark.slow
 def test_sigterm_stops_servers_and_interrupts(registry, tmp_path):
     port = free_port()
     proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}")
@@ -220,6 +227,7 @@ def test_stop_after_reaping_never_signals_a_reused_pid(registry):
         bystander.wait()
 
 
+@pytest.mark.slow
 def test_a_crashed_servers_orphans_are_still_stopped(registry, tmp_path):
     pidfile = tmp_path / "pids"
     port = free_port()
@@ -273,6 +281,7 @@ def _double_on(port):
     return [PYTHON, str(TGI_DOUBLE), "--port", str(port)], base, health(port)
 
 
+@pytest.mark.slow
 def test_a_server_that_loses_its_free_port_is_started_again_on_another(registry, monkeypatch):
     from pytest_llmperf.servers import pool
 
@@ -289,6 +298,7 @@ def test_a_server_that_loses_its_free_port_is_started_again_on_another(registry,
         assert "Address already in use" in first_log.read_text()
 
 
+@pytest.mark.slow
 def test_a_server_that_keeps_losing_its_port_gives_up_after_three_tries(registry, monkeypatch):
     from pytest_llmperf.servers import pool
 
@@ -306,6 +316,7 @@ def test_a_server_that_keeps_losing_its_port_gives_up_after_three_tries(registry
     assert registry.processes == []
 
 
+@pytest.mark.slow
 def test_a_fixed_port_is_not_retried(registry, monkeypatch):
     from pytest_llmperf.servers import pool
 

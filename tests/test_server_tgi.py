@@ -48,6 +48,7 @@ def configure(url, **settings):
 
 # -- fidelity: raw HTTP against the double, checked against TGI's router (lib.rs, server.rs) ------
 
+@pytest.mark.slow
 def test_stream_events_have_tgis_shape(tgi):
     body = {"inputs": "a b c d", "parameters": {"max_new_tokens": 3, "details": True}}
     with httpx.stream("POST", f"{tgi.url}/generate_stream", json=body) as response:
@@ -64,6 +65,7 @@ def test_stream_events_have_tgis_shape(tgi):
     assert last["details"] == {"finish_reason": "length", "generated_tokens": 3, "seed": None, "input_length": 4}
 
 
+@pytest.mark.slow
 def test_compat_route_info_health_and_validation(tgi):
     out = httpx.post(tgi.url, json={"inputs": "a b", "parameters": {"max_new_tokens": 2, "details": True}}).json()
     assert isinstance(out, list) and out[0]["details"]["generated_tokens"] == 2  # `/` wraps in a list
@@ -89,6 +91,7 @@ def sse_events(url, body):
         return [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
 
 
+@pytest.mark.slow
 def test_validation_error_is_a_422_on_generate_and_an_event_on_generate_stream(tgi):
     # router/src/server.rs: /generate answers (422, {"error", "error_type"}); /generate_stream validates
     # inside the event stream, so the status is 200 and the event carries the error
@@ -101,6 +104,7 @@ def test_validation_error_is_a_422_on_generate_and_an_event_on_generate_stream(t
     assert zero.status_code == 422 and "Given: 0" in zero.json()["error"]
 
 
+@pytest.mark.slow
 def test_truncate_keeps_the_last_tokens_and_counts_against_the_limits(tgi):
     body = {"inputs": "a " * 1100, "parameters": {"max_new_tokens": 2, "truncate": 1000, "details": True}}
     assert sse_events(f"{tgi.url}/generate_stream", body)[-1]["details"]["input_length"] == 1000
@@ -110,6 +114,7 @@ def test_truncate_keeps_the_last_tokens_and_counts_against_the_limits(tgi):
                   "tokens and 600 `max_new_tokens`", "error_type": "validation"}]
 
 
+@pytest.mark.slow
 def test_overloaded_is_a_429_on_generate_and_an_event_on_generate_stream(tgi):
     configure(tgi.url, max_concurrent_requests=0)
     try:
@@ -122,6 +127,7 @@ def test_overloaded_is_a_429_on_generate_and_an_event_on_generate_stream(tgi):
         configure(tgi.url, max_concurrent_requests=128)
 
 
+@pytest.mark.slow
 def test_huggingface_hub_raises_its_validation_error_from_the_stream_event(tgi, monkeypatch):
     from huggingface_hub import InferenceClient, constants
     from huggingface_hub.errors import ValidationError
@@ -132,6 +138,7 @@ def test_huggingface_hub_raises_its_validation_error_from_the_stream_event(tgi, 
         list(client.text_generation("a b c", stream=True, details=True, max_new_tokens=2, truncate=1024))
 
 
+@pytest.mark.slow
 def test_huggingface_hub_client_parses_the_double(tgi, monkeypatch):
     from huggingface_hub import InferenceClient, constants
 
@@ -151,6 +158,7 @@ def request(bs, decode=8):
     return GenerationRequest(batch_size=bs, sequence_length=16, decode_length=decode, prompt=make_prompt(16))
 
 
+@pytest.mark.slow
 def test_backend_times_every_token_and_counts_from_details(tgi):
     backend = TGIBackend(tgi.url)
     try:
@@ -170,6 +178,7 @@ def test_backend_times_every_token_and_counts_from_details(tgi):
         backend.close()
 
 
+@pytest.mark.slow
 def test_each_request_is_sent_on_its_own_and_reports_its_ids_and_the_prompt_kept(tgi):
     backend = TGIBackend(tgi.url)
     try:
@@ -186,6 +195,7 @@ def test_each_request_is_sent_on_its_own_and_reports_its_ids_and_the_prompt_kept
         backend.close()
 
 
+@pytest.mark.slow
 def test_a_stream_the_server_drops_is_a_failed_request(tgi):
     configure(tgi.url, drop_after=3, drop_every=2)
     backend = TGIBackend(tgi.url)
@@ -198,6 +208,7 @@ def test_a_stream_the_server_drops_is_a_failed_request(tgi):
         backend.close()
 
 
+@pytest.mark.slow
 def test_backend_sees_a_slowdown_in_itl_not_ttft(tgi):
     backend = TGIBackend(tgi.url)
     try:
@@ -214,6 +225,7 @@ def test_backend_sees_a_slowdown_in_itl_not_ttft(tgi):
     assert median(s["throughput_tokens_per_s"] for s in slow) < median(b["throughput_tokens_per_s"] for b in base)
 
 
+@pytest.mark.slow
 def test_early_eos_fails_the_run_unless_allowed(tgi):
     configure(tgi.url, eos_after=3)
     strict, lax = TGIBackend(tgi.url), TGIBackend(tgi.url, require_full_length=False)
@@ -229,6 +241,7 @@ def test_early_eos_fails_the_run_unless_allowed(tgi):
         lax.close()
 
 
+@pytest.mark.slow
 def test_server_error_event_is_a_backend_error_and_oom_is_out_of_memory(tgi):
     from pytest_llmperf.measure.backend import OutOfMemory
 
@@ -246,6 +259,7 @@ def stats(url):
     return httpx.get(f"{url}/_double/stats").json()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sequence", "decode", "batch", "expected"), [
     (1024, 8, 1, r"truncate=sequence_length=1024 exceeds the server's max_input_tokens=1000 \(GET /info\).*"
                  r"Start TGI with --max-input-tokens 1024 or more"),
@@ -325,6 +339,7 @@ def test_seed_launcher_limits_admit_the_scenario(sequence, decode, max_input, ma
     assert args.max_input_tokens < args.max_total_tokens <= args.max_batch_total_tokens  # the launcher's own rules
 
 
+@pytest.mark.slow
 def test_seed_launcher_args_serve_the_seed_scenario_through_the_router(tmp_path):
     """Seed 000's scenario (sequence 1024, decode 8) on the stand-in launcher with seed_launcher_args."""
     registry = ProcessRegistry(tmp_path)
@@ -343,6 +358,7 @@ def test_seed_launcher_args_serve_the_seed_scenario_through_the_router(tmp_path)
         registry.stop_all()
 
 
+@pytest.mark.slow
 def test_stand_in_launcher_checks_the_limits_as_the_launcher_does(tmp_path):
     registry = ProcessRegistry(tmp_path)
     port = free_port()
@@ -532,6 +548,7 @@ def test_the_gate_catches_a_slower_tgi_and_the_report_has_the_server_tables(pyte
     assert "regress" in result.stdout.str().lower()
 
 
+@pytest.mark.slow
 def test_hf_hub_offline_mode_does_not_block_a_tgi_server(tgi, monkeypatch):
     from huggingface_hub import constants
 

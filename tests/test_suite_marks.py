@@ -1,5 +1,6 @@
-"""The suite's own sorting (tests/conftest.py): a test is slow by what its code, its fixtures and the helpers they
-call refer to, and a test left fast that starts a process anyway fails, naming the fix."""
+"""The suite's own sorting (tests/conftest.py): a test is slow by the names its own code uses (pytest's rule), one that
+starts its process through a helper says so with `@pytest.mark.slow`, and a test left fast that starts a process
+anyway fails, naming the fix."""
 
 import multiprocessing
 import os
@@ -15,38 +16,28 @@ def _starts_git():
     subprocess.run(["git", "--version"], check=True)  # never called: read, not run
 
 
+def _starts_git_in_a_nested_function():
+    def inner():
+        return subprocess.Popen(["git", "--version"])
+
+    return inner
+
+
 def _calls_a_helper_that_starts_git():
     return _starts_git()
 
 
-class _Server:
-    def start(self):
-        return subprocess.Popen([sys.executable, "-c", "pass"])
-
-    def describe(self):
-        return "a server"
+def _spawns(function):
+    return conftest.SPAWNS.intersection(conftest._names(function.__code__))
 
 
-def _starts_a_server():
-    return _Server().start()
+def test_a_test_is_slow_by_the_names_its_own_code_uses_nested_functions_included():
+    assert _spawns(_starts_git) == {"subprocess"}
+    assert _spawns(_starts_git_in_a_nested_function) == {"subprocess", "Popen"}
 
 
-def _describes_a_server():
-    return _Server().describe()
-
-
-def _adds(a, b):
-    return a + b
-
-
-def test_a_test_is_slow_by_what_the_helpers_it_calls_refer_to():
-    assert conftest._mentions([_calls_a_helper_that_starts_git]) & conftest.SPAWNS == {"subprocess"}
-    assert not conftest._mentions([_adds]) & conftest.SPAWNS
-
-
-def test_of_a_class_only_the_methods_a_test_names_count():
-    assert conftest._mentions([_starts_a_server]) & conftest.SPAWNS == {"subprocess", "Popen"}
-    assert not conftest._mentions([_describes_a_server]) & conftest.SPAWNS
+def test_a_helper_that_starts_a_process_is_not_followed_its_test_is_marked():
+    assert not _spawns(_calls_a_helper_that_starts_git)
 
 
 @pytest.mark.parametrize("start", [
@@ -59,7 +50,7 @@ def test_of_a_class_only_the_methods_a_test_names_count():
 def test_a_fast_test_that_starts_a_process_fails_naming_the_fix(start):
     before = subprocess.Popen._execute_child, os.fork
     with conftest._no_processes("t.py::test_x"):
-        with pytest.raises(conftest.StartedAProcess, match=r"t\.py::test_x is not marked slow but starts a process"):
+        with pytest.raises(conftest.StartedAProcess, match=r"t\.py::test_x starts a process .*: mark it @pytest\.mark\.slow"):
             start()
     assert (subprocess.Popen._execute_child, os.fork) == before  # put back as it was
 

@@ -45,7 +45,7 @@ def why_not() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(why_not() is not None, reason=str(why_not()))
+pytestmark = [pytest.mark.skipif(why_not() is not None, reason=str(why_not())), pytest.mark.slow]  # a real server
 
 
 @pytest.fixture(scope="module")

@@ -63,23 +63,27 @@ def overlapping(spans):
     return [(a, b) for a, b in zip(spans, spans[1:]) if b[2] < a[3]]
 
 
+@pytest.mark.slow
 def test_two_workers_take_turns_abba_and_never_measure_at_once(tmp_path):
     spans = run_workers(tmp_path, [("A", 4, False), ("B", 4, False)])
     assert [s[0] for s in spans] == list("ABBAABBA")
     assert overlapping(spans) == []
 
 
+@pytest.mark.slow
 def test_the_round_order_decides_who_goes_first(tmp_path):
     spans = run_workers(tmp_path, [("A", 2, False), ("B", 2, False)], order=("B", "A"))
     assert [s[0] for s in spans] == list("BAAB")
 
 
+@pytest.mark.slow
 def test_a_worker_with_fewer_batch_sizes_drops_out_and_the_other_goes_on(tmp_path):
     spans = run_workers(tmp_path, [("A", 1, False), ("B", 4, False)])
     assert [s[0] for s in spans] == list("ABBBB")
     assert overlapping(spans) == []
 
 
+@pytest.mark.slow
 def test_a_worker_that_ignores_turns_measures_alone_before_the_other_is_given_one(tmp_path):
     spans = run_workers(tmp_path, [("A", 3, True), ("B", 2, False)])
     assert [s[0] for s in spans] == list("AAABB")

@@ -19,6 +19,8 @@ from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.backends.models import make_prompt
 
+pytestmark = pytest.mark.slow  # each test starts a real server (through its fixture)
+
 
 SEQ, DECODE = 32, 16
 

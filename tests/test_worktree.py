@@ -9,6 +9,8 @@ import pytest
 
 from pytest_llmperf.orchestrate import worktree
 
+pytestmark = pytest.mark.slow  # every test here runs git
+
 
 def git(cwd, *args):
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()

@@ -1,33 +1,23 @@
-"""One side's environment built with uv, from that side's own files, into the cache; or reused from it where it still
-holds what the side asks for.
-
-What a side is built from is chosen by file name, from what uv builds from: its uv.lock (with pyproject.toml), a
-pylock.toml, its requirements and constraints files (with pyproject.toml where it declares [project] dependencies),
-or pyproject.toml alone. The files of other tools (poetry, pdm, pipenv, conda) are never read: named, with the
-command that exports each. Both sides are built alike: the same base interpreter, the same flags, the same uv. The
-project itself is never installed (workers import it from the side's checkout); then this plugin goes in
-(plugin_install.py), and what the environment holds is recorded in its marker.
-
-A cache entry is reused only where it still holds what was recorded, its files are intact (probed against their
-RECORD) and uv finds the side's own requirements satisfied by it (`uv pip install --dry-run`); otherwise it is
-rebuilt, and the side's record says why.
-"""
+"""One side's environment: what it is built from (by file name), its cache key, and its build with uv, or the reuse
+of a cache entry that still holds what the side asks for (docs/environments.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from . import cache, plugin_install
-from .errors import BuildFailed, CannotBuild, EnvironmentsError
+from .errors import WRITABLE_WAY, BuildFailed, CannotBuild, EnvironmentsError
 from .inputs import REFUSED, DependencyInputs
 from .installed import Probe, probe
 from .records import BUILT, CACHE_HIT, BuildSettings, SideEnvironment, held_changes
@@ -40,6 +30,9 @@ HARMLESS = {"UV_CACHE_DIR", "UV_NO_PROGRESS", "UV_CONCURRENT_DOWNLOADS", "UV_CON
             "UV_COLOR", "UV_NATIVE_TLS", "UV_SYSTEM_CERTS"}  # fmt: skip
 #: UV_* variables that name files whose content decides what is installed.
 FILE_SETTINGS = ("UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT", "UV_EXCLUDE", "UV_CONFIG_FILE")
+#: Local packages (workspace members, editable sources) go in as copies, not links into the checkout: the base
+#: side's worktree is removed at the job's end, the working tree moves on, and the environment stays in the cache.
+COPIES = "--no-editable"
 
 
 @dataclass(frozen=True)
@@ -47,8 +40,8 @@ class Recipe:
     """What a side's environment is built from."""
 
     kind: str  # UV_LOCK, PYLOCK, REQUIREMENTS or PYPROJECT
-    requirements: tuple[str, ...] = ()  # -r files (REQUIREMENTS, with pyproject.toml where it declares dependencies)
-    constraints: tuple[str, ...] = ()  # -c files (REQUIREMENTS)
+    requirements: tuple[str, ...] = ()  # -r files (with pyproject.toml where it declares dependencies)
+    constraints: tuple[str, ...] = ()  # -c files
     selects: bool = True  # whether the project's extras and groups apply (it reads a pyproject.toml or a lock)
 
     def label(self, settings: BuildSettings) -> str:
@@ -57,64 +50,47 @@ class Recipe:
         return " ".join([*files, *(settings.selection() if self.selects else [])])
 
     def install_args(self, settings: BuildSettings) -> list[str]:
-        """What `uv pip install` installs: the files and the selection."""
         args = [item for r in self.requirements for item in ("-r", r)]
         args += [item for c in self.constraints for item in ("-c", c)]
         return args + (settings.selection() if self.selects else [])
 
 
-def load_toml(text: str) -> dict[str, Any]:
-    """A TOML document (tomllib; tomli before Python 3.11, which pytest requires there); ValueError if invalid."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:
-        import tomli as tomllib
-    return tomllib.loads(text.removeprefix("\ufeff"))
-
-
 def _project(inputs: DependencyInputs) -> dict[str, Any]:
-    """The [project] table of the side's pyproject.toml ({} where there is none); CannotBuild naming the file where
-    it is not valid TOML."""
+    """The [project] table of the side's pyproject.toml ({} where there is none)."""
     file = inputs.get("pyproject.toml")
     if file is None or file.data is None:
         return {}
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib  # pytest requires it there
     try:
-        project = load_toml(file.data.decode("utf-8-sig")).get("project")
+        project = tomllib.loads(file.data.decode("utf-8-sig")).get("project")
     except (ValueError, UnicodeDecodeError) as exc:
         raise CannotBuild(f"cannot read {inputs.root / 'pyproject.toml'}: {exc}") from None
     return project if isinstance(project, dict) else {}
 
 
 def _check_python(inputs: DependencyInputs, project: dict[str, Any], version: str, side: str) -> None:
-    """CannotBuild where the side asks for a Python that this job's interpreter is not: both sides are built with it."""
+    """CannotBuild where the side asks for a Python that this job's is not: both sides are built with it."""
     wanted = project.get("requires-python")
     if wanted:
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-        try:
-            fits = SpecifierSet(wanted).contains(version, prereleases=True)
-        except InvalidSpecifier:
-            fits = True  # uv says what is wrong with it
-        if not fits:
-            raise CannotBuild(f"its pyproject.toml has requires-python {wanted}; this job's Python is {version}, and "
-                              "both sides are built with it", side=side)  # fmt: skip
+        with contextlib.suppress(InvalidSpecifier):  # uv says what is wrong with it
+            if not SpecifierSet(wanted).contains(version, prereleases=True):
+                raise CannotBuild(f"its pyproject.toml has requires-python {wanted}; this job's Python is {version}, "
+                                  "and both sides are built with it", side=side)  # fmt: skip
     pinned = inputs.get(".python-version")
-    if pinned is not None and pinned.data is not None:
-        text = (
-            pinned.data.decode("utf-8-sig", errors="replace").strip().splitlines()[0].lower()
-            if pinned.data.strip()
-            else ""
-        )
-        for prefix in ("cpython-", "cpython", "python"):
-            text = text.removeprefix(prefix)
-        if text and not (version == text or version.startswith(text + ".")):
-            raise CannotBuild(f".python-version names {text}; this job's Python is {version}, and both sides are "
-                              "built with it", side=side)  # fmt: skip
+    words = pinned.data.decode("utf-8-sig", errors="replace").split() if pinned and pinned.data else []
+    named = re.sub(r"^(cpython-?|python)", "", words[0].lower()) if words else ""
+    if named and version != named and not version.startswith(named + "."):
+        raise CannotBuild(f".python-version names {named}; this job's Python is {version}, and both sides are built "
+                          "with it", side=side)  # fmt: skip
 
 
 def recipe_for(inputs: DependencyInputs, settings: BuildSettings, version: str, side: str) -> Recipe:
-    """How the side at `inputs.root` is built (with the interpreter of Python `version`); CannotBuild when no file it
-    has is what uv builds from, or when it asks for another Python."""
+    """How the side is built on Python `version`; CannotBuild where uv cannot build it or it wants another Python."""
     project = _project(inputs)
     _check_python(inputs, project, version, side)
     if inputs.of_kind("uv.lock") and inputs.get("pyproject.toml"):
@@ -144,8 +120,7 @@ def recipe_for(inputs: DependencyInputs, settings: BuildSettings, version: str, 
 
 
 def uv_settings(root: Path) -> dict[str, Any]:
-    """uv's configuration beyond the side's own files: the UV_* variables (and the files they name), uv.toml above the
-    side's root, the user's and the system's uv.toml."""
+    """uv's configuration beyond the side's files: UV_* variables (and the files they name), every uv.toml it reads."""
     found: dict[str, Any] = {k: v for k, v in os.environ.items() if k.startswith("UV_") and k not in HARMLESS}
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     dirs = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(os.pathsep)
@@ -153,66 +128,103 @@ def uv_settings(root: Path) -> dict[str, Any]:
     paths += [d / "uv.toml" for d in root.resolve().parents]
     paths += [Path(p) for name in FILE_SETTINGS for p in os.environ.get(name, "").split() if p]
     for path in paths:
-        try:
+        with contextlib.suppress(OSError):
             found[str(path)] = path.read_text(errors="replace")
-        except OSError:
-            continue
     return found
 
 
-def key_parts(
-    inputs: DependencyInputs, recipe: Recipe, base: Probe, uv: Uv, settings: BuildSettings, plugin: str, copy: str
-) -> dict[str, Any]:
-    """Everything that decides what a built environment holds (`copy`: a name that keeps two builds apart)."""
-    return {
-        "python": dict(base.identity),
-        "platform": [base.markers["sys_platform"], base.markers["platform_machine"], *platform.libc_ver()],
-        "uv": uv.version,
-        "uv_settings": uv_settings(inputs.root),
-        "recipe": asdict(recipe),
-        "inputs": inputs.digests(),
-        "settings": {k: v for k, v in asdict(settings).items() if k != "timeout_s"},
-        "plugin": plugin,
-        "plugin_requirements": plugin_install.requirement_closure(),
-        **({"copy": copy} if copy else {}),
-    }
+@dataclass(frozen=True)
+class Build:
+    """One side's build: the side, its inputs and recipe, and the uv and settings both sides are built with."""
 
+    side: str
+    inputs: DependencyInputs
+    recipe: Recipe
+    uv: Uv
+    settings: BuildSettings
 
-def unsatisfied(recipe: Recipe, root: Path, python: str, uv: Uv, settings: BuildSettings, side: str) -> tuple[str, ...]:
-    """What the interpreter `python` lacks of what the side at `root` asks for, as uv's dry run says it (empty: uv
-    would change nothing); this plugin aside, which every side gets at the controller's version."""
-    run = functools.partial(uv.run, cwd=root, timeout=settings.timeout_s, side=side)
-    with tempfile.TemporaryDirectory(prefix="llmperf-env-") as scratch:
-        args = ["pip", "install", "--dry-run", "--python", python, *settings.flags()]
-        if recipe.kind == UV_LOCK:
-            exported = Path(scratch, "requirements.txt")
-            export = ["export", "--frozen", "--no-hashes", "--no-emit-workspace", "--format", "requirements-txt"]
-            run([*export, "-q", "-o", str(exported), *settings.flags(), *settings.selection()])
-            args += ["-r", str(exported)]
+    def run(self, args: list[str], **more: Any) -> Any:
+        return self.uv.run(args, cwd=self.inputs.root, timeout=self.settings.timeout_s, side=self.side, **more)
+
+    def key_parts(self, base: Probe, plugin: str, copy: str) -> dict[str, Any]:
+        """Everything that decides what the environment holds (`copy`: a name that keeps two builds apart)."""
+        return {
+            "python": dict(base.identity),
+            "platform": platform.libc_ver(),
+            "uv": self.uv.version,
+            "uv_settings": uv_settings(self.inputs.root),
+            "recipe": asdict(self.recipe),
+            "inputs": self.inputs.digests(),
+            "settings": {k: v for k, v in asdict(self.settings).items() if k != "timeout_s"},
+            "plugin": plugin,
+            "plugin_requirements": plugin_install.requirement_closure(),
+            **({"copy": copy} if copy else {}),
+        }
+
+    def unsatisfied(self, python: str) -> tuple[str, ...]:
+        """What `python` lacks of what the side asks for, as uv's dry run says it; this plugin aside (it is ours)."""
+        flags = [COPIES, *self.settings.flags()]
+        with tempfile.TemporaryDirectory(prefix="llmperf-env-") as scratch:
+            args = ["pip", "install", "--dry-run", "--python", python, *flags]
+            if self.recipe.kind == UV_LOCK:
+                exported = Path(scratch, "requirements.txt")
+                export = ["export", "--frozen", "--no-hashes", "--no-emit-workspace", "--format", "requirements-txt"]
+                self.run([*export, "-q", "-o", str(exported), *flags, *self.settings.selection()])
+                args += ["-r", str(exported)]
+            else:
+                args += self.recipe.install_args(self.settings)
+            done = self.run(args, check=False)
+        said = [line.strip() for line in done.stderr.splitlines()]
+        changes = [line for line in said if line[:2] in ("+ ", "- ") and plugin_install.PLUGIN not in line]
+        if done.returncode == 0 and not changes:
+            return ()
+        return tuple(changes) or tuple(said[-3:]) or (f"uv exited with {done.returncode}",)
+
+    def reusable(self, directory: Path, key: str) -> tuple[Probe | None, str | None]:
+        """The ready entry at `directory`, probed (None: there is none), and why it cannot be reused (None: it can)."""
+        marker = cache.ready(directory, key)
+        if marker is None:
+            return None, None
+        try:
+            now = probe(str(cache.python_in(directory)))
+        except EnvironmentsError as exc:  # its base interpreter moved or went
+            return None, f"its interpreter does not run ({exc})"
+        if now.damaged:
+            return now, f"its files changed since it was built ({'; '.join(now.damaged)})"
+        if now.installed != marker.get("installed") or now.contents != marker.get("contents"):
+            changed = held_changes(marker.get("installed") or {}, now.installed, marker.get("contents") or {},
+                                   now.contents)  # fmt: skip
+            return now, f"what it holds changed since it was built ({'; '.join(map(str, changed))})"
+        missing = self.unsatisfied(now.executable)
+        return now, f"it does not hold what the side asks for (uv: {'; '.join(missing)})" if missing else None
+
+    def make(self, directory: Path, base: Probe, wheel: Path, wheels_dir: Path, lock: int) -> Probe:
+        """Build the environment at `directory`, every uv inheriting its `lock`: the side's dependencies, the plugin."""
+        python, flags = cache.python_in(directory), [COPIES, *self.settings.flags()]
+        what = f"building the {self.side} side's environment {directory} from {self.inputs.root}/{self.label()}"
+        run = functools.partial(self.run, hold=(lock,), what=what)
+        env: Mapping[str, str] | None = None
+        if self.recipe.kind == UV_LOCK:
+            args = ["sync", "--frozen", "--no-install-project", "--python", base.base_executable, *flags]
+            args, env = [*args, *self.settings.selection()], {"UV_PROJECT_ENVIRONMENT": str(directory)}
         else:
-            args += recipe.install_args(settings)
-        done = run(args, check=False)
-    said = [line.strip() for line in done.stderr.splitlines()]
-    if done.returncode == 0 and "Would make no changes" in said:
-        return ()
-    changes = [line for line in said if line[:2] in ("+ ", "- ") and plugin_install.PLUGIN not in line]
-    if done.returncode == 0 and not changes:
-        return ()
-    return tuple(changes) or tuple(said[-3:]) or (f"uv exited with {done.returncode}",)
+            run(["venv", "--no-project", "--python", base.base_executable, str(directory)])
+            args = ["pip", "install", "--python", str(python), *flags, *self.recipe.install_args(self.settings)]
+        run(args, env=env)
+        own = probe(str(python))
+        if own.local:  # uv's cache knows a local package's build by its path and pyproject.toml's time, not its files
+            run([*args, *(item for name in own.local for item in ("--reinstall-package", name))], env=env)
+            own = probe(str(python))
+        plugin_install.install(run, python, own.installed, wheel, wheels_dir, self.settings.flags())
+        done = probe(str(python))
+        expected, found = plugin_install.controller_version(), done.installed.get(plugin_install.PLUGIN)
+        if found != expected:
+            raise BuildFailed(f"{directory} has {plugin_install.PLUGIN} {found}, not the controller's {expected}",
+                              side=self.side)  # fmt: skip
+        return done
 
-
-def _why_not_reused(
-    marker: dict[str, Any], now: Probe, recipe: Recipe, root: Path, uv: Uv, settings: BuildSettings, side: str
-) -> str | None:
-    """Why the ready entry, probed as `now`, cannot be reused; None where it can."""
-    if now.damaged:
-        return f"its files changed since it was built ({'; '.join(now.damaged)})"
-    if now.installed != marker.get("installed") or now.contents != marker.get("contents"):
-        was, had = marker.get("installed") or {}, marker.get("contents") or {}
-        changed = "; ".join(map(str, held_changes(was, now.installed, had, now.contents)))
-        return f"what it holds changed since it was built ({changed})"
-    missing = unsatisfied(recipe, root, now.executable, uv, settings, side)
-    return f"it does not hold what the side asks for (uv: {'; '.join(missing)})" if missing else None
+    def label(self) -> str:
+        return self.recipe.label(self.settings)
 
 
 def build_side(
@@ -227,85 +239,34 @@ def build_side(
     copy: str = "",
     clock: Callable[[], float] = time.perf_counter,
 ) -> SideEnvironment:
-    """The environment of `side` ("base" or "head") built from `inputs` with the interpreter `base` (its base
-    executable), or reused from `env_dir`; `plugin`: (its identity, its wheel). Sides with equal inputs share one
-    environment unless `copy` names each (--llmperf-compare-deps=build: two builds, the A/A of the machinery)."""
+    """The environment of `side` built from `inputs` on `base`, or reused from `env_dir`; `copy` keeps the sides'
+    entries apart where their inputs are equal (--llmperf-compare-deps=build, the machinery's A/A check)."""
     start = clock()
-    version = base.markers["python_full_version"]
-    recipe = recipe_for(inputs, settings, version, side)
-    key = cache.key_of(key_parts(inputs, recipe, base, uv, settings, plugin[0], copy))
-    directory, shown = env_dir / key, recipe.label(settings)
+    build = Build(side, inputs, recipe_for(inputs, settings, base.version, side), uv, settings)
+    key = cache.key_of(build.key_parts(base, plugin[0], copy))
+    directory, writable = env_dir / key, cache.writable(env_dir)
 
     def record(how: str, held: Probe, findings: tuple[str, ...] = ()) -> SideEnvironment:
         return SideEnvironment(side, how, str(cache.python_in(directory)), held.python_version, key, str(directory),
-                               shown, clock() - start, held.installed, findings, held.contents)  # fmt: skip
+                               build.label(), clock() - start, held.installed, findings, held.contents)  # fmt: skip
 
-    def reusable() -> tuple[Probe | None, str | None]:
-        marker = cache.ready(directory, key)
-        if marker is None:
-            return None, None
-        try:
-            now = probe(str(cache.python_in(directory)))
-        except EnvironmentsError as exc:  # its base interpreter moved or went: built again
-            return None, f"its interpreter does not run ({exc})"
-        return now, _why_not_reused(marker, now, recipe, inputs.root, uv, settings, side)
-
-    if not cache.writable(env_dir):  # read-only: a ready entry is used as it is, nothing is built
-        now, why = reusable()
+    # A cache this job cannot write is read without a lock: a ready entry is used as it is, nothing is built.
+    with cache.entry_lock(directory) if writable else contextlib.nullcontext() as lock:
+        now, why = build.reusable(directory, key)
         if now is not None and why is None:
+            if writable:
+                cache.touch(directory)
             return record(CACHE_HIT, now)
-        raise CannotBuild(f"the environments' cache {env_dir} cannot be written, and it holds no usable environment "
-                          f"for this side{f' ({why})' if why else ''}", side=side,
-                          fix="give a writable directory: -o llmperf_env_dir=PATH, or the ini key "
-                          "llmperf_env_dir")  # fmt: skip
-    with cache.entry_lock(directory) as lock:
-        now, why = reusable()
-        if now is not None and why is None:
-            cache.touch(directory)
-            return record(CACHE_HIT, now)
+        if lock is None:
+            raise CannotBuild(f"the environments' cache {env_dir} cannot be written, and it holds no usable environment"
+                              f" for this side{f' ({why})' if why else ''}", side=side, fix=WRITABLE_WAY)  # fmt: skip
         cache.discard(directory)  # what a killed build left, or an environment that no longer holds
         try:
-            done = _make(recipe, inputs.root, directory, base, uv, settings, plugin[1], env_dir / cache.WHEELS, side,
-                         lock)  # fmt: skip
+            done = build.make(directory, base, plugin[1], env_dir / cache.WHEELS, lock)
         except BaseException:
             cache.discard(directory)  # nothing half built stays behind
             raise
-        cache.mark_ready(directory, key, {"side_root": str(inputs.root), "recipe": shown, "seconds": clock() - start,
-                                          "installed": done.installed, "contents": done.contents,
-                                          "python": done.python_version})  # fmt: skip
+        cache.mark_ready(directory, key, {"side_root": str(inputs.root), "recipe": build.label(),
+                                          "seconds": clock() - start, "installed": done.installed,
+                                          "contents": done.contents, "python": done.python_version})  # fmt: skip
     return record(BUILT, done, (f"rebuilt: {why}",) if why else ())
-
-
-def _make(
-    recipe: Recipe,
-    root: Path,
-    directory: Path,
-    base: Probe,
-    uv: Uv,
-    settings: BuildSettings,
-    wheel: Path,
-    wheels_dir: Path,
-    side: str,
-    lock: int,
-) -> Probe:
-    """Build the environment at `directory` (its lock held, and inherited by every uv): the side's dependencies, then
-    the plugin."""
-    python = cache.python_in(directory)
-    what = f"building the {side} side's environment {directory} from {root}/{recipe.label(settings)}"
-    run = functools.partial(uv.run, cwd=root, timeout=settings.timeout_s, side=side, hold=(lock,), what=what)
-    if recipe.kind == UV_LOCK:
-        args = ["sync", "--frozen", "--no-install-project", "--python", base.base_executable, *settings.flags()]
-        run([*args, *settings.selection()], env={"UV_PROJECT_ENVIRONMENT": str(directory)})
-    else:
-        run(["venv", "--no-project", "--python", base.base_executable, str(directory)])
-        run(["pip", "install", "--python", str(python), *settings.flags(), *recipe.install_args(settings)])
-    own = probe(str(python))
-    plugin_install.install(uv, python, own.installed, wheel=wheel, wheels_dir=wheels_dir, flags=settings.flags(),
-                           cwd=root, timeout=settings.timeout_s, side=side, hold=(lock,))  # fmt: skip
-    done = probe(str(python))
-    expected, found = plugin_install.controller_version(), done.installed.get(plugin_install.PLUGIN)
-    if found != expected:
-        raise BuildFailed(
-            f"{directory} has {plugin_install.PLUGIN} {found}, not the controller's {expected}", side=side
-        )
-    return done

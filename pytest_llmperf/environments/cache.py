@@ -1,18 +1,12 @@
-"""The cache of built environments: one directory per key, so that a rerun, and every pull request against the same
-main, reuses what an earlier job built.
-
-The key is a digest of everything that decides what gets installed (build.key_parts). A directory is built while its
-lock is held: two jobs never build one at once (the second waits, then reuses it), and the uv processes of a build
-inherit the lock, so a build whose controller was killed holds it until the last of them is gone. A directory is
-ready only once its marker is written, last and atomically: what a killed or failed build left has none, and the next
-builder removes it first. A cache that this job cannot write is still read: a ready entry is reused without a lock.
-"""
+"""The cache of built environments: one directory per key, built holding its lock, ready once its marker is written
+(last, atomically), reused by later jobs, pruned when unused (docs/environments.md, "The cache")."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -29,8 +23,11 @@ except ImportError:  # Windows: no lock (nor a uv that could outlive its build t
     fcntl = None  # type: ignore[assignment]
 
 MARKER = "llmperf-env.json"
-#: Wheels of what the controller runs (wheels.py), beside the environments.
+#: Wheels of what the controller runs (plugin_install.py), beside the environments.
 WHEELS = ".wheels"
+#: An entry (or wheel) no job used for this long is removed by the next job that builds one: rebuilt from uv's warm
+#: cache it costs seconds (docs/environments.md), kept it fills a runner's disk.
+UNUSED_DAYS = 14
 
 
 def default_env_dir() -> Path:
@@ -40,7 +37,7 @@ def default_env_dir() -> Path:
 
 
 def key_of(parts: Mapping[str, Any]) -> str:
-    """The cache key: a digest of the canonical JSON of what defines the environment."""
+    """A digest of the canonical JSON of what defines the environment (build.key_parts)."""
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -58,7 +55,7 @@ def writable(root: Path) -> bool:
 
 
 def ready(directory: Path, key: str) -> dict[str, Any] | None:
-    """The marker of a ready environment at `directory` built for `key`, or None (not built, half built, another)."""
+    """The marker of the ready environment at `directory` built for `key`, or None."""
     try:
         marker = json.loads((directory / MARKER).read_text())
     except (OSError, ValueError):
@@ -73,48 +70,56 @@ def mark_ready(directory: Path, key: str, record: Mapping[str, Any]) -> None:
     write_text_atomic(directory / MARKER, json.dumps({"key": key, "built_at": time.time(), **record}, indent=1))
 
 
-def touch(directory: Path) -> None:
-    """Note a reuse (prune keeps the newest used)."""
+def touch(path: Path) -> None:
+    """Note a reuse of an entry or a wheel (prune removes what no job used for long)."""
     with contextlib.suppress(OSError):
-        os.utime(directory / MARKER)
+        os.utime(path / MARKER if (path / MARKER).exists() else path)
 
 
 @contextlib.contextmanager
-def entry_lock(directory: Path) -> Iterator[int]:
-    """Hold the lock of the entry `directory` (`.<name>.lock` beside it) while the block builds or reuses it; yields
-    its descriptor, for the builder's processes to inherit. The lock file stays: a process that inherited it may hold
-    it still."""
-    fd = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+def entry_lock(directory: Path, *, wait: bool = True) -> Iterator[int | None]:
+    """Hold the lock of the entry `directory` (`.<name>.lock` beside it); yields its descriptor, for a builder's uv to
+    inherit (None, not waiting, where another holds it). The file stays: a process that inherited it may hold it."""
+    fd, locked = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o666), True
     try:
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                locked = False
+        yield fd if locked else None
     finally:
         os.close(fd)  # the last holder's close releases the flock
 
 
 def discard(directory: Path) -> None:
-    """Remove what a killed or stale build left (call holding the lock)."""
+    """Remove an entry (call holding its lock)."""
     if directory.is_symlink() or directory.is_file():
         directory.unlink()
     elif directory.exists():
         shutil.rmtree(directory)
 
 
-def prune(root: Path, keep: int, *, spare: tuple[Path, ...] = ()) -> list[Path]:
-    """Remove all but the `keep` most recently used environments under `root` (and those in `spare`); each is
-    removed holding its lock, so a job building or reusing it is never pulled from under. The removed paths."""
-    entries = []
-    for child in root.iterdir() if root.is_dir() else ():
-        marker = child / MARKER
-        if child.is_dir() and not child.name.startswith(".") and marker.exists():
-            entries.append((marker.stat().st_mtime, child))
-    entries.sort(reverse=True)
-    removed = []
-    for _, child in entries[keep:]:
-        if any(child.samefile(s) for s in spare if s.exists()):
+def _used(path: Path) -> float:
+    """When an entry was last built or reused (its marker's time; what a killed build left: its own), or a wheel."""
+    try:
+        return (path / MARKER if (path / MARKER).exists() else path).stat().st_mtime
+    except FileNotFoundError:  # removed meanwhile (another job pruning)
+        return math.inf
+
+
+def prune(root: Path, *, days: float = UNUSED_DAYS, now: float | None = None) -> list[Path]:
+    """Remove (and return) what no job used for `days`; an entry that a job builds or reuses meanwhile stays."""
+    cutoff = (time.time() if now is None else now) - days * 86400
+    wheels = sorted((root / WHEELS).iterdir()) if (root / WHEELS).is_dir() else []
+    removed = [path for path in wheels if _used(path) < cutoff]  # a build touches the wheels it uses first
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir() or _used(entry) >= cutoff:
             continue
-        with entry_lock(child):
-            discard(child)
-        removed.append(child)
+        with entry_lock(entry, wait=False) as fd:
+            if fd is not None and _used(entry) < cutoff:  # not reused (nor removed) while this looked
+                discard(entry)
+                removed.append(entry)
     return removed

@@ -1,5 +1,5 @@
-"""Why the sides' environments could not be made, said so that a person can act: the side, what differs, and the ways
-out that apply to it. The controller turns these into a usage error (a failed job), never into a green one."""
+"""Why the sides' environments could not be made: the side, what differs, and the ways out that apply to it. The
+controller turns these into a usage error (a failed job), never into a green one."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ CODE_ONLY_WAY = (
     "changes were not measured"
 )
 HEAD_WAY = "make the working tree's dependency files build here (they are the pull request's)"
+WRITABLE_WAY = "give a writable directory: -o llmperf_env_dir=PATH, or the ini key llmperf_env_dir"
 
 
 class EnvironmentsError(Exception):
@@ -21,8 +22,7 @@ class EnvironmentsError(Exception):
 
 
 class CannotBuild(EnvironmentsError):
-    """The dependencies differ and the sides' environments cannot be made, or made so that the difference is
-    measured: the message names the side, what differs and the ways out."""
+    """The dependencies differ and the sides' environments cannot be made so that the difference is measured."""
 
     def __init__(
         self,
@@ -33,29 +33,23 @@ class CannotBuild(EnvironmentsError):
         fix: str | None = None,
         ways: Sequence[str] = (),
     ) -> None:
+        super().__init__(reason)
         self.reason, self.side, self.files, self.fix, self.given = reason, side, tuple(files), fix, tuple(ways)
-        super().__init__(self.message())
 
     def ways(self) -> list[str]:
         """The ways out that apply: a base-side interpreter only where the base side is what failed."""
         if self.given:
             return list(self.given)
         ways = [self.fix] if self.fix else []
-        ways += [HEAD_WAY] if self.side == "head" else [BASE_PYTHON_WAY]
-        return [*ways, CODE_ONLY_WAY]
+        return [*ways, HEAD_WAY if self.side == "head" else BASE_PYTHON_WAY, CODE_ONLY_WAY]
 
-    def message(self) -> str:
+    def __str__(self) -> str:  # read when shown: the plan names the inputs that differ after a side's build failed
         which = f"the {self.side} side's environment" if self.side else "the sides' environments"
         lines = [f"the two sides' dependencies differ and {which} cannot be made: {self.reason}"]
         if self.files:
             lines.append(f"  dependency inputs that differ: {', '.join(self.files)}")
         return "\n".join([*lines, "Ways out:", *(f"  - {way}" for way in self.ways())])
 
-    def naming(self, files: Sequence[str]) -> CannotBuild:
-        """The same error, naming the inputs that differ (a build step knows only its side)."""
-        return type(self)(self.reason, side=self.side, files=files, fix=self.fix, ways=self.given)
-
 
 class BuildFailed(CannotBuild):
-    """uv ran and failed (a package not found offline, an index not reachable, a conflict); the reason ends with
-    the command as it ran and what uv said."""
+    """uv ran and failed; the reason ends with the command as it ran and what uv said."""

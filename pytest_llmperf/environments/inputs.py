@@ -1,10 +1,5 @@
-"""A side's dependency inputs, known by their bytes: the files that say what its environment holds (requirements and
-constraints files with their `-r`/`-c` includes, pyproject.toml, uv.lock, pylock.toml, uv.toml, .python-version, other
-tools' files, the user's extra paths; a uv workspace member's workspace lock), and the local wheels and directories
-they name. Nothing is parsed to decide what changed: only byte-identical sides are the same. A named path is
-fingerprinted by content where relative (a checkout rewrites every file), by size and time where absolute (the same
-files for both sides: a torch wheel on the runner's disk is not hashed at every job).
-"""
+"""A side's dependency inputs, known by their bytes: the files found by name and the local paths they name. Nothing is
+parsed to decide what changed (docs/environments.md, "Detecting a difference")."""
 
 from __future__ import annotations
 
@@ -13,23 +8,20 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import EnvironmentsError
+from .records import CHANGED, NONE_FOUND, UNCHANGED
 
 #: Files looked for by name at the root: what uv builds from, and (REFUSED) what it cannot.
 BUILT = ("pyproject.toml", "uv.lock", "pylock.toml", "uv.toml", ".python-version")
 #: The files of other tools, each with the command that exports it to a requirements file.
-REFUSED = {
-    "poetry.lock": "poetry export -o requirements.txt",
-    "pdm.lock": "pdm export -o requirements.txt",
-    "Pipfile": "pipenv requirements > requirements.txt",
-    "Pipfile.lock": "pipenv requirements > requirements.txt",
-    "environment.yml": "conda env export --from-history, then list its pip packages in requirements.txt",
-    "environment.yaml": "conda env export --from-history, then list its pip packages in requirements.txt",
-    "conda-lock.yml": "conda-lock render --kind explicit, then list its pip packages in requirements.txt",
-}
+_PIPENV, _CONDA = "pipenv requirements > requirements.txt", "then list its pip packages in requirements.txt"
+REFUSED = {"poetry.lock": "poetry export -o requirements.txt", "pdm.lock": "pdm export -o requirements.txt",
+           "Pipfile": _PIPENV, "Pipfile.lock": _PIPENV, "environment.yml": f"conda env export --from-history, {_CONDA}",
+           "environment.yaml": f"conda env export --from-history, {_CONDA}",
+           "conda-lock.yml": f"conda-lock render --kind explicit, {_CONDA}"}  # fmt: skip
 #: Requirements and constraints files, and PEP 751 locks, looked for by pattern at the root.
 PATTERNS = ("requirements*.txt", "requirements*.in", "requirements/*.txt", "requirements/*.in", "constraints*.txt",
             "pylock.*.toml")  # fmt: skip
@@ -39,23 +31,19 @@ _INCLUDE = re.compile(r"^\s*(-r|--requirement|-c|--constraint)(?:\s*=\s*|\s+|(?<
 # Options of a requirements line whose value may be a local path.
 _PATH_OPTIONS = ("-f", "--find-links", "-e", "--editable", "-i", "--index-url", "--extra-index-url")
 _ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
-#: TOML keys whose quoted values are paths or URLs (uv.lock sources, [tool.uv], pylock.toml): in an inline table,
-#: or at the start of a line.
-_KEYS = r"(?:path|directory|registry|find-links|url|index-url|extra-index-url)"
-_INLINE = re.compile(r"\{[^{}\n]*\}")
-_TOML_PATH = re.compile(rf"\b{_KEYS}\s*=\s*(['\"])(.*?)\1")
-_TOML_PATHS = re.compile(rf"(?m)^\s*{_KEYS}\s*=\s*(\[[^\]]*\]|'[^'\n]*'|\"[^\"\n]*\")")
+#: TOML keys whose values are paths or URLs (uv.lock sources, [tool.uv], pylock.toml): a string or an array of them.
+_KEYS = r"(?:path|directory|editable|registry|find-links|url|index-url|extra-index-url)"
+_TOML_PATHS = re.compile(rf"(?<![\w-]){_KEYS}\s*=\s*(\[[^\]]*\]|'[^'\n]*'|\"[^\"\n]*\")")
 _QUOTED = re.compile(r"\"([^\"\n]*)\"|'([^'\n]*)'")
 #: Left out of a directory's fingerprint.
 _SKIPPED = {".git", "__pycache__", ".venv", "node_modules"}
 
 
 def kind_of(path: str) -> str:
-    """What a dependency input is, from its name: pyproject, uv.lock, pylock, requirements, constraints, refused, or
-    other (uv.toml, .python-version, a file the user named)."""
+    """What a dependency input is, from its name (other: uv.toml, .python-version, a file the user named)."""
     name = path.rsplit("/", 1)[-1]
     if name in ("pyproject.toml", "uv.lock"):
-        return "pyproject" if name == "pyproject.toml" else name
+        return name
     if name in REFUSED:
         return "refused"
     if re.fullmatch(r"pylock(\.[^.]+)?\.toml", name):
@@ -69,8 +57,7 @@ def kind_of(path: str) -> str:
 
 @dataclass(frozen=True)
 class InputFile:
-    """One dependency input: its path relative to the side's root (posix), its kind, its bytes (None: named by an
-    include or by the user, but missing)."""
+    """One dependency input: its path relative to the side's root (posix), its kind, its bytes (None: missing)."""
 
     path: str
     kind: str
@@ -92,28 +79,14 @@ class DependencyInputs:
     def get(self, path: str) -> InputFile | None:
         return next((f for f in self.files if f.path == path and f.data is not None), None)
 
-    def of_kind(self, *kinds: str) -> tuple[InputFile, ...]:
-        """The top-level (not included) files of these kinds that exist."""
-        return tuple(f for f in self.files if f.kind in kinds and f.data is not None and f.included_by is None)
+    def of_kind(self, kind: str) -> tuple[InputFile, ...]:
+        """The files of this kind that exist, but those that others include."""
+        return tuple(f for f in self.files if f.kind == kind and f.data is not None and f.included_by is None)
 
     def digests(self) -> dict[str, str | None]:
-        """Each input's and named path's digest: what the cache key reads, what detection compares."""
+        """Each input's and named path's digest: what detection compares and the cache key reads."""
         files = {f.path: None if f.data is None else hashlib.sha256(f.data).hexdigest() for f in self.files}
         return {**files, **dict(self.local)}
-
-    def differing(self, other: DependencyInputs) -> tuple[str, ...]:
-        mine, theirs = self.digests(), other.digests()
-        return tuple(sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, "-") != theirs.get(p, "-")))
-
-
-def includes(data: bytes) -> list[tuple[str, str]]:
-    """(kind, path) of each `-r`/`-c` include of a requirements file, in order."""
-    found = []
-    for line in data.decode("utf-8-sig", errors="replace").splitlines():
-        match = _INCLUDE.match(line)
-        if match:
-            found.append(("constraints" if match[1] in ("-c", "--constraint") else "requirements", match[2]))
-    return found
 
 
 def _local(text: str) -> str | None:
@@ -139,32 +112,28 @@ def _requirement_paths(line: str) -> Iterator[str]:
 
 
 def named_paths(file: InputFile) -> Iterator[str]:
-    """The paths that the input `file` names, as written: read by lines (a requirements file) or by the keys uv reads
-    paths from (a TOML file: uv.lock sources, [tool.uv], pylock.toml), never parsed. Editable sources (the project's
-    own code, imported from the checkout) are left out."""
-    if file.data is None:
-        return
-    text = file.data.decode("utf-8-sig", errors="replace")
+    """The paths that the input `file` names, as written: in a requirements line, or under a TOML key uv reads."""
+    text, lines = (file.data or b"").decode("utf-8-sig", errors="replace"), []
     if file.kind in ("requirements", "constraints"):
-        for line in text.splitlines():
-            yield from _requirement_paths(line)
-        return
-    if not file.path.endswith((".toml", ".lock")):
-        return
-    for table in _INLINE.findall(text):
-        if "editable" not in table and "virtual" not in table:
-            yield from (value for _, value in _TOML_PATH.findall(table))
-    for values in _TOML_PATHS.findall(_INLINE.sub("", text)):
-        yield from (a or b for a, b in _QUOTED.findall(values))
-    for a, b in _QUOTED.findall(text):
-        if "@" in (a or b):
-            yield from _requirement_paths(a or b)
+        lines = text.splitlines()
+    elif file.path.endswith((".toml", ".lock")):
+        yield from (a or b for values in _TOML_PATHS.findall(text) for a, b in _QUOTED.findall(values))
+        lines = [a or b for a, b in _QUOTED.findall(text) if "@" in (a or b)]  # PEP 508 direct references
+    for line in lines:
+        yield from _requirement_paths(line)
 
 
 def fingerprint(path: Path, content: bool) -> str:
     """A digest of what lies at `path`, a file or a directory: by content, or by size and modification time."""
+    if path.is_file():
+        files = [(".", path)]
+    else:
+        files = []
+        for folder, subfolders, names in os.walk(path):
+            subfolders[:] = [s for s in subfolders if s not in _SKIPPED]
+            files += [(_relative(Path(folder, name), path), Path(folder, name)) for name in names]
     digest = hashlib.sha256()
-    for name, file in [(".", path)] if path.is_file() else sorted(_files(path)):
+    for name, file in sorted(files):
         digest.update(f"{name}\0".encode())
         if content:
             with open(file, "rb") as handle:
@@ -174,14 +143,6 @@ def fingerprint(path: Path, content: bool) -> str:
             digest.update(f"{file.stat().st_size}:{file.stat().st_mtime_ns}".encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
-
-
-def _files(directory: Path) -> Iterator[tuple[str, Path]]:
-    for folder, subfolders, names in os.walk(directory):
-        subfolders[:] = [s for s in subfolders if s not in _SKIPPED]
-        for name in names:
-            path = Path(folder, name)
-            yield path.relative_to(directory).as_posix(), path
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -198,56 +159,34 @@ def _globbed(root: Path, patterns: Sequence[str]) -> list[Path]:
     return found
 
 
-def has_inputs(directory: Path) -> bool:
-    """Whether `directory` holds a dependency input found by name or pattern."""
-    return any((directory / name).is_file() for name in (*BUILT, *REFUSED)) or bool(_globbed(directory, PATTERNS))
-
-
 def inputs_roots(base_top: Path, head_top: Path, head_root: Path) -> tuple[Path, Path]:
-    """(base, head): where each side's dependency inputs are read. The nearest directory, from the head's pytest
-    rootdir up to its repository's top, that holds one on either side; the same place on both sides; the rootdir
-    where none does."""
+    """(base, head): where the sides' inputs are read: the nearest place above the rootdir that holds one on either."""
     try:
         relative = head_root.resolve().relative_to(head_top.resolve())
     except ValueError:  # a rootdir outside the repository: only itself
         return base_top, head_root
     for candidate in (relative, *relative.parents):
-        if has_inputs(head_top / candidate) or has_inputs(base_top / candidate):
-            return base_top / candidate, head_top / candidate
+        for directory in (head_top / candidate, base_top / candidate):
+            if any((directory / name).is_file() for name in (*BUILT, *REFUSED)) or _globbed(directory, PATTERNS):
+                return base_top / candidate, head_top / candidate
     return base_top / relative, head_top / relative
 
 
-def repository_top(root: Path) -> Path:
-    """The top of the git repository `root` lies in (a worktree's .git is a file), or `root` outside one."""
-    for directory in (root.resolve(), *root.resolve().parents):
-        if (directory / ".git").exists():
-            return directory
-    return root.resolve()
-
-
 def workspace_root(root: Path) -> Path | None:
-    """The uv workspace whose lock a member at `root` is built from: the nearest directory above it, within its
-    repository, whose pyproject.toml declares [tool.uv.workspace] beside a uv.lock; None where `root` has its own
-    uv.lock or no pyproject.toml."""
-    if (root / "uv.lock").is_file() or not (root / "pyproject.toml").is_file():
+    """The uv workspace that a member at `root` (a pyproject.toml, no uv.lock) is built from, within its repository."""
+    if (root / "uv.lock").is_file() or not (root / "pyproject.toml").is_file() or (root / ".git").exists():
         return None
-    top = repository_top(root)
     for directory in root.resolve().parents:
-        pyproject = directory / "pyproject.toml"
-        if (
-            (directory / "uv.lock").is_file()
-            and pyproject.is_file()
-            and b"[tool.uv.workspace]" in pyproject.read_bytes()
-        ):
+        lock, pyproject = directory / "uv.lock", directory / "pyproject.toml"
+        if lock.is_file() and pyproject.is_file() and b"[tool.uv.workspace]" in pyproject.read_bytes():
             return directory
-        if directory == top:
+        if (directory / ".git").exists():  # the repository's top (a worktree's .git is a file)
             return None
     return None
 
 
 class InputsUnreadable(EnvironmentsError):
-    """A dependency input exists but cannot be read (permissions, a dangling symlink, a loop): what the side declares
-    is not known, so nothing may be said about it."""
+    """A dependency input exists but cannot be read: what the side declares is not known."""
 
 
 def _read(path: Path) -> bytes | None:
@@ -266,34 +205,34 @@ def _read(path: Path) -> bytes | None:
 def find_inputs(root: Path | str, extra: Sequence[str] = ()) -> DependencyInputs:
     """The dependency inputs of the side whose root is `root`, with the extra paths or globs (relative to it)."""
     root = Path(root)
-    files: dict[str, InputFile] = {}
-    queue: list[tuple[Path, str | None, str | None]] = [(root / n, None, None) for n in (*BUILT, *REFUSED)]
+    by_name = [root / name for name in (*BUILT, *REFUSED)]
     workspace = workspace_root(root)
     if workspace is not None:  # a member's environment is the workspace's lock, as uv sync in its directory makes it
-        queue += [(workspace / "uv.lock", None, None), (workspace / "pyproject.toml", None, None)]
-    queue = [item for item in queue if item[0].exists() or item[0].is_symlink()]
-    queue += [(p, None, None) for p in (*_globbed(root, PATTERNS), *_globbed(root, extra))]
+        by_name += [workspace / "uv.lock", workspace / "pyproject.toml"]
+    found = [p for p in by_name if p.exists() or p.is_symlink()] + _globbed(root, PATTERNS) + _globbed(root, extra)
+    queue: list[tuple[Path, str | None, str | None]] = [(path, None, None) for path in found]  # (path, kind, includer)
+    files: dict[str, InputFile] = {}
     while queue:
         path, kind, parent = queue.pop(0)
         relative = _relative(path, root)
         if relative in files:  # found by pattern and included too: read through what includes it
             if parent is not None and files[relative].included_by is None:
-                files[relative] = InputFile(relative, files[relative].kind, files[relative].data, parent)
+                files[relative] = replace(files[relative], included_by=parent)
             continue
         data = _read(path)
         file = files[relative] = InputFile(relative, kind or kind_of(relative), data, parent)
         if data is not None and file.kind in ("requirements", "constraints"):
-            queue += [
-                (path.parent / target, option, relative) for option, target in includes(data) if "://" not in target
-            ]
-    local = {}
+            for line in data.decode("utf-8-sig", errors="replace").splitlines():
+                if (match := _INCLUDE.match(line)) and "://" not in match[2]:
+                    included = "constraints" if match[1] in ("-c", "--constraint") else "requirements"
+                    queue.append((path.parent / match[2], included, relative))
+    local, project = {}, {root.resolve(), *root.resolve().parents}
     for file in files.values():
-        for named in named_paths(file):
-            given = _local(named)
-            if given is None or not (path := (root / file.path).parent / given).exists():
-                continue
-            inside = not os.path.isabs(given)
-            local[_relative(path, root) if inside else str(path)] = fingerprint(path, inside)
+        for given in filter(None, map(_local, named_paths(file))):
+            path = (root / file.path).parent / given
+            if path.exists() and path.resolve() not in project:  # the project itself: imported from its checkout
+                inside = not os.path.isabs(given)
+                local[_relative(path, root) if inside else str(path)] = fingerprint(path, inside)
     return DependencyInputs(root, tuple(sorted(files.values(), key=lambda f: f.path)), tuple(sorted(local.items())))
 
 
@@ -314,11 +253,14 @@ class Detection:
     def differs(self) -> bool:
         return bool(self.files)
 
+    @property
+    def status(self) -> str:
+        return CHANGED if self.differs else UNCHANGED if self.found else NONE_FOUND
+
     def none_found(self) -> str:
-        return (
-            f"no dependency files at {self.head.root} (nor above it in the repository): a change of dependencies "
-            "cannot be seen; name the files that define the environment in the ini option llmperf_compare_deps_paths"
-        )
+        return (f"no dependency files at {self.head.root} (nor above it in the repository): a change of dependencies "
+                "cannot be seen; name the files that define the environment in the ini option "
+                "llmperf_compare_deps_paths")  # fmt: skip
 
 
 def detect(
@@ -328,8 +270,9 @@ def detect(
     *,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Detection:
-    """How the dependency inputs of the side at `base_root` (the compared ref's checkout) and at `head_root` (the
-    working tree) differ; `extra`: more paths or globs, relative to each root (ini llmperf_compare_deps_paths)."""
+    """How the dependency inputs at `base_root` and `head_root` differ (`extra`: ini llmperf_compare_deps_paths)."""
     start = clock()
     base, head = find_inputs(base_root, extra), find_inputs(head_root, extra)
-    return Detection(base, head, base.differing(head), clock() - start)
+    mine, theirs = base.digests(), head.digests()
+    differing = sorted(p for p in mine.keys() | theirs.keys() if mine.get(p, "-") != theirs.get(p, "-"))
+    return Detection(base, head, tuple(differing), clock() - start)

@@ -1,51 +1,37 @@
-"""Each side's environment for an A/B job: shared, built, the user's base interpreter, or code-only, and why.
-
-    detection = detect(base_root, head_root, extra)        # inputs.py: by bytes, nothing built
-    environments = prepare(detection, mode=..., ...)       # here: may build; CannotBuild says the ways out
-
-`auto` (the default) shares the controller's environment where the sides' inputs are byte-identical; where they
-differ it builds both sides (at the same time) and compares what the two environments hold: the same packages, and
-the sides run shared again, said so; else each side runs its own, the packages that differ named. `build` always
-builds both, each its own (the A/A check of the machinery); `code-only` never builds, and the record says the
-difference was not measured. A base interpreter (`--llmperf-base-python`) runs the base side instead of a build,
-checked by uv against the base side's files; the head side runs in the controller's environment, checked likewise.
-Nothing that is not measured passes in `auto` or `build`: CannotBuild, with the ways out.
-"""
+"""Which environment each side of an A/B job gets: shared, built, the user's base interpreter, or code-only; nothing
+unmeasured passes in `auto` or `build` (docs/environments.md, the table of modes)."""
 
 from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import build, cache, wheels
-from .errors import CODE_ONLY_WAY, CannotBuild, EnvironmentsError
+from . import build, cache, plugin_install
+from .errors import CODE_ONLY_WAY, WRITABLE_WAY, CannotBuild, EnvironmentsError
 from .inputs import Detection
 from .installed import installed_here, probe
 from .records import (
     BASE_PYTHON,
-    CHANGED,
+    BUILT,
     CODE_ONLY,
     COMPARE_DEPS_MODES,
     CURRENT,
-    NONE_FOUND,
     SHARED,
-    UNCHANGED,
     BuildSettings,
     Environments,
     SideEnvironment,
-    canonical_name,
     held_changes,
-)  # fmt: skip
+)
 from .uv_runner import find_uv
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def _record(detection: Detection, mode: str, base: SideEnvironment, head: SideEnvironment, **more) -> Environments:
-    status = CHANGED if detection.differs else UNCHANGED if detection.found else NONE_FOUND
-    return Environments(mode, status, base, head, detection.files, detect_seconds=detection.seconds, **more)
+    return Environments(mode, detection.status, base, head, detection.files, detect_seconds=detection.seconds, **more)
 
 
 def _here(side: str, how: str, **more) -> SideEnvironment:
@@ -63,59 +49,42 @@ def prepare(
     uv: str | Path | None = None,
     cpu_target: bool = False,
 ) -> Environments:
-    """Each side's environment for `detection`'s two sides.
-
-    mode: auto, build or code-only (--llmperf-compare-deps). base_python: the base side's interpreter
-    (--llmperf-base-python), which wins over the mode: nothing is built. env_dir: the cache of built environments
-    (default cache.default_env_dir()). settings: how both sides are built. uv: the uv binary (default: on PATH or
-    the uv package's). cpu_target: the job measures the cpu target (a CUDA build of torch is worth a warning).
-
-    Raises CannotBuild (the dependencies differ and what they change cannot be measured: no uv, a failed build, a
-    base interpreter that does not hold the base side's dependencies; the message names the side and the ways out)
-    and EnvironmentsError (a base_python that cannot be used at all)."""
+    """Each side's environment, as the options ask (`cpu_target`: a CUDA torch is worth a warning); CannotBuild where
+    what differs cannot be measured, EnvironmentsError where `base_python` cannot be used at all."""
     if mode not in COMPARE_DEPS_MODES:
         raise ValueError(f"mode must be one of {', '.join(COMPARE_DEPS_MODES)}, got {mode!r}")
     settings = settings or BuildSettings()
     if base_python is not None:
         return _with_base_python(detection, mode, str(base_python), settings, uv)
     if mode != "build" and not detection.differs:
-        notes = () if detection.found else (detection.none_found(),)
-        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=notes)
+        none_found = () if detection.found else (detection.none_found(),)
+        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=none_found)
     if mode == "code-only":
-        ours = installed_here()
-        missed = f"{', '.join(detection.files)} differ (both sides ran this environment)"
+        ours, missed = installed_here(), f"{', '.join(detection.files)} differ (both sides ran this environment)"
         base, head = _here("base", CODE_ONLY, installed=ours), _here("head", CODE_ONLY, installed=ours)
         return _record(detection, mode, base, head, not_measured=(missed,))
-    base, head = _build_both(detection, mode, env_dir, settings, uv)
-    unread = [p for p in detection.files if _unread(detection, p)]
+    root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
+    base, head = _build_both(detection, mode, root, settings, uv)
+    kinds = {f.path: f.kind for f in (*detection.base.files, *detection.head.files) if f.data is not None}
+    named = {*dict(detection.base.local), *dict(detection.head.local)}  # what a requirements file names: built
+    unread = [p for p in detection.files if kinds.get(p) == "other" and p not in ("uv.toml", ".python-version", *named)]
     if unread:
         raise CannotBuild(f"{', '.join(unread)} differ and no build reads them, so what they change is not measured",
                           files=detection.files,
                           fix="name in llmperf_compare_deps_paths only files the sides are built from")  # fmt: skip
-    warned = (_cuda_note(side) for side in (base, head) if cpu_target)
-    said = (*_refused_notes(detection), *(note for note in warned if note))
+    pruned = cache.prune(root) if BUILT in (base.how, head.how) else []  # the cache grew: what no job uses goes
+    cuda = [_cuda_note(side) for side in (base, head)] if cpu_target else []
+    refused = [p for p in detection.files if kinds.get(p) == "refused"]
+    notes = [f"{', '.join(refused)} differ: not what the environments are built from"] if refused else []
+    notes += filter(None, cuda)
+    if pruned:
+        notes.append(f"removed {len(pruned)} environments or wheels that no job used for {cache.UNUSED_DAYS} days "
+                     f"from {root}")  # fmt: skip
     changes = held_changes(base.installed, head.installed, base.contents, head.contents)
     if not changes and mode == "auto":  # a form-only edit: one build to learn it, then the job runs as before
-        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=said)
+        return _record(detection, mode, _here("base", SHARED), _here("head", SHARED), notes=tuple(notes))
     other = (f"built from {base.recipe} -> {head.recipe}",) if base.recipe != head.recipe else ()
-    return _record(detection, mode, base, head, changes=changes, other=other, notes=said)
-
-
-def _unread(detection: Detection, path: str) -> bool:
-    """Whether a differing input is one that no build reads: a file named by llmperf_compare_deps_paths that is no
-    requirements file, nor a wheel or directory that one names."""
-    file, named = (
-        detection.head.get(path) or detection.base.get(path),
-        {*dict(detection.base.local), *dict(detection.head.local)},
-    )
-    return file is not None and file.kind == "other" and path not in ("uv.toml", ".python-version", *named)
-
-
-def _refused_notes(detection: Detection) -> list[str]:
-    refused = [
-        p for p in detection.files if (f := detection.head.get(p) or detection.base.get(p)) and f.kind == "refused"
-    ]
-    return [f"{', '.join(refused)} differ: not what the environments are built from"] if refused else []
+    return _record(detection, mode, base, head, changes=changes, other=other, notes=tuple(notes))
 
 
 def _cuda_note(side: SideEnvironment) -> str | None:
@@ -129,36 +98,33 @@ def _cuda_note(side: SideEnvironment) -> str | None:
             f"pyproject.toml")  # fmt: skip
 
 
+def _cannot_build(exc: Exception, side: str | None, files: Sequence[str]) -> CannotBuild:
+    """`exc`, raised making a side's environment, as the job's error: naming the inputs that differ."""
+    if isinstance(exc, CannotBuild):
+        exc.files = tuple(files)
+        return exc
+    if isinstance(exc, OSError):  # the cache: a file where a directory goes, a full disk
+        return CannotBuild(f"cannot write the environments' cache: {exc}", side=side, files=files, fix=WRITABLE_WAY)
+    return CannotBuild(str(exc), side=side, files=files)  # a built interpreter that does not run, ...
+
+
 def _build_both(
-    detection: Detection, mode: str, env_dir: str | Path | None, settings: BuildSettings, uv: str | Path | None
+    detection: Detection, mode: str, root: Path, settings: BuildSettings, uv: str | Path | None
 ) -> tuple[SideEnvironment, SideEnvironment]:
-    """Both sides built at the same time (uv mostly waits on files and the network; a cache hit beside a build costs
-    nothing): the first failure, in side order, is raised, and the other side's uv is stopped."""
-    root = Path(env_dir) if env_dir is not None else cache.default_env_dir()
+    """Both sides built at the same time (uv mostly waits): the first failure, in side order, stops the other's uv."""
     try:
         tool, base_interpreter = find_uv(uv), probe(sys.executable, installed=False)
-        plugin = wheels.plugin_wheel(root / cache.WHEELS, write=cache.writable(root))
-    except CannotBuild as exc:
-        raise exc.naming(detection.files) from None
-    except EnvironmentsError as exc:  # this job's plugin cannot be installed elsewhere (not installed here)
-        raise CannotBuild(str(exc), files=detection.files) from None
-    except OSError as exc:
-        raise CannotBuild(f"cannot write the environments' cache: {exc}", files=detection.files,
-                          fix="give a writable directory: -o llmperf_env_dir=PATH") from None  # fmt: skip
+        plugin = plugin_install.plugin_wheel(root / cache.WHEELS, write=cache.writable(root))
+    except (EnvironmentsError, OSError) as exc:  # no uv; this plugin not installed here
+        raise _cannot_build(exc, None, detection.files) from None
 
     def one(side: str) -> SideEnvironment:
-        inputs = detection.base if side == "base" else detection.head
         try:
-            return build.build_side(side, inputs, base=base_interpreter, uv=tool, env_dir=root, settings=settings,
-                                    plugin=plugin, copy=side if mode == "build" else "")  # fmt: skip
-        except CannotBuild as exc:
-            raise exc.naming(detection.files) from None
-        except EnvironmentsError as exc:  # a built interpreter that does not run, a plugin that is not installed here
-            raise CannotBuild(str(exc), side=side, files=detection.files) from None
-        except OSError as exc:  # the cache: a file where a directory goes, a full disk
-            raise CannotBuild(f"cannot write the environments' cache: {exc}", side=side, files=detection.files,
-                              fix="give a writable directory: -o llmperf_env_dir=PATH, or the ini key "
-                              "llmperf_env_dir") from None  # fmt: skip
+            return build.build_side(side, detection.base if side == "base" else detection.head, base=base_interpreter,
+                                    uv=tool, env_dir=root, settings=settings, plugin=plugin,
+                                    copy=side if mode == "build" else "")  # fmt: skip
+        except (EnvironmentsError, OSError) as exc:
+            raise _cannot_build(exc, side, detection.files) from None
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmperf-env") as pool:
         futures = [pool.submit(one, side) for side in ("base", "head")]
@@ -172,23 +138,19 @@ def _build_both(
 def _with_base_python(
     detection: Detection, mode: str, path: str, settings: BuildSettings, uv: str | Path | None
 ) -> Environments:
-    from .plugin_install import PLUGIN
-
     try:
         given = probe(path)
     except EnvironmentsError as exc:
         raise EnvironmentsError(f"--llmperf-base-python {path}: {exc}") from None
-    ours = probe(sys.executable).installed
-    plugin = canonical_name(PLUGIN)
+    ours, plugin = probe(sys.executable).installed, plugin_install.PLUGIN
     if given.installed.get(plugin) != ours.get(plugin):
-        have = given.installed.get(plugin)
         raise EnvironmentsError(
-            f"--llmperf-base-python {path} has {PLUGIN} {have or '(not installed)'}, this job runs {ours.get(plugin)}: "
-            f"both sides must run the same plugin. Install it there: {path} -m pip install {PLUGIN}=={ours.get(plugin)}"
+            f"--llmperf-base-python {path} has {plugin} {given.installed.get(plugin) or '(not installed)'}, this job "
+            f"runs {ours.get(plugin)}: both sides must run the same plugin. Install it there: {path} -m pip install "
+            f"{plugin}=={ours.get(plugin)}"
         )
-    tool = find_uv(uv)
-    findings: dict[str, tuple[str, ...]] = {}
-    sides = (("base", detection.base, path, given.markers["python_full_version"]),
+    tool, findings, missed = find_uv(uv), dict[str, tuple[str, ...]](), list[str]()
+    sides = (("base", detection.base, path, given.version),
              ("head", detection.head, sys.executable, platform.python_version()))  # fmt: skip
     for side, inputs, python, version in sides:
         try:
@@ -196,15 +158,15 @@ def _with_base_python(
         except CannotBuild as exc:  # poetry, conda: what the interpreter was prepared for; uv cannot check it
             findings[side] = (f"not checked: {exc.reason}",)
             continue
-        missing = build.unsatisfied(recipe, inputs.root, python, tool, settings, side)
+        missing = build.Build(side, inputs, recipe, tool, settings).unsatisfied(python)
         findings[side] = tuple(f"does not hold what {recipe.label(settings)} asks for: {m}" for m in missing)
+        missed += [f"the {side} side's interpreter {python} {finding}" for finding in findings[side]]
     base = SideEnvironment("base", BASE_PYTHON, path, given.python_version, installed=given.installed,
                            findings=findings["base"])  # fmt: skip
     head = _here("head", CURRENT, installed=ours, findings=findings["head"])
-    missed = tuple(f"the {s.side} side's interpreter {s.python} {f}" for s in (base, head) for f in s.findings
-                   if not f.startswith("not checked"))  # fmt: skip
     if missed and mode != "code-only":
         raise CannotBuild("\n    ".join(["what a side runs is not what its files ask for, so the difference is not "
                                          "measured:", *missed]), files=detection.files, ways=(
             "install into each interpreter what its side's files ask for", CODE_ONLY_WAY))  # fmt: skip
-    return _record(detection, mode, base, head, changes=held_changes(given.installed, ours), not_measured=missed)
+    changes = held_changes(given.installed, ours)
+    return _record(detection, mode, base, head, changes=changes, not_measured=tuple(missed))

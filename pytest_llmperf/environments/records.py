@@ -1,15 +1,11 @@
-"""The records of each side's environment that the rest of the plugin reads: how it was made, what it holds, the
-packages that differ between the sides, and the header's lines.
-
-Plain data, standard library only: the worker protocol, the JSON report and the header import these without loading
-a resolver.
-"""
+"""Each side's environment as the rest of the plugin reads it. Standard library only: the worker protocol, the JSON
+report and the header import it."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +21,15 @@ BASE_PYTHON = "base-python"  # the interpreter the user prepared (--llmperf-base
 CURRENT = "current"  # the controller's environment, on one side only (the head beside a base-python)
 CODE_ONLY = "code-only"  # the controller's environment although the dependencies differ: changes not measured
 
-#: What the sides' dependency inputs are, by their bytes: the status of an Environments record.
+#: The sides' dependency inputs, by their bytes (Environments.status).
 UNCHANGED = "unchanged"
 NONE_FOUND = "none-found"  # neither side has a dependency input: a dependency change cannot be seen
 CHANGED = "changed"
+
+
+def canonical_name(name: str) -> str:
+    """A distribution's name as PEP 503 compares it (packaging's canonicalize_name, without importing packaging)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,15 @@ def held_changes(
     base_contents: Mapping[str, str] | None = None,
     head_contents: Mapping[str, str] | None = None,
 ) -> tuple[PackageChange, ...]:
-    """What two installed sets (canonical name -> version) hold differently, by name; with the digests of their files
-    (canonical name -> digest), a package of one version whose files differ too (a wheel rebuilt as 1.0 again)."""
+    """What two installed sets (name -> version) hold differently; with the digests of their files (name -> digest),
+    a version whose files differ too (a wheel rebuilt under its version)."""
     found = []
     for name in sorted(base.keys() | head.keys()):
         before, after = base.get(name), head.get(name)
-        if before == after and before is not None and base_contents is not None and head_contents is not None:
-            if base_contents.get(name) != head_contents.get(name):
-                found.append(PackageChange(name, before, f"{after} (other files)"))
-        elif before != after:
+        if before != after:
             found.append(PackageChange(name, before, after))
+        elif (base_contents or {}).get(name) != (head_contents or {}).get(name):
+            found.append(PackageChange(name, before, f"{after} (other files)"))
     return tuple(found)
 
 
@@ -87,18 +87,14 @@ class SideEnvironment:
 
     @property
     def pycache(self) -> str | None:
-        """Where the workers of a built environment write bytecode: its own folder (not compiled at install)."""
+        """Where the workers of a built environment write bytecode (it is not compiled at install)."""
         return str(Path(self.directory) / "pycache") if self.directory and self.how in (BUILT, CACHE_HIT) else None
 
     def made(self) -> str:
-        """How it was made, in a few words: 'built 3.1 s', 'cache hit 0.2 s', 'shared'."""
+        """'built 3.1 s', 'cache hit 0.2 s', 'shared'."""
         if self.how in (BUILT, CACHE_HIT) and self.build_seconds is not None:
             return f"{self.how} {self.build_seconds:.1f} s"
         return self.how
-
-    def to_json(self) -> dict[str, Any]:
-        data = {**asdict(self), "installed": dict(sorted(self.installed.items())), "findings": list(self.findings)}
-        return {**data, "contents": dict(sorted(self.contents.items()))}
 
 
 @dataclass(frozen=True)
@@ -106,7 +102,7 @@ class Environments:
     """Both sides' environments for one A/B job, and what differs between what they hold."""
 
     mode: str  # one of COMPARE_DEPS_MODES
-    status: str  # UNCHANGED, NONE_FOUND or CHANGED: the sides' dependency inputs by their bytes
+    status: str  # UNCHANGED, NONE_FOUND or CHANGED
     base: SideEnvironment
     head: SideEnvironment
     files: tuple[str, ...] = ()  # dependency inputs (and the local paths they name) whose bytes differ
@@ -118,17 +114,14 @@ class Environments:
 
     @property
     def per_side(self) -> bool:
-        """Each side runs an interpreter of its own."""
         return self.base.python != self.head.python
 
     @property
     def measured(self) -> bool:
-        """Every dependency difference is measured (none is left out)."""
         return not self.not_measured
 
     def summary_line(self) -> str:
         """One line for the header, the summary line and a JUnit property."""
-        differ = "; ".join(map(str, self.changes)) or "; ".join(self.other)
         if not self.measured:
             return f"environments: DEPENDENCY CHANGES NOT MEASURED: {'; '.join(self.not_measured)} [{self.mode}]"
         if not self.per_side:
@@ -139,14 +132,13 @@ class Environments:
             else:
                 why = f"{', '.join(self.files)} differ; both sides' environments hold the same packages"
             return f"environments: shared ({why}) [{self.mode}]"
-        made = f"base {self.base.made()}, head {self.head.made()}"
-        return f"environments: per side ({differ or 'built on request'}; {made}) [{self.mode}]"
+        differ = "; ".join(map(str, self.changes)) or "; ".join(self.other) or "built on request"
+        return f"environments: per side ({differ}; base {self.base.made()}, head {self.head.made()}) [{self.mode}]"
 
     def summary_lines(
         self, base_label: str = "base", head_label: str = "head", imported: Collection[str] | None = None
     ) -> list[str]:
-        """The header's block: the summary line, then each side and the packages that differ; `imported`: the
-        distributions the workers imported (known once they ran), so that a change none of them imports is said."""
+        """The header's block; `imported`: the distributions the workers imported, once they ran."""
         lines = [self.summary_line()]
         width = max(len(base_label), len(head_label)) + 1
         for label, side in ((base_label, self.base), (head_label, self.head)):
@@ -159,25 +151,15 @@ class Environments:
             lines += [f"  {c}: imported by no benchmark" for c in self.changes if c.name not in imported]
         lines += [f"  also differs: {other}" for other in self.other]
         lines += [f"  not measured: {item}" for item in self.not_measured]
-        lines += [f"  note: {note}" for note in self.notes]
-        return lines
+        return lines + [f"  note: {note}" for note in self.notes]
 
     def shown_lines(self, base_label: str, head_label: str, imported: Collection[str] | None = None) -> list[str]:
-        """What the header and the summary show: the whole block where the sides differ, something is not
-        measured or there is a note; else its first line."""
+        """The whole block where the sides differ, something is not measured or there is a note; else its first line."""
         lines = self.summary_lines(base_label, head_label, imported)
         return lines if self.per_side or not self.measured or self.notes else lines[:1]
 
     def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data.update(base=self.base.to_json(), head=self.head.to_json(), changes=[asdict(c) for c in self.changes])
-        return {**{k: list(v) if isinstance(v, tuple) else v for k, v in data.items()},
-                "summary": self.summary_line(), "measured": self.measured}  # fmt: skip
-
-
-def canonical_name(name: str) -> str:
-    """A distribution's name as PEP 503 compares it (packaging.utils.canonicalize_name, without importing it)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+        return {**asdict(self), "summary": self.summary_line(), "measured": self.measured}
 
 
 @dataclass(frozen=True)
@@ -197,6 +179,4 @@ class BuildSettings:
         return flags + (["--offline"] if self.offline else [])
 
     def selection(self) -> list[str]:
-        return [item for e in self.extras for item in ("--extra", e)] + [
-            item for g in self.groups for item in ("--group", g)
-        ]
+        return [*(a for e in self.extras for a in ("--extra", e)), *(a for g in self.groups for a in ("--group", g))]

@@ -1,12 +1,5 @@
-"""uv, the tool that builds the environments: found, asked its version, run.
-
-uv reads its configuration as usual (UV_* variables, uv.toml, the side's own [tool.uv]); an inherited UV_NO_CONFIG is
-dropped, since it would hide the side's [tool.uv], and VIRTUAL_ENV too, so that uv acts only on the environment it is
-given. Each uv runs in a process group of its own under SUPERVISOR (Linux), which the kernel tells when the controller
-dies, even by SIGKILL (PR_SET_PDEATHSIG), and which then kills the group, uv's build and compile children with it;
-the controller kills the group itself when it stops waiting (Ctrl-C, a timeout). The group inherits the lock of the
-cache entry being built: nothing of a killed build can race a later one.
-"""
+"""uv, found and run: each uv in a process group of its own that dies with the controller (docs/environments.md,
+"The cache"). An inherited UV_NO_CONFIG would hide the side's [tool.uv], a VIRTUAL_ENV another environment: dropped."""
 
 from __future__ import annotations
 
@@ -26,7 +19,8 @@ from .errors import BuildFailed, CannotBuild
 
 INSTALL_UV = "install uv (pip install uv; it is on PyPI) or name it with the uv argument"
 DROPPED = ("VIRTUAL_ENV", "UV_NO_CONFIG", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX")
-#: Run by the controller's Python -I -S; argv: the controller's pid, then the command.
+#: Run by the controller's Python -I -S; argv: the controller's pid, then the command. The kernel tells it when the
+#: controller dies, even by SIGKILL (PR_SET_PDEATHSIG, Linux); it then kills its group, uv's children with it.
 SUPERVISOR = """\
 import ctypes, os, signal, subprocess, sys
 def stop(*_):
@@ -66,8 +60,7 @@ class Uv:
         hold: Sequence[int] = (),
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run `uv ARGS` in `cwd`, inheriting the descriptors `hold`; BuildFailed naming `side`, the command as it ran
-        and the end of what uv said, when it fails (unless not `check`)."""
+        """Run `uv ARGS` in `cwd`, inheriting `hold` (an entry's lock); BuildFailed with the command and uv's words."""
         environ = {**{k: v for k, v in os.environ.items() if k not in DROPPED}, **(env or {})}
         command, what = [self.path, *args], what or "uv"
         settings = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]

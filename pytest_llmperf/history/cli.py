@@ -8,6 +8,7 @@
     exclude RUN --reason R    set a run (or a whole job) aside from every series (--undo takes it back)
     export --format F --out D the series as Otava's CSV tests and config, or JSON lines
     migrate                   bring the store to this plugin's schema
+    bisect ID [-- ARGS]       bisect the commits of a change or event (its id from `changes`): pytest-llmperf bisect
 
 The store: --store, else the environment variable LLMPERF_HISTORY, else .llmperf/history.sqlite.
 """
@@ -19,8 +20,9 @@ import fnmatch
 import math
 import os
 import re
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
@@ -36,7 +38,7 @@ from .settings import DEFAULT_STORE
 from .store import Store
 
 PROG = "pytest-llmperf history"
-READING = ("analyze", "changes", "export")  # commands that only read: they work on a store they cannot write
+READING = ("analyze", "changes", "export", "bisect")  # commands that only read: they work on a store they cannot write
 
 
 class BadArgument(Exception):
@@ -134,6 +136,16 @@ def parser() -> argparse.ArgumentParser:
     replace.add_argument("new", metavar="NEW", help="the commit that replaced it (a ref of --repo, or a full sha)")
     replace.add_argument("--repo", type=_directory, default=Path("."))
     commands.add_parser("migrate", help="bring the store to this plugin's schema")
+    bisect = commands.add_parser(
+        "bisect",
+        help="find the commit of a change or event by A/B jobs (pytest-llmperf bisect): its range, test and metric",
+        description="Bisect the commits between a change's (or event's) last good and first bad commit with `pytest-"
+        "llmperf bisect`, each step an A/B job of its series' tests on its target; arguments after -- go to each "
+        "step's pytest as well (e.g. --llmperf-rtol=0.10).",
+    )
+    bisect.add_argument("change_id", metavar="ID", help="SERIES_KEY@COMMIT or EVENT:MACHINE@COMMIT, as `changes` lists")
+    bisect.add_argument("--repo", type=_directory, default=Path("."), help="the repository ordering the series")
+    bisect.add_argument("--branch")
     return top
 
 
@@ -272,6 +284,27 @@ def _mark(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def bisect_argv(store: Store, args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
+    """`pytest-llmperf bisect`'s arguments for a change or an event: its last good and first bad commit, its series'
+    metrics (and batch size, where they share one), and their tests on their target for each step's pytest."""
+    analyses = analyze(_series(store, args), marks=store.marks())
+    ids = {a.series.key: a.series.id for a in analyses}
+    chosen = [e.changes for e in events(analyses, DEFAULT_MIN_EFFECT) if e.id == args.change_id]
+    chosen += [(c,) for a in analyses for c in a.changes if c.id.startswith(args.change_id) and "@" in args.change_id]
+    if len(chosen) != 1:
+        what = "no" if not chosen else "more than one"
+        raise BadArgument(f"{what} change or event {args.change_id} (ids as `{PROG} changes --repo DIR` lists them)")
+    changes = chosen[0]
+    good = min(changes, key=lambda c: (c.order, c.label)).last_good
+    bad = max(changes, key=lambda c: (c.order, c.label)).first_bad
+    series = [ids[c.series_key] for c in changes]
+    argv = [good, bad, *(f"--metric={m}" for m in sorted({s.metric for s in series}))]
+    if len({s.batch_size for s in series}) == 1:
+        argv.append(f"--batch-size={series[0].batch_size}")
+    targets = sorted({s.target for s in series})
+    return [*argv, "--", *sorted({s.test for s in series}), f"--llmperf-device={targets[0]}", *extra]
+
+
 def _replace(store: Store, args: argparse.Namespace) -> int:
     old = {r.commit_sha for r in store.runs() if r.commit_sha.startswith(args.old)}
     if len(old) != 1:
@@ -286,8 +319,15 @@ def _replace(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    args: argparse.Namespace, extra: Sequence[str] = (), run_bisect: Callable[[list[str]], int] | None = None
+) -> int:
     parsed = rowsfile.read_files(args.files) if args.command == "import" else []
+    if args.command == "bisect":
+        with _open(args) as store:
+            argv = bisect_argv(store, args, extra)
+        print(f"{PROG} bisect: {args.change_id}: pytest-llmperf bisect {shlex.join(argv)}")
+        return run_bisect(argv) if run_bisect else 0
     with _open(args) as store:
         if args.command == "import":
             for path, done in rowsfile.import_files(store, parsed):
@@ -315,10 +355,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, run_bisect: Callable[[list[str]], int] | None = None) -> int:
+    """`run_bisect`: what runs `pytest-llmperf bisect ARGV` (cli.py gives it; without it, the command is printed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser().parse_args(argv[: len(argv) - len(extra) - 1] if "--" in argv else argv)
+    if extra and args.command != "bisect":
+        parser().error(f"arguments after -- are for bisect only: {shlex.join(extra)}")
     try:
-        return run(args)
+        return run(args, extra, run_bisect)
     except (StoreError, rowsfile.RowsFileError, RupturesMissing, BadArgument, OSError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -80,7 +80,7 @@ def append_job(
             built = series.build(stored, opened.results(keys), line or None)
             marks = opened.marks()
             orphans = series.orphaned(stored, line)
-            kept = opened.checkpoints(keys)
+            checkpoints = opened.checkpoints(keys)
     except StoreError as exc:
         problems.append(f"llmperf history: {exc}")
         if kept is None:  # nothing of the job is lost: its rows go where `history import` reads them
@@ -92,7 +92,16 @@ def append_job(
     if orphans:
         done.lines.append(f"llmperf history: {orphan_line(orphans)}")
     analyses = _analyse(
-        done, built, marks, kept, location, report_dir, check=check, min_effect=min_effect, anchor=anchor, job=job
+        done,
+        built,
+        marks,
+        checkpoints,
+        location,
+        report_dir,
+        check=check,
+        min_effect=min_effect,
+        anchor=anchor,
+        job=job,
     )
     _keep_checkpoints(location, analyses)
     return done

@@ -127,15 +127,15 @@ def _point(sha: str, members: Sequence[tuple[Run, Result]], order: int) -> Point
         return Point(
             sha, run.commit_time, result.value, low, high, [run.run_id], run.env_fp, run.machine_fp, [run.source], order
         )
-    medians = [m for _, r in members for m in r.process_medians if math.isfinite(m)]
+    pooled = [m for _, r in members for m in r.process_medians if math.isfinite(m)]
     values = [r.value for _, r in members]
     newest = max(members, key=lambda m: m[0].started_at)[0]
     return Point(
         sha,
         members[0][0].commit_time,
         float(statistics.median(values)),
-        min(medians, default=min(values)),
-        max(medians, default=max(values)),
+        min(pooled, default=min(values)),
+        max(pooled, default=max(values)),
         [run.run_id for run, _ in members],
         newest.env_fp,
         newest.machine_fp,

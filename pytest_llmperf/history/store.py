@@ -262,4 +262,4 @@ def _results_of(rows: Sequence[Sequence]) -> list[Result]:
     """Stored results (checked when they were written: Result.from_json checks what a rows file brings). Their
     process medians are parsed in one call: a job's end reads every result of its series' history."""
     medians = json.loads(f"[{','.join(row[-1] for row in rows)}]")
-    return [Result(*row[:-1], tuple(m)) for row, m in zip(rows, medians)]
+    return [Result(*row[:-1], tuple(m)) for row, m in zip(rows, medians)]  # type: ignore[call-arg]  # RESULT_COLUMNS' order

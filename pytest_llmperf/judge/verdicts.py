@@ -100,6 +100,11 @@ class Row:
     se: float | None = None  # the estimate's standard error (log scale): the information it holds
     bound: float | None = None  # an inconclusive row: the largest regression its interval leaves possible (0.088)
 
+    def medians_ratio(self) -> float | None:
+        """Now's median over the baseline's. The tables show `ratio`, the one the verdict rests on (the gate's
+        estimate); this one the JSON report and the JUnit properties keep beside it."""
+        return self.now / self.baseline if self.baseline and self.now is not None else None
+
 
 def note_row(result: BenchmarkResult, metric: str, batch_size: int, verdict: Verdict, note: str) -> Row:
     """A row without numbers: a refusal, a batch that failed, an ungated metric, changed outputs."""

@@ -6,6 +6,9 @@ they would measure each other).
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
 from collections.abc import Generator
 
 import pytest
@@ -31,11 +34,33 @@ def is_llmperf(item: pytest.Item) -> bool:
 
 def is_planned(item: pytest.Item) -> bool:
     """A benchmark test the controller measures in worker processes (not one that is skipped or invalid)."""
-    from _pytest.skipping import evaluate_skip_marks  # the controller skips what pytest would skip, the same way
+    return is_llmperf(item) and INVALID_MARKER_KEY not in item.stash and not skipped_by_marks(item)
 
-    if not is_llmperf(item) or INVALID_MARKER_KEY in item.stash:
-        return False
-    return evaluate_skip_marks(item) is None
+
+def skipped_by_marks(item: pytest.Item) -> bool:
+    """Whether its `skip` or `skipif` marks skip it, as pytest decides at setup (where it reports the skip): a string
+    condition is evaluated with os, sys, platform, config, pytest_markeval_namespace and the test module's globals.
+    A condition that cannot be evaluated counts as skipping: the test stays pytest's, whose setup reports the error."""
+    if item.get_closest_marker("skip") is not None:
+        return True
+    for mark in item.iter_markers("skipif"):
+        conditions = (mark.kwargs["condition"],) if "condition" in mark.kwargs else mark.args
+        try:
+            if not conditions or any(_holds(item, condition) for condition in conditions):
+                return True
+        except Exception:
+            return True
+    return False
+
+
+def _holds(item: pytest.Item, condition: object) -> bool:
+    if not isinstance(condition, str):
+        return bool(condition)
+    namespace: dict[str, object] = {"os": os, "sys": sys, "platform": platform, "config": item.config}
+    for extra in reversed(item.ihook.pytest_markeval_namespace(config=item.config)):
+        namespace.update(extra)
+    namespace.update(getattr(getattr(item, "obj", None), "__globals__", {}))
+    return bool(eval(compile(condition, f"<{item.nodeid} skipif condition>", "eval"), namespace))
 
 
 def measured_elsewhere(item: pytest.Item) -> bool:

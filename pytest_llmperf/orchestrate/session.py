@@ -86,6 +86,7 @@ class LLMPerfSession:
         self.imported: dict[str, str] = {}  # the distributions the measuring processes imported: name -> version
         self.imported_anywhere: set[str] = set()  # the distributions either side's workers imported (A/B)
         self.compared_to: str | None = None  # the git ref of an A/B comparison, once checked out
+        self.compared_commit: str | None = None  # its commit
         self.processes_used: list[int] = []  # per benchmark test, units per side at its last look
 
     def default_rtol(self, settings: Settings) -> float:

@@ -8,11 +8,12 @@ judge's (verdicts.run_failures).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from _pytest.junitxml import xml_key  # the LogXML of --junitxml, as record_testsuite_property finds it
 
 from ..judge.verdicts import run_failures
 from ..report.summary import SessionSummary, Written
@@ -46,6 +47,7 @@ class SessionEnd:
             export=settings.export,
             fingerprint=fingerprint,
             compared_to=llm.compared_to,
+            compared_commit=llm.compared_commit,
             processes_used=list(llm.processes_used),
             rerun=llm.rerun,
             environment_lines=envs.shown_lines(
@@ -127,8 +129,12 @@ class SessionEnd:
 class Exports:
     """Our results in other tools' formats (the logic is report/exports.py's, imported when there are results)."""
 
-    def __init__(self, llm: LLMPerfSession) -> None:
+    def __init__(self, llm: LLMPerfSession, config: pytest.Config) -> None:
         self.llm = llm
+        # xunit2, pytest's default family, holds properties only on its <testsuite>: they wait for pytest's file
+        path = junit_xml_path(config)
+        self.junit_suite = path if path is not None and config.getini("junit_family") == "xunit2" else None
+        self.suite_properties: list[tuple[str, str]] = []
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
@@ -143,10 +149,8 @@ class Exports:
             from ..report import exports
 
             properties = exports.junit_properties(outcomes)
-            xml = item.config.stash.get(xml_key, None)
-            if xml is not None and xml.family == "xunit2":
-                for name, value in properties:
-                    xml.add_global_property(name, value)
+            if self.junit_suite is not None:
+                self.suite_properties += properties
             else:
                 item.user_properties.extend(properties)
         report = yield
@@ -159,12 +163,31 @@ class Exports:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
         """Before pytest-benchmark finishes (its own wrapper writes --benchmark-json, saves and compares): our
-        results join its benchmarks, with its own statistics."""
-        xml = session.config.stash.get(xml_key, None)
-        if xml is not None and self.llm.environments is not None:  # also "DEPENDENCY CHANGES NOT MEASURED"
-            xml.add_global_property("llmperf_environments", self.llm.environments.summary_line())
+        results join its benchmarks, with its own statistics. After pytest wrote --junitxml: the testsuite
+        properties join its file."""
+        if self.junit_suite is not None and self.llm.environments is not None:  # also "DEPENDENCY CHANGES NOT MEASURED"
+            self.suite_properties.append(("llmperf_environments", self.llm.environments.summary_line()))
         if self.llm.outcomes:
             from ..report import exports
 
             exports.add_to_pytest_benchmark(session.config, self.llm.device, [o.result for o in self.llm.outcomes])
-        return (yield)
+        result = yield
+        if self.junit_suite is not None and self.suite_properties and self.junit_suite.exists():
+            from ..report import exports
+
+            try:
+                exports.add_suite_properties(self.junit_suite, self.suite_properties)
+            except (OSError, SyntaxError, ValueError) as exc:  # ElementTree's ParseError is a SyntaxError
+                session.config.get_terminal_writer().line(
+                    f"llmperf: the benchmarks' properties were not added to {self.junit_suite}: {exc}", red=True
+                )
+        return result
+
+
+def junit_xml_path(config: pytest.Config) -> Path | None:
+    """The JUnit XML file pytest writes in this process (`--junitxml`, resolved as pytest resolves it), or None: none
+    asked for, or a pytest-xdist worker, which writes none."""
+    path = config.getoption("xmlpath", None)
+    if not path or hasattr(config, "workerinput"):
+        return None
+    return Path(os.path.normpath(os.path.abspath(os.path.expanduser(os.path.expandvars(path)))))

@@ -50,6 +50,7 @@ def prepare(
     if ref.cleared:
         progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
     llm.compared_to = ref.label  # before the environments, whose lines name the A side by it
+    llm.compared_commit = ref.commit
     envs = environments(llm, ref.toplevel, ref.source, root, progress)
     root_a = ref.counterpart(root)
     args_a = passthrough_args(config, root_a, ref.counterpart)

@@ -15,13 +15,15 @@ files with real units instead (report/dashboards.py).
 JUnit (`--junitxml`): each benchmark's outcome, medians, ratios and verdicts become <property> elements
 named after the test. pytest's default family, xunit2, allows properties only on the <testsuite> (Jenkins'
 junit-10.xsd; pytest itself warns about `record_property` under xunit2), so there they are testsuite
-properties, as `record_testsuite_property` writes them; with `junit_family = xunit1` they are the test's
+properties, as `record_testsuite_property` writes them (added to the file pytest wrote, at the session's end: the
+benchmarks measured in worker processes have no fixtures to ask); with `junit_family = xunit1` they are the test's
 own `user_properties`, on its <testcase>.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -154,17 +156,17 @@ def junit_properties(outcomes: Iterable[Any]) -> list[tuple[str, str]]:
 
 
 def row_properties(prefix: str, row: Row) -> list[tuple[str, str]]:
-    """One verdict row: the medians, `ratio now/baseline (medians, ...)` = now median / baseline median (the
-    terminal's and markdown's "Ratio now/baseline"), `estimated ratio now/baseline` = the gate's
-    estimate with its 95% CI where the row has one, and the verdict."""
+    """One verdict row: the medians, `ratio now/baseline (medians, ...)` = now median / baseline median (the JSON
+    report's `medians_ratio`), `estimated ratio now/baseline` = the gate's estimate with its 95% CI where the row has
+    one (the tables' "Ratio estimate [95% CI]"), and the verdict."""
     name = f"{prefix} bs={row.batch_size} {row.metric}"
     if row.metric == "*":
         return [(f"{name} verdict", row.verdict + (f": {row.note}" if row.note else ""))]
     unit = unit_of(row.metric)
     props = [(f"{name} baseline median ({unit})", _num(row.baseline)), (f"{name} now median ({unit})", _num(row.now))]
     worse = "higher" if metric_better(row.metric) == "lower" else "lower"
-    if row.baseline and row.now is not None:
-        props.append((f"{name} ratio now/baseline (medians, {worse} is worse)", _num(row.now / row.baseline)))
+    if row.medians_ratio() is not None:
+        props.append((f"{name} ratio now/baseline (medians, {worse} is worse)", _num(row.medians_ratio())))
     if row.ratio is not None and row.ci_low is not None and row.ci_high is not None:
         props.append((f"{name} estimated ratio now/baseline ({worse} is worse)", _num(row.ratio)))
         props.append((f"{name} estimated ratio 95% CI", f"{_num(row.ci_low)} to {_num(row.ci_high)}"))
@@ -181,3 +183,29 @@ def measured_seconds(outcomes: Iterable[Any]) -> float:
             for batch in result.batches if result is not None else ():
                 total_ns += sum(s.end_to_end_ns for s in batch.samples)
     return total_ns / 1e9
+
+
+#: What XML 1.0 cannot hold (a server's colour codes in a note): written as pytest's JUnit writer does, `#x1B`.
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def add_suite_properties(path: Path, properties: Sequence[tuple[str, str]]) -> None:
+    """Add <property> elements to the <testsuite> of the JUnit XML file pytest wrote, after any it holds (the
+    schema's place for them), replacing the file atomically."""
+    import xml.etree.ElementTree as ET
+
+    from ..files import write_atomic
+
+    tree = ET.parse(path)
+    root = tree.getroot()
+    suite = root.find("testsuite") if root.tag == "testsuites" else root
+    if suite is None:
+        raise ValueError(f"{path}: no <testsuite> element")
+    found = suite.find("properties")
+    if found is None:
+        found = ET.Element("properties")
+        suite.insert(0, found)
+    for name, value in properties:
+        text = _NOT_XML.sub(lambda m: f"#x{ord(m.group()):02X}", str(value))
+        ET.SubElement(found, "property", name=_NOT_XML.sub("?", name), value=text)
+    write_atomic(path, lambda handle: tree.write(handle, encoding="utf-8", xml_declaration=True), text=False)

@@ -262,7 +262,7 @@ def json_document(
             }
             for o in outcomes
         ],
-        "verdicts": [r.__dict__ for o in outcomes for r in o.rows],
+        "verdicts": [{**r.__dict__, "medians_ratio": r.medians_ratio()} for o in outcomes for r in o.rows],
         "counts": dict(counts),
     }
 

@@ -26,6 +26,7 @@ class SessionSummary:
     export: Sequence[str] = ()  # --llmperf-export's formats
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     compared_to: str | None = None  # the ref of an A/B job, as checked out
+    compared_commit: str | None = None  # its commit
     processes_used: Sequence[int] = ()  # per benchmark test, units per side at its last look
     environment_lines: Sequence[str] = ()  # an A/B job's sides' environments (environments/records.py)
     rerun: Callable[..., str] = lambda *args, **kwargs: "pytest"  # the re-run command (orchestrate/hints.py)

@@ -8,6 +8,7 @@ It reads a `SessionSummary` (report/summary.py); whether the run fails is the ju
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -100,12 +101,26 @@ def summary_lines(session: SessionSummary) -> list[str]:
             f"compared with {session.compared_to}: re-run the same command to measure again; a slowdown the "
             "change intends is accepted by merging it (the next comparison starts from it)"
         )
+        lines += bisect_line(session)
     elif found.get(Kind.REGRESSED) or found.get(Kind.MISSING):
         lines.append(
             f"re-run: {session.rerun()} (add --llmperf-update if the change is intended, then commit the "
             "changed baselines/ files)"
         )
     return lines
+
+
+def bisect_line(session: SessionSummary) -> list[str]:
+    """The command that finds which commit between the A/B job's two did it (docs/bisect.md): a clean working tree
+    on another commit than the one compared with."""
+    git = session.fingerprint.get("git") or {}
+    head, base = git.get("commit"), session.compared_commit
+    if not head or not base or head == base or git.get("dirty"):
+        return []
+    tests = sorted({o.result.nodeid for o in session.outcomes if o.kind == Kind.REGRESSED})
+    options = shlex.split(session.rerun())[1:]  # the options given, less pytest; bisect sets --llmperf-compare
+    args = shlex.join([*tests, *(o for o in options if not o.startswith("--llmperf-compare"))])
+    return [f"find the commit that did it: pytest-llmperf bisect {base[:12]} {head[:12]} -- {args}"]
 
 
 def baseline_age(outcomes: Sequence[Outcome], now: datetime | None = None) -> str | None:

@@ -1,10 +1,12 @@
 """The verdict table (terminal, markdown report, step summary), made from a JSON report document.
 
 One row per test, metric and batch size, in a stable order (test, metric, batch size), so a second
-look or a later session does not reshuffle it. Medians carry their units. The ratio is now/baseline
-of the medians as printed, with the bad direction said ("higher is worse" for a latency, "lower is
-worse" for a throughput); the gate's estimate of the same ratio (judge/stats.py: the 20%-trimmed mean of the
-log values) sits beside it with its 95% interval, and the one-sided p with its adjustment for the family of rows
+look or a later session does not reshuffle it. Medians carry their units. The one ratio now/baseline shown is the
+one the verdict rests on: the gate's estimate (judge/stats.py: the 20%-trimmed mean of the log values) with its 95%
+interval, or for a metric held to a tolerance (peak memory, an instruction count) the ratio of its medians, with no
+interval; with the bad direction said ("higher is worse" for a latency, "lower is worse" for a throughput). The
+ratio of the medians of a gated row, which on a busy runner can differ from the estimate by half (1.523 beside
+1.023), is left to the JSON report (`medians_ratio`). Then the one-sided p with its adjustment for the family of rows
 and looks (judge/procedure.py). An "improved" row shows the p-value of the improving direction. Benchmarks that were
 created, updated, refused or missing (no comparison) show the medians measured now.
 
@@ -31,7 +33,6 @@ HEADER = (
     "Batch Size",
     "Baseline (median)",
     "Now (median)",
-    "Ratio of medians",
     "Ratio estimate [95% CI]",
     "p (adjusted)",
     "Verdict",
@@ -131,15 +132,12 @@ def cells(row: Mapping[str, Any], definitions: Mapping[str, Any] | None = None) 
     unit = _unit(metric, definitions)
     base, now = row.get("baseline"), row.get("now")
     ratio = ""
-    if base and now is not None:
+    if row.get("ratio") is not None:
         worse = worse_direction(metric, definitions)
-        ratio = f"{now / base:.3f}" + (f" ({worse})" if worse else "")
-    # memory rows are held to a tolerance: their ratio is the medians' (previous column), with no interval
-    hl = (
-        ""
-        if row.get("ratio") is None or row.get("ci_low") is None
-        else f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
-    )
+        ratio = f"{row['ratio']:.3f}"  # held to a tolerance (memory, a count): the medians' ratio, no interval
+        if row.get("ci_low") is not None:
+            ratio += f" [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+        ratio += f" ({worse})" if worse else ""
     if row.get("verdict") == "improved" and row.get("p_better") is not None:
         p = f"{row['p_better']:.2g} (improving)"
     else:
@@ -152,7 +150,6 @@ def cells(row: Mapping[str, Any], definitions: Mapping[str, Any] | None = None) 
         _value(base, unit),
         _value(now, unit),
         ratio,
-        hl,
         p,
         verdict,
     ]
