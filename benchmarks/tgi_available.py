@@ -37,5 +37,5 @@ def require_jetstream(config: pytest.Config, command: str = "") -> None:
     """Skip unless attaching by URL or a command (LLMPERF_JETSTREAM_COMMAND) starts the server."""
     if not OPTIONS_BY_NAME["jetstream_url"].value(config) and not command:
         pytest.skip("no JetStream server: start one (python run_server.py ...) and pass "
-                    "--llmperf-jetstream-url=HOST:PORT (ini llmperf_jetstream_url, env LLMPERF_JETSTREAM_URL), "
+                    "--llmperf-jetstream-url=HOST:PORT (ini llmperf_jetstream_url), "
                     "or set LLMPERF_JETSTREAM_COMMAND to a command line with {port} that starts one")
