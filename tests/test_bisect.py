@@ -226,11 +226,12 @@ def test_a_red_ab_job_prints_the_bisect_command_of_its_two_commits():
             device="cpu", mode="gate", outcomes=[outcome("a", Verdict.REGRESSED), outcome("b", Verdict.PASS)],
             compared_to="origin/main (1111111111)", compared_commit="1" * 40,
             fingerprint={"git": {"commit": "2" * 40, "dirty": False, **git}},
-            rerun=lambda: "pytest --llmperf-device=cpu --llmperf-compare=origin/main --llmperf-rtol=0.1",
+            rerun=lambda: "pytest --llmperf-device=cpu --llmperf-compare=origin/main --llmperf-compare-deps=build "
+                          "--llmperf-rtol=0.1 -o llmperf_warmups=0",
         )  # fmt: skip
 
     line = "find the commit that did it: pytest-llmperf bisect 111111111111 222222222222 -- t.py::a " \
-           "--llmperf-device=cpu --llmperf-rtol=0.1"  # fmt: skip
+           "--llmperf-device=cpu --llmperf-compare-deps=build --llmperf-rtol=0.1 -o llmperf_warmups=0"  # fmt: skip
     assert line in summary_lines(session())
     assert bisect_line(session(dirty=True)) == []  # the change is not (only) in a commit
     assert bisect_line(session(commit="1" * 40)) == []  # A/B against HEAD: one commit
