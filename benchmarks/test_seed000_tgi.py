@@ -1,10 +1,10 @@
 """Seed 000 on a TGI server: TGI's benchmark experiment (bloomz-7b1-mt, sequence length 1024,
 decode length 8, batch sizes 1-32, 10 runs, 1 warmup) measured through TGI's HTTP API.
 
-Runs where a TGI server can be had: attach with --llmperf-tgi-url=URL (ini llmperf_tgi_url, env
-LLMPERF_TGI_URL), or have text-generation-launcher on PATH (or --llmperf-tgi-launcher=PATH) and a
-GPU. Otherwise skipped with the reason. The model: --llmperf-model-id-style override via the
-LLMPERF_TGI_MODEL_ID environment variable (default: the seed's bigscience/bloomz-7b1-mt).
+Runs where a TGI server can be had: attach with --llmperf-tgi-url=URL (ini llmperf_tgi_url), or have
+text-generation-launcher on PATH (or -o llmperf_tgi_launcher=PATH) and a GPU. Otherwise skipped with the
+reason. The model: --llmperf-model-id-style override via the LLMPERF_TGI_MODEL_ID environment variable
+(default: the seed's bigscience/bloomz-7b1-mt).
 """
 
 import os

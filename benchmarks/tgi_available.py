@@ -26,7 +26,7 @@ def require_tgi(config: pytest.Config) -> bool:
     launcher = OPTIONS_BY_NAME["tgi_launcher"].value(config)
     if shutil.which(launcher) is None:
         pytest.skip(f"no TGI here: {launcher!r} is not on PATH. Attach to a server with --llmperf-tgi-url=URL, "
-                    "or install text-generation-inference (--llmperf-tgi-launcher=PATH)")
+                    "or install text-generation-inference (-o llmperf_tgi_launcher=PATH)")
     if visible_gpus() == 0 and not os.environ.get("LLMPERF_TGI_ALLOW_CPU"):
         pytest.skip("text-generation-launcher found but no GPU is visible; set LLMPERF_TGI_ALLOW_CPU=1 to run "
                     "TGI on CPU anyway, or attach with --llmperf-tgi-url=URL")
@@ -37,5 +37,5 @@ def require_jetstream(config: pytest.Config, command: str = "") -> None:
     """Skip unless attaching by URL or a command (LLMPERF_JETSTREAM_COMMAND) starts the server."""
     if not OPTIONS_BY_NAME["jetstream_url"].value(config) and not command:
         pytest.skip("no JetStream server: start one (python run_server.py ...) and pass "
-                    "--llmperf-jetstream-url=HOST:PORT (ini llmperf_jetstream_url, env LLMPERF_JETSTREAM_URL), "
+                    "--llmperf-jetstream-url=HOST:PORT (ini llmperf_jetstream_url), "
                     "or set LLMPERF_JETSTREAM_COMMAND to a command line with {port} that starts one")

@@ -22,7 +22,7 @@ from .measure.keywords import MARKER_HELP
 from .offload.fixture import llmperf_offload
 from .orchestrate.fixtures import llmperf, llmperf_hf
 from .orchestrate.items import XDIST_REFUSAL, BenchmarkItems, is_planned
-from .orchestrate.options import Settings, add_options
+from .orchestrate.options import Settings, add_options, refuse_expert_flags
 from .orchestrate.session import SESSION_KEY, LLMPerfSession, check_output_paths
 from .orchestrate.worker import CollectRecorder, WorkerRecorder, collect_out, worker_out
 from .servers.fixtures import (
@@ -47,6 +47,10 @@ PLUGINS = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    refuse_expert_flags(args)
 
 
 def pytest_configure(config: pytest.Config) -> None:

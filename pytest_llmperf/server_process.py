@@ -108,7 +108,7 @@ class ServerProcess:
                 raise BackendError(
                     self.describe_failure(
                         f"was not healthy after {timeout_s:g} s (the health deadline), so it was stopped. If it needs "
-                        f"longer to load, raise --llmperf-server-timeout (ini llmperf_server_timeout)",
+                        f"longer to load, raise the ini key llmperf_server_timeout",
                         stopped_by_us=True,
                     )
                 )

@@ -2,7 +2,7 @@
 
 Input: JSON reports (`--llmperf-json`) of A/A jobs of unchanged code, e.g. from
 `python scripts/user_project_ab.py --jobs 4 --condition 0 --out DIR -- --llmperf-rtol=0 --llmperf-processes=10
---llmperf-max-processes=10`. A bias that every process of a job shares (a memory layout fixed for the whole job, a
+-o llmperf_max_processes=10`. A bias that every process of a job shares (a memory layout fixed for the whole job, a
 side that always runs second) is invisible inside one job, where it looks like a real difference: over several jobs
 it shows as rows whose intervals miss 1 more often than 5%, and as a spread of the estimates between jobs wider
 than the intervals say. Per metric it prints the rows, the share of intervals that miss 1, the RMS of the log

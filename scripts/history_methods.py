@@ -41,7 +41,7 @@ from pytest_llmperf.history.thresholds import decision_interval
 from tests.history_rows import history_rows
 from tests.history_synthetic import LEVEL, Case, history
 
-MIN_EFFECT = 0.025  # half the default --llmperf-history-min-effect (creep.py)
+MIN_EFFECT = 0.025  # half the default llmperf_history_min_effect (creep.py)
 OUTLIER_AT = (10, 50, 90, 99)
 
 

@@ -2,8 +2,8 @@
 
 Each round starts an A and a B process that each load the same embedded model and time it (one thread, glibc's
 thresholds fixed as the plugin fixes them); per block each takes `--runs` runs. `--mode turns` keeps both alive and
-lets them measure one at a time, ABBA over the blocks (what `--llmperf-interleave=batch` does); `--mode sequential`
-runs all of A's blocks in one process, then all of B's in another (`--llmperf-interleave=process`). Rounds alternate
+lets them measure one at a time, ABBA over the blocks (what `-o llmperf_interleave=batch` does); `--mode sequential`
+runs all of A's blocks in one process, then all of B's in another (`-o llmperf_interleave=process`). Rounds alternate
 which side goes first. Prints, per metric, the spread of the per-process medians on each side, the correlation of
 a round's A and B, and the spread of their log ratio: what the A/B gate tests (docs/notes/noise.md, "Turns: pairs
 measured seconds apart").

@@ -1,7 +1,7 @@
 """Write the reference pages made from the code: docs/options.md from the option table in
-pytest_llmperf/orchestrate/options.py (every option, its ini key and environment variable) and the marker's keywords
-(measure/scenario.py), docs/metrics.md from the metric table in measure/metrics.py. tests/test_docs.py fails when a
-file is not what this writes, so a new option or metric cannot go undocumented:
+pytest_llmperf/orchestrate/options.py (every option and its ini key; their reasons, below the tables, by hand) and
+the marker's keywords (measure/scenario.py), docs/metrics.md from the metric table in measure/metrics.py.
+tests/test_docs.py fails when a file is not what this writes, so a new option or metric cannot go undocumented:
 
     python scripts/reference_docs.py          # rewrite both
 """
@@ -25,15 +25,24 @@ METRICS_MD = ROOT / "docs" / "metrics.md"
 
 INTRO = """# Options
 
-Written by `scripts/reference_docs.py` from the option table in `pytest_llmperf/orchestrate/options.py`; a test
-fails when this file and the table differ. `pytest --help` lists the same options under "LLM inference
-benchmarks (pytest-llmperf)".
+The tables are written by `scripts/reference_docs.py` from the option table in `pytest_llmperf/orchestrate/options.py`
+(a test fails when they and the table differ); the reasons below them are written by hand. `pytest --help` lists the
+same options under "LLM inference benchmarks (pytest-llmperf)" and the ini keys under "[pytest] ini-options".
 
-Each option has three spellings: the command line (`--llmperf-X`), an ini key (`llmperf_X` in `pytest.ini`,
-`tox.ini`, `setup.cfg` or `[tool.pytest.ini_options]` in `pyproject.toml`) and an environment variable
-(`LLMPERF_X`). Precedence: a test's marker > command line > environment > ini > default. A bad value is a
-usage error naming where it came from (exit 4); nothing is coerced.
+What a user changes per run is a command-line option `--llmperf-X` with an ini key `llmperf_X` (in `pytest.ini`,
+`tox.ini`, `setup.cfg` or `[tool.pytest.ini_options]` in `pyproject.toml`). An expert knob is an ini key only: set it
+in the ini file, or for one run with pytest's `-o llmperf_X=VALUE`; typed as `--llmperf-X` it is refused naming the
+key. Precedence: a test's marker > command line > ini > default. A bad value is a usage error naming where it came
+from (exit 4); nothing is coerced.
+
+Options travel in the environment as pytest's own do, in `PYTEST_ADDOPTS` (`PYTEST_ADDOPTS="--llmperf-processes=1
+-o llmperf_warmups=0"`). The one environment variable of the plugin is `LLMPERF_HISTORY`, the history store, since a
+`postgresql://` URL holds a password that a command line would show (a CI secret; empty: unset); the command line
+beats it, and it beats the ini key.
 """
+
+#: Where the generated part of docs/options.md ends; what follows is kept as written.
+HAND_WRITTEN = "<!-- Written by hand below this line: scripts/reference_docs.py keeps it. -->"
 
 
 def _cell(text: str) -> str:
@@ -41,19 +50,32 @@ def _cell(text: str) -> str:
 
 
 def options_page() -> str:
-    rows = ["| option | ini key | environment | meaning |", "|---|---|---|---|"]
-    for option in OPTIONS:
-        flag = f"`{option.cli}`" if option.flag else f"`{option.cli} {option.metavar or 'VALUE'}`"
-        more = " (repeatable; ini: one per line)" if option.repeatable else ""
-        marker = " A test's marker may set it." if option.name in PER_TEST else ""
-        rows.append(f"| {_cell(flag)} | `{option.ini}` | `{option.env}` | {_cell(option.help)}.{more}{marker} |")
+    def value(option) -> str:
+        return "true\\|false" if option.flag else _cell(option.metavar or "VALUE")
+
+    def marker(option) -> str:
+        return " A test's marker may set it." if option.name in PER_TEST else ""
+
+    cli = ["| option | ini key | meaning |", "|---|---|---|"]
+    for o in OPTIONS:
+        if not o.expert:
+            flag = f"`{o.cli}`" if o.flag else f"`{o.cli} {o.metavar or 'VALUE'}`"
+            cli.append(f"| {_cell(flag)} | `{o.ini}` | {_cell(o.help)}.{marker(o)} |")
+    ini = ["| ini key | value | meaning |", "|---|---|---|"]
+    ini += [f"| `{o.ini}` | {value(o)} | {_cell(o.help)}.{marker(o)} |" for o in OPTIONS if o.expert]
     keywords = ", ".join(f"`{k}`" for k in MARKER_KEYWORDS)
     overrides = ", ".join(f"`{k}`" for k in OVERRIDES)
-    marker = (f"## Marker keywords\n\n`@pytest.mark.llmperf(...)` takes {keywords}; an unknown keyword is an error "
-              f"naming the known ones. `llmperf.measure(backend, name=None, **overrides)` takes {overrides} for one "
-              f"measurement (`name=` tells two measurements of one test apart). pytest's own help for the "
-              f"marker:\n\n> {MARKER_HELP}\n")
-    return "\n".join([INTRO, "## Options\n", *rows, "", marker])
+    marker_text = (f"## Marker keywords\n\n`@pytest.mark.llmperf(...)` takes {keywords}; an unknown keyword is an "
+                   f"error naming the known ones. `llmperf.measure(backend, name=None, **overrides)` takes {overrides} "
+                   f"for one measurement (`name=` tells two measurements of one test apart). pytest's own help for the "
+                   f"marker:\n\n> {MARKER_HELP}\n")
+    page = [INTRO, "## Command-line options\n", *cli, "", "## Expert knobs: ini keys only\n", *ini, "", marker_text]
+    return "\n".join(page) + "\n" + HAND_WRITTEN + "\n" + _hand_written()
+
+
+def _hand_written() -> str:
+    text = OPTIONS_MD.read_text() if OPTIONS_MD.exists() else ""
+    return text.partition(HAND_WRITTEN + "\n")[2]
 
 
 METRICS_INTRO = """# Metrics

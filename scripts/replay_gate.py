@@ -6,7 +6,7 @@ Input: the JSON reports (`--llmperf-json`) of A/B jobs of unchanged code, each t
 processes at rtol 0, so that every row keeps every round:
 
     pytest benchmarks/test_seed000_prefill_decode.py --llmperf-compare HEAD --llmperf-rtol=0 \\
-        --llmperf-processes=16 --llmperf-max-processes=16 --llmperf-json=aa_1.json
+        --llmperf-processes=16 -o llmperf_max_processes=16 --llmperf-json=aa_1.json
 
 For each candidate (rtol, first look, cap) this replays the shipped procedure (judge/stats.py's paired estimate,
 judge/procedure.py's decisions, look by look on the rounds in the order they ran, every gated row of the job in

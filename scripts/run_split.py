@@ -2,7 +2,7 @@
 
 Input: JSON reports (`--llmperf-json`) of A/A jobs taken with one look of many processes and runs, e.g.
 
-    pytest tests/perf --llmperf-compare=HEAD --llmperf-rtol=0 --llmperf-processes=12 --llmperf-max-processes=12 \\
+    pytest tests/perf --llmperf-compare=HEAD --llmperf-rtol=0 --llmperf-processes=12 -o llmperf_max_processes=12 \\
         --llmperf-runs=12 --llmperf-fail-on=none --llmperf-json=aa.json
 
 For every gated row it prints the scatter of one run within its process (`within`, log sd, both sides), the

@@ -10,7 +10,6 @@ modules in the order they are first entered, and every call that ran from a lowe
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import textwrap
@@ -62,10 +61,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as root:
         Path(root, "test_engine.py").write_text(textwrap.dedent(TEST))
         Path(root, "pytest.ini").write_text("[pytest]\n")
-        os.environ["LLMPERF_PROCESSES"] = "1"
         args = [root, "-q", "-p", "no:cacheprovider", "--llmperf-device=cpu", "--llmperf-max-load=inf",
-                f"--llmperf-baseline-dir={root}/baselines", f"--llmperf-report-dir={root}/reports",
-                "--llmperf-memory-rtol=100"]  # one process runs both sessions: its RSS grows between them
+                "--llmperf-processes=1", f"--llmperf-baseline-dir={root}/baselines",
+                f"--llmperf-report-dir={root}/reports",
+                "-o", "llmperf_memory_rtol=100"]  # one process runs both sessions: its RSS grows between them
         if pytest.main([*args, "--llmperf-update"]) != 0:
             raise SystemExit("recording the baseline failed")
         tracer = Tracer()

@@ -45,23 +45,32 @@ def model_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _measure_in_process(monkeypatch):
+def _measure_in_process(request, monkeypatch):
     """The suite's pytester runs measure in-process unless a test asks for worker processes
-    (tests/test_workers.py): the default on the cpu target spawns workers, which these tests do not test."""
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
+    (tests/test_workers.py): the default on the cpu target spawns workers, which these tests do not test. The
+    history store of the environment that runs the suite (its one variable) is not theirs."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts: set it after
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=1")
+    monkeypatch.delenv("LLMPERF_HISTORY", raising=False)
+
+
+@pytest.fixture
+def addopts(monkeypatch):
+    """`addopts("--llmperf-cache-dir=DIR")`: options for every pytest this test starts, after the suite's."""
+
+    def add(*args: str) -> None:
+        monkeypatch.setenv("PYTEST_ADDOPTS", " ".join([os.environ.get("PYTEST_ADDOPTS", ""), *args]).strip())
+
+    return add
 
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    """A pytester project as a new user's is: no LLMPERF_* variable or GitHub step summary inherited from the
-    environment that runs the suite, an empty pytest.ini, measured in-process. A test file
+    """A pytester project as a new user's is: no GitHub step summary inherited from the environment that runs the
+    suite, an empty pytest.ini, measured in-process. A test file
     adds its own files by overriding it: `def project(project): project.makepyfile(...); return project`."""
-    from pytest_llmperf.orchestrate.options import OPTIONS
-
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # cleared with the other options above
     pytester.makeini("[pytest]\n")
     return pytester
 

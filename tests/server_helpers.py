@@ -10,8 +10,6 @@ from types import ModuleType
 
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
-
 DOUBLES = Path(__file__).parent / "doubles"
 LAUNCHER = DOUBLES / "bin" / "text-generation-launcher"
 TGI_DOUBLE = DOUBLES / "tgi_double.py"
@@ -31,9 +29,6 @@ def load_script(name: str) -> ModuleType:
 
 
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process; tests/test_workers.py covers worker processes
     for name in list(os.environ):
         if name.startswith("LLMPERF_TGI_DOUBLE"):
             monkeypatch.delenv(name, raising=False)

@@ -11,7 +11,6 @@ import zipfile
 import pytest
 
 from pytest_llmperf.environments.plugin_install import write_wheel
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 OWN_IMPORT = "    import engineproj  # noqa: F401  (the project's own, from its checkout's src/)\n"
 SLOWDOWN = {"1.0": 1.0, "1.1": 1.0, "2.0": 1.25}
@@ -28,7 +27,7 @@ def test_engine(llmperf):
     llmperf.measure(SimulatedBackend(seed=index, noise=0.005, decode_slowdown=fastlib.SLOWDOWN))
 """
 ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05",
-        "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf", "--llmperf-compare=HEAD",
+        "--llmperf-processes=5", "-o", "llmperf_max_processes=5", "--llmperf-max-load=inf", "--llmperf-compare=HEAD",
         "-W", "ignore::pytest.PytestAssertRewriteWarning")  # fmt: skip
 
 
@@ -59,12 +58,10 @@ def env_dir(tmp_path_factory):
 @pytest.fixture
 def project(pytester, monkeypatch, env_dir, tmp_path_factory):
     """A repository whose committed requirements.txt pins fastlib 1.0 (its wheels committed beside it)."""
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"-o llmperf_env_dir={env_dir}")  # not the suite's --llmperf-processes=1
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.setenv("UV_OFFLINE", "1")  # no index is reachable here: the wheels are the project's
     monkeypatch.setenv("UV_CACHE_DIR", str(env_dir.parent / "uv-cache"))
-    monkeypatch.setenv("LLMPERF_ENV_DIR", str(env_dir))
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE)
     (pytester.path / "wheels").mkdir()
@@ -89,7 +86,7 @@ def project(pytester, monkeypatch, env_dir, tmp_path_factory):
 @pytest.mark.parametrize("start", ["fork", "exec"])
 def test_a_dependency_bump_fails_naming_the_library_and_a_rerun_reuses_both_environments(project, start):
     (project.path / "requirements.txt").write_text(requirements("2.0"))  # the pull request: the pin alone
-    result = project.runpytest(*ARGS, f"--llmperf-worker-start={start}")
+    result = project.runpytest(*ARGS, "-o", f"llmperf_worker_start={start}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base *, head *)*",
                                  "*  A HEAD (*): *env * from requirements.txt*",
@@ -97,7 +94,7 @@ def test_a_dependency_bump_fails_naming_the_library_and_a_rerun_reuses_both_envi
                                  "*decode_token_ms (decode) at batch size 1 regressed*ratio 1.2*",
                                  "The sides' dependencies differ (each side measured in its own environment): "
                                  "fastlib 1.0 -> 2.0"])  # fmt: skip
-    again = project.runpytest(*ARGS, f"--llmperf-worker-start={start}")
+    again = project.runpytest(*ARGS, "-o", f"llmperf_worker_start={start}")
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*environments: per side (fastlib 1.0 -> 2.0; base cache hit *, head cache hit *)*"])
 
@@ -199,8 +196,7 @@ def test_an_aa_job_of_equal_dependencies_built_apart_passes(project):
 def test_a_stored_baseline_names_the_dependency_that_changed_since_it_was_recorded(pytester, monkeypatch, tmp_path):
     """The baseline's fingerprint keeps the versions of the distributions its benchmark imported: a regression
     against it names fastlib 1.0 -> 2.0."""
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE.replace(OWN_IMPORT, ""))  # no project of its own here
     args = ("--llmperf-device=cpu", "--llmperf-machine=runner", "--llmperf-processes=1", "--llmperf-max-load=inf",

@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.orchestrate.passthrough import passthrough_args
 from pytest_llmperf.orchestrate.worker import foreign_modules
 
@@ -23,7 +22,7 @@ def {name}(llmperf):
     llmperf.measure(SimulatedBackend(seed=index, noise=0.005, decode_slowdown={decode}))
 """
 ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05",
-        "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf",
+        "--llmperf-processes=5", "-o", "llmperf_max_processes=5", "--llmperf-max-load=inf",
         "-W", "ignore::pytest.PytestAssertRewriteWarning")  # fmt: skip
 
 
@@ -38,8 +37,7 @@ def commit(pytester):
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     pytester.makeini("[pytest]\n")
     return pytester
@@ -161,7 +159,7 @@ def test_a_large_environment_reaches_every_worker(project, start, monkeypatch):
         monkeypatch.setenv(name, "x" * 100_000)
     project.makepyfile(test_engine=engine(check='assert len(os.environ["LARGE_C"]) == 100_000'))
     commit(project)
-    result = project.runpytest(*ARGS, "--llmperf-compare=HEAD", f"--llmperf-worker-start={start}")
+    result = project.runpytest(*ARGS, "--llmperf-compare=HEAD", "-o", f"llmperf_worker_start={start}")
     result.assert_outcomes(passed=1)
 
 

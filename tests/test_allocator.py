@@ -44,7 +44,7 @@ def test_steady_serves_large_blocks_from_the_heap():
 
 
 def test_malloc_option_is_checked_and_shown_in_the_header(pytester):
-    result = pytester.runpytest("--llmperf-malloc=jemalloc")
+    result = pytester.runpytest("-o", "llmperf_malloc=jemalloc")
     assert result.ret == 4
-    result.stderr.fnmatch_lines(["*bad value for --llmperf-malloc: expected one of steady, system*"])
+    result.stderr.fnmatch_lines(["*bad value for -o llmperf_malloc: expected one of steady, system*"])
     pytester.runpytest("--co").stdout.fnmatch_lines(["*malloc=steady*"])

@@ -31,7 +31,7 @@ def test_fine(llmperf):
 @pytest.fixture
 def run(run):
     # peak memory grows over pytester's in-process sessions: held to a tolerance that lets the timings speak
-    return run.with_flags("--llmperf-memory-rtol=10")
+    return run.with_flags("-o", "llmperf_memory_rtol=10")
 
 
 def assert_clean(result):
@@ -110,7 +110,7 @@ def test_a_report_of_a_run_without_load_limit_leaves_later_sessions_whole(projec
     assert [b["scenario"]["max_load"] for b in report["benchmarks"]] == [None, None]
     assert Scenario.from_json(report["benchmarks"][0]["scenario"]).max_load == float("inf")  # null: no limit
     monkeypatch.setenv("SLOW", "2")
-    result = project.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-memory-rtol=10",
+    result = project.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "-o", "llmperf_memory_rtol=10",
                                "--llmperf-max-load=1000", "-k", "test_broken", "--junitxml=junit.xml")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*", "*llmperf: cpu*",

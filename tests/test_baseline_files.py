@@ -37,7 +37,7 @@ def project(project, monkeypatch):
 
 @pytest.fixture
 def run(run):
-    return run.with_flags("--llmperf-machine=m", "--llmperf-memory-rtol=10", "--llmperf-runs=6")
+    return run.with_flags("--llmperf-machine=m", "-o", "llmperf_memory_rtol=10", "--llmperf-runs=6")
 
 
 def baseline(pytester):
@@ -280,7 +280,7 @@ def test_two_sessions_ending_at_once_keep_both_in_the_report(project):
     project.makeconftest(SLOW_REPORTS)
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--llmperf-device=cpu", "--llmperf-machine=m",
             "--llmperf-max-load=inf", "--llmperf-update", "-q"]
-    env = {**os.environ, "LLMPERF_PROCESSES": "1"}
+    env = {**os.environ, "PYTEST_ADDOPTS": "--llmperf-processes=1"}
     sessions = [subprocess.Popen([*args, "-k", name], cwd=project.path, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT) for name in ("test_a", "test_b")]
     for session in sessions:

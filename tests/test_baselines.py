@@ -11,9 +11,8 @@ from .test_plugin import ENGINE_TEST, baseline_file, run
 
 @pytest.fixture
 def recorded(pytester, run, monkeypatch):
-    for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT", "LLMPERF_DEVICE"):
+    for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (read once worker processes exist): one process per entry
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE_TEST)
     run("--llmperf-update").assert_outcomes(passed=1)

@@ -24,7 +24,7 @@ from pytest_llmperf.orchestrate.options import OPTIONS
 
 from .bisect_projects import PYTEST_ARGS, git, make_history
 
-STEP_ARGS = (*PYTEST_ARGS, "--llmperf-processes=4", "--llmperf-max-processes=4")
+STEP_ARGS = (*PYTEST_ARGS, "--llmperf-processes=4", "-o", "llmperf_max_processes=4")
 
 
 def search_for(first_bad: int, commits: int, skipped: frozenset[int] = frozenset()) -> tuple[Search, list[int]]:
@@ -102,12 +102,17 @@ def test_the_steps_pytest_arguments_follow_a_double_dash():
     assert split_argv(["A", "B"]) == (["A", "B"], [])
 
 
+def user_env(tmp):
+    """A user's environment: not the suite's options (PYTEST_ADDOPTS) nor the plugin's one variable (the history
+    store); temporary files (the steps' worktrees) under `tmp`."""
+    suites = {"PYTEST_ADDOPTS", *(o.env for o in OPTIONS if o.env)}
+    return {**{k: v for k, v in os.environ.items() if k not in suites}, "TMPDIR": str(tmp)}
+
+
 def bisect(project, *args, tmp):
     """`pytest-llmperf bisect ARGS` in the project, as a user runs it (its temporary worktrees under `tmp`)."""
-    env = {k: v for k, v in os.environ.items() if k not in {o.env for o in OPTIONS}}
-    env["TMPDIR"] = str(tmp)
-    return subprocess.run([sys.executable, "-m", "pytest_llmperf", "bisect", *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "pytest_llmperf", "bisect", *args], cwd=project,
+                          env=user_env(tmp), capture_output=True, text=True, timeout=900)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -221,11 +226,12 @@ def test_a_red_ab_job_prints_the_bisect_command_of_its_two_commits():
             device="cpu", mode="gate", outcomes=[outcome("a", Verdict.REGRESSED), outcome("b", Verdict.PASS)],
             compared_to="origin/main (1111111111)", compared_commit="1" * 40,
             fingerprint={"git": {"commit": "2" * 40, "dirty": False, **git}},
-            rerun=lambda: "pytest --llmperf-device=cpu --llmperf-compare=origin/main --llmperf-rtol=0.1",
+            rerun=lambda: "pytest --llmperf-device=cpu --llmperf-compare=origin/main --llmperf-compare-deps=build "
+                          "--llmperf-rtol=0.1 -o llmperf_warmups=0",
         )  # fmt: skip
 
     line = "find the commit that did it: pytest-llmperf bisect 111111111111 222222222222 -- t.py::a " \
-           "--llmperf-device=cpu --llmperf-rtol=0.1"  # fmt: skip
+           "--llmperf-device=cpu --llmperf-compare-deps=build --llmperf-rtol=0.1 -o llmperf_warmups=0"  # fmt: skip
     assert line in summary_lines(session())
     assert bisect_line(session(dirty=True)) == []  # the change is not (only) in a commit
     assert bisect_line(session(commit="1" * 40)) == []  # A/B against HEAD: one commit
@@ -239,10 +245,8 @@ def test_sigterm_mid_step_stops_its_pytest_and_removes_every_worktree(tmp_path):
     project, tmp = tmp_path / "project", tmp_path / "tmp"
     tmp.mkdir()
     shas = make_history(project, 4, {2: 1.10})
-    env = {k: v for k, v in os.environ.items() if k not in {o.env for o in OPTIONS}}
-    env["TMPDIR"] = str(tmp)
     proc = subprocess.Popen([sys.executable, "-m", "pytest_llmperf", "bisect", shas[0], shas[-1], "--", *STEP_ARGS],
-                            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            cwd=project, env=user_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         seen = ""
         for line in proc.stdout:

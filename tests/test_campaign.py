@@ -103,7 +103,7 @@ class FakeCampaign(Campaign):
 @pytest.fixture
 def collect(pytester, monkeypatch):
     def items(*args):
-        monkeypatch.delenv("LLMPERF_PROCESSES", raising=False)
+        monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
         modcol = pytester.getmodulecol(TESTS, configargs=("--llmperf-device=cpu", "-p", "no:cacheprovider", *args))
         return pytester.genitems([modcol])
 
@@ -135,7 +135,7 @@ def test_a_slower_working_tree_fails_naming_decode(collect):
 def test_undecided_rows_get_more_rounds_for_their_batch_sizes_only(collect):
     """Noisy processes and a slowdown at the tolerance: rows stay open past the first look, and the later rounds
     measure only the batch sizes still undecided, up to the cap."""
-    items = collect("--llmperf-compare=HEAD", "--llmperf-processes=5", "--llmperf-max-processes=8")
+    items = collect("--llmperf-compare=HEAD", "--llmperf-processes=5", "-o", "llmperf_max_processes=8")
     pool = FakePool(slowdown={"B": 1.05}, noise=0.08)
     campaign = FakeCampaign(items[0].config, pool)
     campaign.run(items)
@@ -235,7 +235,7 @@ def test_an_ab_job_stops_at_its_budget_and_an_open_row_says_its_bound(collect, m
     cap."""
     now = [0.0]
     monkeypatch.setattr("pytest_llmperf.orchestrate.campaign.time.monotonic", lambda: now[0])
-    items = collect("--llmperf-compare=HEAD", "--llmperf-processes=5", "--llmperf-max-processes=40",
+    items = collect("--llmperf-compare=HEAD", "--llmperf-processes=5", "-o", "llmperf_max_processes=40",
                     f"--llmperf-budget={budget}")
     pool = FakePool(slowdown={"B": 1.05}, noise=0.08)
     run_round = pool.run_round

@@ -10,7 +10,6 @@ import pytest
 import pytest_llmperf
 from pytest_llmperf.orchestrate import campaign_progress, protocol, worker, worker_process
 from pytest_llmperf.orchestrate.campaign_progress import LINE_EVERY_S, STATUS_EVERY_S, CampaignProgress
-from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.orchestrate.protocol import Progress, Start
 
 
@@ -210,8 +209,7 @@ def test_slow(llmperf):
 
 
 def test_workers_progress_reaches_the_controllers_log(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     monkeypatch.setattr(campaign_progress, "LINE_EVERY_S", 0.5)  # the controller runs in this process
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_slow=SLOW)

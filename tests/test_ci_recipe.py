@@ -151,7 +151,7 @@ def run_step(project, venv, command, tmp_path, **substitutions):
     assert "${{" not in command, command
     pip = f"{venv}/bin/python -m pip --disable-pip-version-check install --no-index --no-build-isolation"
     command = command.replace("python -m pip install", pip)
-    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "LLMPERF_MAX_LOAD": "inf",
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "PYTEST_ADDOPTS": "--llmperf-max-load=inf",
            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
     env.pop("VIRTUAL_ENV", None)
     return subprocess.run(["bash", "-e", "-c", command], cwd=project, env=env, capture_output=True, text=True,

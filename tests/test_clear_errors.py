@@ -9,7 +9,6 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM,
                           MixtralForCausalLM, PreTrainedTokenizerFast)
 
 from pytest_llmperf.backends.models import EMBEDDED, tokenizer_for  # noqa: E402
-from pytest_llmperf.orchestrate.options import OPTIONS  # noqa: E402
 
 HF_TEST = """
 import pytest
@@ -21,11 +20,8 @@ def test_model(llmperf, {fixture}):
 
 
 @pytest.fixture
-def project(pytester, monkeypatch, model_cache):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
-    monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
+def project(pytester, monkeypatch, model_cache, addopts):
+    addopts(f"--llmperf-cache-dir={model_cache}")
     pytester.makeini("[pytest]\n")
     return pytester
 

@@ -259,7 +259,7 @@ def test_a_workspace_library_is_installed_as_its_side_had_it_not_linked_to_a_che
 
 
 def test_an_extra_named_by_the_option_is_installed_from_the_lock_or_the_pyproject(tmp_path, env_dir):
-    # fastlib only in the project's `bench` extra: uv installs no extra unless asked (--llmperf-env-extras). Without a
+    # fastlib only in the project's `bench` extra: uv installs no extra unless asked (llmperf_env_extras). Without a
     # lock, an extras-only project was refused even with the option.
     for lock in (True, False):
         roots = {}
@@ -292,7 +292,7 @@ def test_a_cache_that_cannot_be_written_names_the_option_that_moves_it(tmp_path)
     with pytest.raises(CannotBuild) as raised:
         prepare(detect(base, head), env_dir=tmp_path / "a-file" / "envs", settings=OFFLINE)
     message = str(raised.value)
-    assert "cannot be written" in message and "a-file" in message and "--llmperf-env-dir=PATH" in message
+    assert "cannot be written" in message and "a-file" in message and "-o llmperf_env_dir=PATH" in message
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
@@ -405,7 +405,7 @@ def test_a_wheel_rebuilt_under_its_name_is_caught_by_what_the_environments_hold(
     envs = prepare(detect(*roots), env_dir=env_dir, settings=OFFLINE)
     assert envs.per_side and [str(c) for c in envs.changes] == ["fastlib 1.0 -> 1.0 (other files)"]
     assert run_in(envs.head.python, "import fastlib; print(fastlib.LOOPS)") == "250000"
-    # Named with --llmperf-compare-deps-paths too, as the round tried (and was refused): the same
+    # Named with llmperf_compare_deps_paths too, as the round tried (and was refused): the same
     named = prepare(detect(*roots, ["vendor/*.whl"]), env_dir=env_dir, settings=OFFLINE)
     assert [str(c) for c in named.changes] == ["fastlib 1.0 -> 1.0 (other files)"]
     (roots[1] / "vendor" / "unused.whl").write_bytes(b"not a wheel any file names")  # named by nothing but the option

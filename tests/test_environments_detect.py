@@ -171,7 +171,7 @@ def test_what_a_side_is_built_from_is_chosen_by_file_name(tmp_path):
 def test_an_extras_only_project_is_built_with_the_extras_option_and_named_without_it(tmp_path):
     write(tmp_path, "pyproject.toml", '[project]\nname = "demo"\nversion = "0"\n'
                                       '[project.optional-dependencies]\nbench = ["fastlib==1.0"]\n')  # fmt: skip
-    with pytest.raises(CannotBuild, match=r"its dependencies are only extras \(bench\): name them with --llmperf-env-extras"):
+    with pytest.raises(CannotBuild, match=r"its dependencies are only extras \(bench\): name them in llmperf_env_extras \(ini\)"):
         recipe(tmp_path)
     assert recipe(tmp_path, extras=("bench",)).label(BuildSettings(extras=("bench",))) == "pyproject.toml --extra bench"
 

@@ -141,29 +141,29 @@ def test_compare_deps_refuses_other_values():
 def test_extra_dependency_paths():
     assert option_values.path_list(["ci/torch.txt", " docker/*.env "]) == ("ci/torch.txt", "docker/*.env")
     assert option_values.path_list("ci/torch.txt, docker/*.env") == ("ci/torch.txt", "docker/*.env")
+    assert option_values.path_list(["ci/torch.txt, docker/*.env"]) == ("ci/torch.txt", "docker/*.env")  # -o key=a,b
     with pytest.raises(ValueError, match="relative to the rootdir"):
         option_values.path_list(["/etc/requirements.txt"])
 
 
 def test_the_options_reach_the_session_and_a_bad_value_is_a_usage_error(pytester, monkeypatch):
-    from pytest_llmperf.orchestrate.options import OPTIONS, Settings
+    from pytest_llmperf.orchestrate.options import Settings
 
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     pytester.makeini("[pytest]\nllmperf_compare_deps = code-only\nllmperf_compare_deps_paths =\n    ci/*.txt\n"
                      "    docker/versions.env\n")  # fmt: skip
-    config = pytester.parseconfig("--llmperf-env-dir=envs", "--llmperf-base-python=/opt/base/bin/python")
+    config = pytester.parseconfig("-o", "llmperf_env_dir=envs", "--llmperf-base-python=/opt/base/bin/python")
     settings = Settings.from_config(config)
     assert settings.compare_deps == "code-only"
     assert settings.compare_deps_paths == ("ci/*.txt", "docker/versions.env")
-    # a directory given on the command line is resolved against where pytest was invoked, as pytest's own are
+    # a directory given on the command line (-o too) is resolved against where pytest was invoked, as pytest's own are
     assert (settings.env_dir, settings.base_python) == (str((pytester.path / "envs").resolve()), "/opt/base/bin/python")
     result = pytester.runpytest("--llmperf-compare-deps=never", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--llmperf-compare-deps*expected one of auto, build, code-only*"])
-    monkeypatch.setenv("LLMPERF_ENV_GROUPS", "bench, lint")
-    chosen = Settings.from_config(pytester.parseconfig("--llmperf-env-extras=gpu", "--llmperf-env-extras=cuda12"))
+    pytester.makeini("[pytest]\nllmperf_env_extras =\n    gpu\n    cuda12\n")
+    chosen = Settings.from_config(pytester.parseconfig("-o", "llmperf_env_groups=bench, lint"))
     assert (chosen.env_extras, chosen.env_groups) == (("gpu", "cuda12"), ("bench", "lint"))
-    result = pytester.runpytest("--llmperf-env-extras=gpu;rm", "-p", "no:cacheprovider")
+    result = pytester.runpytest("-o", "llmperf_env_extras=gpu;rm", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--llmperf-env-extras*expected names of extras or dependency groups*"])
+    result.stderr.fnmatch_lines(["*llmperf_env_extras*expected names of extras or dependency groups*"])

@@ -155,7 +155,7 @@ def test_junit_says_refused_when_every_row_was_refused(project, run):  # noqa: F
 
 
 def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, run, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("LLMPERF_PROCESSES", "2")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=2")
     xml = project.path / "workers.xml"
     # the call's duration alone: by default a testcase's time also holds its setup and teardown (a few ms here,
     # which a loaded machine pushed past the tolerance below)
@@ -169,7 +169,8 @@ def test_junit_time_of_a_test_measured_in_worker_processes_is_its_runs(project, 
 
 def test_junit_properties_of_benchmarks_measured_in_worker_processes_sit_beside_the_users_own(project, run,  # noqa: F811
                                                                                                monkeypatch):
-    monkeypatch.setenv("LLMPERF_PROCESSES", "2")  # the tests measured in workers have no fixtures in this process
+    # the tests measured in workers have no fixtures in this process
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=2")
     project.makepyfile(test_own="def test_own(record_testsuite_property):\n"
                                 "    record_testsuite_property('mine', 'kept')\n")
     xml = project.path / "workers.xml"

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from pytest_llmperf.judge.environment import CPU_KEYS
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 NOISY_TEST = """
 import os
@@ -28,9 +27,6 @@ def test_other():
 def project(pytester, monkeypatch):
     for name in ("SIM_SEED", "SIM_PREFILL", "SIM_NOISE", "SIM_RUNS", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(name, raising=False)
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=NOISY_TEST)
     return pytester
@@ -101,12 +97,12 @@ def test_refused_listed_fails_with_the_reason(project, run):
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
-def test_fail_on_from_the_environment_and_ini(project, run, monkeypatch):
+def test_fail_on_from_the_environment_and_ini(project, run, addopts):
     run("--llmperf-update").assert_outcomes(passed=2)
     from_another_cpu(project)
     project.makeini("[pytest]\nllmperf_fail_on = refused\n")
     run().assert_outcomes(passed=1, failed=1)
-    monkeypatch.setenv("LLMPERF_FAIL_ON", "none")  # the environment beats the ini
+    addopts("--llmperf-fail-on=none")  # PYTEST_ADDOPTS beats the ini
     assert run().ret == 0
 
 
@@ -140,7 +136,7 @@ def test_fail_on_and_threads_are_in_the_header(project, run):
     result = run("--co")
     result.stdout.fnmatch_lines(["llmperf: device=cpu (given), *threads=1 (auto: cpu target), "
                                  "fail_on=regressed,missing,inconclusive,unjudged"])
-    result = run("--co", "--llmperf-threads=2", "--llmperf-fail-on=refused,regressed")
+    result = run("--co", "-o", "llmperf_threads=2", "--llmperf-fail-on=refused,regressed")
     result.stdout.fnmatch_lines(["*threads=2, fail_on=regressed,refused"])
 
 
@@ -155,7 +151,7 @@ def inconclusive(project, run, monkeypatch):
 
 
 def test_inconclusive_not_listed_passes_and_is_counted(inconclusive, run):
-    result = run("--llmperf-fail-on=regressed,missing", "--llmperf-max-runs=10")
+    result = run("--llmperf-fail-on=regressed,missing", "-o", "llmperf_max_runs=10")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["llmperf: judged 1 of 1 benchmarks (1 of the judged inconclusive: undecided at their "
                                  "last look)", "*| prefill_ms | 1 *| inconclusive: *undecided at 10 runs per side*",
@@ -163,7 +159,7 @@ def test_inconclusive_not_listed_passes_and_is_counted(inconclusive, run):
 
 
 def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconclusive, run):
-    result = run("--llmperf-max-runs=10")
+    result = run("-o", "llmperf_max_runs=10")
     assert result.ret == 1
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*prefill_ms (prefill) at batch size 1 inconclusive: baseline median*undecided at "
@@ -173,7 +169,7 @@ def test_inconclusive_fails_by_default_with_the_runs_that_would_decide_it(inconc
 
 
 def test_more_runs_decide_what_one_look_could_not(inconclusive, run):
-    result = run("--llmperf-max-runs=80")
+    result = run("-o", "llmperf_max_runs=80")
     result.stdout.fnmatch_lines(["*| prefill_ms | 1 *| regressed *"])
 
 

@@ -179,7 +179,7 @@ def test_the_server_is_not_imported_as_part_of_the_package():
 
 def test_a_side_with_its_own_copy_of_a_preloaded_module_gets_a_fresh_interpreter(tmp_path):
     """A checkout that vendors a library the server imported (here idna) must measure its own copy: that worker is
-    exec'd, as `--llmperf-worker-start=exec` would start it, and its log says why."""
+    exec'd, as `-o llmperf_worker_start=exec` would start it, and its log says why."""
     server = ForkServer.start(tmp_path, server_env("system"), ["pytest", "idna"]).ready()
     try:
         root, lib = side(tmp_path, "A", "import idna, os\n\ndef test_x():\n    assert idna.OURS\n"

@@ -94,8 +94,8 @@ def holding_forward(monkeypatch):
 
 
 @pytest.fixture
-def project(pytester, monkeypatch, model_cache):
-    monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
+def project(pytester, monkeypatch, model_cache, addopts):
+    addopts(f"--llmperf-cache-dir={model_cache}")
     monkeypatch.delenv("LLMPERF_HOLD_MB", raising=False)
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_bench=BENCHMARK)

@@ -75,8 +75,8 @@ RTOL = 0.2  # the control (CONTROL < 1 + RTOL) keeps the other phase unnamed; a 
 
 
 @pytest.fixture
-def project(pytester, monkeypatch, model_cache):
-    monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
+def project(pytester, monkeypatch, model_cache, addopts):
+    addopts(f"--llmperf-cache-dir={model_cache}")
     monkeypatch.delenv("LLMPERF_SLOW_PHASE", raising=False)
     monkeypatch.setenv("LLMPERF_SLOWDOWN", str(SLOWDOWN))
     pytester.makeini("[pytest]\n")

@@ -57,9 +57,8 @@ def changed_forward(monkeypatch):
 
 
 @pytest.fixture
-def project(pytester, monkeypatch, model_cache):
-    monkeypatch.setenv("LLMPERF_CACHE_DIR", model_cache)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
+def project(pytester, monkeypatch, model_cache, addopts):
+    addopts(f"--llmperf-cache-dir={model_cache}")
     monkeypatch.delenv("LLMPERF_PERTURB", raising=False)
     monkeypatch.delenv("LLMPERF_HOLD_MB", raising=False)
     pytester.makeini("[pytest]\n")
@@ -73,7 +72,7 @@ def run(run):
     # alpha 0.05: 5 runs against a baseline of 5 can show a regression of one of its 6 rows at 0.05 / 6, not at 0.01
     # (Mann-Whitney's smallest p is 1/252); these tests are about outputs and memory, held to tolerances.
     # run.in_subprocess: a pytest process of its own. Measured in this one, the held memory can land on heap pages
-    # that earlier tests freed and left resident (glibc does not trim under --llmperf-malloc=steady), and the peak
+    # that earlier tests freed and left resident (glibc does not trim under -o llmperf_malloc=steady), and the peak
     # does not grow.
     return run.with_flags("--llmperf-rtol=10", "--llmperf-alpha=0.05")
 

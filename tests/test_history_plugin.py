@@ -91,8 +91,8 @@ def test_a_corrupt_store_is_a_line_naming_it_and_fails_only_when_asked(project, 
 
 def test_the_rows_file_branch_anchor_and_min_effect_options_reach_the_history(project, run):
     git(project.path, "tag", "v1")
-    result = run("--llmperf-update", "--llmperf-history-rows=false", "--llmperf-history-branch=main",
-                 "--llmperf-history-anchor=v1", "--llmperf-history-min-effect=0.2")  # fmt: skip
+    result = run("--llmperf-update", "-o", "llmperf_history_rows=false", "-o", "llmperf_history_branch=main",
+                 "-o", "llmperf_history_anchor=v1", "-o", "llmperf_history_min_effect=0.2")  # fmt: skip
     result.assert_outcomes(passed=1)
     assert not (project.path / "reports" / "history-rows.jsonl").exists()
     assert json.loads((project.path / "reports" / "history.json").read_text())["min_effect"] == 0.2
@@ -102,11 +102,11 @@ def test_the_rows_file_branch_anchor_and_min_effect_options_reach_the_history(pr
 
 
 def test_a_branch_or_anchor_that_is_no_ref_is_said_not_ignored(project, run):
-    result = run("--llmperf-update", "--llmperf-history-branch=trunk", "--llmperf-history-anchor=v9")
+    result = run("--llmperf-update", "-o", "llmperf_history_branch=trunk", "-o", "llmperf_history_anchor=v9")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "*--llmperf-history-branch=trunk is no branch of this repository: the job's runs are stored but enter no series",
-        "*--llmperf-history-anchor=v9 is no commit of this repository: creep is measured from the oldest commit*",
+        "*llmperf_history_branch=trunk is no branch of this repository: the job's runs are stored but enter no series",
+        "*llmperf_history_anchor=v9 is no commit of this repository: creep is measured from the oldest commit*",
     ])  # fmt: skip
     with store_of(project) as store:
         assert [r.on_default_branch for r in store.runs()] == [False]

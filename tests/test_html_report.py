@@ -11,7 +11,6 @@ import subprocess
 
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE_TEST = """
 import os
@@ -31,9 +30,6 @@ CHROMIUM = "/usr/bin/chromium"
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
     for name in ("SIM_SEED", "SIM_DECODE", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(name, raising=False)
     pytester.makeini("[pytest]\n")

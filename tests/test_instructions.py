@@ -307,7 +307,7 @@ def test_the_marker_keyword_is_checked():
 
 @pytest.fixture
 def project(project, monkeypatch):
-    monkeypatch.delenv("LLMPERF_PROCESSES")  # the default processes: counting needs workers
+    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default processes: counting needs workers
     project.makepyfile(test_it="import pytest\n\n@pytest.mark.llmperf\ndef test_it(llmperf):\n    pass\n")
     return project
 
@@ -322,9 +322,9 @@ def test_settings_that_cannot_count_are_refused_up_front(project, args, said):
     result.stderr.fnmatch_lines([f"*llmperf: --llmperf-instructions: *{said}*"])
 
 
-def test_valgrind_missing_is_refused_with_how_to_install_it(project, monkeypatch):
+def test_valgrind_missing_is_refused_with_how_to_install_it(project, monkeypatch, addopts):
     monkeypatch.setenv("PATH", str(project.path))  # no valgrind on it
-    monkeypatch.setenv("LLMPERF_INSTRUCTIONS", "1")  # the environment twin of the option
+    addopts("--llmperf-instructions")  # from PYTEST_ADDOPTS, as a CI job may give it
     result = project.runpytest_inprocess("--llmperf-device=cpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*not installed here; install it: apt-get install valgrind (Debian, Ubuntu)*"])
@@ -407,8 +407,8 @@ def test_instruction_clock_sums_every_threads_dump_and_keeps_them_only_when_aske
 
 
 @pytest.mark.parametrize("update", ["--llmperf-update", "--llmperf-update-missing"])
-def test_counts_only_cannot_record_a_baseline(project, monkeypatch, update):
-    monkeypatch.setenv("LLMPERF_INSTRUCTIONS_ONLY", "1")  # the environment twin of --llmperf-instructions-only
+def test_counts_only_cannot_record_a_baseline(project, addopts, update):
+    addopts("--llmperf-instructions-only")  # from PYTEST_ADDOPTS, as a CI job may give it
     result = project.runpytest_inprocess("--llmperf-device=cpu", update)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*llmperf: --llmperf-instructions-only measures no wall time, so it cannot record a "

@@ -13,7 +13,6 @@ import sys
 import pytest
 
 from pytest_llmperf.measure.instructions import ClientRequests
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 if shutil.which("valgrind") is None:
     if os.environ.get("CI"):
@@ -116,8 +115,7 @@ def git(pytester, *args):
 
 def two_percent_more_decode_work(pytester, monkeypatch):
     """A git project of the loop engine whose working tree does 2% more work per decode step than HEAD."""
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_loop=ENGINE, work=WORK.format(decode=200_000))
     git(pytester, "init", "-q")
@@ -130,7 +128,7 @@ def test_ab_counts_catch_two_percent_more_decode_work_and_pass_the_unchanged_pre
     two_percent_more_decode_work(pytester, monkeypatch)
     # the timing row of 3 processes per side stays undecided at this size: only a regression fails the run
     result = pytester.runpytest("--llmperf-compare", "HEAD", "--llmperf-device=cpu", "--llmperf-processes=3",
-                                "--llmperf-max-processes=3", "--llmperf-fail-on=regressed", "-p", "no:cacheprovider",
+                                "-o", "llmperf_max_processes=3", "--llmperf-fail-on=regressed", "-p", "no:cacheprovider",
                                 "-W", "ignore::pytest.PytestAssertRewriteWarning")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([

@@ -10,7 +10,6 @@ import psutil
 import pytest
 
 from pytest_llmperf import leftovers
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 WORKER_DIES = """
 import os, signal
@@ -31,8 +30,7 @@ def test_engine(llmperf):
 
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path_factory):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     temp = tmp_path_factory.mktemp("tmpdir")
     monkeypatch.setenv("TMPDIR", str(temp))  # the workers' own temporary files, and ours

@@ -1,5 +1,5 @@
 """Runs that take long or never end: a campaign of many processes says how long it will take (S11); a generate()
-that hangs in the pytest process is stopped at --llmperf-worker-timeout, as a worker process is (S12)."""
+that hangs in the pytest process is stopped at llmperf_worker_timeout, as a worker process is (S12)."""
 
 import signal
 
@@ -17,7 +17,7 @@ def plan(first, cap):
 def test_a_long_campaign_is_estimated_from_its_first_round():
     line = campaign_progress.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
     assert line == ("at 3.0 s per round, the first look's 1000 rounds take about 50 min, up to 400 min if "
-                    "rows stay undecided (the cap, --llmperf-max-processes); fewer processes (--llmperf-processes) "
+                    "rows stay undecided (the cap, llmperf_max_processes); fewer processes (--llmperf-processes) "
                     "take less. Ctrl-C stops cleanly")
     assert campaign_progress.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
     assert "up to" not in campaign_progress.campaign_estimate(3.0, [plan(400, 400)])
@@ -70,9 +70,9 @@ def test_after(llmperf):
 
 def test_a_generate_that_hangs_in_this_process_is_stopped_at_the_worker_timeout(project, run):
     project.makepyfile(test_x=HANGS)
-    result = run("--llmperf-update", "--llmperf-worker-timeout=2")
+    result = run("--llmperf-update", "-o", "llmperf_worker_timeout=2")
     result.assert_outcomes(failed=1, passed=1)  # the next benchmark still runs
-    result.stdout.fnmatch_lines(["*test_hangs: the measurement did not finish within 2 s (--llmperf-worker-timeout, "
+    result.stdout.fnmatch_lines(["*test_hangs: the measurement did not finish within 2 s (llmperf_worker_timeout, "
                                  "here for a benchmark measured in this pytest process), so it was stopped*"])
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 

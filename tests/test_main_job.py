@@ -33,7 +33,7 @@ def bench_command() -> list[str]:
 
 @pytest.fixture
 def user_repo(project, monkeypatch):
-    monkeypatch.delenv("LLMPERF_PROCESSES")  # the job's own defaults: worker processes
+    monkeypatch.delenv("PYTEST_ADDOPTS")  # the job's own defaults: worker processes
     project.mkdir("benchmarks")
     (project.path / "benchmarks" / "test_engine.py").write_text(BENCHMARK)
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base"]):

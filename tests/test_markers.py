@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture
 def run(run):
     # peak memory grows over pytester's in-process sessions: held to a tolerance that lets the timings speak
-    return run.with_flags("--llmperf-memory-rtol=10")
+    return run.with_flags("-o", "llmperf_memory_rtol=10")
 
 
 def assert_clean(result):
@@ -182,7 +182,7 @@ def test_broken_condition(llmperf):
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_skip_marks_skip_a_benchmark_as_pytest_does_measured_in_this_process_or_in_workers(project, run,
                                                                                          monkeypatch, processes):
-    monkeypatch.setenv("LLMPERF_PROCESSES", processes)
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")
     project.makepyfile(test_x=SKIP_MARKS)
     result = run("--llmperf-update", "-rs")
     result.assert_outcomes(skipped=3, passed=1, errors=1)
@@ -196,9 +196,9 @@ def test_skip_marks_skip_a_benchmark_as_pytest_does_measured_in_this_process_or_
 
 @pytest.mark.parametrize("processes", ["1", "5"])
 def test_a_benchmark_test_that_never_measures_fails_saying_so(project, run, monkeypatch, processes):
-    monkeypatch.setenv("LLMPERF_PROCESSES", processes)  # in this process, and in worker processes
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")  # in this process, and in worker processes
     project.makepyfile(test_x=NEVER_MEASURES)
-    result = run("--llmperf-max-processes=20")
+    result = run("-o", "llmperf_max_processes=20")
     result.assert_outcomes(failed=2, skipped=1, passed=1)
     result.stdout.fnmatch_lines(["*test_x.py::test_marked_only: an llmperf benchmark test (its llmperf marker or "
                                  "fixture) that never called llmperf.measure(backend): "
@@ -212,7 +212,7 @@ def test_a_benchmark_test_that_never_measures_fails_saying_so(project, run, monk
 def test_a_marker_processes_that_is_not_a_count_is_refused_with_worker_processes_too(project, run, monkeypatch,
                                                                                    processes):
     """T1: an INTERNALERROR (a str compared with an int) once; now the marker's test is refused at setup."""
-    monkeypatch.setenv("LLMPERF_PROCESSES", "3")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=3")
     project.makepyfile(test_x=f"""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend

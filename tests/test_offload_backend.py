@@ -103,7 +103,7 @@ def test_fixture_measures_with_knobs_and_closes_its_engines_also_when_a_test_fai
             backend = llmperf_offload("tiny-mixtral", threads=1)
             request.config.offload_engines = [backend.engine]
             result = llmperf.measure(backend)
-            assert backend.engine.budget.n_experts == 8  # from --llmperf-offload-expert-budget-gb
+            assert backend.engine.budget.n_experts == 8  # from llmperf_offload_expert_budget_gb
             assert 0 < result.batches[0].samples[0].counters["hit_rate"] < 1
 
         def test_fails(llmperf_offload, request):
@@ -125,7 +125,7 @@ def test_fixture_measures_with_knobs_and_closes_its_engines_also_when_a_test_fai
     keep = Keep()
     result = pytester.runpytest_inprocess(
         "-p", "no:cacheprovider", "--llmperf-device=cpu", "--llmperf-update", "--llmperf-max-load=64",
-        f"--llmperf-cache-dir={model_cache}", "--llmperf-offload-expert-budget-gb", str(8 * EXPERT_GB), plugins=[keep])
+        f"--llmperf-cache-dir={model_cache}", "-o", f"llmperf_offload_expert_budget_gb={8 * EXPERT_GB}", plugins=[keep])
     result.assert_outcomes(passed=3, failed=1)
     assert keep.config.offload_engines and all(e._closed for e in keep.config.offload_engines)
     report = (pytester.path / "reports" / "cpu.md").read_text()

@@ -12,7 +12,6 @@ from pytest_llmperf.judge import outputs
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.judge.baselines import BaselineEntry, BaselineError, BaselineStore
 from pytest_llmperf.measure.records import BatchResult, RunSample
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 
 def sample(ids, texts=None):
@@ -108,20 +107,17 @@ def test_engine(llmperf):
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
     monkeypatch.delenv("CHANGED_FROM", raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")
     pytester.makeini("[pytest]\n")
     return pytester
 
 
 def gate(pytester, *args):
     # Memory is not what these tests judge: the peak RSS of pytester's in-process runs grows by ~16 MiB once the
-    # first run's reports have imported matplotlib, which --llmperf-memory-rtol=1 tolerates. The rewrite warning
+    # first run's reports have imported matplotlib, which -o llmperf_memory_rtol=1 tolerates. The rewrite warning
     # (the plugin imported before pytester's run) is counted as a warning when this file runs alone.
     return pytester.runpytest("--llmperf-device=cpu", "--llmperf-machine=m", "-p", "no:cacheprovider",
-                              "--llmperf-alpha=0.05", "--llmperf-max-load=inf", "--llmperf-memory-rtol=1",
+                              "--llmperf-alpha=0.05", "--llmperf-max-load=inf", "-o", "llmperf_memory_rtol=1",
                               "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
 
 

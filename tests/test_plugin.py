@@ -30,9 +30,6 @@ def test_engine(llmperf, engine):
 def project(pytester, monkeypatch):
     for name in ("SIM_SEED", "SIM_PREFILL", "SIM_DECODE", "SIM_FAIL_AT", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(name, raising=False)
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process; tests/test_workers.py covers worker processes
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE_TEST)
     return pytester
@@ -161,14 +158,23 @@ def test_unknown_marker_keyword_is_rejected(project, run):
     result.stdout.fnmatch_lines(["*unknown keyword(s) batchsize; known: batch_sizes*"])
 
 
-def test_help_lists_every_option(pytester):
+def test_help_lists_every_option_and_ini_key(pytester):
     result = pytester.runpytest("--help")
-    result.stdout.fnmatch_lines([f"*{option.cli}*" for option in OPTIONS])
+    result.stdout.fnmatch_lines([f"*{option.cli}*" for option in OPTIONS if not option.expert])
+    result.stdout.fnmatch_lines([f"  {option.ini} (*" for option in OPTIONS])
+    assert not any(f"{option.cli}=" in line for line in result.stdout.lines for option in OPTIONS if option.expert)
+    assert len([option for option in OPTIONS if not option.expert]) <= 30  # issue 48: what a user changes per run
+
+
+def test_an_expert_knob_typed_as_a_flag_is_refused_naming_its_ini_key(project, run):
+    result = run("--llmperf-warmups=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-warmups is an ini key now: `-o llmperf_warmups=0` for one run, or "
+                                 "llmperf_warmups in the ini file*"])
 
 
 @pytest.mark.parametrize("style", ["pytest.ini", "tox.ini", "pyproject.toml"])
-def test_ini_twins_from_each_config_format(pytester, style, monkeypatch):
-    monkeypatch.delenv("LLMPERF_RUNS", raising=False)
+def test_ini_twins_from_each_config_format(pytester, style):
     lines = "llmperf_runs = 5\nllmperf_alpha = 0.05\nllmperf_device = h100\n"
     if style == "pyproject.toml":
         pytester.makepyprojecttoml("[tool.pytest.ini_options]\n" + lines.replace("= 5", '= "5"')
@@ -182,12 +188,11 @@ def test_ini_twins_from_each_config_format(pytester, style, monkeypatch):
                                  "alpha=0.05*"])
 
 
-def test_precedence_marker_over_cli_over_env_over_ini(project, run, monkeypatch):
+def test_precedence_marker_over_cli_over_ini(project, run, addopts):
     project.makeini("[pytest]\nllmperf_runs = 3\nllmperf_warmups = 2\n")
-    monkeypatch.setenv("LLMPERF_RUNS", "4")
-    monkeypatch.setenv("LLMPERF_WARMUPS", "0")
+    addopts("--llmperf-runs=4", "-o", "llmperf_warmups=0")  # PYTEST_ADDOPTS: before the command line's own
     result = run("--llmperf-runs=5", "--co")
-    result.stdout.fnmatch_lines(["*runs=5, warmups=0,*"])  # CLI beats env; env beats ini
+    result.stdout.fnmatch_lines(["*runs=5, warmups=0,*"])  # the command line beats PYTEST_ADDOPTS; -o beats the ini
     run("--llmperf-runs=5", "--llmperf-update").assert_outcomes(passed=1)
     stored = json.loads(baseline_file(project).read_text())["benchmarks"]["test_engine"]
     assert stored["scenario"]["runs"] == 10  # the marker's runs=10 beats the CLI
@@ -197,9 +202,9 @@ def test_bad_option_value_is_a_usage_error_naming_the_option(project, run, monke
     result = run("--llmperf-alpha=2")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*llmperf: bad value for --llmperf-alpha: expected a number in (0, 1)*"])
-    monkeypatch.setenv("LLMPERF_RUNS", "zero")
+    project.makeini("[pytest]\nllmperf_runs = zero\n")
     result = run()
-    result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RUNS*"])
+    result.stderr.fnmatch_lines(["*bad value for ini option llmperf_runs in *tox.ini: expected an integer >= 1*"])
 
 
 def test_xdist_refuses_timed_tests_with_a_clear_message(project, run):

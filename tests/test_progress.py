@@ -7,7 +7,6 @@ from pytest_llmperf.measure.backend import GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.clock import FakeClock
-from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.report.progress import STATUS_INTERVAL_NS, Progress
 
 
@@ -158,9 +157,6 @@ def pytest_configure(config):
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
     monkeypatch.delenv("FAIL_AFTER", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     pytester.makeini("[pytest]\n")

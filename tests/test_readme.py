@@ -83,9 +83,9 @@ def project(tmp_path, model_cache, monkeypatch):
     for name in [n for n in os.environ if n.startswith("LLMPERF_") and n != "LLMPERF_LEAK_TAG"]:
         monkeypatch.delenv(name)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    env = {**os.environ, "LLMPERF_PROCESSES": "1", "LLMPERF_MAX_RUNS": "10", "LLMPERF_MAX_LOAD": "inf",
-           "LLMPERF_RTOL": "1", "LLMPERF_FAIL_ON": "regressed,missing", "LLMPERF_MEMORY_RTOL": "1",
-           "LLMPERF_CACHE_DIR": model_cache, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    addopts = ("--llmperf-processes=1 -o llmperf_max_runs=10 --llmperf-max-load=inf --llmperf-rtol=1 "
+               f"--llmperf-fail-on=regressed,missing -o llmperf_memory_rtol=1 --llmperf-cache-dir={model_cache}")
+    env = {**os.environ, "PYTEST_ADDOPTS": addopts, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@example.com", "GIT_COMMITTER_NAME": "u",
            "GIT_COMMITTER_EMAIL": "u@example.com"}
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-p no:cacheprovider"\n')

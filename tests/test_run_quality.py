@@ -7,7 +7,6 @@ from pytest_llmperf.judge.quality import quality_notes
 from pytest_llmperf.measure import gpu
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 
 class FakeNvml:
@@ -176,8 +175,7 @@ def test_engine(llmperf):
 
 
 def test_a_noisy_benchmark_says_so_in_the_summary_and_the_report(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE.format(noise=0.3))
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=1", "--llmperf-max-load=inf",

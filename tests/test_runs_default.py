@@ -63,7 +63,7 @@ def test_the_header_says_how_a_gate_adds_processes(pytester):
     """Against stored baselines a gate looks after every round (judge/procedure.py, Schedule.every_round); an A/B job
     plans its looks within a budget (Schedule.planned): the header says which."""
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
-    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=4", "--llmperf-max-processes=20",
+    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=4", "-o", "llmperf_max_processes=20",
                                 "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["llmperf: processes=4 per side at the first look (worker processes, forked from a "
                                  "server that imported the libraries both sides share; the gate tests "
@@ -77,7 +77,7 @@ def test_the_header_says_how_a_gate_adds_processes(pytester):
                                  "their runs, pair by pair), then a look where this job's spreads say its undecided "
                                  "rows will be decided, runs per process chosen from them, and a last one, within 40 "
                                  "processes and a budget of 60 s, the working tree against HEAD*"])
-    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=5", "--llmperf-worker-start=exec", "-p",
+    result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-processes=5", "-o", "llmperf_worker_start=exec", "-p",
                                 "no:cacheprovider")
     result.stdout.fnmatch_lines(["llmperf: processes=5 per side at the first look (worker processes, each a "
                                  "fresh interpreter; the gate tests their medians)*"])

@@ -186,9 +186,9 @@ def test_vllm_fixture_without_vllm_says_which_option(pytester, monkeypatch, tmp_
     fake.chmod(0o755)
     model_dir = tmp_path / "m"
     model_dir.mkdir()
-    result = run_inner(pytester, f"--llmperf-vllm-python={fake}", f"--llmperf-model=tiny-llama={model_dir}")
+    result = run_inner(pytester, "-o", f"llmperf_vllm_python={fake}", f"--llmperf-model=tiny-llama={model_dir}")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*vLLM is not installed for * (--llmperf-vllm-python)*"])
+    result.stdout.fnmatch_lines(["*vLLM is not installed for * (llmperf_vllm_python)*"])
 
 
 # -- llmperf_openai failure paths: each a clear error, and no process left behind ------------------

@@ -92,7 +92,7 @@ def test_deadline_stops_the_server_and_says_how_to_wait_longer(registry, tmp_pat
     proc = registry.start("TGI", launcher(port), url=f"http://127.0.0.1:{port}",
                           env={"LLMPERF_TGI_DOUBLE_MODE": "hang", "LLMPERF_TGI_DOUBLE_PID_FILE": str(pidfile)})
     with pytest.raises(BackendError, match=r"was not healthy after 1\.5 s \(the health deadline\), so it was "
-                                           r"stopped.*--llmperf-server-timeout") as info:
+                                           r"stopped.*llmperf_server_timeout") as info:
         proc.wait_ready(health(port), timeout_s=1.5)
     assert "exit code" not in str(info.value)  # the code of our own signal says nothing about the server
     assert not proc.alive()

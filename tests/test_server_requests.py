@@ -44,7 +44,7 @@ def run(run):
     # timings and memory are not what this is about (in-process pytester runs grow the measuring process); alpha
     # 0.05: 5 runs against a baseline of 5 can show a regression of one of 3 rows at 0.05 / 3, not at 0.01 / 3
     return run.with_flags("-p", "pytest_llmperf.servers.fixtures", "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                          "--llmperf-rtol=10", "--llmperf-memory-rtol=10", "--llmperf-alpha=0.05")
+                          "--llmperf-rtol=10", "-o", "llmperf_memory_rtol=10", "--llmperf-alpha=0.05")
 
 
 def test_a_dropped_stream_is_a_failed_request_that_fails_the_test_and_is_never_stored(project, run, monkeypatch):

@@ -436,9 +436,9 @@ def test_fixture_stops_the_server_when_the_test_fails(project, tmp_path, monkeyp
 
 
 def test_fixture_launcher_missing_names_the_option(project):
-    result = run_inner(project, "--llmperf-tgi-launcher=/nonexistent/tgl")
+    result = run_inner(project, "-o", "llmperf_tgi_launcher=/nonexistent/tgl")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*'/nonexistent/tgl' not found (--llmperf-tgi-launcher)*--llmperf-tgi-url=URL*"])
+    result.stdout.fnmatch_lines(["*'/nonexistent/tgl' not found (llmperf_tgi_launcher)*--llmperf-tgi-url=URL*"])
 
 
 def test_fixture_server_that_exits_early_shows_the_log_tail(project, monkeypatch):

@@ -42,7 +42,7 @@ def test_xpass(llmperf):
 @pytest.mark.parametrize("select", [("-m", "not llmperf"), ("-k", "plain")])
 def test_deselecting_every_benchmark_is_not_a_session_that_judged_nothing(project, run, monkeypatch, processes, select):
     """`-m 'not llmperf'` (the README's way to run the other tests under xdist) exited 1: 'nothing judged'."""
-    monkeypatch.setenv("LLMPERF_PROCESSES", processes)
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")
     project.makepyfile(test_x=TESTS)
     result = run(*select)
     result.assert_outcomes(passed=1, deselected=1)
@@ -52,7 +52,7 @@ def test_deselecting_every_benchmark_is_not_a_session_that_judged_nothing(projec
 
 @pytest.mark.parametrize("processes", ["1", "5"])
 def test_collect_only_judges_nothing_and_fails_nothing(project, run, monkeypatch, processes):
-    monkeypatch.setenv("LLMPERF_PROCESSES", processes)
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")
     project.makepyfile(test_x=TESTS)
     result = run("--collect-only", "-q")
     assert result.ret == pytest.ExitCode.OK
@@ -61,7 +61,7 @@ def test_collect_only_judges_nothing_and_fails_nothing(project, run, monkeypatch
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (("--llmperf-processes=2", "--llmperf-max-processes=2"), "*cannot fail*"),  # refused at collection
+    (("--llmperf-processes=2", "-o", "llmperf_max_processes=2"), "*cannot fail*"),  # refused at collection
     (("--llmperf-compare=HEAD",), "*is not inside a git repository*"),  # refused as the campaign starts
 ])
 def test_a_usage_error_says_only_the_error(project, run, args, said):
@@ -76,7 +76,7 @@ def test_a_usage_error_says_only_the_error(project, run, args, said):
 def test_xfail_means_the_same_in_worker_processes_as_in_this_one(project, run, monkeypatch, processes):
     """In worker processes an xfailed benchmark was reported skipped, with the repr of the llmperf fixture as its
     reason, and a strict XPASS as xfailed."""
-    monkeypatch.setenv("LLMPERF_PROCESSES", processes)
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--llmperf-processes={processes}")
     project.makepyfile(test_x=XFAIL)
     result = run("--llmperf-update", "-rxXf")
     result.assert_outcomes(failed=1, xfailed=1, xpassed=1)

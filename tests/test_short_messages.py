@@ -140,7 +140,7 @@ def project(project):
 
 def gate(pytester, *args):
     return pytester.runpytest("--llmperf-device=cpu", "--llmperf-machine=m", "-p", "no:cacheprovider",
-                              "--llmperf-memory-rtol=1", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+                              "-o", "llmperf_memory_rtol=1", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
 
 
 def test_a_busy_machine_gets_short_cells_one_max_load_and_no_advice_already_followed(project, monkeypatch):
@@ -156,11 +156,11 @@ def test_a_busy_machine_gets_short_cells_one_max_load_and_no_advice_already_foll
     result.stdout.fnmatch_lines(["*test_engine.py:*: PytestLLMPerfWarning: test_engine: batch size 1: machine busy: "
                                  "other processes used 0.70 cores during the runs (limit 0.25, --llmperf-max-load); "
                                  "not compared; batch size 2: *allow it with --llmperf-max-load=1.6 *"])
-    assert "--llmperf-threads" not in text  # threads is already 1 on the cpu target
+    assert "llmperf_threads" not in text  # threads is already 1 on the cpu target
     # the summary: one value for every refused batch size of the session
     result.stdout.fnmatch_lines(["machine busy: 3 batch size(s) refused, other processes used up to 2.95 cores. "
                                  "Re-run when the other work has stopped, or accept the load for all of them (noisier "
-                                 "verdicts): pytest --llmperf-device=cpu --llmperf-machine=m --llmperf-memory-rtol=1 "
+                                 "verdicts): pytest --llmperf-device=cpu --llmperf-machine=m -o llmperf_memory_rtol=1 "
                                  "--llmperf-max-load=3.2"])
     assert "pytest_llmperf/" not in text.split("warnings summary", 1)[1].split("llmperf: cpu", 1)[0]
 

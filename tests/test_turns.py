@@ -13,7 +13,6 @@ import time
 import psutil
 import pytest
 
-from pytest_llmperf.orchestrate.options import OPTIONS
 from pytest_llmperf.orchestrate.turns import ENV_TURNS, TurnBroker, TurnClient
 from pytest_llmperf.orchestrate.header import INTERLEAVED
 
@@ -172,8 +171,7 @@ def test_engine(llmperf):
 
 @pytest.fixture
 def ab_repo(pytester, monkeypatch, tmp_path):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     monkeypatch.setenv("SPANS_LOG", str(tmp_path / "spans.jsonl"))
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE)
@@ -200,13 +198,13 @@ def batch_blocks(log):
 
 def run_ab(pytester, *args):
     return pytester.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare=HEAD",
-                              "--llmperf-processes=5", "--llmperf-max-processes=5", "--llmperf-max-load=inf",
+                              "--llmperf-processes=5", "-o", "llmperf_max_processes=5", "--llmperf-max-load=inf",
                               "--llmperf-alpha=0.05", *args)
 
 
 @pytest.mark.parametrize("interleave", ["run", "batch", "process"])
 def test_an_ab_round_alternates_its_sides_per_run_per_batch_size_or_per_process(ab_repo, tmp_path, interleave):
-    result = run_ab(ab_repo, f"--llmperf-interleave={interleave}")
+    result = run_ab(ab_repo, "-o", f"llmperf_interleave={interleave}")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*the working tree against HEAD (A/B, {INTERLEAVED[interleave]})*"])
     blocks = batch_blocks(tmp_path / "spans.jsonl")
@@ -252,10 +250,10 @@ def test_a_worker_hanging_in_an_ab_round_is_named_and_both_are_stopped(ab_repo, 
     test_file.write_text(test_file.read_text().replace("    llmperf.measure(Logged(", "    time.sleep(600)\n"
                                                                                      "    llmperf.measure(Logged("))
     started = time.monotonic()
-    result = run_ab(ab_repo, "--llmperf-worker-timeout=15")
+    result = run_ab(ab_repo, "-o", "llmperf_worker_timeout=15")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within its A/B round's 30 s "
-                                 "(2 x --llmperf-worker-timeout); it was stopped*"])
+                                 "(2 x llmperf_worker_timeout); it was stopped*"])
     assert time.monotonic() - started < 120
     assert alive(tmp_path / "pids") == []
 
@@ -267,8 +265,8 @@ def test_collecting_the_refs_tests_past_the_deadline_fails_the_tests_saying_so(a
         subprocess.run(["git", *args], cwd=ab_repo.path, check=True, capture_output=True)
     conftest.write_text("")
     monkeypatch.setenv("SLOW_COLLECT", "1")
-    result = run_ab(ab_repo, "--llmperf-worker-timeout=3")
+    result = run_ab(ab_repo, "-o", "llmperf_worker_timeout=3")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*llmperf: collecting the tests on HEAD (*) did not finish within 3 s "
-                                 "(--llmperf-worker-timeout)*"])
+                                 "(llmperf_worker_timeout)*"])
     assert "INTERNALERROR" not in result.stdout.str()

@@ -9,7 +9,7 @@ import pytest
 from pytest_llmperf.orchestrate.hints import rerun_command
 from pytest_llmperf.measure.keywords import build_scenario
 from pytest_llmperf.measure.scenario import ScenarioError
-from pytest_llmperf.orchestrate.options import OPTIONS, Settings
+from pytest_llmperf.orchestrate.options import Settings
 
 MARKED_TEST = """
 import pytest
@@ -23,9 +23,6 @@ def test_engine(llmperf):
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.setenv("LLMPERF_PROCESSES", "1")  # in-process (tests/test_workers.py: workers)
     pytester.makeini("[pytest]\n")
     return pytester
 
@@ -41,7 +38,7 @@ def assert_clean(result):
     ("--llmperf-runs=0", "--llmperf-runs: expected an integer >= 1, got '0'"),
     ("--llmperf-runs=abc", "--llmperf-runs: expected an integer >= 1, got 'abc'"),
     ("--llmperf-runs=2.5", "--llmperf-runs: expected an integer >= 1, got '2.5'"),
-    ("--llmperf-warmups=-1", "--llmperf-warmups: expected an integer >= 0"),
+    (("-o", "llmperf_warmups=-1"), "-o llmperf_warmups: expected an integer >= 0"),
     ("--llmperf-rtol=nan", "--llmperf-rtol: expected a number >= 0, got 'nan'"),
     ("--llmperf-rtol=inf", "--llmperf-rtol: expected a number >= 0, got 'inf'"),
     ("--llmperf-rtol=-0.1", "--llmperf-rtol: expected a number >= 0"),
@@ -49,15 +46,15 @@ def assert_clean(result):
     ("--llmperf-alpha=nan", "--llmperf-alpha: expected a number in (0, 1)"),
     ("--llmperf-max-load=-1", "--llmperf-max-load: expected a number of cores >= 0, or inf"),
     ("--llmperf-max-load=nan", "--llmperf-max-load: expected a number of cores >= 0, or inf"),
-    ("--llmperf-threads=0", "--llmperf-threads: expected auto or an integer >= 1"),
-    ("--llmperf-threads=many", "--llmperf-threads: expected auto or an integer >= 1"),
-    ("--llmperf-server-timeout=nan", "--llmperf-server-timeout: expected a number > 0"),
+    (("-o", "llmperf_threads=0"), "-o llmperf_threads: expected auto or an integer >= 1"),
+    (("-o", "llmperf_threads=many"), "-o llmperf_threads: expected auto or an integer >= 1"),
+    (("-o", "llmperf_server_timeout=nan"), "-o llmperf_server_timeout: expected a number > 0"),
     ("--llmperf-fail-on=nothing", "--llmperf-fail-on: expected a comma list out of"),
-    ("--llmperf-memory-rtol=nan", "--llmperf-memory-rtol: expected a number >= 0, got 'nan'"),
-    ("--llmperf-memory-rtol=-0.1", "--llmperf-memory-rtol: expected a number >= 0"),
+    (("-o", "llmperf_memory_rtol=nan"), "-o llmperf_memory_rtol: expected a number >= 0, got 'nan'"),
+    (("-o", "llmperf_memory_rtol=-0.1"), "-o llmperf_memory_rtol: expected a number >= 0"),
 ])
 def test_bad_option_is_a_usage_error_naming_it(project, run, arg, expected):
-    result = run(arg)
+    result = run(*([arg] if isinstance(arg, str) else arg))  # an expert knob: -o
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*llmperf: bad value for {expected}*"])
     assert_clean(result)
@@ -78,11 +75,16 @@ def test_bad_ini_value_names_the_ini_option(project, run, line, expected):
     assert_clean(result)
 
 
-def test_bad_environment_value_names_the_variable(project, run, monkeypatch):
-    monkeypatch.setenv("LLMPERF_RTOL", "NaN")
+def test_bad_environment_value_names_the_variable(project, run, monkeypatch, addopts):
+    addopts("--llmperf-rtol=NaN")  # PYTEST_ADDOPTS reaches every option
     result = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_RTOL: expected a number >= 0*"])
+    result.stderr.fnmatch_lines(["*bad value for --llmperf-rtol: expected a number >= 0*"])
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--llmperf-processes=1")
+    monkeypatch.setenv("LLMPERF_HISTORY", "ftp://perf.example/db")  # the plugin's one environment variable
+    result = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*bad value for environment variable LLMPERF_HISTORY: *"])
 
 
 EMPTY_REF = "expected a git ref (e.g. origin/main, HEAD), got an empty value: an unset variable?"
@@ -91,17 +93,17 @@ EMPTY_REF = "expected a git ref (e.g. origin/main, HEAD), got an empty value: an
 @pytest.mark.parametrize(("given", "expected"), [
     ("cli", f"--llmperf-compare: {EMPTY_REF}"),
     ("cli blank", f"--llmperf-compare: {EMPTY_REF}"),
-    ("env", f"environment variable LLMPERF_COMPARE: {EMPTY_REF}"),
+    ("addopts", f"--llmperf-compare: {EMPTY_REF}"),
     ("ini", f"ini option llmperf_compare in *tox.ini: {EMPTY_REF}"),
     ("cli slash", "--llmperf-compare: expected a git ref (e.g. origin/main), got 'origin/': an unset variable after"),
 ])
-def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, run, monkeypatch, given, expected):
+def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, run, addopts, given, expected):
     """Issue 39, case 8: `--llmperf-compare=$BASE_REF` with the variable unset in CI gated against the stored
     baselines in silence (and against none, where there are none: a green job that compared nothing)."""
     args = {"cli": ["--llmperf-compare="], "cli blank": ["--llmperf-compare", " "],
             "cli slash": ["--llmperf-compare=origin/"]}.get(given, [])
-    if given == "env":
-        monkeypatch.setenv("LLMPERF_COMPARE", "")
+    if given == "addopts":
+        addopts("--llmperf-compare=")
     if given == "ini":
         project.makeini("[pytest]\nllmperf_compare =\n")
     result = run(*args)
@@ -112,19 +114,19 @@ def test_an_empty_compare_ref_is_refused_not_read_as_stored_baselines(project, r
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["--llmperf-processes=6", "--llmperf-max-processes=3"],
-     "llmperf: --llmperf-max-processes=3 is below --llmperf-processes=6, the processes of the first look: raise "
-     "--llmperf-max-processes to at least 6, or lower --llmperf-processes"),
-    (["--llmperf-processes=auto", "--llmperf-max-processes=3"],
-     "llmperf: --llmperf-max-processes=3 is below --llmperf-processes=5 (auto), *"),
-    (["--llmperf-processes=6", "--llmperf-max-processes=3", "--llmperf-update"],
-     "llmperf: --llmperf-max-processes=3 is below --llmperf-processes=6, *"),
-    (["--llmperf-processes=5", "--llmperf-max-processes=8", "-p", "marker8"],
-     "llmperf: test_engine.py::test_engine: its marker's processes=9 is above --llmperf-max-processes=8: raise "
-     "--llmperf-max-processes to at least 9, or lower the marker's processes"),
+    (["--llmperf-processes=6", "-o", "llmperf_max_processes=3"],
+     "llmperf: llmperf_max_processes=3 is below --llmperf-processes=6, the processes of the first look: raise "
+     "the ini key llmperf_max_processes to at least 6, or lower --llmperf-processes"),
+    (["--llmperf-processes=auto", "-o", "llmperf_max_processes=3"],
+     "llmperf: llmperf_max_processes=3 is below --llmperf-processes=5 (auto), *"),
+    (["--llmperf-processes=6", "-o", "llmperf_max_processes=3", "--llmperf-update"],
+     "llmperf: llmperf_max_processes=3 is below --llmperf-processes=6, *"),
+    (["--llmperf-processes=5", "-o", "llmperf_max_processes=8", "-p", "marker8"],
+     "llmperf: test_engine.py::test_engine: its marker's processes=9 is above llmperf_max_processes=8: raise "
+     "the ini key llmperf_max_processes to at least 9, or lower the marker's processes"),
 ])
 def test_a_cap_of_processes_below_the_first_look_is_refused(project, run, args, expected):
-    """Issue 39, case 9: --llmperf-max-processes below --llmperf-processes was accepted; the header said processes=6
+    """Issue 39, case 9: llmperf_max_processes below --llmperf-processes was accepted; the header said processes=6
     at the first look, then up to 3."""
     project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
     project.makepyfile(marker8="import pytest\n\ndef pytest_collection_modifyitems(items):\n"
@@ -146,7 +148,7 @@ def test_max_load_inf_switches_the_check_off(project, run):
 
 def test_a_session_whose_runs_cannot_fail_is_refused_naming_the_runs_needed(project, run):
     project.makepyfile(test_engine=MARKED_TEST.format(marker="", overrides=""))
-    result = run("--llmperf-runs=1", "--llmperf-max-runs=1")
+    result = run("--llmperf-runs=1", "-o", "llmperf_max_runs=1")
     result.assert_outcomes(errors=1)  # refused at setup, before any run
     result.stdout.fnmatch_lines(["*runs=1, max_runs=1 cannot fail: judging 3 gated row(s) over looks at [[]1] units "
                                  "per side*slowdown to * (twice the tolerance) would not be called regressed*"
@@ -258,8 +260,8 @@ def test_busy_hints_say_what_to_run_instead_once_with_one_max_load():
     session = SimpleNamespace(threads=2)
     now = busy_hint(session, result, quiet, 0.25)
     assert now.count("--llmperf-max-load=") == 1 and "--llmperf-max-load=1.5" in now  # 1.2 + 0.25, rounded up
-    assert "--llmperf-threads=1" in now and "--llmperf-compare REF" in now
-    assert "--llmperf-threads" not in busy_hint(SimpleNamespace(threads=1), result, quiet, 0.25)
+    assert "-o llmperf_threads=1" in now and "--llmperf-compare REF" in now
+    assert "llmperf_threads" not in busy_hint(SimpleNamespace(threads=1), result, quiet, 0.25)
     calm = BenchmarkResult("k", "t.py::k", "t.py", {}, {}, [BatchResult(1, foreign_load=0.0)])
     base = busy_hint(session, calm, BaselineEntry("k", {}, foreign_load={1: 0.9}), 0.25)
     assert "--llmperf-update on a quiet machine" in base and "--llmperf-max-load=1.2" in base
@@ -278,7 +280,7 @@ def test_hints_repeat_the_baseline_dir_and_max_load(project, run, tmp_path):
 
 
 def test_a_bad_worker_start_is_a_usage_error_naming_the_choices(project, run):
-    result = run("--llmperf-worker-start=spawn")
+    result = run("-o", "llmperf_worker_start=spawn")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--llmperf-worker-start*expected one of fork, exec*"])
+    result.stderr.fnmatch_lines(["*llmperf_worker_start*expected one of fork, exec*"])
     assert_clean(result)

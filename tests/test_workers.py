@@ -26,7 +26,6 @@ from pytest_llmperf.measure.clock import FakeClock
 from pytest_llmperf.measure.metrics import unit_values, values_by_process
 from pytest_llmperf.measure.scenario import Scenario
 from pytest_llmperf.orchestrate import forkserver
-from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE = """
 import os
@@ -51,7 +50,7 @@ def test_engine(llmperf, engine):
 SPEED = ("SEED = {seed}\nPREFILL = {prefill}\nDECODE = {decode}\nCHANGED_FROM = {changed}\n\n"
          "def before_measuring():\n    {hook}\n")
 ARGS = ("--llmperf-device=cpu", "--llmperf-machine=runner", "-p", "no:cacheprovider", "--llmperf-alpha=0.05",
-        "--llmperf-processes=5", "--llmperf-max-processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+        "--llmperf-processes=5", "-o", "llmperf_max_processes=5", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
 def write_speed(pytester, *, prefill=1.0, decode=1.0, seed=0, hook="pass", changed=None):
@@ -70,8 +69,7 @@ def worktrees(pytester):
 
 @pytest.fixture
 def repo(pytester, monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_engine=ENGINE)
@@ -101,7 +99,7 @@ def test_unchanged_working_tree_passes_against_head_and_the_worktree_is_removed(
 @pytest.mark.parametrize("start", ["fork", "exec"])
 def test_a_slowdown_in_the_working_tree_fails_naming_decode_not_prefill(repo, run, start):
     write_speed(repo, decode=1.10)  # uncommitted: only the working tree's workers import it
-    result = run("--llmperf-compare", "HEAD", f"--llmperf-worker-start={start}")
+    result = run("--llmperf-compare", "HEAD", "-o", f"llmperf_worker_start={start}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*decode_token_ms (decode) at batch size 1 regressed*n=5/5 pairs*",
                                  "*compared with HEAD (*) in alternating worker processes*"])
@@ -113,8 +111,8 @@ def test_a_fork_server_that_cannot_start_leaves_the_workers_started_from_scratch
     monkeypatch.setattr(forkserver, "ZYGOTE", repo.path / "missing.py")
     result = run("--llmperf-compare", "HEAD")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork "
-                                 "server (--llmperf-worker-start=fork) exited with code 1*"])
+    result.stdout.fnmatch_lines(["*llmperf: workers start from scratch (as llmperf_worker_start=exec): the fork "
+                                 "server (llmperf_worker_start=fork) exited with code 1*"])
 
 
 def test_changed_outputs_in_the_working_tree_fail_against_the_refs_own_tokens(repo, run):
@@ -149,9 +147,9 @@ def test_compare_refuses_to_update_baselines(repo, run):
 
 def test_too_few_processes_to_fail_are_refused_with_the_number_needed(repo):
     result = repo.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-processes=2",
-                            "--llmperf-max-processes=2")
+                            "-o", "llmperf_max_processes=2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--llmperf-processes=2 (--llmperf-max-processes=2) cannot fail*Allow at least "
+    result.stderr.fnmatch_lines(["*--llmperf-processes=2 (llmperf_max_processes=2) cannot fail*Allow at least "
                                  "* units per side at the last look*"])
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
@@ -204,7 +202,7 @@ def test_a_workers_atexit_handlers_run_though_it_skips_the_interpreters_teardown
 
 def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo, run):
     write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
-    result = run("--llmperf-worker-timeout=8")
+    result = run("-o", "llmperf_worker_timeout=8")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*worker process 1 on the working tree did not finish within 8 s*"])
     pid = int((repo.path / "worker.pid").read_text())
@@ -214,7 +212,7 @@ def test_a_hanging_worker_is_stopped_at_its_deadline_and_leaves_no_process(repo,
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_comparison_removes_the_worktree_and_the_workers(repo, signum):
     write_speed(repo, hook="import os, time; open('worker.pid', 'w').write(str(os.getpid())); time.sleep(600)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_") and k != "PYTEST_ADDOPTS"}
     # Ctrl-C as at a terminal: a suite started in the background (`cmd &` in a script) inherits SIGINT ignored,
     # and a Python started so never turns it into KeyboardInterrupt (seen: this test hung in such a run)
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *ARGS, "--llmperf-compare", "HEAD"], cwd=repo.path,
@@ -393,7 +391,7 @@ def test_a_later_look_measures_only_the_batch_sizes_still_undecided(repo):
     git(repo, "add", "-A")
     git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "looks")
     result = repo.runpytest("--llmperf-device=cpu", "-p", "no:cacheprovider", "--llmperf-compare", "HEAD",
-                            "--llmperf-processes=3", "--llmperf-max-processes=6", "--llmperf-max-load=inf",
+                            "--llmperf-processes=3", "-o", "llmperf_max_processes=6", "--llmperf-max-load=inf",
                             "-W", "ignore::pytest.PytestAssertRewriteWarning")
     report = json.loads((repo.path / "reports" / "cpu.json").read_text())
     batches = {b["batch_size"]: b for b in report["benchmarks"][0]["batches"]}

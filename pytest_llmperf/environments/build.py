@@ -114,7 +114,7 @@ def recipe_for(inputs: DependencyInputs, settings: BuildSettings, version: str, 
     if declares or project.get("dependency-groups") or (settings.groups and project):
         return Recipe(PYPROJECT, ("pyproject.toml",))
     extras = ", ".join(project.get("optional-dependencies") or ())
-    hint = f"; its dependencies are only extras ({extras}): name them with --llmperf-env-extras" if extras else ""
+    hint = f"; its dependencies are only extras ({extras}): name them in llmperf_env_extras (ini)" if extras else ""
     raise CannotBuild(f"{inputs.root} declares no dependencies to build from (no uv.lock, pylock.toml, requirements "
                       f"file or pyproject.toml [project] dependencies){hint}", side=side)  # fmt: skip
 

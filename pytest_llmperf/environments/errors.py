@@ -14,7 +14,7 @@ CODE_ONLY_WAY = (
     "changes were not measured"
 )
 HEAD_WAY = "make the working tree's dependency files build here (they are the pull request's)"
-WRITABLE_WAY = "give a writable directory: --llmperf-env-dir=PATH (ini llmperf_env_dir, or LLMPERF_ENV_DIR)"
+WRITABLE_WAY = "give a writable directory: -o llmperf_env_dir=PATH, or the ini key llmperf_env_dir"
 
 
 class EnvironmentsError(Exception):

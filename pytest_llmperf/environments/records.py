@@ -170,8 +170,8 @@ class BuildSettings:
     # own imports write what they use into the environment once (SideEnvironment.pycache; docs/environments.md).
     compile_bytecode: bool = False
     offline: bool = False  # uv --offline: only uv's cache and find-links
-    extras: tuple[str, ...] = ()  # the project's extras to install (--llmperf-env-extras)
-    groups: tuple[str, ...] = ()  # dependency groups beyond uv's defaults (--llmperf-env-groups)
+    extras: tuple[str, ...] = ()  # the project's extras to install (llmperf_env_extras)
+    groups: tuple[str, ...] = ()  # dependency groups beyond uv's defaults (llmperf_env_groups)
     timeout_s: float = 3600.0  # the most one uv command may take
 
     def flags(self) -> list[str]:

@@ -6,7 +6,7 @@ gives what reading all of them gives, exactly (tests/test_history_checkpoint.py 
 checkpoint is used only where it was computed from the same values: the digest of the series' first n values, the
 method, the smallest change that matters and the code (this plugin's version, the rule's modules, numpy, scipy and
 ruptures) must all be those of this analysis; anything else (a rewritten history, an older run imported into the
-middle, an excluded run, another --llmperf-history-min-effect, an upgrade) reads the series whole. It is a cache:
+middle, an excluded run, another llmperf_history_min_effect, an upgrade) reads the series whole. It is a cache:
 losing it costs time, never a verdict, and the store's rows stay the only facts.
 
 Kept in `llmperf_meta`, one row a series (`checkpoint:SERIES_KEY`), written by the job that analysed it in one

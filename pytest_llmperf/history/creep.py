@@ -4,7 +4,7 @@ Small steps of a few percent each merge into one or two change points, or none, 
 measured apart from where change points fall: the level at the anchor is the mean (of the logarithms) of the
 `WINDOW` commits from the anchor on, the level now that of the newest `WINDOW` commits, outlier jobs set aside. It
 is flagged when Mann-Whitney's test of the two windows gives p < the method's p_value and the drift is at least
-`min_drift`: half the smallest change that matters (--llmperf-history-min-effect), since the drift is read from 15
+`min_drift`: half the smallest change that matters (llmperf_history_min_effect), since the drift is read from 15
 commits a side and scatters by about +-2% at 3% noise (a 6% drift read against a 5% line would be missed one time
 in four; docs/history.md).
 """

@@ -165,9 +165,9 @@ def _first_parent_line(job: Job, problems: list[str]) -> list[str]:
         return line
     if branch is None:
         why = "no default branch found (not a git repository, or none of origin's HEAD, main, master; name it with "
-        why += "--llmperf-history-branch)"
+        why += "the ini key llmperf_history_branch)"
     elif job.default_branch and lineage.branch_ref(job.rootdir, branch) is None:
-        why = f"--llmperf-history-branch={branch} is no branch of this repository"
+        why = f"llmperf_history_branch={branch} is no branch of this repository"
     else:
         why = f"no first-parent line of {branch} here (a shallow clone? fetch it whole: fetch-depth: 0)"
     problems.append(f"llmperf history: {why}: the job's runs are stored but enter no series")
@@ -192,7 +192,7 @@ def _analyse(
     )
     if anchor and not anchor_sha:  # a typo must not quietly move where creep is measured from
         done.lines.append(
-            f"llmperf history: --llmperf-history-anchor={anchor} is no commit of this repository: creep is measured "
+            f"llmperf history: llmperf_history_anchor={anchor} is no commit of this repository: creep is measured "
             "from the oldest commit analysed"
         )
     try:

@@ -38,7 +38,7 @@ class Job:
     rootdir: Path
     machine: str | None = None  # the baseline set's machine name (the cpu target's CPU slug), if any
     compared_ref: str | None = None  # the git ref of an A/B job's side A
-    default_branch: str | None = None  # --llmperf-history-branch; None: found from git
+    default_branch: str | None = None  # llmperf_history_branch; None: found from git
     started_at: str = ""
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 

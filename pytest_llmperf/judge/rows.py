@@ -305,7 +305,7 @@ def memory_row(
     verdict = Verdict.REGRESSED if now - was > limit else Verdict.IMPROVED if was - now > limit else Verdict.PASS
     note = (
         f"n={len(baseline)}/{len(current)}, memory: medians within {scenario.memory_rtol:.0%} and "
-        f"{MEMORY_FLOOR_MIB:g} MiB (--llmperf-memory-rtol)"
+        f"{MEMORY_FLOOR_MIB:g} MiB (llmperf_memory_rtol)"
     )
     return Row(
         result.key, result.nodeid, metric, batch_size, was, now, now / was, None, None, None, None, verdict, note

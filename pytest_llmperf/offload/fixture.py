@@ -3,7 +3,7 @@
     def test_x(llmperf, llmperf_offload):
         llmperf.measure(llmperf_offload("tiny-mixtral", expert_budget_gb=0.011))
 
-Keyword arguments are `OffloadOptions` fields; unset ones come from the `--llmperf-offload-*` options,
+Keyword arguments are `OffloadOptions` fields; unset ones come from the `llmperf_offload_*` ini keys,
 then the engine's defaults. Engines are kept for the session (start-up loads the model and measures
 the cost model) and all are closed at teardown, also when a test failed. On CUDA, starting another
 engine closes the previous one first, so two large models never share the device. An embedded
@@ -29,7 +29,7 @@ from ..warning import current_test_file, warn_at
 if TYPE_CHECKING:
     from .backend import OffloadBackend
 
-#: OffloadOptions fields that have a session-wide option (`--llmperf-offload-<name>`).
+#: OffloadOptions fields that have a session-wide option (ini `llmperf_offload_<name>`).
 SESSION_OPTIONS = ("expert_budget_gb", "device_memory_gb", "popularity")
 
 

@@ -71,7 +71,7 @@ class Benchmark:
         settings = self.session.settings.for_test({**self.marker_kwargs, **overrides})
         settings.pop("devices", None)
         settings.pop("processes", None)
-        threads = self.session.threads  # --llmperf-threads, unless the marker's knobs set threads
+        threads = self.session.threads  # llmperf_threads, unless the marker's knobs set threads
         if threads is not None and "threads" in backend.knob_names and "threads" not in settings.get("knobs", {}):
             settings["knobs"] = {**settings.get("knobs", {}), "threads": threads}
         try:
@@ -108,7 +108,7 @@ class LocalBenchmark(Benchmark):
                 outcome = self._judge(result, scenario, backend)
         except Overtime:
             pytest.fail(
-                f"{key}: the measurement did not finish within {timeout:g} s (--llmperf-worker-timeout, here "
+                f"{key}: the measurement did not finish within {timeout:g} s (llmperf_worker_timeout, here "
                 "for a benchmark measured in this pytest process), so it was stopped. A generate() that never "
                 "returns? Raise the timeout if it is only slow",
                 pytrace=False,

@@ -159,7 +159,7 @@ class Campaign:
         self, stack: contextlib.ExitStack, pool: WorkerPool, items: list[pytest.Item]
     ) -> dict[str, ForkServer]:
         """A server per environment the workers run (one, unless the sides have environments of their own), each
-        importing; none with --llmperf-worker-start=exec or --llmperf-instructions-only (counting workers start
+        importing; none with -o llmperf_worker_start=exec or --llmperf-instructions-only (counting workers start
         under valgrind), or where one cannot start (its workers start from scratch, as a line says)."""
         if self.llm.settings.worker_start != "fork" or self.llm.settings.instructions_only:
             return {}
@@ -177,7 +177,7 @@ class Campaign:
             try:
                 servers[side.python] = ForkServer.start(pool.work_dir, env, modules, side.python)
             except OSError as exc:
-                self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): the fork server did "
+                self._say(f"llmperf: workers start from scratch (as llmperf_worker_start=exec): the fork server did "
                           f"not start ({exc})", True)  # fmt: skip
                 continue
             stack.callback(servers[side.python].close)
@@ -191,7 +191,7 @@ class Campaign:
             try:
                 ready[python] = server.ready()
             except ForkServerError as exc:
-                self._say(f"llmperf: workers start from scratch (as --llmperf-worker-start=exec): {exc}", True)
+                self._say(f"llmperf: workers start from scratch (as llmperf_worker_start=exec): {exc}", True)
         return ready
 
     # -- counting -----------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ class Campaign:
         return specs
 
     def _round(self, specs: list[WorkerSpec], pool: WorkerPool) -> list[WorkerRun]:
-        """One round: the sides' workers taking turns at every run or batch size (--llmperf-interleave=run, batch),
+        """One round: the sides' workers taking turns at every run or batch size (-o llmperf_interleave=run, batch),
         or one after the other."""
         # past the first look a test gets one more process a round while rows stay open, up to its cap
         at_most = any(plan.look > 0 for plan in self.plans.values())

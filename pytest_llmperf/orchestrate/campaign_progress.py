@@ -239,7 +239,7 @@ def campaign_estimate(round_s: float, schedules: Sequence[Schedule], budget_s: f
     if round_s * first <= LONG_FIRST_LOOK_S:
         return None
     most = round_s * cap if budget_s is None else min(round_s * cap, max(budget_s, round_s * first))
-    bounds = "the cap, --llmperf-max-processes" if budget_s is None else "the cap or the budget, --llmperf-budget"
+    bounds = "the cap, llmperf_max_processes" if budget_s is None else "the cap or the budget, --llmperf-budget"
     up_to = f", up to {most / 60:.0f} min if rows stay undecided ({bounds})" if most > round_s * first else ""
     return (
         f"at {round_s:.1f} s per round, the first look's {first} rounds take about {round_s * first / 60:.0f} "

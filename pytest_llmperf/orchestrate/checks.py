@@ -76,9 +76,9 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
     cap = settings.max_processes
     if cap is not None and cap < llm.processes:  # the schedule would start above its cap, the header say both
         raise pytest.UsageError(
-            f"llmperf: --llmperf-max-processes={cap} is below --llmperf-processes={llm.processes}"
+            f"llmperf: llmperf_max_processes={cap} is below --llmperf-processes={llm.processes}"
             f"{' (auto)' if settings.processes == 'auto' else ''}, the processes of the first look: raise "
-            f"--llmperf-max-processes to at least {llm.processes}, or lower --llmperf-processes"
+            f"the ini key llmperf_max_processes to at least {llm.processes}, or lower --llmperf-processes"
         )
     if llm.mode != "gate" or not items:
         return
@@ -89,13 +89,13 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
         first = llm.processes_for(item)
         if cap is not None and cap < first:
             raise pytest.UsageError(
-                f"llmperf: {item.nodeid}: its marker's processes={first} is above --llmperf-max-processes={cap}: "
-                f"raise --llmperf-max-processes to at least {first}, or lower the marker's processes"
+                f"llmperf: {item.nodeid}: its marker's processes={first} is above llmperf_max_processes={cap}: "
+                f"raise the ini key llmperf_max_processes to at least {first}, or lower the marker's processes"
             )
         what = (
             f"{item.nodeid}: marker processes={first}"
             if "processes" in marker_kwargs(item)
-            else f"--llmperf-processes={first} (--llmperf-max-processes={llm.max_processes})"
+            else f"--llmperf-processes={first} (llmperf_max_processes={llm.max_processes})"
         )
         try:
             check_can_fail(

@@ -1,6 +1,6 @@
 """A deadline for a measurement in the pytest process itself (--llmperf-processes=1), as a worker process has one.
 
-A worker process that runs past --llmperf-worker-timeout is stopped by its controller. In one process nothing
+A worker process that runs past llmperf_worker_timeout is stopped by its controller. In one process nothing
 could stop a `generate()` that never returns: the whole session hung. `deadline` arms SIGALRM (POSIX, main
 thread) and raises `Overtime` in the measuring code when it fires. Overtime is a BaseException, so a backend's
 `except Exception` does not swallow it. Python runs the handler between bytecodes: a call that hangs inside

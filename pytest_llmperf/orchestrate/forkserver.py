@@ -6,7 +6,7 @@ forked from a server"); forked from a process that has imported them, it starts 
 imports only what is installed in site-packages, which both sides share; each worker imports its side's project
 itself after the fork, in its side's directory, with its side's PYTHONPATH and environment. A forked worker is
 otherwise the worker `python -c WORKER_MAIN ...` would be: its own process, session and log, its own descriptors
-for the turns (passed over the socket), stopped with its tree like any other. `--llmperf-worker-start=exec` starts
+for the turns (passed over the socket), stopped with its tree like any other. `-o llmperf_worker_start=exec` starts
 every worker from scratch instead (a campaign also falls back to that when the server cannot start: it says so).
 """
 
@@ -214,7 +214,7 @@ class ForkServer:
         raise ForkServerError(self._died(f"exited with code {code}"))
 
     def _died(self, what: str) -> str:
-        return f"the fork server (--llmperf-worker-start=fork) {what}; its log ends with:\n{tail(self.log)}"
+        return f"the fork server (llmperf_worker_start=fork) {what}; its log ends with:\n{tail(self.log)}"
 
     def close(self) -> None:
         """Stop the server and any worker of it still running (Ctrl-C; a campaign that ends has none)."""
@@ -258,7 +258,7 @@ def _refers_to_torch(names: Mapping[str, object]) -> bool:
 
 def server_env(malloc: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment the server starts with: the controller's, unbuffered, with the allocator's settings
-    (--llmperf-malloc; glibc reads them when a process starts, so the forked workers have them from the server)."""
+    (llmperf_malloc; glibc reads them when a process starts, so the forked workers have them from the server)."""
     env = {**environ, "PYTHONUNBUFFERED": "1"}
     if malloc == "steady":
         env.update(steady_malloc_env())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .session import LLMPerfSession
 
-#: How the two sides of an A/B round alternate, by --llmperf-interleave (orchestrate/turns.py).
+#: How the two sides of an A/B round alternate, by llmperf_interleave (orchestrate/turns.py).
 INTERLEAVED = {
     "run": "taking turns run by run",
     "batch": "taking turns at every batch size",

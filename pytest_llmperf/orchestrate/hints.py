@@ -14,15 +14,20 @@ NOT_REPEATED = ("update", "update_missing", "device")
 
 
 def _format(name: str, value: Any) -> list[str]:
-    cli = OPTIONS_BY_NAME[name].cli
-    if isinstance(value, bool):
-        return [cli] if value else []
+    option = OPTIONS_BY_NAME[name]
+    if isinstance(value, bool) and not option.expert:
+        return [option.cli] if value else []
     if isinstance(value, Mapping):  # --llmperf-model NAME=PATH, repeated
-        return [f"{cli}=" + shlex.quote(f"{k}={v}") for k, v in value.items()]
+        return [f"{option.cli}=" + shlex.quote(f"{k}={v}") for k, v in value.items()]
     if isinstance(value, (tuple, list)):
-        return [f"{cli}={shlex.quote(','.join(map(str, value)) or 'none')}"]
-    text = format(value, "g") if isinstance(value, float) else str(value)
-    return [f"{cli}={shlex.quote(text)}"]
+        text = ",".join(map(str, value)) or ("" if option.expert else "none")
+    elif isinstance(value, float):
+        text = format(value, "g")
+    else:
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+    if option.expert:  # an ini key only: -o sets it for the one run
+        return ["-o", shlex.quote(f"{option.ini}={text}")]
+    return [f"{option.cli}={shlex.quote(text)}"]
 
 
 def rerun_command(

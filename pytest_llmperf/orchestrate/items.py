@@ -86,7 +86,7 @@ class BenchmarkItems:
         if selected:  # before any fixture loads a model
             from ..measure.allocator import steady_malloc
 
-            llm.malloc = steady_malloc() if llm.settings.malloc == "steady" else "system (--llmperf-malloc)"
+            llm.malloc = steady_malloc() if llm.settings.malloc == "steady" else "system (llmperf_malloc)"
         for item in selected:
             problem = self._marker_problem(item)
             if problem is not None:

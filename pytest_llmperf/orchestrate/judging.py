@@ -240,7 +240,7 @@ def verdict_messages(rows: Sequence[Row], how: str, scenario: Scenario) -> list[
     if inconclusive:
         return [
             *inconclusive,
-            "Measure more units where a row stays undecided (--llmperf-budget in an A/B job, --llmperf-max-processes, "
+            "Measure more units where a row stays undecided (--llmperf-budget in an A/B job, llmperf_max_processes, "
             "or max_runs in one process), or judge it at a wider tolerance (--llmperf-rtol)",
         ]
     return []
@@ -304,7 +304,7 @@ def busy_hint(llm: LLMPerfSession, result: BenchmarkResult, entry: BaselineEntry
     now = [b.foreign_load for b in result.batches if b.foreign_load is not None and b.foreign_load > max_load]
     then = [load for load in entry.foreign_load.values() if load > max_load]
     if now:
-        threads = "" if llm.threads == 1 else ", use fewer torch threads (--llmperf-threads=1)"
+        threads = "" if llm.threads == 1 else ", use fewer torch threads (-o llmperf_threads=1)"
         return (
             f". Re-run when the other work has stopped, allow it with --llmperf-max-load={admitting(max(now)):g} "
             f"(noisier verdicts){threads}, or measure base and change in one session (--llmperf-compare REF)"

@@ -1,11 +1,12 @@
-"""Parsers of option values: each turns what the CLI, an ini key or the environment gave into a value, or raises
+"""Parsers of option values: each turns what the command line or an ini key gave into a value, or raises
 ValueError with what was expected (orchestrate/options.py names the option in front of it)."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..environments.records import COMPARE_DEPS_MODES
 from ..judge.baseline_layout import check_name
@@ -30,12 +31,10 @@ def boolean(text: str | bool) -> bool:
 
 
 def integer(text: str | int, minimum: int) -> int:
-    if isinstance(text, (bool, float)):
-        raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
     try:
-        value = int(str(text).strip())
+        value = minimum - 1 if isinstance(text, (bool, float)) else int(str(text).strip())
     except ValueError:
-        raise ValueError(f"expected an integer >= {minimum}, got {text!r}") from None
+        value = minimum - 1
     if value < minimum:
         raise ValueError(f"expected an integer >= {minimum}, got {text!r}")
     return value
@@ -49,56 +48,58 @@ def non_negative_int(text: str | int) -> int:
     return integer(text, 0)
 
 
-def number(text: str | float, expected: str, *, allow_inf: bool = False) -> float:
-    """A finite number (NaN never: every comparison with it is false, so a NaN tolerance passes anything)."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected {expected}, got {text!r}")
+def number(text: str | float, expected: str, ok: Callable[[float], bool], *, allow_inf: bool = False) -> float:
+    """A finite number that `ok` accepts (NaN never: every comparison with it is false, so a NaN tolerance passes
+    anything)."""
     try:
-        value = float(str(text).strip()) if isinstance(text, str) else float(text)
+        value = math.nan if isinstance(text, bool) else float(str(text).strip() if isinstance(text, str) else text)
     except ValueError:
-        raise ValueError(f"expected {expected}, got {text!r}") from None
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        value = math.nan
+    if math.isnan(value) or (math.isinf(value) and not allow_inf) or not ok(value):
         raise ValueError(f"expected {expected}, got {text!r}")
     return value
 
 
 def probability(text: str | float) -> float:
-    value = number(text, "a number in (0, 1)")
-    if not 0 < value < 1:
-        raise ValueError(f"expected a number in (0, 1), got {text!r}")
-    return value
+    return number(text, "a number in (0, 1)", lambda v: 0 < v < 1)
 
 
 def non_negative_float(text: str | float) -> float:
-    value = number(text, "a number >= 0")
-    if value < 0:
-        raise ValueError(f"expected a number >= 0, got {text!r}")
-    return value
+    return number(text, "a number >= 0", lambda v: v >= 0)
 
 
 def load_limit(text: str | float) -> float:
     """Cores other processes may use; `inf` switches the check off (a backend test on a shared machine)."""
-    value = number(text, "a number of cores >= 0, or inf", allow_inf=True)
-    if value < 0:
-        raise ValueError(f"expected a number of cores >= 0, or inf, got {text!r}")
-    return value
+    return number(text, "a number of cores >= 0, or inf", lambda v: v >= 0, allow_inf=True)
 
 
 def positive_float(text: str | float) -> float:
-    value = number(text, "a number > 0")
-    if not value > 0:
-        raise ValueError(f"expected a number > 0, got {text!r}")
-    return value
+    return number(text, "a number > 0", lambda v: v > 0)
 
 
-def threads(text: str | int) -> str | int:
-    """`auto` (1 on the cpu target, torch's own default on a GPU target) or a thread count >= 1."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return integer(text, 1)
-    except ValueError:
-        raise ValueError(f"expected auto or an integer >= 1, got {text!r}") from None
+def auto_or(parse: Callable[[Any], Any], expected: str | None = None) -> Callable[[Any], Any]:
+    """`auto` (decided by the session for its mode and target) or what `parse` accepts."""
+
+    def parsed(text: Any) -> Any:
+        if str(text).strip().lower() == "auto":
+            return "auto"
+        try:
+            return parse(text)
+        except ValueError:
+            if expected is None:
+                raise
+            raise ValueError(f"expected {expected}, got {text!r}") from None
+
+    return parsed
+
+
+#: auto: 1 on the cpu target, torch's own default on a GPU target.
+threads = auto_or(positive_int, "auto or an integer >= 1")
+#: auto: the measured default for the mode and target class.
+rtol = auto_or(non_negative_float)
+#: auto: decided from the job's first look.
+budget = auto_or(positive_float)
+auto_or_positive_int = auto_or(positive_int)
 
 
 def comma_list(text: str | Sequence[str], choices: Sequence[str]) -> tuple[str, ...]:
@@ -142,53 +143,30 @@ def git_ref(text: str) -> str:
     return value
 
 
+def one_of(choices: Sequence[str]) -> Callable[[str], str]:
+    """A parser of one word out of `choices`, any case."""
+
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
+
+
 def plain_name(text: str) -> str:
     """A device or machine name: it becomes a directory name, so never a path or '..'."""
     return check_name(str(text).strip())
-
-
-def malloc_mode(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in MODES:
-        raise ValueError(f"expected one of {', '.join(MODES)}, got {text!r}")
-    return value
 
 
 #: How the two sides of an A/B comparison alternate (orchestrate/turns.py).
 INTERLEAVE_MODES = ("run", "batch", "process")
 
 
-def interleave_mode(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in INTERLEAVE_MODES:
-        raise ValueError(f"expected one of {', '.join(INTERLEAVE_MODES)}, got {text!r}")
-    return value
-
-
 #: How a worker process starts (orchestrate/forkserver.py): forked from a server that imported the heavy libraries
 #: once, or a fresh interpreter each. The server needs Linux (PR_SET_PDEATHSIG, descriptors over a socket).
 WORKER_STARTS = ("fork", "exec")
-
-
-def worker_start(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in WORKER_STARTS:
-        raise ValueError(f"expected one of {', '.join(WORKER_STARTS)}, got {text!r}")
-    return value
-
-
-def outputs_mode(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in OUTPUT_MODES:
-        raise ValueError(f"expected one of {', '.join(OUTPUT_MODES)}, got {text!r}")
-    return value
-
-
-def rtol(text: str | float) -> float | str:
-    """`auto` (the measured default for the mode and target class) or a number >= 0."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
-    return non_negative_float(text)
 
 
 def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -197,26 +175,15 @@ def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
     return comma_list(text, FORMATS)
 
 
-def budget(text: str | float) -> float | str:
-    """`auto` (decided from the job's first look) or a number of seconds > 0."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return "auto"
-    return positive_float(text)
+def words(items: Sequence[str] | str) -> list[str]:
+    """The items of a list option: given one by one (ini one per line), or in one text comma or space separated."""
+    return [w for w in (re.split(r"[,\s]+", items) if isinstance(items, str) else map(str.strip, items)) if w]
 
 
-def auto_or_positive_int(text: str | int) -> int | str:
-    """`auto` (decided by the session for its mode and target) or an integer >= 1."""
-    if str(text).strip().lower() == "auto":
-        return "auto"
-    return positive_int(text)
-
-
-def model_map(items: list[str] | str) -> dict[str, str]:
-    """`NAME=PATH` pairs (CLI repeated, ini one per line, env comma separated)."""
-    if isinstance(items, str):
-        items = [p for chunk in items.split(",") for p in chunk.split()]
+def model_map(items: Sequence[str] | str) -> dict[str, str]:
+    """`NAME=PATH` pairs."""
     mapping: dict[str, str] = {}
-    for item in items:
+    for item in words(items):
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"expected NAME=PATH, got {item!r}")
@@ -224,33 +191,27 @@ def model_map(items: list[str] | str) -> dict[str, str]:
     return mapping
 
 
-def compare_deps(text: str) -> str:
-    """How the sides' environments are made in an A/B comparison (pytest_llmperf/environments/plan.py)."""
-    value = str(text).strip().lower()
-    if value not in COMPARE_DEPS_MODES:
-        raise ValueError(f"expected one of {', '.join(COMPARE_DEPS_MODES)}, got {text!r}")
-    return value
-
-
-def path_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
-    """Paths or globs relative to the rootdir: CLI repeated, ini one per line, an environment variable comma or
-    whitespace separated."""
-    if isinstance(items, str):
-        items = [p for chunk in items.split(",") for p in chunk.split()]
-    paths = tuple(str(item).strip() for item in items if str(item).strip())
+def path_list(items: Sequence[str] | str) -> tuple[str, ...]:
+    """Paths or globs relative to the rootdir; `-o llmperf_compare_deps_paths=a,b` gives two."""
+    paths = tuple(p.strip() for item in words(items) for p in item.split(",") if p.strip())
     for path in paths:  # an absolute path would name one file for both sides: never a difference
         if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
             raise ValueError(f"expected paths or globs relative to the rootdir, got {path!r}")
     return paths
 
 
-def name_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
-    """Names (extras, dependency groups): CLI repeated, ini one per line, an environment variable comma or
-    whitespace separated."""
-    if isinstance(items, str):
-        items = [p for chunk in items.split(",") for p in chunk.split()]
-    names = tuple(str(item).strip() for item in items if str(item).strip())
+def name_list(items: Sequence[str] | str) -> tuple[str, ...]:
+    """Names (extras, dependency groups); `-o llmperf_env_extras=a,b` gives two."""
+    names = tuple(n.strip() for item in words(items) for n in item.split(",") if n.strip())
     for name in names:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"expected names of extras or dependency groups (letters, digits, . _ -), got {name!r}")
     return names
+
+
+malloc_mode = one_of(MODES)
+interleave_mode = one_of(INTERLEAVE_MODES)
+worker_start = one_of(WORKER_STARTS)
+outputs_mode = one_of(OUTPUT_MODES)
+#: How the sides' environments are made in an A/B comparison (pytest_llmperf/environments/plan.py).
+compare_deps = one_of(COMPARE_DEPS_MODES)

@@ -1,239 +1,227 @@
 """Every option, described once: the Settings dataclass is the table, one field per option, each declared with
-`option(...)` (option_sources.py: its CLI flag `--llmperf-X`, ini key `llmperf_X`, env var `LLMPERF_X`, parser and
-default).
+`option(...)`: its ini key `llmperf_X`, for what a user changes per run also a flag `--llmperf-X` (an expert knob is an
+ini key only), its parser (option_values.py) and default. docs/options.md is generated from this table
+(scripts/reference_docs.py) and says each one's reasons.
 
-Precedence: marker > CLI > environment > ini > default (as pytest-timeout does). `Settings.from_config` resolves
-them for the session; a test's marker comes on top in `Settings.for_test` (measure/keywords.py says which keywords
-a marker may set). docs/options.md is generated from this table (scripts/reference_docs.py).
+Precedence: marker > command line (`PYTEST_ADDOPTS` and `-o` too) > environment (`LLMPERF_HISTORY` only) > ini >
+default. `Settings.from_config` resolves them for the session; a test's marker comes on top in `Settings.for_test`
+(measure/keywords.py says which keywords a marker may set).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ..history import settings as history_values
 from ..measure.keywords import PER_TEST
 from . import option_values as parsers
-from .option_groups import EnvironmentOptions, HistoryOptions, ServerOptions
-from .option_sources import OPTION, Option, option
 from .protocol import worker_settings
 
-#: Paths resolved as pytest resolves its own: from the CLI or environment against the invocation directory, from
-#: the ini file against that file's directory.
+#: The key of a Settings field's metadata that holds its Option.
+OPTION = "llmperf_option"
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # e.g. "runs" -> --llmperf-runs, llmperf_runs
+    help: str  # one line; the reasoning is in docs/
+    parse: Callable[[Any], Any]
+    default: Any = None
+    metavar: str | None = None
+    expert: bool = False  # an ini key only (-o llmperf_X=... for one run), no command-line flag
+    ini_type: str = "string"
+    flag: bool = False  # a CLI switch (store_true)
+    repeatable: bool = False  # a CLI option given several times
+    env: str | None = None  # the one environment variable, for a value a command line must not show (a password)
+    empty_given: bool = False  # an empty ini value is a value to parse, not "unset"
+
+    @property
+    def cli(self) -> str:
+        return "--llmperf-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "llmperf_" + self.name
+
+    def add_to(self, parser: pytest.Parser, group: pytest.OptionGroup) -> None:
+        if not self.expert:
+            action = "store_true" if self.flag else "append" if self.repeatable else "store"
+            kwargs = {} if self.flag else {"metavar": self.metavar}
+            group.addoption(self.cli, action=action, default=None, dest=self.ini, help=self.help, **kwargs)
+        parser.addini(self.ini, help=self.help, type=self.ini_type, default=None)  # type: ignore[arg-type]
+
+    def value(self, config: pytest.Config) -> Any:
+        """Command line > environment > ini > default; a bad value is a UsageError naming where it came from."""
+        for _, label, raw in self._sources(config):
+            try:
+                return self.parse(raw)
+            except (TypeError, ValueError) as exc:
+                raise pytest.UsageError(f"llmperf: bad value for {label}: {exc}") from None
+        return self.default
+
+    def source(self, config: pytest.Config) -> str | None:
+        """Where the value comes from: 'cli' (a flag or -o), 'env', 'ini', or None for the default."""
+        found = self._sources(config)
+        return found[0][0] if found else None
+
+    def _sources(self, config: pytest.Config) -> list[tuple[str, str, Any]]:
+        found: list[tuple[str, str, Any]] = []
+        cli = config.getoption(self.ini, default=None) if not self.expert else None
+        if cli is not None:
+            found.append(("cli", self.cli, cli))
+        # `-o llmperf_X=...` is the command line's (a path resolves against the invocation directory), after a flag
+        overridden = any(o.partition("=")[0].strip() == self.ini for o in config.option.override_ini or ())
+        where = f"-o {self.ini}" if overridden else f"ini option {self.ini} in {config.inipath or 'the config file'}"
+        try:
+            ini = config.getini(self.ini)
+        except ValueError as exc:  # pytest's own conversion (bool ini type): name the option
+            raise pytest.UsageError(f"llmperf: bad value for {where}: {exc}") from None
+        given = ini is not None and ini != [] and (ini != "" or self.empty_given)
+        if given and overridden:
+            found.append(("cli", where, ini))
+        env = os.environ.get(self.env) if self.env else None
+        if env:  # an empty secret (a fork's CI) is unset
+            found.append(("env", f"environment variable {self.env}", env))
+        if given and not overridden:
+            found.append(("ini", where, ini))
+        return found
+
+
+def option(help: str, parse: Callable[[Any], Any], default: Any = None, metavar: str | None = None, **kw: Any) -> Any:
+    """A Settings field that is an option (named after the field): its help, parser, default and value form."""
+    spec = Option("", help, parse, default, metavar, **kw)
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={OPTION: spec})
+    return field(default=default, metadata={OPTION: spec})
+
+
+#: Paths resolved as pytest resolves its own: from the CLI against the invocation directory, from the ini file
+#: against that file's directory.
 PATHS = ("report_dir", "baseline_dir", "cache_dir", "json", "env_dir")
 
 
 @dataclass(frozen=True)
 class CoreOptions:
-    """The options of measuring, judging and reporting (the other groups: option_groups.py)."""
+    """The options of measuring, judging and reporting."""
 
-    device: str | None = option(
-        "Hardware target the results belong to, e.g. cpu, a100, h100 (default: detected)",
-        parsers.plain_name,
-        metavar="NAME",
-    )
-    report_dir: str = option(
-        "Directory for reports/<device>.md and .json (default: reports beside the config file)",
-        parsers.as_string,
-        default="reports",
-        metavar="DIR",
-    )
-    json: str | None = option("Also write the JSON report to this path", parsers.as_string, metavar="PATH")
-    baseline_dir: str | None = option(
-        "Directory holding baselines/<device>/ (default: baselines beside the config file)",
-        parsers.as_string,
-        metavar="DIR",
-    )
-    machine: str | None = option(
-        "Name of this machine's baseline set, baselines/<device>/<machine>/ (default: on the cpu "
-        "target a slug of the CPU's identity, e.g. intel-xeon-f6-m167-s1-amxbf16; on GPU targets none, "
-        "baselines/<device>/). Give runners that share hardware one name",
-        parsers.plain_name,
-        metavar="NAME",
-    )
-    runs: int | str = option(
-        "Measured runs per batch size: in each worker process, whose median the gate tests; measured in "
-        "one process (--llmperf-processes=1), the runs of the first look (default: auto, 3 per worker process, "
-        "10 in one process)",
-        parsers.auto_or_positive_int,
-        default="auto",
-        metavar="N|auto",
-    )
-    warmups: int = option(
-        "Warmup runs per batch size, measured and discarded (default: 1)",
-        parsers.non_negative_int,
-        default=1,
-        metavar="N",
-    )
-    max_runs: int = option(
-        "Most runs per batch size: measured in one process, while a row is undecided (doubling from "
-        "--llmperf-runs); in an A/B job's worker processes, each (default: 30)",
-        parsers.positive_int,
-        default=30,
-        metavar="N",
-    )
-    alpha: float = option(
-        "Family-wise error rate of 'regressed': the chance that a job of unchanged code ends with a "
-        "regressed row, however many rows and looks it has (default: 0.01)",
-        parsers.probability,
-        default=0.01,
-        metavar="P",
-    )
-    rtol: float | str = option(
-        "Relative tolerance: a row regresses when its slowdown is credibly beyond it, and passes when "
-        "shown to be within it; auto: 0.05 for A/B (--llmperf-compare), against stored baselines the measured "
-        "drift between sessions: 0.15 on the cpu target, 0.05 on GPU targets (default: auto)",
-        parsers.rtol,
-        default="auto",
-        metavar="R|auto",
-    )
-    max_load: float = option(
-        "Retake a run during which other processes kept more than this many cores busy; "
-        "refuse to judge or record a batch that stayed busy; inf: never (default: 0.25)",
-        parsers.load_limit,
-        default=0.25,
-        metavar="CORES",
-    )
-    threads: int | str = option(
-        "torch threads while measuring in-process backends; auto: 1 on the cpu target, torch's default on a GPU "
-        "target; a marker's knobs={'threads': n} wins (default: auto)",
-        parsers.threads,
-        default="auto",
-        metavar="auto|N",
-    )
-    fail_on: tuple[str, ...] = option(
-        "Outcomes that fail the run, a comma list out of regressed, missing, inconclusive, refused, "
-        "unjudged (a session that selected benchmarks and judged none), or none "
-        "(default: regressed,missing,inconclusive,unjudged)",
-        parsers.fail_on,
-        default=parsers.DEFAULT_FAIL_ON,
-        metavar="OUTCOMES",
-    )
-    outputs: str = option(
-        "What generated tokens that differ from the baseline's (or the compared ref's) do, where the "
-        "backend reports them (in-process backends: greedy, fixed length): fail the test, warn, or off "
-        "(default: fail; a marker's outputs= wins)",
-        parsers.outputs_mode,
-        default="fail",
-        metavar="fail|warn|off",
-    )
-    memory_rtol: float = option(
-        "Relative tolerance of peak memory (RSS, CUDA, GPU): a batch size whose median peak grew "
-        "more than this and more than 16 MiB regressed; memory is nearly deterministic on a fixed shape, so it "
-        "is held to a tolerance, not a rank test (default: 0.1)",
-        parsers.non_negative_float,
-        default=0.1,
-        metavar="R",
-    )
-    malloc: str = option(
-        "Host allocator during benchmarks: steady fixes glibc's mmap and trim thresholds so every "
-        "session allocates alike (timings of unchanged code otherwise settle into per-session modes); "
-        "system leaves it (default: steady)",
-        parsers.malloc_mode,
-        default="steady",
-        metavar="steady|system",
-    )
-    processes: int | str = option(
-        "Worker processes per side at a benchmark's first look, each reduced to its medians; the "
-        "gate tests per-process values. 1 measures in the pytest process itself (default: auto, 5; 8 in an A/B job)",
-        parsers.auto_or_positive_int,
-        default="auto",
-        metavar="N|auto",
-    )
-    max_processes: int | None = option(
-        "Most worker processes per side while a row is undecided, for the batch sizes still undecided "
-        "(default: 5 times --llmperf-processes, 4 times for 1 or 2, where a fifth doubling would trim away "
-        "what it adds)",
-        parsers.positive_int,
-        metavar="N",
-    )
-    budget: float | str = option(
-        "Seconds an A/B job's rounds may take; its runs and processes are chosen within them "
-        "(default: auto, 5 times its first look's, at most 5 min more than it)",
-        parsers.budget,
-        default="auto",
-        metavar="SECONDS|auto",
-    )
-    compare: str | None = option(
-        "Measure the working tree against this git ref (e.g. origin/main, HEAD) in one job, A/B in alternating worker "
-        "processes, instead of against stored baselines; an empty value is refused",
-        parsers.git_ref,
-        metavar="REF",
-        empty_given=True,
-    )
-    interleave: str = option(
-        "How the two sides of an A/B comparison alternate: run, the two worker processes of a "
-        "round run together and take turns run by run, so each pair of runs is measured a fraction of a second "
-        "apart (the speed of a shared machine changes within seconds); batch, they take turns at every batch "
-        "size; process, one whole worker process after the other (default: run)",
-        parsers.interleave_mode,
-        default="run",
-        metavar="run|batch|process",
-    )
-    worker_start: str = option(
-        "How a worker process starts: fork, from a server that imported what both sides share from site-packages "
-        "once per job; exec, a fresh interpreter each (default: fork on Linux, exec elsewhere)",
-        parsers.worker_start,
-        default="fork" if sys.platform.startswith("linux") else "exec",
-        metavar="fork|exec",
-    )
-    worker_timeout: float = option(
-        "Seconds a worker process (with --llmperf-processes=1: a benchmark's measurement) "
-        "may run before it is stopped as hung (default: 3600)",
-        parsers.positive_float,
-        default=3600.0,
-        metavar="S",
-    )
-    update: bool = option(
-        "Rewrite the baselines of the selected tests; they pass", parsers.boolean, default=False, flag=True
-    )
-    update_missing: bool = option(
-        "Write baselines that are missing; leave existing ones alone", parsers.boolean, default=False, flag=True
-    )
-    instructions: bool = option(
-        "Also count the instructions of prefill and decode (cpu target, in-process backends): one "
-        "process per side under valgrind's callgrind, compared to a tolerance; a marker's instructions= wins "
-        "(docs/instructions.md)",
-        parsers.boolean,
-        default=False,
-        flag=True,
-    )
-    instructions_only: bool = option(
-        "Count instructions and time nothing for the tests that count: their rows are the "
-        "counts alone, one process per side, no timing rounds (implies --llmperf-instructions; a test whose "
-        "marker says instructions=False is timed as usual)",
-        parsers.boolean,
-        default=False,
-        flag=True,
-    )
-    cache_dir: str | None = option(
-        "Where the embedded default models are built and cached (default: $XDG_CACHE_HOME/pytest-llmperf)",
-        parsers.as_string,
-        metavar="DIR",
-    )
-    model: Mapping[str, str] = option(
-        "Use a local model for an embedded model name, NAME=PATH (repeatable)",
-        parsers.model_map,
-        default={},
-        ini_type="linelist",
-        repeatable=True,
-        metavar="NAME=PATH",
-    )
-    export: tuple[str, ...] = option(
-        "Also write files for benchmark dashboards into the report directory, a comma list out of "
-        "github-action-benchmark (<device>.customSmallerIsBetter.json and .customBiggerIsBetter.json) and "
-        "bencher (<device>.bmf.json, Bencher Metric Format), or none (default: none; docs/reports.md)",
-        parsers.export_formats,
-        default=(),
-        metavar="FORMATS",
-    )
+    # fmt: off
+    device: str | None = option("Hardware target, e.g. cpu, a100 (default: detected)", parsers.plain_name, None, "NAME")
+    report_dir: str = option("Directory of the reports (default: reports/)", parsers.as_string, "reports", "DIR")
+    json: str | None = option("Also write the JSON report to this path", parsers.as_string, None, "PATH")
+    baseline_dir: str | None = option("Directory of baselines/ (default: baselines/)", parsers.as_string, None, "DIR")
+    machine: str | None = option("Name of this machine's baseline set", parsers.plain_name, None, "NAME")
+    runs: int | str = option("Measured runs per batch size and process (default: auto)", parsers.auto_or_positive_int,
+                             "auto", "N|auto")
+    warmups: int = option("Warmup runs per batch size (default: 1)", parsers.non_negative_int, 1, "N", expert=True)
+    max_runs: int = option("Most runs per batch size (default: 30)", parsers.positive_int, 30, "N", expert=True)
+    alpha: float = option("Chance of a false 'regressed' in a job (default: 0.01)", parsers.probability, 0.01,
+                          "P")
+    rtol: float | str = option("Relative tolerance of a slowdown (default: auto)", parsers.rtol, "auto", "R|auto")
+    max_load: float = option("Busy cores of others allowed; inf: any (default: 0.25)", parsers.load_limit,
+                             0.25, "CORES")
+    threads: int | str = option("torch threads of in-process backends (default: auto)", parsers.threads, "auto",
+                                "auto|N", expert=True)
+    fail_on: tuple[str, ...] = option("Outcomes that fail the run, a comma list or none", parsers.fail_on,
+                                      parsers.DEFAULT_FAIL_ON, "OUTCOMES")
+    outputs: str = option("What changed generated tokens do (default: fail)", parsers.outputs_mode, "fail",
+                          "fail|warn|off")
+    memory_rtol: float = option("Relative tolerance of peak memory (default: 0.1)", parsers.non_negative_float, 0.1,
+                                "R", expert=True)
+    malloc: str = option("Host allocator while measuring (default: steady)", parsers.malloc_mode, "steady",
+                         "steady|system", expert=True)
+    processes: int | str = option("Worker processes per side; 1: none (default: auto)",
+                                  parsers.auto_or_positive_int, "auto", "N|auto")
+    max_processes: int | None = option("Most worker processes per side (default: 5 x processes)",
+                                       parsers.positive_int, None, "N", expert=True)
+    budget: float | str = option("Seconds an A/B job's rounds may take (default: auto)", parsers.budget, "auto",
+                                 "SECONDS|auto")
+    compare: str | None = option("Measure the working tree against this git ref, A/B", parsers.git_ref, None, "REF",
+                                 empty_given=True)
+    interleave: str = option("How an A/B job's sides take turns (default: run)", parsers.interleave_mode, "run",
+                             "run|batch|process", expert=True)
+    worker_start: str = option("How a worker process starts (default: fork on Linux)", parsers.worker_start,
+                               "fork" if sys.platform.startswith("linux") else "exec", "fork|exec", expert=True)
+    worker_timeout: float = option("Seconds before a worker counts as hung (default: 3600)",
+                                   parsers.positive_float, 3600.0, "S", expert=True)
+    update: bool = option("Rewrite the baselines of the selected tests", parsers.boolean, False, flag=True)
+    update_missing: bool = option("Write the missing baselines only", parsers.boolean, False, flag=True)
+    instructions: bool = option("Also count instructions (cpu, valgrind)", parsers.boolean, False, flag=True)
+    instructions_only: bool = option("Count instructions, time nothing", parsers.boolean, False, flag=True)
+    cache_dir: str | None = option("Cache of the embedded models", parsers.as_string, None, "DIR")
+    model: Mapping[str, str] = option("A local model for an embedded name (repeatable)", parsers.model_map, {},
+                                      "NAME=PATH", ini_type="linelist", repeatable=True)
+    export: tuple[str, ...] = option("Dashboard files: github-action-benchmark, bencher", parsers.export_formats, (),
+                                     "FORMATS")
+    # fmt: on
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    # fmt: off
+    # Servers (pytest_llmperf/servers/fixtures.py): attach to a running server instead of starting one.
+    tgi_url: str | None = option("Attach llmperf_tgi to this running TGI server", parsers.url, None, "URL")
+    tgi_launcher: str = option("The TGI launcher program (default: from PATH)", parsers.as_string,
+                               "text-generation-launcher", "PATH", expert=True)
+    openai_url: str | None = option("Attach to this running OpenAI-compatible server", parsers.url, None, "URL")
+    vllm_python: str | None = option("The Python of vLLM's environment (default: this one)", parsers.as_string,
+                                     None, "PATH", expert=True)
+    jetstream_url: str | None = option("Attach to this running JetStream server", parsers.as_string, None,
+                                       "HOST:PORT")
+    server_timeout: float = option("Seconds a started server may take (default: 600)",
+                                   parsers.positive_float, 600.0, "S", expert=True)
+    # The offload engine (llmperf_offload); its fixture's keyword arguments take precedence.
+    offload_expert_budget_gb: float | None = option("Offload: most GiB of experts on the fast device",
+                                                    parsers.non_negative_float, None, "GB", expert=True)
+    offload_device_memory_gb: float | None = option("Offload: size the budget for a device of this many GiB",
+                                                    parsers.non_negative_float, None, "GB", expert=True)
+    offload_popularity: str | None = option("Offload: expert popularity profile (JSON)", parsers.as_string, None,
+                                            "PATH", expert=True)
+    # fmt: on
+
+
+@dataclass(frozen=True)
+class EnvironmentOptions:
+    # fmt: off
+    # Each side's dependencies in an A/B comparison (pytest_llmperf/environments/, docs/environments.md).
+    compare_deps: str = option("A/B: how each side's environment is made (default: auto)", parsers.compare_deps,
+                               "auto", "auto|build|code-only")
+    base_python: str | None = option("A/B: the base side's prepared interpreter", parsers.as_string, None, "PATH")
+    env_dir: str | None = option("A/B: cache of the built environments", parsers.as_string, None, "DIR", expert=True)
+    env_extras: tuple[str, ...] = option("A/B: extras to install, one per line", parsers.name_list, (), "NAME",
+                                         ini_type="linelist", expert=True)
+    env_groups: tuple[str, ...] = option("A/B: dependency groups to install, one per line", parsers.name_list, (),
+                                         "NAME", ini_type="linelist", expert=True)
+    compare_deps_paths: tuple[str, ...] = option("A/B: more dependency files or globs, one per line",
+                                                 parsers.path_list, (), "PATH", ini_type="linelist", expert=True)
+    # fmt: on
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    # fmt: off
+    # The history of every job's results (pytest_llmperf/history/, docs/history.md).
+    history: str = option("Results store: a SQLite path, postgresql:// URL, or off", history_values.store_location,
+                          history_values.DEFAULT_STORE, "PATH|URL|off", env="LLMPERF_HISTORY")
+    history_check: str = option("What the history does at a job's end (default: report)", history_values.check_mode,
+                                "report", "report|fail|off")
+    history_min_effect: float = option("Smallest change of a series that matters (default: 0.05)",
+                                       parsers.non_negative_float, 0.05, "R", expert=True)
+    history_anchor: str | None = option("The git ref creep is measured from", parsers.as_string, None, "REF",
+                                        expert=True)
+    history_branch: str | None = option("The default branch (default: origin's HEAD)", parsers.as_string, None,
+                                        "NAME", expert=True)
+    history_rows: bool = option("Also write history-rows.jsonl (default: true)", parsers.boolean, True,
+                                "true|false", expert=True)
+    # fmt: on
 
 
 @dataclass(frozen=True)
@@ -241,7 +229,7 @@ class Settings(HistoryOptions, EnvironmentOptions, ServerOptions, CoreOptions):
     """The session's resolved options (marker settings come on top per test): every group's fields, core first."""
 
     rootdir: Path = Path(".")  # the pytest rootdir
-    given: tuple[str, ...] = ()  # options given on the command line, repeated by re-run hints
+    given: tuple[str, ...] = ()  # options typed on the command line, repeated by re-run hints
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -260,7 +248,10 @@ class Settings(HistoryOptions, EnvironmentOptions, ServerOptions, CoreOptions):
         if values["baseline_dir"] is None:
             values["baseline_dir"] = str(config_dir / "baselines")
         values["instructions"] = values["instructions"] or values["instructions_only"]
-        given = tuple(o.name for o in OPTIONS if o.source(config) == "cli")
+        # what the user typed (not PYTEST_ADDOPTS, which a re-run inherits), repeated by re-run hints
+        args = config.invocation_params.args
+        typed = {arg.partition("=")[0] for arg in args}
+        given = tuple(o.name for o in OPTIONS if o.cli in typed or (o.expert and any(f"{o.ini}=" in a for a in args)))
         return cls(**values, rootdir=Path(config.rootpath), given=given)
 
     @classmethod
@@ -305,3 +296,16 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmperf", "LLM inference benchmarks (pytest-llmperf)")
     for each in OPTIONS:
         each.add_to(parser, group)
+
+
+def refuse_expert_flags(args: list[str]) -> None:
+    """An expert knob typed as a flag (`--llmperf-warmups=0`) is refused naming its ini key, not only as pytest's
+    "unrecognized arguments"."""
+    expert = {o.cli: o.ini for o in OPTIONS if o.expert}
+    for arg in args:
+        flag, _, value = arg.partition("=")
+        if flag in expert:
+            raise pytest.UsageError(
+                f"{flag} is an ini key now: `-o {expert[flag]}={value or 'VALUE'}` for one run, or {expert[flag]} "
+                "in the ini file (docs/options.md)"
+            )

@@ -53,7 +53,7 @@ DEFAULT_RUNS = {"workers": 3, "in_process": 10}
 
 
 def default_cap(first: int) -> int:
-    """--llmperf-max-processes when not given: MAX_PROCESSES_FACTOR times the first look, where that last look keeps
+    """llmperf_max_processes when not given: MAX_PROCESSES_FACTOR times the first look, where that last look keeps
     more units after the trimmed t's trimming than the doubling before it (4 times); else that doubling (a first
     look of 1: 5 units trim 1 per tail and keep 3, 4 keep all 4, so the cap stays 4)."""
     cap, doubled = MAX_PROCESSES_FACTOR * first, 4 * first

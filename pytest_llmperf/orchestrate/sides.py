@@ -140,7 +140,7 @@ def collect(side: Side, items: Sequence[pytest.Item], work_dir: Path, timeout_s:
         done = subprocess.run(command, cwd=side.root, capture_output=True, text=True, env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise WorkerError(
-            f"collecting the tests on {side.label} did not finish within {timeout_s:g} s (--llmperf-worker-timeout)"
+            f"collecting the tests on {side.label} did not finish within {timeout_s:g} s (llmperf_worker_timeout)"
         ) from None
     records = read_records(out)
     found = Collection(errors={r.nodeid: r.text for r in records if isinstance(r, CollectError)})

@@ -9,7 +9,7 @@ whole job's variance to a quarter (docs/notes/noise.md, "Run by run"), so `run` 
 
 The protocol, over two pipes per worker (the descriptors in `ENV_TURNS`, inherited):
 
-- The worker, before it measures (--llmperf-interleave=run: before a batch size's warmups and before each of its
+- The worker, before it measures (-o llmperf_interleave=run: before a batch size's warmups and before each of its
   runs; batch: before a batch size's warmups and runs), writes one byte ("my turn?") and waits for one byte back
   ("go"). Everything it does until its next request (the runs, then the next test's set-up: loading a
   model) happens in its turn; its start-up (imports, its first model) happens before its first request, beside the

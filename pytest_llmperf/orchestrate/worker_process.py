@@ -119,9 +119,9 @@ class RunningWorker:
     def timed_out(self, timeout_s: float, workers: int = 1) -> WorkerError:
         """It ran past its deadline: `timeout_s` alone, `workers` times that in a round taking turns."""
         within = (
-            f"within {timeout_s:g} s (--llmperf-worker-timeout)"
+            f"within {timeout_s:g} s (llmperf_worker_timeout)"
             if workers == 1
-            else f"within its A/B round's {timeout_s * workers:g} s ({workers} x --llmperf-worker-timeout)"
+            else f"within its A/B round's {timeout_s * workers:g} s ({workers} x llmperf_worker_timeout)"
         )
         return self.failed(f"did not finish {within}; it was stopped")
 

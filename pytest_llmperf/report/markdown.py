@@ -171,7 +171,7 @@ def environment_lines(fp: Mapping[str, Any], device: str) -> list[str]:
         f"- GPU: {gpus}; CUDA {fp.get('cuda')}",
         f"- torch {fp.get('torch')}, transformers {fp.get('transformers')}, Python {fp.get('python')}",
         f"- Host allocator: {fp.get('malloc', 'not recorded')}",
-        f"- torch threads while measuring: {fp.get('threads', 'not recorded')} (--llmperf-threads)",
+        f"- torch threads while measuring: {fp.get('threads', 'not recorded')} (llmperf_threads)",
         f"- git commit: {fp.get('git', {}).get('commit')}" + (" (dirty)" if fp.get("git", {}).get("dirty") else ""),
         *_sides_environments(fp.get("environments")),
     ]

@@ -119,7 +119,7 @@ def bisect_line(session: SessionSummary) -> list[str]:
         return []
     tests = sorted({o.result.nodeid for o in session.outcomes if o.kind == Kind.REGRESSED})
     options = shlex.split(session.rerun())[1:]  # the options given, less pytest; bisect sets --llmperf-compare
-    args = shlex.join([*tests, *(o for o in options if not o.startswith("--llmperf-compare"))])
+    args = shlex.join([*tests, *(o for o in options if o.partition("=")[0] != "--llmperf-compare")])
     return [f"find the commit that did it: pytest-llmperf bisect {base[:12]} {head[:12]} -- {args}"]
 
 

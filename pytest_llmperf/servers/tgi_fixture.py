@@ -80,8 +80,8 @@ def llmperf_tgi(
         found = shutil.which(program)
         if found is None:
             raise BackendError(
-                f"TGI: {program!r} not found (--llmperf-tgi-launcher). Install "
-                "text-generation-inference, point --llmperf-tgi-launcher at the launcher, or attach to "
+                f"TGI: {program!r} not found (llmperf_tgi_launcher). Install "
+                "text-generation-inference, point the ini key llmperf_tgi_launcher at the launcher, or attach to "
                 "a running server with --llmperf-tgi-url=URL"
             )
 
