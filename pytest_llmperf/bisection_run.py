@@ -23,7 +23,7 @@ from .bisection import BAD, GOOD, Bisection, Search, Step, step_outcome, step_ta
 from .files import strict_json, write_text_atomic
 from .judge.environment import git
 from .orchestrate.campaign_progress import LINE_EVERY_S
-from .orchestrate.worktree import RefError, checkout
+from .orchestrate.worktree import Checkout, RefError, checkout
 from .processes import die_with_parent, sigterm_interrupts, stop_tree
 
 PROG = "pytest-llmperf bisect"
@@ -92,8 +92,8 @@ def drop_set_here(pytest_args: Sequence[str]) -> tuple[list[str], list[str]]:
     return kept, dropped
 
 
-def commit_range(root: Path, good: str, bad: str) -> tuple[str, str, list[str]]:
-    """(GOOD's sha, BAD's sha, the first-parent commits after GOOD up to BAD, oldest first)."""
+def commits(root: Path, good: str, bad: str) -> list[str]:
+    """GOOD's and BAD's shas."""
     if git(root, "rev-parse", "--show-toplevel") is None:
         raise BisectError(f"{root} is not inside a git repository: run it in the project's checkout")
     shas = []
@@ -102,6 +102,12 @@ def commit_range(root: Path, good: str, bad: str) -> tuple[str, str, list[str]]:
         if not sha:
             raise BisectError(f"{name} {ref}: no such commit in {root} (a shallow clone: git fetch --unshallow)")
         shas.append(sha)
+    return shas
+
+
+def commit_range(root: Path, good: str, bad: str) -> tuple[str, str, list[str]]:
+    """(GOOD's sha, BAD's sha, the first-parent commits after GOOD up to BAD, oldest first)."""
+    shas = commits(root, good, bad)
     if git(root, "merge-base", "--is-ancestor", shas[0], shas[1]) is None:
         raise BisectError(f"GOOD {good} is not an ancestor of BAD {bad}: name the older commit first")
     listed = git(root, "rev-list", "--first-parent", "--reverse", f"{shas[0]}..{shas[1]}")
@@ -122,8 +128,17 @@ def run_step(
     path, its log's path). The pytest is stopped and the worktree removed whatever ends the step."""
     name = f"step-{number:02d}-{commit[:10]}"
     report, log = out / f"{name}.json", out / f"{name}.log"
+    with checkout(commit, cwd) as tree:
+        code = run_job(tree, against, pytest_args, report, log, python, say)
+    return code, report, log
+
+
+def run_job(tree: Checkout, against: str, pytest_args: Sequence[str], report: Path, log: Path, python: str,
+            say: Say) -> int:  # fmt: skip
+    """Run the A/B job of the worktree `tree` against `against`, its output into `log`: pytest's exit code. The
+    pytest is stopped whatever ends the job."""
     report.unlink(missing_ok=True)
-    with checkout(commit, cwd) as tree, open(log, "w") as sink:
+    with open(log, "w") as sink:
         argv = [python, "-m", "pytest", *pytest_args, f"--llmperf-compare={against}", f"--llmperf-json={report}",
                 f"--llmperf-report-dir={tree.toplevel.parent / 'reports'}", "--llmperf-history=off"]  # fmt: skip
         proc = subprocess.Popen(
@@ -139,11 +154,10 @@ def run_step(
                 if line.startswith("llmperf: process") and time.monotonic() - said >= LINE_EVERY_S:
                     say(f"    {line.rstrip()}")
                     said = time.monotonic()
-            code = proc.wait()
+            return proc.wait()
         finally:
             if proc.poll() is None:
                 stop_tree(proc.pid)
-    return code, report, log
 
 
 def _read(report: Path) -> dict | None:
