@@ -113,6 +113,12 @@ def step_outcome(
     return SKIP, f"nothing compared{chosen} ({counts}; pytest exited {exit_code})", None
 
 
+def focus_of(steps: Iterable[Step]) -> tuple[str, int] | None:
+    """(metric, batch size) of the row the last bad step found regressed: what the next steps show (step_outcome)."""
+    regressed = [s.row for s in steps if s.outcome == BAD and s.row]
+    return (regressed[-1].metric, regressed[-1].batch_size) if regressed else None
+
+
 @dataclass
 class Search:
     """The state of a bisection over `commits` (oldest first, after GOOD; the last is BAD, taken as bad)."""

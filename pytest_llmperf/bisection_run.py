@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from .bisection import BAD, GOOD, SKIP, Bisection, Row, Search, Step, step_outcome, step_table
+from .bisection import BAD, GOOD, SKIP, Bisection, Row, Search, Step, focus_of, step_outcome, step_table
 from .bisection_packages import (
     UNRESOLVED,
     Delta,
@@ -226,9 +226,7 @@ def bisect(
             f"{other}")  # fmt: skip
         began = clock()
         code, report, log = run_step(cwd, commit, against, pytest_args, out, number, python, say)
-        regressed = [s.row for s in result.steps if s.outcome == BAD and s.row]
-        focus = (regressed[-1].metric, regressed[-1].batch_size) if regressed else None
-        outcome, why, row = step_outcome(_read(report), code, metrics, batch_size, focus)
+        outcome, why, row = step_outcome(_read(report), code, metrics, batch_size, focus_of(result.steps))
         done = Step(number, commit, title, against, role, outcome, why, row, clock() - began, code,
                     str(log))  # fmt: skip
         result.steps.append(done)
@@ -392,7 +390,7 @@ class PackageSteps:
         self, tree: Checkout, root: Path, picked: Sequence[PackageChange], report: Path, log: Path
     ) -> tuple[str, str, Row | None, int]:
         """Build the step's environment (uv, the cache the job then reuses), then run its A/B job."""
-        from .environments.errors import EnvironmentsError
+        from .environments.errors import BuildFailed, EnvironmentsError
         from .environments.inputs import detect
         from .environments.plan import prepare
 
@@ -400,7 +398,9 @@ class PackageSteps:
             made = prepare(detect(self.good.root, root), env_dir=self.env_dir, settings=self.settings)
         except EnvironmentsError as exc:
             log.write_text(f"{exc}\n")
-            return UNRESOLVED, f"uv cannot build these together: {_uv_said(exc)}", None, -1
+            if isinstance(exc, BuildFailed):
+                return UNRESOLVED, f"uv cannot build these together: {_uv_said(exc)}", None, -1
+            return UNRESOLVED, f"its environment cannot be made: {getattr(exc, 'reason', exc)}", None, -1
         self.result.builds += _built(side.how for side in (made.base, made.head))
         if set(made.changes) != set(picked):  # a package BAD no longer has, that another still requires
             got = "; ".join(map(str, made.changes)) or "GOOD's set"
@@ -408,9 +408,7 @@ class PackageSteps:
             return UNRESOLVED, f"uv does not build this set: it built {got}", None, -1
         code = run_job(tree, self.good_tree.commit, self.pytest_args, report, log, self.python, self.say)
         document = _read(report)
-        regressed = [s.row for s in self.result.steps if s.outcome == BAD and s.row]
-        focus = (regressed[-1].metric, regressed[-1].batch_size) if regressed else None
-        outcome, why, row = step_outcome(document, code, self.metrics, self.batch_size, focus)
+        outcome, why, row = step_outcome(document, code, self.metrics, self.batch_size, focus_of(self.result.steps))
         ran = ((document or {}).get("fingerprint") or {}).get("environments") or {}
         self.result.builds += _built((ran.get(side) or {}).get("how") for side in ("base", "head"))
         if ran and (ran.get("head") or {}).get("installed") != dict(made.head.installed):
