@@ -320,8 +320,9 @@ def _built(hows: Iterable[str | None]) -> int:
 
 def _uv_said(exc: Exception) -> str:
     """What uv said of a build that failed, on one line."""
-    said = str(getattr(exc, "reason", exc)).split("uv said:", 1)[-1]
-    return " ".join(w for line in said.splitlines() if (w := line.strip(" \t×╰─▶│"))).replace("  ", " ")[:400]
+    said = str(getattr(exc, "reason", exc)).split("uv said:", 1)[-1].splitlines()
+    words = [w for line in said if (w := line.strip(" \t×╰─▶│")) and not w.startswith("Using Python")]
+    return " ".join(words)[:400]
 
 
 def _pinnable(changes: Sequence[PackageChange]) -> tuple[list[PackageChange], list[str]]:
@@ -397,7 +398,7 @@ class PackageSteps:
         try:
             made = prepare(detect(self.good.root, root), env_dir=self.env_dir, settings=self.settings)
         except EnvironmentsError as exc:
-            log.write_text(f"{exc}\n")
+            log.write_text(f"{getattr(exc, 'reason', exc)}\n")  # its ways out are a job's, not a bisection's
             if isinstance(exc, BuildFailed):
                 return UNRESOLVED, f"uv cannot build these together: {_uv_said(exc)}", None, -1
             return UNRESOLVED, f"its environment cannot be made: {getattr(exc, 'reason', exc)}", None, -1

@@ -280,3 +280,13 @@ def test_a_project_built_from_a_lock_is_refused_with_the_way_out_before_any_buil
     assert "is built from uv.lock" in done.stderr and "uv export --frozen --no-hashes" in done.stderr
     assert not os.path.exists(user_env["LLMPERF_ENV_DIR"])  # nothing was built
     assert list(os.scandir(user_env["TMPDIR"])) == []
+
+
+def test_what_uv_said_is_one_line_without_its_interpreter_line():
+    from pytest_llmperf.bisection_run import _uv_said
+    from pytest_llmperf.environments.errors import BuildFailed
+
+    failed = BuildFailed("building ... failed (exit 1):\n    cd x && uv pip install\n  uv said:\n    Using Python 3.11.7 "
+                         "environment at: /e\n    × No solution found when resolving dependencies:\n    ╰─▶ Because "
+                         "pkg06==2.0 depends on pkg07>=2.0\n")  # fmt: skip
+    assert _uv_said(failed) == "No solution found when resolving dependencies: Because pkg06==2.0 depends on pkg07>=2.0"
