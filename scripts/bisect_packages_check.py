@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pytest_llmperf.bisection_run import split_argv  # noqa: E402
 from tests.bisect_package_projects import PACKAGES, make_bump, run_check  # noqa: E402
 from tests.bisect_projects import PYTEST_ARGS  # noqa: E402
 
@@ -77,17 +78,15 @@ def one(case: str, seed: int, extra: list[str], uv_cache: Path) -> dict:
 
 
 def main() -> int:
-    own, extra = (sys.argv[1:], []) if "--" not in sys.argv else (
-        sys.argv[1 : sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1 :])  # fmt: skip
+    own, extra = split_argv(sys.argv[1:])  # what follows -- goes to each step's pytest
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bisections", type=int, default=1, help="per case")
     parser.add_argument("--case", action="append", choices=CASES, help="(repeatable; default: all)")
-    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="bisections per case, seeded 0, 1, ...")
     args = parser.parse_args(own)
     results = []
     with tempfile.TemporaryDirectory(prefix="bisect-packages-uv-") as uv_cache:
         for case in args.case or CASES:
-            for seed in range(args.first_seed, args.first_seed + args.bisections):
+            for seed in range(args.seeds):
                 r = one(case, seed, extra, Path(uv_cache))
                 results.append(r)
                 print(f"{case:8} seed {seed:3}: slow {' '.join(r['slow'])}; named {' '.join(r['named']) or '-'} "
