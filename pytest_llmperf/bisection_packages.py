@@ -130,17 +130,6 @@ def subset_changes(changes: Sequence[PackageChange], subset: Iterable[str]) -> t
     return tuple(c for c in changes if c.name in chosen)
 
 
-def with_versions(good: Mapping[str, str], changes: Iterable[PackageChange]) -> dict[str, str]:
-    """GOOD's installed set with `changes` at BAD's versions (a package BAD does not have: left out)."""
-    held = dict(good)
-    for change in changes:
-        if change.head is None:
-            held.pop(change.name, None)
-        else:
-            held[change.name] = change.head
-    return held
-
-
 # -- the step's requirements ------------------------------------------------------------------------------------------
 
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:[<>=!~;@ ]|$)")
@@ -191,14 +180,12 @@ def _sources_of(bad: DependencyInputs, already: set[str]) -> list[str]:
             if found is None:
                 continue
             option, value = found
-            if option in _LOCAL_OPTIONS and "://" not in value:
+            local = option in _LOCAL_OPTIONS and "://" not in value
+            if local:
                 value = str((folder / value.removeprefix("file:")).resolve())
-                option = "--find-links"
             elif line.strip() in already:
                 continue
-            else:
-                option = "--extra-index-url"
-            text = f"{option} {value}"
+            text = f"{'--find-links' if option in _LOCAL_OPTIONS else '--extra-index-url'} {value}"
             if text not in lines:
                 lines.append(text)
     return lines

@@ -6,6 +6,10 @@ job is) and runs there, as a user would, `python -m pytest PYTEST_ARGS --llmperf
 step is no job of the default branch). The worktree goes when the step ends, also on Ctrl-C, SIGTERM or a failure;
 the step's pytest is stopped first (processes.stop_tree). After every step the markdown and JSON reports are
 rewritten, so an interrupted bisection keeps what it measured.
+
+With --packages (`bisect_packages`) the code stays GOOD's: GOOD's and BAD's environments are built by the
+environments code to learn which packages differ, and each step is the same A/B job in a worktree of GOOD whose
+requirements bisection_packages.py rewrote, its environment built first (a subset uv cannot build costs no job).
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ def test_a_steps_requirements_pin_goods_set_with_the_subset_at_bads_versions(tmp
             f"--find-links wheels\n-r requirements-base.txt\nfastlib=={version}  # the engine's\nnumpy>=1\n"
             f"slowlib=={version} \\\n    --hash=sha256:abc\n"
         )
-        (root / "requirements-base.txt").write_text(f"tabulate=={version}\n--extra-index-url https://example.com/i\n")
+        (root / "requirements-base.txt").write_text(f"tabulate=={version}\n--extra-index-url https://example.com/i\n"
+                                                    f"-i https://example.com/{version}\n-f https://example.com/links\n")
     good_in, bad_in = find_inputs(good), find_inputs(bad)
     changes = [PackageChange("fastlib", "1.0", "2.0"), PackageChange("newlib", None, "3.0"),
                PackageChange("slowlib", "1.0", "2.0"), PackageChange("tabulate", "1.0", "2.0")]  # fmt: skip
@@ -155,9 +156,12 @@ def test_a_steps_requirements_pin_goods_set_with_the_subset_at_bads_versions(tmp
     files = step_requirements(good_in, bad_in, ("requirements.txt",), installed, changes, ("fastlib", "newlib"), "s")
     assert files["requirements.txt"] == (
         "--find-links wheels\n-r requirements-base.txt\nnumpy>=1\n"
-        f"# s\n--find-links {bad / 'wheels'}\n-c {CONSTRAINTS}\nfastlib==2.0\nnewlib==3.0\nslowlib==1.0\ntabulate==1.0\n"
+        f"# s\n--extra-index-url https://example.com/2.0\n--find-links {bad / 'wheels'}\n-c {CONSTRAINTS}\n"
+        "fastlib==2.0\nnewlib==3.0\nslowlib==1.0\ntabulate==1.0\n"
+    )  # BAD's index an extra one; what GOOD has as written (the extra index, the find-links URL) not again
+    assert files["requirements-base.txt"] == (
+        "--extra-index-url https://example.com/i\n-i https://example.com/1.0\n-f https://example.com/links\n"
     )
-    assert files["requirements-base.txt"] == "--extra-index-url https://example.com/i\n"  # GOOD's index: as it was
     assert files[CONSTRAINTS] == "numpy==2.4.6\npytest==9.0.1\n"  # the unchanged packages at GOOD's versions
 
 
