@@ -51,13 +51,14 @@ class Step:
     commit: str
     subject: str
     against: str  # the A side's commit: GOOD, or the commit's parent for the confirmation
-    role: str  # bisect | confirm
-    outcome: str  # bad | good | skip
+    role: str  # bisect | confirm; over packages (bisection_packages.py): part | complement | check | whole
+    outcome: str  # bad | good | skip; over packages also unresolved (uv could not build it: no job)
     why: str
     row: Row | None
     seconds: float
     exit_code: int
     log: str  # the step's pytest output
+    packages: tuple[str, ...] = ()  # over packages: those at BAD's versions, 'name GOOD -> BAD'
 
 
 def _effect(row: Mapping[str, Any]) -> float:
@@ -110,6 +111,12 @@ def step_outcome(
     counts = ", ".join(f"{n} {k}" for k, n in sorted(document.get("counts", {}).items())) or "no benchmark"
     chosen = f" among the rows of {', '.join(metrics)}" if metrics else ""
     return SKIP, f"nothing compared{chosen} ({counts}; pytest exited {exit_code})", None
+
+
+def focus_of(steps: Iterable[Step]) -> tuple[str, int] | None:
+    """(metric, batch size) of the row the last bad step found regressed: what the next steps show (step_outcome)."""
+    regressed = [s.row for s in steps if s.outcome == BAD and s.row]
+    return (regressed[-1].metric, regressed[-1].batch_size) if regressed else None
 
 
 @dataclass
@@ -207,8 +214,9 @@ class Bisection:
         return "\n".join(lines)
 
 
-def step_table(steps: Iterable[Step], *, markdown: bool) -> str:
-    header = ("step", "commit", "against", "metric", "ratio [95% CI]", "verdict", "step says", "seconds")
+def step_table(steps: Iterable[Step], *, markdown: bool, subject: str = "commit") -> str:
+    """The steps' table; `subject`: the second column's name (over packages: the step's subject alone, no commit)."""
+    header = ("step", subject, "against", "metric", "ratio [95% CI]", "verdict", "step says", "seconds")
     rows = []
     for s in steps:
         row = s.row
@@ -216,8 +224,9 @@ def step_table(steps: Iterable[Step], *, markdown: bool) -> str:
         if row is not None and row.low is not None and row.high is not None:
             ratio += f" [{row.low:.3f}, {row.high:.3f}]"
         metric = "" if row is None else f"{row.metric} bs {row.batch_size}"
-        name = f"{s.number}" + (" (confirm)" if s.role == "confirm" else "")
+        name = f"{s.number}" + (f" ({s.role})" if s.role != "bisect" else "")
         what = f"{s.outcome}: {s.why}"
-        rows.append([name, f"{s.commit[:10]} {s.subject[:40]}", s.against[:10], metric, ratio,
+        first = f"{s.commit[:10]} {s.subject[:40]}" if subject == "commit" else s.subject
+        rows.append([name, first, s.against[:10], metric, ratio,
                      "" if row is None else row.verdict, what, f"{s.seconds:.0f}"])  # fmt: skip
     return table(header, rows, markdown=markdown)

@@ -19,7 +19,7 @@ LAYERS = (
     ("history", ("history",)),  # every job's results across jobs: the store, series, change points
     ("report", ("report",)),
     ("orchestrate", ("orchestrate", "servers", "offload.fixture")),  # the session, fixtures, workers, on top
-    ("entry points", ("plugin", "cli", "__init__", "__main__", "bisection", "bisection_run")),
+    ("entry points", ("plugin", "cli", "__init__", "__main__", "bisection", "bisection_packages", "bisection_run")),
 )
 #: Imports that run back up a layer, each named with its reason where it is: at most one.
 UPWARD_ALLOWED: set[tuple[str, str]] = set()
