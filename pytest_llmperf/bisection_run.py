@@ -290,30 +290,50 @@ def _given(args: Sequence[str], option: str) -> list[str]:
     return values
 
 
-def _names(args: Sequence[str], option: str, variable: str) -> tuple[str, ...]:
-    given = _given(args, option)
-    return tuple(given or os.environ.get(variable, "").replace(",", " ").split())
+def _ini(args: Sequence[str], key: str) -> list[str]:
+    """The values pytest's `-o key=value` (or --override-ini) gives an ini key in `args`, in order."""
+    values, items = [], iter(args)
+    for arg in items:
+        if arg in ("-o", "--override-ini"):
+            arg = next(items, "")
+        elif arg.startswith("--override-ini="):
+            arg = arg.split("=", 1)[1]
+        elif arg.startswith("-o"):
+            arg = arg[2:]
+        else:
+            continue
+        name, _, value = arg.partition("=")
+        if name == key:
+            values.append(value)
+    return values
+
+
+def _names(args: Sequence[str], key: str) -> tuple[str, ...]:
+    given = _ini(args, key)
+    return tuple(given[-1].replace(",", " ").split()) if given else ()
 
 
 def build_settings(pytest_args: Sequence[str]) -> tuple[list[str], Path, BuildSettings]:
     """(the steps' pytest arguments, the environments' cache, how they are built), as the steps' A/B jobs read them
-    from their command line or environment variables (orchestrate/sides.py); an ini's values are not read here. The
+    from their command line and PYTEST_ADDOPTS (orchestrate/sides.py); an ini file's values are not read here. The
     cache is given to every step by an absolute path: bisect's builds and the steps' are one cache."""
+    import shlex
+
     from .environments.cache import default_env_dir
 
-    modes = _given(pytest_args, "--llmperf-compare-deps") or [os.environ.get("LLMPERF_COMPARE_DEPS", "auto")]
+    given = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *pytest_args]  # pytest reads them in this order
+    modes = _given(given, "--llmperf-compare-deps") or ["auto"]
     if modes[-1] == "code-only":
         raise BisectError("--packages measures each step in the environment built for it; --llmperf-compare-deps="
                           "code-only runs every step in this one: leave it out")  # fmt: skip
-    if _given(pytest_args, "--llmperf-base-python") or os.environ.get("LLMPERF_BASE_PYTHON"):
+    if _given(given, "--llmperf-base-python"):
         raise BisectError("--packages builds GOOD's environment and each step's with uv; --llmperf-base-python "
                           "replaces GOOD's: leave it out")  # fmt: skip
-    named = _given(pytest_args, "--llmperf-env-dir") or [os.environ.get("LLMPERF_ENV_DIR") or str(default_env_dir())]
+    named = _ini(given, "llmperf_env_dir") or [str(default_env_dir())]
     env_dir = Path(named[-1]).expanduser().resolve()
     offline = os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes")
-    extras = _names(pytest_args, "--llmperf-env-extras", "LLMPERF_ENV_EXTRAS")
-    groups = _names(pytest_args, "--llmperf-env-groups", "LLMPERF_ENV_GROUPS")
-    args = [*pytest_args, f"--llmperf-env-dir={env_dir}"]  # the last one given wins
+    extras, groups = _names(given, "llmperf_env_extras"), _names(given, "llmperf_env_groups")
+    args = [*pytest_args, "-o", f"llmperf_env_dir={env_dir}"]  # the last one given wins
     return args, env_dir, BuildSettings(offline=offline, extras=extras, groups=groups)
 
 

@@ -37,7 +37,7 @@ from tests.bisect_package_projects import PACKAGES, make_bump, run_check  # noqa
 from tests.bisect_projects import PYTEST_ARGS  # noqa: E402
 
 CASES = ("one", "together", "requires")
-PROCESSES = ("--llmperf-processes=4", "--llmperf-max-processes=4")
+PROCESSES = ("--llmperf-processes=4", "-o", "llmperf_max_processes=4")
 
 
 def project(case: str, seed: int, root: Path) -> tuple[str, str, list[str]]:
@@ -55,8 +55,8 @@ def one(case: str, seed: int, extra: list[str], uv_cache: Path) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bisect-packages-check-"))
     try:
         good, bad, slow = project(case, seed, root / "project")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_")}
-        env.update(UV_OFFLINE="1", UV_CACHE_DIR=str(uv_cache), LLMPERF_ENV_DIR=str(root / "envs"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMPERF_") and k != "PYTEST_ADDOPTS"}
+        env.update(UV_OFFLINE="1", UV_CACHE_DIR=str(uv_cache), PYTEST_ADDOPTS=f"-o llmperf_env_dir={root / 'envs'}")
         load, began = os.getloadavg()[0], time.monotonic()
         done = run_check(root / "project", good, bad, "--packages", "--", *PYTEST_ARGS, *(extra or PROCESSES),
                          env=env, timeout=3600)  # fmt: skip

@@ -38,7 +38,7 @@ from pytest_llmperf.orchestrate.options import OPTIONS
 from .bisect_package_projects import PACKAGES, make_bump, run_check
 from .bisect_projects import PYTEST_ARGS, git
 
-STEP_ARGS = (*PYTEST_ARGS, "--llmperf-processes=4", "--llmperf-max-processes=4")
+STEP_ARGS = (*PYTEST_ARGS, "--llmperf-processes=4", "-o", "llmperf_max_processes=4")
 
 
 def oracle(slow, needs=None, undecided=frozenset()):
@@ -195,15 +195,15 @@ def test_the_report_names_the_packages_their_steps_and_the_cost():
 
 
 def test_the_steps_build_as_their_ab_jobs_do(monkeypatch, tmp_path):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     monkeypatch.setenv("UV_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
-    args, env_dir, settings = build_settings(["tests", "--llmperf-env-dir", "envs", "--llmperf-env-extras=gpu"])
-    assert env_dir == tmp_path / "envs" and args[-1] == f"--llmperf-env-dir={tmp_path / 'envs'}"
+    args, env_dir, settings = build_settings(["tests", "-o", "llmperf_env_dir=envs", "-ollmperf_env_extras=gpu"])
+    assert env_dir == tmp_path / "envs" and args[-2:] == ["-o", f"llmperf_env_dir={tmp_path / 'envs'}"]
     assert settings.offline and settings.extras == ("gpu",) and settings.groups == ()
-    monkeypatch.setenv("LLMPERF_ENV_GROUPS", "bench, docs")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-o llmperf_env_groups=bench,docs")
     assert build_settings([])[2].groups == ("bench", "docs")
+    assert build_settings(["--override-ini=llmperf_env_groups=gpu"])[2].groups == ("gpu",)  # the command line's wins
     from pytest_llmperf.bisection_run import BisectError
 
     with pytest.raises(BisectError, match="code-only runs every step in this one"):
@@ -220,8 +220,8 @@ def user_env(tmp_path_factory):
     """The environment a user's bisection runs in: no LLMPERF_* option inherited, uv offline (the wheels are the
     project's), a uv cache and an environments' cache of the test's own, temporary worktrees under its own TMPDIR."""
     base = tmp_path_factory.mktemp("bisect-packages")
-    env = {k: v for k, v in os.environ.items() if k not in {o.env for o in OPTIONS}}
-    env.update(UV_OFFLINE="1", UV_CACHE_DIR=str(base / "uv-cache"), LLMPERF_ENV_DIR=str(base / "envs"),
+    env = {k: v for k, v in os.environ.items() if k not in {o.env for o in OPTIONS if o.env}}
+    env.update(UV_OFFLINE="1", UV_CACHE_DIR=str(base / "uv-cache"), PYTEST_ADDOPTS=f"-o llmperf_env_dir={base / 'envs'}",
                TMPDIR=str(base / "tmp"))  # fmt: skip
     (base / "tmp").mkdir()
     return env
@@ -282,7 +282,7 @@ def test_a_project_built_from_a_lock_is_refused_with_the_way_out_before_any_buil
     done = run_check(project, "HEAD~1", "HEAD", "--packages", env=user_env, timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is built from uv.lock" in done.stderr and "uv export --frozen --no-hashes" in done.stderr
-    assert not os.path.exists(user_env["LLMPERF_ENV_DIR"])  # nothing was built
+    assert not os.path.exists(user_env["PYTEST_ADDOPTS"].split("=", 1)[1])  # nothing was built
     assert list(os.scandir(user_env["TMPDIR"])) == []
 
 
