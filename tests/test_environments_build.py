@@ -59,17 +59,25 @@ def env_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("envs")
 
 
+@pytest.fixture(scope="module")
+def bump_dirs(tmp_path_factory):
+    """The bump's own caches, one per kind: other tests here build the same fastlib projects into env_dir (a key is
+    the files' bytes), and under xdist one of them may run first, so that the bump's first build is a cache hit."""
+    return {kind: tmp_path_factory.mktemp(f"envs-{kind.replace('.', '-')}") for kind in ("uv.lock", "requirements")}
+
+
 @pytest.fixture(scope="module", params=["uv.lock", "requirements"])
-def bump(request, tmp_path_factory, env_dir):
+def bump(request, tmp_path_factory, bump_dirs):
     """A pull request that changes only fastlib 1.0 -> 2.0; its environments built once for the module."""
     root = tmp_path_factory.mktemp(request.param.replace(".", "-"))
     make = uv_project if request.param == "uv.lock" else requirements_project
     detection = detect(make(root / "base", "1.0"), make(root / "head", "2.0"))
-    return request.param, detection, prepare(detection, env_dir=env_dir, settings=OFFLINE)
+    return request.param, detection, prepare(detection, env_dir=bump_dirs[request.param], settings=OFFLINE)
 
 
-def test_a_bump_builds_each_side_from_its_own_files_and_names_what_they_hold(bump, env_dir):
+def test_a_bump_builds_each_side_from_its_own_files_and_names_what_they_hold(bump, bump_dirs):
     kind, _, envs = bump
+    env_dir = bump_dirs[kind]
     assert envs.per_side and envs.measured and (envs.base.how, envs.head.how) == (BUILT, BUILT)
     assert envs.base.recipe == ("uv.lock" if kind == "uv.lock" else "requirements.txt")
     for side, version in ((envs.base, "1.0"), (envs.head, "2.0")):
@@ -86,8 +94,9 @@ def test_a_bump_builds_each_side_from_its_own_files_and_names_what_they_hold(bum
     assert envs.summary_lines()[-1] == "  packages that differ (1): fastlib 1.0 -> 2.0"
 
 
-def test_a_rerun_reuses_both_environments_from_the_cache(bump, env_dir):
-    _, detection, first = bump
+def test_a_rerun_reuses_both_environments_from_the_cache(bump, bump_dirs):
+    kind, detection, first = bump
+    env_dir = bump_dirs[kind]
     again = prepare(detection, env_dir=env_dir, settings=OFFLINE)
     assert (again.base.how, again.head.how) == (CACHE_HIT, CACHE_HIT)
     assert (again.base.key, again.head.key) == (first.base.key, first.head.key)
@@ -296,8 +305,9 @@ def test_a_cache_that_cannot_be_written_names_the_option_that_moves_it(tmp_path)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_a_read_only_cache_is_used_for_reading(bump, env_dir):
-    _, detection, first = bump
+def test_a_read_only_cache_is_used_for_reading(bump, bump_dirs):
+    kind, detection, first = bump
+    env_dir = bump_dirs[kind]
     env_dir.chmod(0o555)
     try:
         again = prepare(detection, env_dir=env_dir, settings=OFFLINE)
@@ -306,9 +316,10 @@ def test_a_read_only_cache_is_used_for_reading(bump, env_dir):
     assert (again.base.how, again.head.how) == (CACHE_HIT, CACHE_HIT)
 
 
-def test_a_read_only_cache_is_used_for_reading_without_a_lock(bump, env_dir, monkeypatch):
+def test_a_read_only_cache_is_used_for_reading_without_a_lock(bump, bump_dirs, monkeypatch):
     # As root nothing is read-only: what the job is told decides (os.access).
-    _, detection, first = bump
+    kind, detection, first = bump
+    env_dir = bump_dirs[kind]
     monkeypatch.setattr(cache, "writable", lambda root: False)
     monkeypatch.setattr(cache, "entry_lock", None)  # a read-only cache: no lock can be taken there
     again = prepare(detection, env_dir=env_dir, settings=OFFLINE)
