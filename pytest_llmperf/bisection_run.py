@@ -38,7 +38,7 @@ from .bisection_packages import (
 from .environments.inputs import DependencyInputs
 from .environments.records import BUILT, BuildSettings, Environments, PackageChange
 from .files import strict_json, write_text_atomic
-from .judge.environment import git
+from .judge.fingerprint import git
 from .orchestrate.campaign_progress import LINE_EVERY_S
 from .orchestrate.worktree import Checkout, RefError, checkout
 from .processes import die_with_parent, sigterm_interrupts, stop_tree

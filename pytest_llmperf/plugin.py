@@ -57,39 +57,39 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     settings = Settings.from_config(config)
     check_output_paths(settings)
-    llm = config.stash[SESSION_KEY] = LLMPerfSession(settings)
-    for name, plugin in plugins_for(config, llm):
+    perf_session = config.stash[SESSION_KEY] = LLMPerfSession(settings)
+    for name, plugin in plugins_for(config, perf_session):
         config.pluginmanager.register(plugin, name)
 
 
-def plugins_for(config: pytest.Config, llm: LLMPerfSession) -> list[tuple[str, object]]:
+def plugins_for(config: pytest.Config, perf_session: LLMPerfSession) -> list[tuple[str, object]]:
     """The plugin objects of this pytest process's mode, decided once."""
     collecting = collect_out()
     if collecting is not None:  # a side's collection for a controller: what it has, and what failed
         return [("llmperf-collector", CollectRecorder(collecting))]
     out = worker_out()
     if out is not None:  # a worker process: measure, and report to the controller
-        llm.recorder = WorkerRecorder(out)
-        return [("llmperf-tests", BenchmarkItems(llm)), ("llmperf-worker", llm.recorder)]
+        perf_session.recorder = WorkerRecorder(out)
+        return [("llmperf-tests", BenchmarkItems(perf_session)), ("llmperf-worker", perf_session.recorder)]
     if hasattr(config, "workerinput"):  # a pytest-xdist worker
-        return [("llmperf-tests", BenchmarkItems(llm, refusal=XDIST_REFUSAL))]
+        return [("llmperf-tests", BenchmarkItems(perf_session, refusal=XDIST_REFUSAL))]
     from .orchestrate.hygiene import BaselineHygiene
     from .orchestrate.session_end import Exports, SessionEnd
 
-    plugins: list[tuple[str, object]] = [("llmperf-tests", BenchmarkItems(llm))]
+    plugins: list[tuple[str, object]] = [("llmperf-tests", BenchmarkItems(perf_session))]
     # under xdist's controller the workers refuse the benchmark tests instead
-    if config.getoption("dist", "no") == "no" and (llm.settings.compare or llm.processes > 1):
+    if config.getoption("dist", "no") == "no" and (perf_session.settings.compare or perf_session.processes > 1):
         from .orchestrate.controller import ProcessController
 
-        plugins.append(("llmperf-controller", ProcessController(config, llm, is_planned)))
-    if llm.settings.instructions:
+        plugins.append(("llmperf-controller", ProcessController(config, perf_session, is_planned)))
+    if perf_session.settings.instructions:
         from .orchestrate.counting import check_setup
 
-        check_setup(llm)
+        check_setup(perf_session)
     plugins += [
-        ("llmperf-end", SessionEnd(llm)),
-        ("llmperf-exports", Exports(llm, config)),
-        ("llmperf-baselines", BaselineHygiene(config, llm)),
+        ("llmperf-end", SessionEnd(perf_session)),
+        ("llmperf-exports", Exports(perf_session, config)),
+        ("llmperf-baselines", BaselineHygiene(config, perf_session)),
     ]
     return plugins
 

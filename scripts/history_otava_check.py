@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.cli import main as cli_main  # noqa: E402
 from pytest_llmperf.history.analysis import analyze_series  # noqa: E402
-from pytest_llmperf.history.backends import Location  # noqa: E402
+from pytest_llmperf.history.databases import Location  # noqa: E402
 from pytest_llmperf.history.series import build  # noqa: E402
 from pytest_llmperf.history.store import Store  # noqa: E402
 from tests.history_rows import history_rows  # noqa: E402

@@ -78,7 +78,7 @@ def rows(data: dict, last: int | None):
 
 def ours(data: dict, last: int | None) -> dict:
     from pytest_llmperf.history import analysis
-    from pytest_llmperf.history.backends import Location
+    from pytest_llmperf.history.databases import Location
     from pytest_llmperf.history.series import build
     from pytest_llmperf.history.store import Store
 

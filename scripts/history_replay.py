@@ -32,7 +32,7 @@ from pytest_llmperf.cli import main as cli_main  # noqa: E402
 from pytest_llmperf.history import lineage, rowsfile, series, summary  # noqa: E402
 from pytest_llmperf.history.alarms import first_confirmations  # noqa: E402
 from pytest_llmperf.history.analysis import analyze  # noqa: E402
-from pytest_llmperf.history.backends import Location  # noqa: E402
+from pytest_llmperf.history.databases import Location  # noqa: E402
 from pytest_llmperf.history.detect import DEFAULT_METHOD  # noqa: E402
 from pytest_llmperf.history.records import Result, Run, SeriesId  # noqa: E402
 from pytest_llmperf.history.store import Store  # noqa: E402
@@ -151,7 +151,7 @@ def replay(
     store = out / "history.sqlite"
     cli_main(["history", "--store", str(store), "import", *map(str, rows_files)])
     with Store(
-        __import__("pytest_llmperf.history.backends", fromlist=["Location"]).Location("sqlite", str(store))
+        __import__("pytest_llmperf.history.databases", fromlist=["Location"]).Location("sqlite", str(store))
     ) as opened:
         built = series.build(opened.runs(), opened.results(), line)
         analyses = analyze(built, marks=opened.marks())

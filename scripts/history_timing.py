@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from pytest_llmperf.history.alarms import Analyses  # noqa: E402
 from pytest_llmperf.history.analysis import analyze  # noqa: E402
-from pytest_llmperf.history.backends import Location  # noqa: E402
+from pytest_llmperf.history.databases import Location  # noqa: E402
 from pytest_llmperf.history.job import append_job  # noqa: E402
 from pytest_llmperf.history.rows import Job, job_rows  # noqa: E402
 from pytest_llmperf.history.series import build  # noqa: E402

@@ -14,11 +14,11 @@ import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.judge.baseline_format import render
 from pytest_llmperf.judge.baselines import SCHEMA_VERSION, BaselineEntry, BaselineStore
-from pytest_llmperf.judge.environment import fingerprint
+from pytest_llmperf.judge.fingerprint import fingerprint
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.records import BenchmarkResult
 from pytest_llmperf.measure.scenario import Scenario
-from pytest_llmperf.report.history import baseline_points
+from pytest_llmperf.report.trend import baseline_points
 from tests.test_html_report import git
 from tests.test_plugin import baseline_file, project, run  # noqa: F401  (fixture)
 

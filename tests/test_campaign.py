@@ -87,12 +87,12 @@ class FakeCampaign(Campaign):
 
     def _sides(self, stack):
         root = Path(self.config.rootpath)
-        if self.llm.settings.compare:
+        if self.perf_session.settings.compare:
             return [Side("A", root, "HEAD (abc)"), Side("B", root, "the working tree")]
         return [Side("", root, "the working tree")]
 
     def _collect_ref(self, items, work_dir):
-        if self.llm.settings.compare:
+        if self.perf_session.settings.compare:
             self.measurements.available["A"] = {item.nodeid for item in items}
         return items
 
@@ -119,8 +119,8 @@ def test_an_ab_job_of_unchanged_code_passes_in_one_look_of_abba_rounds(collect):
     assert all(d.failure is None and d.skip is None for d in campaign.decisions.values())
     assert pool.rounds == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"], ["A", "B"]]  # ABBA, 5 per side
     assert all(spec.nodeids == tuple(item.nodeid for item in items) for spec in pool.specs)
-    assert [o.kind for o in campaign.llm.outcomes] == ["passed", "passed"]
-    assert campaign.llm.processes_used == [5, 5]
+    assert [o.kind for o in campaign.perf_session.outcomes] == ["passed", "passed"]
+    assert campaign.perf_session.processes_used == [5, 5]
 
 
 def test_a_slower_working_tree_fails_naming_decode(collect):
@@ -164,7 +164,7 @@ def test_a_worker_that_fails_fails_every_test_still_due(collect):
     assert {d.failure for d in campaign.decisions.values()} == {
         "llmperf: worker process 3 on HEAD (abc) exited with code 3"
     }
-    assert len(pool.rounds) == 3 and campaign.llm.outcomes == []
+    assert len(pool.rounds) == 3 and campaign.perf_session.outcomes == []
 
 
 def test_recording_baselines_measures_one_look_of_twice_the_processes(collect, tmp_path):
@@ -173,7 +173,7 @@ def test_recording_baselines_measures_one_look_of_twice_the_processes(collect, t
     campaign = FakeCampaign(items[0].config, pool)
     campaign.run(items)
     assert pool.rounds == [[""]] * 4  # RECORD_FACTOR x 2 processes, one side
-    assert [o.kind for o in campaign.llm.outcomes] == ["created", "created"]
+    assert [o.kind for o in campaign.perf_session.outcomes] == ["created", "created"]
     assert all(d.failure is None for d in campaign.decisions.values())
 
 
@@ -194,14 +194,14 @@ def test_a_worker_that_ran_the_other_sides_environment_fails_the_job(collect):
     campaign = FakeCampaign(items[0].config, MixedUpPool())
     envs = [SideEnvironment(side, BUILT, f"/envs/{side}/bin/python", installed={"fastlib": version})
             for side, version in (("base", "1.0"), ("head", "2.0"))]  # fmt: skip
-    campaign.llm.environments = Environments("auto", "changed", *envs)
+    campaign.perf_session.environments = Environments("auto", "changed", *envs)
     campaign.run(items)
     assert {d.failure for d in campaign.decisions.values()} == {
         "llmperf: worker process 1 on HEAD (abc) did not run its side's environment, so the round measured one side "
         "in the other's environment and nothing of it is judged: fastlib 2.0 was imported; the base environment has "
         "1.0"
     }
-    assert campaign.llm.outcomes == []
+    assert campaign.perf_session.outcomes == []
 
 
 def test_a_counting_worker_that_ran_the_other_sides_environment_fails_the_job(collect, tmp_path, monkeypatch):
@@ -217,7 +217,7 @@ def test_a_counting_worker_that_ran_the_other_sides_environment_fails_the_job(co
     campaign = FakeCampaign(items[0].config, pool)
     envs = [SideEnvironment(side, BUILT, f"/envs/{side}/bin/python", installed={"fastlib": version})
             for side, version in (("base", "1.0"), ("head", "2.0"))]  # fmt: skip
-    campaign.llm.environments = Environments("auto", "changed", *envs)
+    campaign.perf_session.environments = Environments("auto", "changed", *envs)
     campaign.run(items)
     assert pool.specs and all(spec.environ.get(ENV_IMPORTS) == "1" for spec in pool.specs)
     assert {d.failure for d in campaign.decisions.values()} == {

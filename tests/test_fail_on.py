@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pytest_llmperf.judge.environment import CPU_KEYS
+from pytest_llmperf.judge.fingerprint import CPU_KEYS
 
 NOISY_TEST = """
 import os

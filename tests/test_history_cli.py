@@ -11,7 +11,7 @@ import pytest
 
 from pytest_llmperf.cli import main
 from pytest_llmperf.history import rowsfile
-from pytest_llmperf.history.backends import Location
+from pytest_llmperf.history.databases import Location
 from pytest_llmperf.history.store import Store
 from tests.history_rows import history_rows, sha
 from tests.history_synthetic import Case, history

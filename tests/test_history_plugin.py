@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from pytest_llmperf.history.backends import Location
+from pytest_llmperf.history.databases import Location
 from pytest_llmperf.history.lineage import first_parent_line
 from pytest_llmperf.history.rows import Job, job_rows
 from pytest_llmperf.history.series import build
@@ -234,7 +234,7 @@ def test_a_store_committed_by_mistake_leaves_later_jobs_clean(project, run):
         result = run()
         result.assert_outcomes(passed=1)
         assert "enter no series" not in result.stdout.str()
-        # the report's fingerprint reads the tree by the same rule (judge/environment.py's `dirty`)
+        # the report's fingerprint reads the tree by the same rule (judge/fingerprint.py's `dirty`)
         report = json.loads((project.path / "reports" / "cpu.json").read_text())
         assert report["fingerprint"]["git"]["dirty"] is False
     with store_of(project) as store:

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_llmperf.cli import main
 from pytest_llmperf.history import rowsfile
-from pytest_llmperf.history.backends import Location, parse_location
+from pytest_llmperf.history.databases import Location, parse_location
 from pytest_llmperf.history.store import Store
 from tests.history_rows import history_rows
 from tests.history_synthetic import Case, history

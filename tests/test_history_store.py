@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.history import rowsfile
-from pytest_llmperf.history.backends import Location, StoreError, parse_location
+from pytest_llmperf.history.databases import Location, StoreError, parse_location
 from pytest_llmperf.history.records import Mark
 from pytest_llmperf.history.schema import SCHEMA_VERSION
 from pytest_llmperf.history.store import Store
@@ -84,7 +84,7 @@ def test_marks_and_exclusions_are_kept(location):
 def test_a_store_of_schema_1_is_migrated_and_keeps_its_rows(location):
     with Store.__new__(Store) as old:  # a store as version 1 wrote it
         old.location = location
-        from pytest_llmperf.history.backends import Connection
+        from pytest_llmperf.history.databases import Connection
 
         old.db = Connection(location)
         old.migrate_to(1)
@@ -107,7 +107,7 @@ def test_a_store_from_a_newer_plugin_is_refused_and_left_alone(location):
     with pytest.raises(StoreError, match=r"schema version 99, written by a newer pytest-llmperf.*upgrade"):
         Store(location)
     with Store.__new__(Store) as raw:
-        from pytest_llmperf.history.backends import Connection
+        from pytest_llmperf.history.databases import Connection
 
         raw.location, raw.db = location, Connection(location)
         assert raw.version() == 99
@@ -115,7 +115,7 @@ def test_a_store_from_a_newer_plugin_is_refused_and_left_alone(location):
 
 WRITER = """
 import sys
-from pytest_llmperf.history.backends import Location
+from pytest_llmperf.history.databases import Location
 from pytest_llmperf.history.store import Store
 from tests.history_rows import history_rows
 

@@ -16,7 +16,7 @@ import pytest
 
 from pytest_llmperf.judge import rows
 from pytest_llmperf.judge.baseline_layout import machine_slug
-from pytest_llmperf.judge.environment import cpu_identity
+from pytest_llmperf.judge.fingerprint import cpu_identity
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure import memory
 from pytest_llmperf.measure.metrics import run_values

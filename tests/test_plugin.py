@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pytest_llmperf.judge.baseline_layout import machine_slug
-from pytest_llmperf.judge.environment import cpu_identity
+from pytest_llmperf.judge.fingerprint import cpu_identity
 from pytest_llmperf.orchestrate.options import OPTIONS
 
 ENGINE_TEST = """

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.judge.baseline_layout import machine_slug
-from pytest_llmperf.judge.environment import cpu_identity
+from pytest_llmperf.judge.fingerprint import cpu_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

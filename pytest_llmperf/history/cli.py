@@ -30,7 +30,7 @@ from typing import NoReturn
 from ..files import strict_json, write_text_atomic
 from . import export, lineage, rowsfile, series, summary
 from .analysis import DEFAULT_MIN_EFFECT, Change, analyze
-from .backends import StoreError, parse_location
+from .databases import StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
 from .events import Event, events
 from .records import MARK_STATES, Mark

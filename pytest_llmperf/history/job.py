@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import strict_json, write_text_atomic
-from ..judge.environment import dirty
+from ..judge.fingerprint import dirty
 from ..judge.verdicts import Outcome
 from . import lineage, rowsfile, series, summary
 from .analysis import SeriesAnalysis, analyze
-from .backends import Location, StoreError, parse_location
+from .databases import Location, StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
 from .events import Event, events
 from .records import Result, Run
@@ -119,7 +119,7 @@ def _keep_checkpoints(location: Location, analyses: Sequence[SeriesAnalysis]) ->
 
 
 def own_files(location: Location | None, report_dir: Path) -> list[Path]:
-    """The plugin's files in the tree, left out of the dirty check (judge/environment.py's `dirty`, also the
+    """The plugin's files in the tree, left out of the dirty check (judge/fingerprint.py's `dirty`, also the
     fingerprint's): the report directory, a SQLite store and its write-ahead log, and the .gitignore beside it."""
     own = [report_dir]
     if location is not None and location.dialect == "sqlite":

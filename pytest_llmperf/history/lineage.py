@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..judge.environment import git
+from ..judge.fingerprint import git
 
 MAX_LINE = 20_000  # first-parent commits read at most
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..judge.baseline_entry import process_medians
-from ..judge.environment import SOFTWARE_KEYS
+from ..judge.fingerprint import SOFTWARE_KEYS
 from ..judge.verdicts import Outcome
 from ..measure.metrics import METRICS, gated_metrics, metric_better, values_by_process
 from ..measure.records import BenchmarkResult

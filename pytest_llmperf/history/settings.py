@@ -13,7 +13,7 @@ CHECKS = ("off", "report", "fail")
 
 def store_location(text: str) -> str:
     """A store's location as given; its form is checked here, the path resolved against the rootdir at the end."""
-    from .backends import parse_location  # sqlite3 loads when a session ends, not with the plugin
+    from .databases import parse_location  # sqlite3 loads when a session ends, not with the plugin
 
     value = str(text).strip()
     parse_location(value, Path("."))

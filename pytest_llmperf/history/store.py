@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .backends import Connection, Location, StoreError
+from .databases import Connection, Location, StoreError
 from .records import Mark, Result, Run
 from .schema import META, RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION, statements
 

@@ -63,12 +63,12 @@ def _timed_seconds(runs: list[WorkerRun]) -> float:
 class Campaign:
     """One job's measuring and judging; `decisions` (the controller's, by node id) receives what each test reports."""
 
-    def __init__(self, config: pytest.Config, llm: LLMPerfSession, decisions: dict[str, Any]) -> None:
+    def __init__(self, config: pytest.Config, perf_session: LLMPerfSession, decisions: dict[str, Any]) -> None:
         self.config = config
-        self.llm = llm
+        self.perf_session = perf_session
         self.decisions: dict[str, Decision] = decisions
         self.progress = campaign_progress.for_terminal(config)  # live progress of the workers
-        self.measurements = Measurements(llm, [Side("", Path(config.rootpath), "the working tree")])
+        self.measurements = Measurements(perf_session, [Side("", Path(config.rootpath), "the working tree")])
         self.plans: dict[str, Plan] = {}  # the timed tests still undecided, by node id
         self.family: int | None = None  # gated rows of the whole job, judged as one family
         self.started: float | None = None  # when the first round started (the budget counts from then)
@@ -104,12 +104,12 @@ class Campaign:
         claim(work_dir)
         stack.callback(self._sweep, work_dir)
         stack.enter_context(sigterm_interrupts())
-        settings = self.llm.settings
+        settings = self.perf_session.settings
         return WorkerPool(
             work_dir,
             settings=settings.for_worker(),
             timeout_s=settings.worker_timeout,
-            logs_dir=self.llm.report_dir.resolve() / "worker-logs",
+            logs_dir=self.perf_session.report_dir.resolve() / "worker-logs",
             environ=steady_malloc_env() if settings.malloc == "steady" else {},
             listener=self._heard,
         )
@@ -122,7 +122,7 @@ class Campaign:
             self._say(f"llmperf: stopped {len(left)} process(es) the benchmarks left running: {', '.join(left)}", True)
 
     def _sides(self, stack: contextlib.ExitStack) -> list[Side]:
-        return sides.prepare(self.config, self.llm, stack, self.progress)
+        return sides.prepare(self.config, self.perf_session, stack, self.progress)
 
     def _heard(self, side: Side, records: list[Record]) -> None:
         self.progress.records(records, side=side.label)
@@ -135,7 +135,7 @@ class Campaign:
         if ref.name != "A":
             return items
         try:
-            found = sides.collect(ref, items, work_dir, self.llm.settings.worker_timeout)
+            found = sides.collect(ref, items, work_dir, self.perf_session.settings.worker_timeout)
         except WorkerError as exc:
             self._fail_all(items, f"llmperf: {exc}")
             return []
@@ -161,7 +161,7 @@ class Campaign:
         """A server per environment the workers run (one, unless the sides have environments of their own), each
         importing; none with -o llmperf_worker_start=exec or --llmperf-instructions-only (counting workers start
         under valgrind), or where one cannot start (its workers start from scratch, as a line says)."""
-        if self.llm.settings.worker_start != "fork" or self.llm.settings.instructions_only:
+        if self.perf_session.settings.worker_start != "fork" or self.perf_session.settings.instructions_only:
             return {}
         root = Path(self.config.rootpath)
         defined = [  # the test modules and the conftests among the plugins
@@ -173,7 +173,7 @@ class Campaign:
         servers = {}
         for side in {side.python: side for side in self.measurements.sides}.values():
             # the side's environment, without its checkout on PYTHONPATH: the server imports what both sides share
-            env = server_env(self.llm.settings.malloc, replace(side, pythonpath=()).environ())
+            env = server_env(self.perf_session.settings.malloc, replace(side, pythonpath=()).environ())
             try:
                 servers[side.python] = ForkServer.start(pool.work_dir, env, modules, side.python)
             except OSError as exc:
@@ -207,8 +207,8 @@ class Campaign:
 
         started = time.monotonic()
         try:
-            specs = counting.specs_for(self.llm, items, self.measurements.sides, pool)
-            envs = self.llm.environments
+            specs = counting.specs_for(self.perf_session, items, self.measurements.sides, pool)
+            envs = self.perf_session.environments
             if envs is not None and envs.per_side:  # a count, like a timing, is of its own side's environment
                 specs = [replace(spec, environ={**spec.environ, ENV_IMPORTS: "1"}) for spec in specs]
             if specs:  # said when it starts, whatever it takes: a CI log hears of callgrind before it waits on it
@@ -229,28 +229,29 @@ class Campaign:
     def _judge_counts(self, items: list[pytest.Item]) -> None:
         """The tests measured by their counts alone (--llmperf-instructions-only): one look at what the counting
         workers counted, since a count is the same in every process."""
-        if not self.llm.settings.instructions_only:
+        if not self.perf_session.settings.instructions_only:
             return
         measured = self.measurements
         for item in [i for i in items if counting.wants_instructions(i, True)]:
             stopped = measured.stopped(item.nodeid, measured.counted)
             counted = [] if stopped else measured.current_results(item.nodeid, counted=True)
             outcomes = [measured.judge_or_record(None, merged, self.family) for merged in counted]
-            self.decisions[item.nodeid] = stopped or Decision.of(self.llm, outcomes)
-            self.llm.outcomes.extend(outcomes)
+            self.decisions[item.nodeid] = stopped or Decision.of(self.perf_session, outcomes)
+            self.perf_session.outcomes.extend(outcomes)
 
     # -- rounds and looks ---------------------------------------------------------------------------
 
     def _rounds(self, items: list[pytest.Item], pool: WorkerPool) -> None:
         """Run rounds until every planned test is decided; a worker that failed fails the tests still due."""
-        llm = self.llm
+        perf_session = self.perf_session
         self.plans = {
-            item.nodeid: Plan(item, llm.worker_schedule(llm.processes_for(item), self._alpha(item))) for item in items
+            item.nodeid: Plan(item, perf_session.worker_schedule(perf_session.processes_for(item), self._alpha(item)))
+            for item in items
         }
         index = 0
         self.started = time.monotonic()
-        budget = self.llm.settings.budget  # an A/B job's: against stored baselines the cap alone bounds a test
-        self.budget = float(budget) if self.llm.settings.compare and budget != "auto" else None
+        budget = self.perf_session.settings.budget  # an A/B job's: against stored baselines the cap alone bounds a test
+        self.budget = float(budget) if self.perf_session.settings.compare and budget != "auto" else None
         while self.plans:
             index += 1
             due = {nodeid: plan for nodeid, plan in self.plans.items() if plan.units >= index}
@@ -267,7 +268,12 @@ class Campaign:
             if index == 1:  # a long campaign says how long, once the first round is timed (its wall time: the two
                 self._estimate(time.monotonic() - began)  # sides of a round take turns or run one after the other)
             looking = [n for n, plan in due.items() if plan.units == index]
-            if looking and self.llm.settings.compare and self.llm.settings.budget == "auto" and self.budget is None:
+            if (
+                looking
+                and self.perf_session.settings.compare
+                and self.perf_session.settings.budget == "auto"
+                and self.budget is None
+            ):
                 self.budget = auto_budget(time.monotonic() - self.started)
             for nodeid, plan in due.items():  # past the first look, a budget spent makes this round's look the last
                 if nodeid not in looking and plan.look > 0 and self._spent(plan):
@@ -283,7 +289,7 @@ class Campaign:
         imports = run.imports
         if imports is None:
             return
-        envs = self.llm.environments
+        envs = self.perf_session.environments
         if envs is not None and envs.per_side:
             from ..environments.installed import check_imported
 
@@ -301,14 +307,14 @@ class Campaign:
                     f"warning: {run.side.label} imported {name} from {origin}, not from its checkout: that copy is "
                     "what its workers measure (install the project editable, pip install -e ., or drop that copy)"
                 )
-        self.llm.imported_anywhere.update(imports.distributions)  # a dependency change none imports is said
+        self.perf_session.imported_anywhere.update(imports.distributions)  # a dependency change none imports is said
         if run.side == self.measurements.current:
-            self.llm.imported.update(imports.distributions)
+            self.perf_session.imported.update(imports.distributions)
 
     def _specs(self, due: dict[str, Plan], index: int) -> list[WorkerSpec]:
         """Round `index`'s workers: one per side that has tests due, in ABBA order (A B, B A, A B, ...)."""
         order = self.measurements.sides if index % 2 else list(reversed(self.measurements.sides))
-        envs = self.llm.environments
+        envs = self.perf_session.environments
         # what a worker imported: checked in every round where the sides have environments of their own, else the
         # first round's are enough for the baselines' fingerprint
         environ = {ENV_IMPORTS: "1"} if index == 1 or (envs is not None and envs.per_side) else {}
@@ -330,7 +336,7 @@ class Campaign:
         def started(spec: WorkerSpec) -> None:
             self.progress.started(spec.side.label, spec.index, total, len(spec.nodeids), at_most=at_most)
 
-        if len(specs) > 1 and self.llm.settings.interleave != "process":  # together, taking turns
+        if len(specs) > 1 and self.perf_session.settings.interleave != "process":  # together, taking turns
             for spec in specs:
                 started(spec)
             done = pool.run_round(specs)
@@ -347,7 +353,7 @@ class Campaign:
     def _estimate(self, round_s: float) -> None:
         schedules = [plan.schedule for plan in self.plans.values()]
         budget = self.budget
-        if self.llm.settings.compare and self.llm.settings.budget == "auto" and schedules:
+        if self.perf_session.settings.compare and self.perf_session.settings.budget == "auto" and schedules:
             budget = auto_budget(round_s * max(schedule.looks[0] for schedule in schedules))
         said = campaign_progress.campaign_estimate(round_s, schedules, budget)
         if said:
@@ -360,7 +366,7 @@ class Campaign:
         if stopped is not None:
             self._finish(plan, stopped)
             return
-        if self.family is None and self.llm.mode != "update":
+        if self.family is None and self.perf_session.mode != "update":
             self.family = self.measurements.count_family(list(self.plans.values()))
         final = plan.final or self._spent(plan)
         outcomes = self._judged(plan, final)
@@ -370,12 +376,12 @@ class Campaign:
             outcomes = self._judged(plan, final=True)
             undecided = []
         if undecided and not final:
-            least = int(self.llm.settings.runs)
+            least = int(self.perf_session.settings.runs)
             costs = self.measurements.costs(nodeid, statistics.median(self.fixed[-5:]) / max(len(self.plans), 1))
-            plan.advance(undecided, costs, least=least, most=max(self.llm.settings.max_runs, least),
+            plan.advance(undecided, costs, least=least, most=max(self.perf_session.settings.max_runs, least),
                          affordable=lambda runs: self._affordable(plan, costs, runs))  # fmt: skip
             return
-        self._finish(plan, Decision.of(self.llm, outcomes))
+        self._finish(plan, Decision.of(self.perf_session, outcomes))
 
     def _judged(self, plan: Plan, final: bool) -> list[Outcome]:
         """The test's benchmarks judged at its current look (`final`: its last)."""
@@ -390,7 +396,9 @@ class Campaign:
             return False
         costs = self.measurements.costs(plan.item.nodeid, statistics.median(self.fixed[-5:]))
         sizes = plan.batch_sizes or dict.fromkeys(costs.run)
-        next_round = allocation.round_seconds(costs, {b: n or int(self.llm.settings.runs) for b, n in sizes.items()})
+        next_round = allocation.round_seconds(
+            costs, {b: n or int(self.perf_session.settings.runs) for b, n in sizes.items()}
+        )
         return time.monotonic() - self.started + next_round > self.budget
 
     def _affordable(self, plan: Plan, costs: allocation.Costs, runs: Mapping[int, int]) -> int:
@@ -405,9 +413,9 @@ class Campaign:
 
     def _finish(self, plan: Plan, decision: Decision) -> None:
         self.decisions[plan.item.nodeid] = decision
-        self.llm.outcomes.extend(plan.outcomes.values())
+        self.perf_session.outcomes.extend(plan.outcomes.values())
         if plan.outcomes:
-            self.llm.processes_used.append(plan.units)
+            self.perf_session.processes_used.append(plan.units)
         del self.plans[plan.item.nodeid]
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -422,4 +430,4 @@ class Campaign:
             self.decisions[item.nodeid] = Decision(failure=text)
 
     def _alpha(self, item: pytest.Item) -> float:
-        return float(marker_kwargs(item).get("alpha", self.llm.settings.alpha))
+        return float(marker_kwargs(item).get("alpha", self.perf_session.settings.alpha))

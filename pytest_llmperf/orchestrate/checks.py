@@ -22,7 +22,7 @@ from .session import RECORD_FACTOR, LLMPerfSession
 DEFAULT_ROWS_PER_BATCH = 3
 
 
-def check_test_settings(llm: LLMPerfSession, item: pytest.Item, kwargs: Mapping[str, Any]) -> None:
+def check_test_settings(perf_session: LLMPerfSession, item: pytest.Item, kwargs: Mapping[str, Any]) -> None:
     """Raise ScenarioError naming the keyword and the fix when a test's settings cannot work."""
     processes = kwargs.get("processes")
     if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
@@ -30,11 +30,11 @@ def check_test_settings(llm: LLMPerfSession, item: pytest.Item, kwargs: Mapping[
             f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
             "(worker processes per side at the first look); leave it out for --llmperf-processes"
         )
-    settings = {k: v for k, v in llm.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
+    settings = {k: v for k, v in perf_session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
     scenario = build_scenario(settings)
-    if llm.in_process:
+    if perf_session.in_process:
         load_judge()
-    if not llm.in_process or llm.mode != "gate":
+    if not perf_session.in_process or perf_session.mode != "gate":
         return
     from ..judge.procedure import Schedule, SettingError, check_can_fail
 
@@ -65,28 +65,28 @@ def rows_expected(item: pytest.Item) -> int:
     return len(kwargs.get("batch_sizes") or [1]) * len(kwargs.get("metrics") or range(DEFAULT_ROWS_PER_BATCH))
 
 
-def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
+def check_settings(perf_session: LLMPerfSession, items: list[pytest.Item]) -> None:
     """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
-    settings = llm.settings
+    settings = perf_session.settings
     if settings.compare and (settings.update or settings.update_missing):
         raise pytest.UsageError(
             "llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
             "drop --llmperf-update / --llmperf-update-missing"
         )
     cap = settings.max_processes
-    if cap is not None and cap < llm.processes:  # the schedule would start above its cap, the header say both
+    if cap is not None and cap < perf_session.processes:  # the schedule would start above its cap, the header say both
         raise pytest.UsageError(
-            f"llmperf: llmperf_max_processes={cap} is below --llmperf-processes={llm.processes}"
+            f"llmperf: llmperf_max_processes={cap} is below --llmperf-processes={perf_session.processes}"
             f"{' (auto)' if settings.processes == 'auto' else ''}, the processes of the first look: raise "
-            f"the ini key llmperf_max_processes to at least {llm.processes}, or lower --llmperf-processes"
+            f"the ini key llmperf_max_processes to at least {perf_session.processes}, or lower --llmperf-processes"
         )
-    if llm.mode != "gate" or not items:
+    if perf_session.mode != "gate" or not items:
         return
     from ..judge.procedure import SettingError, check_can_fail  # scipy.stats: loaded where a schedule is checked
 
     family = sum(rows_expected(item) for item in items)
     for item in items:
-        first = llm.processes_for(item)
+        first = perf_session.processes_for(item)
         if cap is not None and cap < first:
             raise pytest.UsageError(
                 f"llmperf: {item.nodeid}: its marker's processes={first} is above llmperf_max_processes={cap}: "
@@ -95,12 +95,12 @@ def check_settings(llm: LLMPerfSession, items: list[pytest.Item]) -> None:
         what = (
             f"{item.nodeid}: marker processes={first}"
             if "processes" in marker_kwargs(item)
-            else f"--llmperf-processes={first} (llmperf_max_processes={llm.max_processes})"
+            else f"--llmperf-processes={first} (llmperf_max_processes={perf_session.max_processes})"
         )
         try:
             check_can_fail(
-                llm.worker_schedule(first, settings.alpha, family),
-                llm.rtol,
+                perf_session.worker_schedule(first, settings.alpha, family),
+                perf_session.rtol,
                 reference=None if settings.compare else RECORD_FACTOR * first,
                 what=what,
             )

@@ -52,16 +52,18 @@ class DeferredBenchmark(pytest.Item):
 class ProcessController:
     """Registered in pytest_configure when benchmarks are measured in worker processes."""
 
-    def __init__(self, config: pytest.Config, llm: LLMPerfSession, is_planned: Callable[[pytest.Item], bool]) -> None:
+    def __init__(
+        self, config: pytest.Config, perf_session: LLMPerfSession, is_planned: Callable[[pytest.Item], bool]
+    ) -> None:
         self.config = config
-        self.llm = llm
+        self.perf_session = perf_session
         self.is_planned = is_planned  # a benchmark test this controller measures (not skipped, not invalid)
         self.decisions: dict[str, Decision] = {}  # by node id, filled by the campaign
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         planned = [item for item in items if self.is_planned(item)]
-        check_settings(self.llm, planned)
+        check_settings(self.perf_session, planned)
         for i, item in enumerate(items):
             if self.is_planned(item) and item.parent is not None:
                 items[i] = DeferredBenchmark.from_parent(item.parent, name=item.name, original=item, controller=self)
@@ -72,5 +74,5 @@ class ProcessController:
         if planned and not session.config.option.collectonly:
             from .campaign import Campaign
 
-            Campaign(self.config, self.llm, self.decisions).run([item.original for item in planned])
+            Campaign(self.config, self.perf_session, self.decisions).run([item.original for item in planned])
         return (yield)

@@ -60,10 +60,10 @@ def wants_instructions(item: pytest.Item, option: bool) -> bool:
     return bool(option if given is None else given)
 
 
-def check_setup(llm: LLMPerfSession) -> None:
+def check_setup(perf_session: LLMPerfSession) -> None:
     """Refuse --llmperf-instructions up front where it cannot count: a UsageError naming the fix."""
-    only = llm.settings.instructions_only
-    if only and llm.mode != "gate":
+    only = perf_session.settings.instructions_only
+    if only and perf_session.mode != "gate":
         # a baseline holds wall time and counts; one recorded from counts alone would lose its timings
         raise pytest.UsageError(
             "llmperf: --llmperf-instructions-only measures no wall time, so it cannot record a "
@@ -71,12 +71,12 @@ def check_setup(llm: LLMPerfSession) -> None:
             "--llmperf-update --llmperf-instructions, then gate with --llmperf-instructions-only"
         )
     problem: str | None
-    if llm.device != "cpu":
+    if perf_session.device != "cpu":
         problem = (
             f"instructions are counted on the cpu target only (callgrind sees the host's instructions, not "
-            f"a GPU's); this session measures --llmperf-device={llm.device}"
+            f"a GPU's); this session measures --llmperf-device={perf_session.device}"
         )
-    elif llm.in_process:
+    elif perf_session.in_process:
         problem = (
             "instructions are counted in a worker process under valgrind; --llmperf-processes=1 measures in "
             "this process: give --llmperf-processes=2 or more, or compare with --llmperf-compare REF"
@@ -115,17 +115,17 @@ def _torch_supports_valgrind() -> bool | None:
 
 
 def specs_for(
-    llm: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[Side], pool: WorkerPool
+    perf_session: LLMPerfSession, items: Sequence[pytest.Item], sides: Sequence[Side], pool: WorkerPool
 ) -> list[WorkerSpec]:
     """The counting workers of a campaign: none when no test asks for instructions (or off the cpu target); an
     update records BASELINE_PROCESSES per side, else one. A WorkerError when this machine cannot count."""
-    nodeids = tuple(item.nodeid for item in items if wants_instructions(item, llm.settings.instructions))
-    if not nodeids or llm.device != "cpu":
+    nodeids = tuple(item.nodeid for item in items if wants_instructions(item, perf_session.settings.instructions))
+    if not nodeids or perf_session.device != "cpu":
         return []
     problem = setup_problem()  # asked by a marker only: not checked at configure time
     if problem is not None:
         raise WorkerError(problem)
-    processes = BASELINE_PROCESSES if llm.mode != "gate" and not llm.settings.compare else 1
+    processes = BASELINE_PROCESSES if perf_session.mode != "gate" and not perf_session.settings.compare else 1
     return [counting_spec(pool, WorkerSpec(side, i, nodeids)) for i in range(1, processes + 1) for side in sides]
 
 

@@ -1,6 +1,6 @@
 """The `llmperf:` lines of pytest's header: the device, the settings, how benchmarks are measured and judged.
 
-Shown in every llm, so this module imports nothing heavy (the summary's statistics are report/terminal.py's).
+Shown in every perf_session, so this module imports nothing heavy (the summary's statistics are report/terminal.py's).
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ INTERLEAVED = {
 }
 
 
-def header_lines(llm: LLMPerfSession) -> list[str]:
-    s = llm.settings
+def header_lines(perf_session: LLMPerfSession) -> list[str]:
+    s = perf_session.settings
     return [
-        f"llmperf: device={llm.device} ({'given' if llm.device_given else 'detected'}), mode={llm.mode}, "
-        f"runs={s.runs}{' (auto)' if llm.runs_auto else ''}, warmups={s.warmups}, max_runs={s.max_runs}, "
+        f"llmperf: device={perf_session.device} ({'given' if perf_session.device_given else 'detected'}), "
+        f"mode={perf_session.mode}, "
+        f"runs={s.runs}{' (auto)' if perf_session.runs_auto else ''}, warmups={s.warmups}, max_runs={s.max_runs}, "
         f"alpha={s.alpha}, rtol={s.rtol:g}"
-        f"{f' ({llm.rtol_auto})' if llm.rtol_auto else ''}, malloc={s.malloc}, "
-        f"threads={llm.threads_text()}, "
+        f"{f' ({perf_session.rtol_auto})' if perf_session.rtol_auto else ''}, malloc={s.malloc}, "
+        f"threads={perf_session.threads_text()}, "
         f"fail_on={','.join(s.fail_on) or 'none'}",
-        f"llmperf: {_measured_how(llm)}",
+        f"llmperf: {_measured_how(perf_session)}",
         *(
             [
                 "llmperf: instructions only: the tests that count are not timed, their rows are the counts of one "
@@ -33,34 +34,35 @@ def header_lines(llm: LLMPerfSession) -> list[str]:
             if s.instructions_only
             else []
         ),
-        f"llmperf: baselines={'none (A/B: both sides measured here)' if s.compare else llm.baseline_set}, "
+        f"llmperf: baselines={'none (A/B: both sides measured here)' if s.compare else perf_session.baseline_set}, "
         f"reports={s.report_dir}",
     ]
 
 
-def _measured_how(llm: LLMPerfSession) -> str:
-    s = llm.settings
-    if llm.recorder is not None:
+def _measured_how(perf_session: LLMPerfSession) -> str:
+    s = perf_session.settings
+    if perf_session.recorder is not None:
         return "a worker process of the controlling pytest process"
     where = (
         f"the working tree against {s.compare} (A/B, {INTERLEAVED[s.interleave]})"
         if s.compare
         else "against the stored baselines"
     )
-    if llm.in_process:
+    if perf_session.in_process:
         return (
             f"processes=1: in this pytest process, the gate tests runs {where}: {s.runs} at the first look, "
             f"doubling to max_runs={s.max_runs} for undecided rows"
         )
     auto = " (auto)" if s.processes == "auto" else ""
-    if llm.mode == "update":
+    if perf_session.mode == "update":
         return (
-            f"processes={llm.processes}{auto}: a baseline records {llm.recording_processes} worker "
+            f"processes={perf_session.processes}{auto}: a baseline records {perf_session.recording_processes} worker "
             f"processes (twice the first look; the gate tests their medians)"
         )
-    if llm.mode == "update-missing":
+    if perf_session.mode == "update-missing":
         return (
-            f"processes={llm.processes}{auto}: {llm.recording_processes} worker processes per benchmark "
+            f"processes={perf_session.processes}{auto}: {perf_session.recording_processes} worker processes per "
+            f"benchmark "
             f"(twice the first look; the gate tests their medians), judged {where} in one look, or recorded "
             f"where a baseline is missing"
         )
@@ -72,13 +74,14 @@ def _measured_how(llm: LLMPerfSession) -> str:
         auto_budget = "5 times the first look's time, at most 5 min more (auto)"
         budget = auto_budget if s.budget == "auto" else f"{float(s.budget):g} s"
         return (
-            f"processes={llm.processes}{auto} per side at the first look (worker processes, {started}; the gate "
+            f"processes={perf_session.processes}{auto} per side at the first look (worker processes, {started}; "
+            f"the gate "
             f"tests the means of their runs, pair by pair), then a look where this job's spreads say its undecided "
             f"rows will be decided, runs per process chosen from them, and a last one, within "
-            f"{llm.max_processes} processes and a budget of {budget}, {where}"
+            f"{perf_session.max_processes} processes and a budget of {budget}, {where}"
         )
     return (
-        f"processes={llm.processes}{auto} per side at the first look (worker processes, {started}; the gate "
+        f"processes={perf_session.processes}{auto} per side at the first look (worker processes, {started}; the gate "
         f"tests their medians), then one more a round while rows are undecided, judged after every round up to "
-        f"{llm.max_processes} (alpha spent at the doublings and the cap), {where}"
+        f"{perf_session.max_processes} (alpha spent at the doublings and the cap), {where}"
     )

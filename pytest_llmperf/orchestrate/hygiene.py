@@ -23,9 +23,9 @@ class BaselineHygiene:
     """Registered by plugin.py in the controlling process, with the session it reads: the store, the mode, the
     outcomes."""
 
-    def __init__(self, config: pytest.Config, llm: LLMPerfSession) -> None:
+    def __init__(self, config: pytest.Config, perf_session: LLMPerfSession) -> None:
         self.config = config
-        self.llm = llm
+        self.perf_session = perf_session
         self.collected: dict[str, set[str]] = {}  # module -> keys of every test collected from it
         self.paths: dict[str, Path] = {}  # module -> its file
         self.deselected: set[str] = set()  # modules with a deselected test
@@ -67,7 +67,7 @@ class BaselineHygiene:
             return
         from ..judge.baselines import BaselineError
 
-        store = self.llm.store
+        store = self.perf_session.store
         for module in sorted(self.benchmarked & self._whole_modules()):
             try:
                 stored = list(store.entries(module))
@@ -76,7 +76,7 @@ class BaselineHygiene:
             stale = stale_keys(stored, self.collected.get(module, set()))
             if not stale:
                 continue
-            if self.llm.mode == "update" and module not in self.deselected:
+            if self.perf_session.mode == "update" and module not in self.deselected:
                 try:
                     store.prune(module, stale)
                     continue
@@ -95,7 +95,7 @@ class BaselineHygiene:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self._active():
             return
-        store = self.llm.store
+        store = self.perf_session.store
         lines = [
             f"pruned stale baseline entries from {path} (their tests no longer exist): {', '.join(keys)}"
             for path, keys in sorted(store.pruned.items())
@@ -113,7 +113,7 @@ class BaselineHygiene:
         ]
         if not lines:
             return
-        if not self.llm.outcomes:
-            terminalreporter.write_sep("=", f"llmperf: {self.llm.device}")
+        if not self.perf_session.outcomes:
+            terminalreporter.write_sep("=", f"llmperf: {self.perf_session.device}")
         for line in lines:
             terminalreporter.write_line(line)

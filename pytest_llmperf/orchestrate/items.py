@@ -71,14 +71,14 @@ def measured_elsewhere(item: pytest.Item) -> bool:
 class BenchmarkItems:
     """Counts, checks and marks the session's benchmark tests; `refusal`: every one of them fails with it."""
 
-    def __init__(self, llm: LLMPerfSession, refusal: str | None = None) -> None:
-        self.llm = llm
+    def __init__(self, perf_session: LLMPerfSession, refusal: str | None = None) -> None:
+        self.perf_session = perf_session
         self.refusal = refusal
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        llm = self.llm
+        perf_session = self.perf_session
         selected = [item for item in items if is_llmperf(item)]
-        llm.selected = len(selected)
+        perf_session.selected = len(selected)
         if self.refusal is not None:
             for item in selected:
                 item.stash[INVALID_MARKER_KEY] = self.refusal
@@ -86,14 +86,16 @@ class BenchmarkItems:
         if selected:  # before any fixture loads a model
             from ..measure.allocator import steady_malloc
 
-            llm.malloc = steady_malloc() if llm.settings.malloc == "steady" else "system (llmperf_malloc)"
+            perf_session.malloc = (
+                steady_malloc() if perf_session.settings.malloc == "steady" else "system (llmperf_malloc)"
+            )
         for item in selected:
             problem = self._marker_problem(item)
             if problem is not None:
                 item.stash[INVALID_MARKER_KEY] = problem
                 continue
             wanted = marker_kwargs(item).get("processes")
-            if wanted not in (None, 1) and llm.in_process:  # the option wins here: say so, not in silence
+            if wanted not in (None, 1) and perf_session.in_process:  # the option wins here: say so, not in silence
                 item.warn(
                     PytestLLMPerfWarning(
                         f"llmperf: the marker's processes={wanted} is not used: --llmperf-processes=1 measures every "
@@ -101,11 +103,11 @@ class BenchmarkItems:
                     )
                 )
             devices = marker_devices(item)
-            if devices is not None and llm.device not in devices:
+            if devices is not None and perf_session.device not in devices:
                 item.stash[OTHER_DEVICES_KEY] = True
                 item.add_marker(
                     pytest.mark.skip(
-                        reason=f"llmperf: runs on {', '.join(devices)}; the current device is {llm.device}"
+                        reason=f"llmperf: runs on {', '.join(devices)}; the current device is {perf_session.device}"
                     )
                 )
 
@@ -114,16 +116,16 @@ class BenchmarkItems:
         """Count the benchmarks this session runs once -k, -m and the like have deselected theirs (`pytest -m 'not
         llmperf'` must not fail as a session that judged nothing)."""
         final = [item for item in session.items if is_llmperf(item) or measured_elsewhere(item)]
-        self.llm.selected = len(final)
-        self.llm.invalid_here = sum(INVALID_MARKER_KEY in item.stash for item in final)
-        self.llm.skipped_here = sum(OTHER_DEVICES_KEY in item.stash for item in final)
+        self.perf_session.selected = len(final)
+        self.perf_session.invalid_here = sum(INVALID_MARKER_KEY in item.stash for item in final)
+        self.perf_session.skipped_here = sum(OTHER_DEVICES_KEY in item.stash for item in final)
 
     def _marker_problem(self, item: pytest.Item) -> str | None:
         """Why a test's llmperf marker cannot work (a bad keyword, a schedule that could never fail), or None."""
         from .checks import check_test_settings
 
         try:
-            check_test_settings(self.llm, item, marker_kwargs(item))
+            check_test_settings(self.perf_session, item, marker_kwargs(item))
         except ScenarioError as exc:
             return str(exc)
         return None

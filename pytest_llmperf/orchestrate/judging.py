@@ -14,7 +14,7 @@ from ..judge.baseline_layout import machine_slug
 from ..judge.baseline_values import too_few_units
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.busy import admitting
-from ..judge.environment import hardware_mismatch, software_drift
+from ..judge.fingerprint import hardware_mismatch, software_drift
 from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
@@ -26,7 +26,7 @@ from ..measure.scenario import Scenario
 from .session import LLMPerfSession
 
 
-def record(llm: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, lookup: Lookup) -> Outcome:
+def record(perf_session: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, lookup: Lookup) -> Outcome:
     """Write the baseline of a measured benchmark (--llmperf-update, or --llmperf-update-missing without one);
     never a broken or disturbed measurement."""
     errors = batch_errors(result)
@@ -37,7 +37,7 @@ def record(llm: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, loo
         if b.foreign_load is not None and b.foreign_load > scenario.max_load
     ]
     if busy:
-        errors = [busy_update_message(llm, result, busy), *errors]
+        errors = [busy_update_message(perf_session, result, busy), *errors]
     if lookup.error:
         return Outcome(
             result,
@@ -54,7 +54,7 @@ def record(llm: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, loo
             baseline_path=str(lookup.path),
             reason="machine busy, baseline not written" if busy else "measurement failed, not written",
         )
-    entry = BaselineEntry.of_result(result, fingerprint=llm.fingerprint, created=now_iso())
+    entry = BaselineEntry.of_result(result, fingerprint=perf_session.fingerprint, created=now_iso())
     small = too_few_units(entry.key, entry.unit, entry.values)
     if small:  # a baseline that could never decide a verdict
         return Outcome(
@@ -68,7 +68,7 @@ def record(llm: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, loo
             reason="too few runs, baseline not written",
         )
     try:
-        llm.store.write(result.module, entry)
+        perf_session.store.write(result.module, entry)
     except BaselineError as exc:
         return Outcome(
             result, Status.REFUSED, errors=[str(exc)], baseline_path=str(lookup.path), reason="baseline not written"
@@ -77,7 +77,7 @@ def record(llm: LLMPerfSession, result: BenchmarkResult, scenario: Scenario, loo
     return Outcome(result, status, baseline_path=str(lookup.path))
 
 
-def stored_reference(llm: LLMPerfSession, result: BenchmarkResult, lookup: Lookup) -> Reference | Outcome:
+def stored_reference(perf_session: LLMPerfSession, result: BenchmarkResult, lookup: Lookup) -> Reference | Outcome:
     """The stored baseline to judge against, or the outcome when there is none to compare with."""
     path = str(lookup.path)
     if lookup.error:
@@ -86,23 +86,23 @@ def stored_reference(llm: LLMPerfSession, result: BenchmarkResult, lookup: Looku
         )
     if lookup.entry is None:
         hint = (
-            f"no baseline for {result.key} in {path} (device {llm.device}). "
+            f"no baseline for {result.key} in {path} (device {perf_session.device}). "
             f"{lookup.note + ' ' if lookup.note else ''}Create it with:\n  "
-            f"{llm.rerun(result.nodeid, update=True)}"
+            f"{perf_session.rerun(result.nodeid, update=True)}"
         )
         if lookup.elsewhere:  # measured, but on other hardware: as a CPU mismatch
             return Outcome(
                 result, Status.REFUSED, messages=[hint], baseline_path=path, reason="recorded on other machines only"
             )
         return Outcome(result, Status.MISSING, messages=[hint], baseline_path=path)
-    mismatch = hardware_mismatch(lookup.entry.fingerprint, llm.fingerprint)
+    mismatch = hardware_mismatch(lookup.entry.fingerprint, perf_session.fingerprint)
     if mismatch is None:
         small = too_few_units(lookup.entry.key, lookup.entry.unit, lookup.entry.values)
         if small:  # every verdict would be inconclusive: the baseline, not this run, lacks the units
             return Outcome(
                 result,
                 Status.REFUSED,
-                errors=[f"baseline {path}: {small}. Re-record it: {llm.rerun(result.nodeid, update=True)}"],
+                errors=[f"baseline {path}: {small}. Re-record it: {perf_session.rerun(result.nodeid, update=True)}"],
                 baseline_path=path,
                 reason="baseline too small",
             )
@@ -111,11 +111,11 @@ def stored_reference(llm: LLMPerfSession, result: BenchmarkResult, lookup: Looku
     # The hint names a set of this hardware's own: an update under the same name would replace the other
     # machine's baselines, and gating under it again gives this same refusal.
     # (the same slug as this machine's own set would get; for a GPU, from its name)
-    own = {"machine": machine_slug(llm.fingerprint if kind == "cpu" else {"cpu_model": now})}
+    own = {"machine": machine_slug(perf_session.fingerprint if kind == "cpu" else {"cpu_model": now})}
     text = (
         f"{result.key}: baseline {path} was measured on {kind.upper()} {was!r}, this machine has {now!r}; not "
         f"compared. Record baselines of this hardware as a set of its own:\n"
-        f"  {llm.rerun(result.nodeid, update=True, replace=own)}\n"
+        f"  {perf_session.rerun(result.nodeid, update=True, replace=own)}\n"
         f"then gate with {' '.join(f'--llmperf-{k}={v}' for k, v in own.items())}"
     )
     # A baseline from another GPU is a misconfigured target (--llmperf-device names the GPU model): it fails the
@@ -126,7 +126,7 @@ def stored_reference(llm: LLMPerfSession, result: BenchmarkResult, lookup: Looku
         messages=[] if kind == "gpu" else [text],
         errors=[text] if kind == "gpu" else [],
         baseline_path=path,
-        drift=software_drift(lookup.entry.fingerprint, llm.fingerprint),
+        drift=software_drift(lookup.entry.fingerprint, perf_session.fingerprint),
         reason=f"baseline from another {kind.upper()}",
     )
 
@@ -147,7 +147,7 @@ def ab_reference(
 
 
 def judge(
-    llm: LLMPerfSession,
+    perf_session: LLMPerfSession,
     result: BenchmarkResult,
     reference: Reference,
     scenario: Scenario,
@@ -181,25 +181,27 @@ def judge(
         how = f"compared with {reference.label} in alternating worker processes (--llmperf-compare)"
         intended = how
     else:
-        how = f"If the slowdown is intended, update the baseline: {llm.rerun(result.nodeid, update=True)}"
-        intended = f"If the new outputs are intended, update the baseline: {llm.rerun(result.nodeid, update=True)}"
+        how = f"If the slowdown is intended, update the baseline: {perf_session.rerun(result.nodeid, update=True)}"
+        intended = (
+            f"If the new outputs are intended, update the baseline: {perf_session.rerun(result.nodeid, update=True)}"
+        )
     refused = [r for r in rows if r.verdict == Verdict.REFUSED]
     warnings = (
         [
             f"{result.key}: "
             + "; ".join(f"batch size {r.batch_size}: {r.note}" for r in refused)
-            + busy_hint(llm, result, reference.entry, scenario.max_load)
+            + busy_hint(perf_session, result, reference.entry, scenario.max_load)
         ]
         if refused
         else []
     )
     changed, changed_warnings = changed_outputs(result, rows, scenario.outputs, intended)
-    drift = {} if ab else software_drift(reference.entry.fingerprint, llm.fingerprint)
+    drift = {} if ab else software_drift(reference.entry.fingerprint, perf_session.fingerprint)
     messages = verdict_messages(rows, how, scenario)
     if drift and any(r.verdict == Verdict.REGRESSED for r in rows):  # the change may be a dependency's
         changes = "; ".join(f"{name} {was} -> {now}" for name, (was, now) in sorted(drift.items()))
         messages.insert(-1, f"Software changed since the baseline was recorded: {changes}")
-    envs = llm.environments if ab else None
+    envs = perf_session.environments if ab else None
     if envs is not None and envs.changes and any(r.verdict == Verdict.REGRESSED for r in rows):
         where = "each side measured in its own environment" if envs.measured else "not measured: code only"
         changes = "; ".join(map(str, envs.changes))
@@ -212,7 +214,7 @@ def judge(
         messages = [
             *(row_message(r) for r in rows if r.verdict == Verdict.MISSING),
             f"Record the baseline again, with every batch size and metric the test gates: "
-            f"{llm.rerun(result.nodeid, update=True)}",
+            f"{perf_session.rerun(result.nodeid, update=True)}",
             *messages,
         ]
     return Outcome(
@@ -220,7 +222,7 @@ def judge(
         Status.COMPARED,
         rows=rows,
         messages=messages,
-        baseline_path=(reference.label if ab else str(llm.store.path_for(result.module))),
+        baseline_path=(reference.label if ab else str(perf_session.store.path_for(result.module))),
         reference=reference.side,
         changed=changed,
         outputs_unchecked=unchecked(reference.entry.outputs, result.batches),
@@ -273,10 +275,10 @@ def batch_errors(result: BenchmarkResult) -> list[str]:
     ]
 
 
-def fail_messages(llm: LLMPerfSession, outcome: Outcome) -> tuple[list[str], list[str]]:
+def fail_messages(perf_session: LLMPerfSession, outcome: Outcome) -> tuple[list[str], list[str]]:
     """(the messages that fail this test, the warnings it emits). A kind listed in --llmperf-fail-on fails
     with its messages, any other only warns; batch errors, invalid values and changed outputs always fail."""
-    fail_on = llm.settings.fail_on
+    fail_on = perf_session.settings.fail_on
     kind = outcome.kind
     errors = [
         *outcome.errors,
@@ -298,13 +300,13 @@ def fail_messages(llm: LLMPerfSession, outcome: Outcome) -> tuple[list[str], lis
     return [*errors, *outcome.changed], warnings
 
 
-def busy_hint(llm: LLMPerfSession, result: BenchmarkResult, entry: BaselineEntry, max_load: float) -> str:
+def busy_hint(perf_session: LLMPerfSession, result: BenchmarkResult, entry: BaselineEntry, max_load: float) -> str:
     """What to do about batch sizes refused because either side was measured on a busy machine: one
     --llmperf-max-load that admits them all, fewer threads only where they are not already 1."""
     now = [b.foreign_load for b in result.batches if b.foreign_load is not None and b.foreign_load > max_load]
     then = [load for load in entry.foreign_load.values() if load > max_load]
     if now:
-        threads = "" if llm.threads == 1 else ", use fewer torch threads (-o llmperf_threads=1)"
+        threads = "" if perf_session.threads == 1 else ", use fewer torch threads (-o llmperf_threads=1)"
         return (
             f". Re-run when the other work has stopped, allow it with --llmperf-max-load={admitting(max(now)):g} "
             f"(noisier verdicts){threads}, or measure base and change in one session (--llmperf-compare REF)"
@@ -317,15 +319,15 @@ def busy_hint(llm: LLMPerfSession, result: BenchmarkResult, entry: BaselineEntry
     return ""
 
 
-def busy_update_message(llm: LLMPerfSession, result: BenchmarkResult, busy: list[str]) -> str:
+def busy_update_message(perf_session: LLMPerfSession, result: BenchmarkResult, busy: list[str]) -> str:
     """Why an update was refused on a busy machine, and what to run instead."""
     worst = max(b.foreign_load or 0.0 for b in result.batches)
-    allow = llm.rerun(result.nodeid, update=True, replace={"max_load": admitting(worst)})
+    allow = perf_session.rerun(result.nodeid, update=True, replace={"max_load": admitting(worst)})
     fewer = (
         ""
-        if llm.threads == 1
+        if perf_session.threads == 1
         else "; or leave more of the machine to others with fewer torch threads: "
-        + llm.rerun(result.nodeid, update=True, replace={"threads": 1})
+        + perf_session.rerun(result.nodeid, update=True, replace={"threads": 1})
     )
     return (
         f"not written: a baseline measured on a busy machine would gate against noise ({'; '.join(busy)}). "

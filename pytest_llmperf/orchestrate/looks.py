@@ -39,11 +39,11 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, llm: LLMPerfSession, outcomes: Sequence[Outcome]) -> Decision:
+    def of(cls, perf_session: LLMPerfSession, outcomes: Sequence[Outcome]) -> Decision:
         """A test's decision from its benchmarks' outcomes, as --llmperf-fail-on says (judging.fail_messages)."""
         messages, said = [], []
         for outcome in outcomes:
-            failing, warned = judging.fail_messages(llm, outcome)
+            failing, warned = judging.fail_messages(perf_session, outcome)
             messages += failing
             said += warned
         return cls(failure="\n".join(messages) or None, warnings=said)
@@ -120,7 +120,7 @@ def _need(row: Row, outcomes: Mapping[str, Outcome]) -> allocation.Need | None:
 class Measurements:
     """The sides of a job and what their workers reported so far."""
 
-    llm: LLMPerfSession
+    perf_session: LLMPerfSession
     sides: list[Side]  # the working tree last; an A/B job's ref first
     runs: dict[str, list[WorkerRun]] = field(default_factory=lambda: defaultdict(list))  # timing workers by side
     counted: dict[str, list[WorkerRun]] = field(default_factory=dict)  # counting workers by side (counting.py)
@@ -185,9 +185,9 @@ class Measurements:
     def reference(self, result: BenchmarkResult, counted: bool = False) -> Reference | Outcome:
         """What `result` is judged against: side A's benchmark of the same key (A/B; `counted`: as its counting
         workers counted it), or its stored baseline."""
-        llm = self.llm
-        if not llm.settings.compare:
-            return judging.stored_reference(llm, result, llm.store.lookup(result.module, result.key))
+        perf_session = self.perf_session
+        if not perf_session.settings.compare:
+            return judging.stored_reference(perf_session, result, perf_session.store.lookup(result.module, result.key))
         ref, label = self.sides[0], self.sides[0].label
         side = self.merged(result.nodeid, (self.counted if counted else self.runs).get(ref.name, [])).get(result.key)
         if side is not None:
@@ -200,18 +200,18 @@ class Measurements:
     ) -> Outcome:
         """Record the benchmark (update modes), or judge it at this look (no plan: on its counts alone, against
         what side A's counting workers counted); `final`: the last look, where not its schedule's (a budget spent)."""
-        llm = self.llm
+        perf_session = self.perf_session
         merged = counting.attach(merged, self.counted.get(self.current.name, []), self.current.label)
         scenario = Scenario.from_json(merged.scenario)
-        if llm.mode != "gate" and not llm.settings.compare:
-            lookup = llm.store.lookup(merged.module, merged.key)
-            if llm.mode == "update" or lookup.entry is None:
-                return judging.record(llm, merged, scenario, lookup)
+        if perf_session.mode != "gate" and not perf_session.settings.compare:
+            lookup = perf_session.store.lookup(merged.module, merged.key)
+            if perf_session.mode == "update" or lookup.entry is None:
+                return judging.record(perf_session, merged, scenario, lookup)
         reference = self.reference(merged, counted=plan is None)
         if isinstance(reference, Outcome):
             return reference
         return judging.judge(
-            llm,
+            perf_session,
             merged,
             reference,
             scenario,

@@ -122,7 +122,7 @@ class LLMPerfSession:
     def machine(self) -> str | None:
         """This machine's set of baselines: --llmperf-machine, or on the cpu target a slug of its CPU."""
         from ..judge.baseline_layout import machine_slug
-        from ..judge.environment import cpu_identity
+        from ..judge.fingerprint import cpu_identity
 
         return self.settings.machine or (machine_slug(cpu_identity()) if self.device == "cpu" else None)
 
@@ -147,9 +147,9 @@ class LLMPerfSession:
         """This machine and its software, as a baseline keeps it: the installed versions of the distributions the
         benchmarks imported (here, or in the worker processes of the working tree) among them."""
         from ..environments.installed import imported_distributions
-        from ..history.backends import parse_location
+        from ..history.databases import parse_location
         from ..history.job import own_files
-        from ..judge.environment import fingerprint
+        from ..judge.fingerprint import fingerprint
 
         packages = {**imported_distributions(), **self.imported}
         try:  # the plugin's own files (the history store, the reports) do not make the tree dirty
@@ -253,7 +253,7 @@ MEASURED_KEY = pytest.StashKey[bool]()
 
 
 def _detect_device() -> str:
-    from ..judge.environment import detect_device
+    from ..judge.fingerprint import detect_device
 
     return detect_device()
 

@@ -22,36 +22,38 @@ from .session import LLMPerfSession
 
 
 class SessionEnd:
-    def __init__(self, llm: LLMPerfSession) -> None:
-        self.llm = llm
+    def __init__(self, perf_session: LLMPerfSession) -> None:
+        self.perf_session = perf_session
         self.written = Written()
         self.ended: SessionSummary | None = None  # filled once, when the session ends (its summary shows it)
 
     def summary(self) -> SessionSummary:
-        llm, settings = self.llm, self.llm.settings
-        envs = llm.environments
-        fingerprint = llm.fingerprint if llm.outcomes else {}
+        perf_session, settings = self.perf_session, self.perf_session.settings
+        envs = perf_session.environments
+        fingerprint = perf_session.fingerprint if perf_session.outcomes else {}
         if envs is not None:  # what each side ran, beside what this machine is
             fingerprint = {**fingerprint, "environments": envs.to_json()}
         return SessionSummary(
-            device=llm.device,
-            mode=llm.mode,
-            outcomes=list(llm.outcomes),
-            selected=llm.selected,
-            skipped_here=llm.skipped_here,
-            invalid_here=llm.invalid_here,
+            device=perf_session.device,
+            mode=perf_session.mode,
+            outcomes=list(perf_session.outcomes),
+            selected=perf_session.selected,
+            skipped_here=perf_session.skipped_here,
+            invalid_here=perf_session.invalid_here,
             fail_on=settings.fail_on,
             settings=settings.as_dict(),
-            report_dir=llm.report_dir,
-            json_path=llm.json_path,
+            report_dir=perf_session.report_dir,
+            json_path=perf_session.json_path,
             export=settings.export,
             fingerprint=fingerprint,
-            compared_to=llm.compared_to,
-            compared_commit=llm.compared_commit,
-            processes_used=list(llm.processes_used),
-            rerun=llm.rerun,
+            compared_to=perf_session.compared_to,
+            compared_commit=perf_session.compared_commit,
+            processes_used=list(perf_session.processes_used),
+            rerun=perf_session.rerun,
             environment_lines=envs.shown_lines(
-                f"A {llm.compared_to}", "B the working tree", (llm.imported_anywhere or None) if envs.per_side else None
+                f"A {perf_session.compared_to}",
+                "B the working tree",
+                (perf_session.imported_anywhere or None) if envs.per_side else None,
             )
             if envs
             else [],
@@ -59,7 +61,7 @@ class SessionEnd:
 
     @property
     def benchmarked(self) -> bool:
-        return bool(self.llm.outcomes or self.llm.selected)
+        return bool(self.perf_session.outcomes or self.perf_session.selected)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -92,19 +94,25 @@ class SessionEnd:
         from ..history.job import append_job
         from ..history.rows import Job
 
-        llm, settings = self.llm, self.llm.settings
-        compared = settings.compare if llm.compared_to else None
+        perf_session, settings = self.perf_session, self.perf_session.settings
+        compared = settings.compare if perf_session.compared_to else None
         # to the microsecond: the store lists runs by it, and two jobs can end within one second
         ended_at = datetime.now(timezone.utc).isoformat(timespec="microseconds")
         job = Job(
-            llm.device, llm.fingerprint, settings.rootdir, llm.machine, compared, settings.history_branch, ended_at
+            perf_session.device,
+            perf_session.fingerprint,
+            settings.rootdir,
+            perf_session.machine,
+            compared,
+            settings.history_branch,
+            ended_at,
         )
         try:
             done = append_job(
-                llm.outcomes,
+                perf_session.outcomes,
                 job,
                 store=settings.history,
-                report_dir=llm.report_dir,
+                report_dir=perf_session.report_dir,
                 rows_file=settings.history_rows,
                 check=settings.history_check,
                 min_effect=settings.history_min_effect,
@@ -119,7 +127,7 @@ class SessionEnd:
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.benchmarked:
             return
-        if (exitstatus == pytest.ExitCode.USAGE_ERROR or not runs_tests(config)) and not self.llm.outcomes:
+        if (exitstatus == pytest.ExitCode.USAGE_ERROR or not runs_tests(config)) and not self.perf_session.outcomes:
             return  # refused before anything ran, or --collect-only: nothing was to be judged
         from ..report.terminal import write_summary
 
@@ -129,8 +137,8 @@ class SessionEnd:
 class Exports:
     """Our results in other tools' formats (the logic is report/exports.py's, imported when there are results)."""
 
-    def __init__(self, llm: LLMPerfSession, config: pytest.Config) -> None:
-        self.llm = llm
+    def __init__(self, perf_session: LLMPerfSession, config: pytest.Config) -> None:
+        self.perf_session = perf_session
         # xunit2, pytest's default family, holds properties only on its <testsuite>: they wait for pytest's file
         path = junit_xml_path(config)
         self.junit_suite = path if path is not None and config.getini("junit_family") == "xunit2" else None
@@ -144,7 +152,7 @@ class Exports:
         pytest's default family, xunit2, whose schema has no <testcase> properties, they are testsuite properties;
         otherwise the test's own user_properties (xunit1's <testcase> properties, pytest-reportlog). A test
         measured in worker processes gets the time of its timed runs as its duration."""
-        outcomes = [o for o in self.llm.outcomes if o.result.nodeid == item.nodeid]
+        outcomes = [o for o in self.perf_session.outcomes if o.result.nodeid == item.nodeid]
         if call.when == "call" and outcomes:
             from ..report import exports
 
@@ -165,12 +173,16 @@ class Exports:
         """Before pytest-benchmark finishes (its own wrapper writes --benchmark-json, saves and compares): our
         results join its benchmarks, with its own statistics. After pytest wrote --junitxml: the testsuite
         properties join its file."""
-        if self.junit_suite is not None and self.llm.environments is not None:  # also "DEPENDENCY CHANGES NOT MEASURED"
-            self.suite_properties.append(("llmperf_environments", self.llm.environments.summary_line()))
-        if self.llm.outcomes:
+        if (
+            self.junit_suite is not None and self.perf_session.environments is not None
+        ):  # also "DEPENDENCY CHANGES NOT MEASURED"
+            self.suite_properties.append(("llmperf_environments", self.perf_session.environments.summary_line()))
+        if self.perf_session.outcomes:
             from ..report import exports
 
-            exports.add_to_pytest_benchmark(session.config, self.llm.device, [o.result for o in self.llm.outcomes])
+            exports.add_to_pytest_benchmark(
+                session.config, self.perf_session.device, [o.result for o in self.perf_session.outcomes]
+            )
         result = yield
         if self.junit_suite is not None and self.suite_properties and self.junit_suite.exists():
             from ..report import exports

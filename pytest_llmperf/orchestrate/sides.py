@@ -35,23 +35,23 @@ OUTPUT_LINES = 30
 
 
 def prepare(
-    config: pytest.Config, llm: LLMPerfSession, stack: contextlib.ExitStack, progress: CampaignProgress
+    config: pytest.Config, perf_session: LLMPerfSession, stack: contextlib.ExitStack, progress: CampaignProgress
 ) -> list[Side]:
     """The job's sides: the working tree, after an A/B job's ref (checked out for the life of `stack`)."""
     root = worker_root(config)
-    if not llm.settings.compare:
+    if not perf_session.settings.compare:
         return [Side("", root, "the working tree", args=tuple(passthrough_args(config, root)))]
     # a checkout can take seconds, an environment's build longer: say so first
-    progress.say(f"checking out {llm.settings.compare} into a git worktree (the A side)")
+    progress.say(f"checking out {perf_session.settings.compare} into a git worktree (the A side)")
     try:
-        ref = stack.enter_context(checkout(llm.settings.compare, root))
+        ref = stack.enter_context(checkout(perf_session.settings.compare, root))
     except RefError as exc:
         raise pytest.UsageError(f"llmperf: {exc}") from None
     if ref.cleared:
         progress.say(f"removed {len(ref.cleared)} comparison worktree(s) a killed run left behind")
-    llm.compared_to = ref.label  # before the environments, whose lines name the A side by it
-    llm.compared_commit = ref.commit
-    envs = environments(llm, ref.toplevel, ref.source, root, progress)
+    perf_session.compared_to = ref.label  # before the environments, whose lines name the A side by it
+    perf_session.compared_commit = ref.commit
+    envs = environments(perf_session, ref.toplevel, ref.source, root, progress)
     root_a = ref.counterpart(root)
     args_a = passthrough_args(config, root_a, ref.counterpart)
     return [
@@ -74,7 +74,7 @@ def worker_root(config: pytest.Config) -> Path:
 
 
 def environments(
-    llm: LLMPerfSession, base_top: Path, head_top: Path, rootdir: Path, progress: CampaignProgress
+    perf_session: LLMPerfSession, base_top: Path, head_top: Path, rootdir: Path, progress: CampaignProgress
 ) -> Environments:
     """Each side's environment (environments/plan.py), from the dependency inputs at the rootdir or the nearest
     directory above it in the repository that has some; a UsageError naming the packages and the ways out where the
@@ -84,7 +84,7 @@ def environments(
     from ..environments.plan import prepare as prepare_environments
     from ..environments.records import BuildSettings
 
-    settings = llm.settings
+    settings = perf_session.settings
     offline = os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes")
     try:
         base, head = inputs_roots(base_top, head_top, rootdir)
@@ -100,12 +100,12 @@ def environments(
             base_python=settings.base_python,
             env_dir=settings.env_dir,
             settings=BuildSettings(offline=offline, extras=settings.env_extras, groups=settings.env_groups),
-            cpu_target=llm.device == "cpu",
+            cpu_target=perf_session.device == "cpu",
         )
     except EnvironmentsError as exc:
         raise pytest.UsageError(f"llmperf: {exc}") from None
-    llm.environments = envs
-    for line in envs.shown_lines(f"A {llm.compared_to}", "B the working tree"):
+    perf_session.environments = envs
+    for line in envs.shown_lines(f"A {perf_session.compared_to}", "B the working tree"):
         progress.say(line)
     return envs
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..judge.instructions import DEFAULT_RTOL as COUNT_RTOL
 from ..measure.instructions import INSTRUCTION_METRICS
-from . import history, history_changes
+from . import history_changes, trend
 from .markdown import write_atomic
 from .stored import run_metric_values
 
@@ -229,7 +229,7 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
         "recorded baseline (from the git history of the baseline file; labelled with the commit it was "
         "measured at) and in these reports (labelled with the target).</p>",
     ]
-    cache: dict[Path, history.Versions] = {}
+    cache: dict[Path, trend.Versions] = {}
     benchmarks: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
     for doc in documents:
         for b in doc.get("benchmarks") or []:
@@ -237,16 +237,16 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     for n, (name, members) in enumerate(benchmarks.items()):
         metrics = _metrics_of(members[0][1])
         measured_sizes = sorted({int(batch["batch_size"]) for _, b in members for batch in b.get("batches") or []})
-        points: list[history.Point] = []
+        points: list[trend.Point] = []
         for doc, b in members:
             baseline_file = _baseline_file(doc, b)
             if baseline_file is not None:
                 points += [
                     p
-                    for p in history.baseline_points(baseline_file, str(b.get("key")), measured_sizes, metrics, cache)
+                    for p in trend.baseline_points(baseline_file, str(b.get("key")), measured_sizes, metrics, cache)
                     if p.label not in {q.label for q in points}
                 ]
-            points.append(history.report_point(doc, b, metrics))
+            points.append(trend.report_point(doc, b, metrics))
         points.sort(key=lambda p: p.when)
         sizes = sorted({bs for p in points for bs in p.medians})
         if not sizes:  # counted and not timed (--llmperf-instructions-only), or no batch size ran
@@ -268,7 +268,7 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _history_numbers(
-    points: Sequence[history.Point], metrics: Sequence[str], sizes: Sequence[int], document: Mapping[str, Any]
+    points: Sequence[trend.Point], metrics: Sequence[str], sizes: Sequence[int], document: Mapping[str, Any]
 ) -> str:
     """The plotted values as a table, one row per point (oldest first)."""
     columns = [(m, bs) for m in metrics for bs in sizes]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..files import strict_json, write_text_atomic
-from ..judge.environment import describe_cpu
+from ..judge.fingerprint import describe_cpu
 from ..judge.verdicts import Kind
 from ..measure.metrics import METRICS, PERCENTILE_METHOD
 from ..measure.records import BenchmarkResult
