@@ -155,7 +155,8 @@ def median(values: list[float]) -> str:
 def table(outcomes: list[Outcome], condition: str) -> str:
     cell = [o for o in outcomes if o.condition == condition]
     loads = [x for o in cell for x in o.load]
-    head = (f"| {len(cell) // (len(TOOLS) * len(CHANGES)) if cell else 0} jobs a cell, {condition}, load "
+    jobs = max((sum(o.tool == t and o.change == c for o in cell) for t in TOOLS for c in CHANGES), default=0)
+    head = (f"| {jobs} jobs a cell (at most), {condition}, load "
             f"{min(loads, default=0):.1f}-{max(loads, default=0):.1f} (median {statistics.median(loads) if loads else 0:.1f})"
             " | unchanged code red | 10% slower red | 10% slower called `regressed` | median job time (unchanged / slower) "
             "| shown intervals covering the truth |")
