@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .trend import batch_medians
+from .stored import batch_medians
 
 METRIC = "throughput_tokens_per_s"
 MAX_CHARTS = 12  # a summary is read on one page

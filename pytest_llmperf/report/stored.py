@@ -14,7 +14,7 @@ them the same way, so an accumulated report shrinks as it is rewritten.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -47,6 +47,25 @@ def run_metric_values(runs: Any, metric: str) -> list[tuple[Any, float]]:
         for run in runs or []
         if isinstance(run, Mapping) and is_value((run.get("values") or {}).get(metric))
     ]
+
+
+def batch_medians(benchmark: Mapping[str, Any], metrics: Iterable[str]) -> dict[int, dict[str, float]]:
+    """Per batch size that ran and metric, the median of the per-process medians of the runs (with one
+    process: the median of its runs), as the baseline points are (report/html.py)."""
+    metrics = list(metrics)
+    medians: dict[int, dict[str, float]] = {}
+    for batch in benchmark.get("batches") or []:
+        if batch.get("status", "ok") != "ok":
+            continue
+        for metric in metrics:
+            per_process: dict[Any, list[float]] = {}
+            for process, value in run_metric_values(batch.get("runs"), metric):
+                per_process.setdefault(process, []).append(value)
+            if per_process:
+                medians.setdefault(int(batch["batch_size"]), {})[metric] = float(
+                    np.median([np.median(v) for v in per_process.values()])
+                )
+    return medians
 
 
 @dataclass
