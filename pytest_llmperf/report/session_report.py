@@ -22,9 +22,9 @@ from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import warn_at
-from . import accumulate, dashboards, history_changes, mermaid, throughput_log, verdict_table
+from . import accumulate, dashboards, history_changes, throughput_log, verdict_table
 from . import html as html_report
-from .markdown import json_document, markdown, write_atomic, write_json
+from .markdown import json_document, markdown, throughput_charts, write_atomic, write_json
 from .summary import SessionSummary, Written
 from .tables import markdown_text
 from .terminal import counts_line
@@ -122,7 +122,7 @@ def _step_summary(session: SessionSummary, document: dict, doc: dict, found: Any
         with open(summary_path, "a", encoding="utf-8") as handle:
             table = verdict_table.markdown_table(document, with_measured=False)
             handle.write(f"## llmperf: {markdown_text(session.device)}\n\n{counts_line(found)}\n\n{table}\n\n")
-            handle.write(mermaid.throughput_charts(doc))
+            handle.write(throughput_charts(doc))
             handle.write(history_changes.markdown_section(session.report_dir))
     except OSError as exc:
         written.warnings.append(
