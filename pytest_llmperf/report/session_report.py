@@ -22,8 +22,9 @@ from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import warn_at
-from . import accumulate, dashboards, history_changes, throughput_log, verdict_table
+from . import accumulate, history_changes, throughput_log, verdict_table
 from . import html as html_report
+from .exports import write_session_exports
 from .markdown import json_document, markdown, throughput_charts, write_atomic, write_json
 from .summary import SessionSummary, Written
 from .tables import markdown_text
@@ -88,7 +89,7 @@ def _write_reports(session: SessionSummary, report_dir: Path, written: Written) 
             written.errors.append(
                 f"llmperf: cannot write --llmperf-json={session.json_path}: {exc}. Give a writable file path"
             )
-    dashboards.write_session_exports(session, document, written)  # --llmperf-export
+    write_session_exports(session, document, written)  # --llmperf-export
     if not written.errors:
         try:
             written.paths.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
