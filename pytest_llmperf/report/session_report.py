@@ -22,7 +22,7 @@ from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import warn_at
-from . import accumulate, history_changes, throughput_log, verdict_table
+from . import history_changes, stored, throughput_log, verdict_table
 from . import html as html_report
 from .exports import write_session_exports
 from .markdown import json_document, markdown, throughput_charts, write_atomic, write_json
@@ -70,7 +70,7 @@ def _write_reports(session: SessionSummary, report_dir: Path, written: Written) 
         found,
     )
     paths = [report_dir / f"{session.device}.md", report_dir / f"{session.device}.json"]
-    doc, warning = accumulate.update_report(paths[1], document)  # every benchmark measured on the device
+    doc, warning = stored.update_report(paths[1], document)  # every benchmark measured on the device
     if warning:
         warn_at(f"llmperf report: {warning}", paths[1])
     try:
