@@ -232,6 +232,7 @@ def add_suite_properties(path: Path, properties: Sequence[tuple[str, str]]) -> N
     write_atomic(path, lambda handle: tree.write(handle, encoding="utf-8", xml_declaration=True), text=False)
 
 
+# Dashboards (--llmperf-export).
 FORMATS = ("github-action-benchmark", "bencher")
 DASHBOARD_UNITS = {"tokens/secs": "tokens/s"}
 

@@ -233,6 +233,7 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+# The history over commits: points from the git history of a baseline file, and from the reports.
 MAX_COMMITS = 30  # per baseline file: the recent history is what a reviewer looks at
 
 #: A file's committed versions, oldest first: (commit, commit time, parsed document).

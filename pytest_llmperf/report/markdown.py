@@ -533,6 +533,7 @@ def write_json(path: Path, document: Mapping[str, Any]) -> None:
     write_atomic(path, strict_json(document))
 
 
+# The job summary's charts: mermaid `xychart-beta` blocks, which GitHub renders.
 CHART_METRIC = "throughput_tokens_per_s"
 MAX_CHARTS = 12  # a summary is read on one page
 
