@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "migrate-baselines":
         return migrate_baselines(args.paths)
-    from .report.accumulate import ReportError
     from .report.cross_target import merge_reports
+    from .report.stored import ReportError
 
     try:
         merged = merge_reports(args.files, args.out)

@@ -62,7 +62,7 @@ from pytest_llmperf.backends.models import make_prompt, resolve_model  # noqa: E
 from pytest_llmperf.backends.openai_compat import OpenAICompatBackend  # noqa: E402
 from pytest_llmperf.measure.metrics import requests_of, run_values  # noqa: E402
 from pytest_llmperf.measure.records import RunSample  # noqa: E402
-from pytest_llmperf.servers.openai_fixtures import VLLM_ENV, vllm_command  # noqa: E402
+from pytest_llmperf.servers.fixtures import VLLM_ENV, vllm_command  # noqa: E402
 from pytest_llmperf.servers.pool import fill  # noqa: E402
 from pytest_llmperf.processes import LOOPBACK, free_port  # noqa: E402
 from pytest_llmperf.server_process import ProcessRegistry  # noqa: E402

@@ -262,16 +262,16 @@ def test_temporary_files_a_killed_write_left_are_removed_and_said(project, run):
 
 SLOW_REPORTS = """
 import time
-import pytest_llmperf.report.accumulate as accumulate
+import pytest_llmperf.report.stored as stored
 
-_update = accumulate.update_report
+_update = stored.update_report
 
 def slow_update(path, document):  # widen the window between reading the report and writing it back
     found = _update(path, document)
     time.sleep(1.5)
     return found
 
-accumulate.update_report = slow_update
+stored.update_report = slow_update
 """
 
 

@@ -18,7 +18,7 @@ from pytest_llmperf.judge.fingerprint import fingerprint
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.records import BenchmarkResult
 from pytest_llmperf.measure.scenario import Scenario
-from pytest_llmperf.report.trend import baseline_points
+from pytest_llmperf.report.html import baseline_points
 from tests.test_html_report import git
 from tests.test_plugin import baseline_file, project, run  # noqa: F401  (fixture)
 

@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from pytest_llmperf.report.accumulate import ReportError
+from pytest_llmperf.report.stored import ReportError
 from pytest_llmperf.report.cross_target import merge_reports
 from tests.test_plugin import project, run  # noqa: F401  (fixture)
 

@@ -442,7 +442,7 @@ def test_a_result_counted_only_is_judged_on_its_counts_and_stored_as_a_reference
 
 
 def test_the_markdown_report_shows_counts_and_says_a_benchmark_counted_only_was_not_timed():
-    from pytest_llmperf.report.benchmark_tables import benchmark_section
+    from pytest_llmperf.report.markdown import benchmark_section
 
     text = benchmark_section(counted_only(counted([26_500_000.0]) + counted([26_400_000.0], process=2)))
     assert "Not timed: instructions counted under callgrind only (--llmperf-instructions-only)." in text

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pytest_llmperf.report import accumulate, verdict_table
+from pytest_llmperf.report import stored, verdict_table
 from tests.test_plugin import ENGINE_TEST, project, run  # noqa: F401  (fixture)
 
 
@@ -104,7 +104,7 @@ def test_accumulate_replaces_measured_benchmarks_and_keeps_the_rest():
                 "outcomes": [{"key": k, "nodeid": f"m.py::{k}", "status": "created"} for k in keys],
                 "verdicts": [], "counts": {"created": len(keys)}}
 
-    merged = accumulate.accumulate(doc("t1", "a", "b"), doc("t2", "b", "c"))
+    merged = stored.accumulate(doc("t1", "a", "b"), doc("t2", "b", "c"))
     assert [(b["key"], b["measured"]["commit"]) for b in merged["benchmarks"]] == [("a", "t1"), ("b", "t2"),
                                                                                     ("c", "t2")]
     assert merged["counts"] == {"created": 2}

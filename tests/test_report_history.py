@@ -87,7 +87,7 @@ def test_history_plots_each_committed_baseline_and_the_report_in_chromium(histor
 
 @pytest.mark.slow
 def test_a_history_version_the_parser_cannot_read_is_left_out(tmp_path):
-    from pytest_llmperf.report.trend import baseline_points
+    from pytest_llmperf.report.html import baseline_points
 
     path = tmp_path / "baselines" / "cpu" / "test_engine.json"
     path.parent.mkdir(parents=True)

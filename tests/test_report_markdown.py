@@ -8,9 +8,8 @@ import pytest
 from markdown_it import MarkdownIt
 
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample
-from pytest_llmperf.report import benchmark_tables
 from pytest_llmperf.report import markdown as report
-from pytest_llmperf.report.benchmark_tables import memory_table, parameters_table
+from pytest_llmperf.report.markdown import memory_table, parameters_table
 from tests.test_plugin import project, run  # noqa: F401  (fixture)
 
 PIPE_TEST = """

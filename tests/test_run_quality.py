@@ -153,7 +153,7 @@ def test_the_maximum_clock_is_read_beside_the_clock():
 
 
 def test_short_runs_have_no_energy_of_their_own_and_the_report_sums_the_runs():
-    from pytest_llmperf.report.benchmark_tables import energy_table
+    from pytest_llmperf.report.markdown import energy_table
 
     samples = [run(10.0) for _ in range(3)]
     for sample, joules in zip(samples, (0.0, 3.0, 1.0)):  # the counter steps coarsely: 0 J in one short run

@@ -1,5 +1,5 @@
 """text-generation-launcher's arguments: `TGILauncherArgs` holds those of seeds 000/001 and builds the command line
-that the llmperf_tgi fixture (servers/tgi_fixture.py) starts; tgi.py is the client.
+that the llmperf_tgi fixture (servers/fixtures.py) starts; tgi.py is the client.
 """
 
 from __future__ import annotations

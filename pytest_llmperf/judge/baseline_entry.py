@@ -4,7 +4,7 @@ Per batch size: what the gate tests (each worker process's median of its runs, o
 measured them), the runs each process took, the load other processes put on the machine and the digest of the
 generated tokens; per entry the fingerprint, scenario, backend and date. `from_json` reads schema 3 and
 reduces a schema-2 entry (every run of every process) to it, so the store, its migration
-(judge/baseline_migration.py) and readers of committed versions (report/trend.py) read entries one way.
+(judge/baseline_migration.py) and readers of committed versions (report/html.py) read entries one way.
 """
 
 from __future__ import annotations

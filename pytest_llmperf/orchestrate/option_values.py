@@ -170,7 +170,7 @@ WORKER_STARTS = ("fork", "exec")
 
 
 def export_formats(text: str | Sequence[str]) -> tuple[str, ...]:
-    from ..report.dashboards import FORMATS  # given only where a dashboard is fed: imported then
+    from ..report.exports import FORMATS  # given only where a dashboard is fed: imported then
 
     return comma_list(text, FORMATS)
 

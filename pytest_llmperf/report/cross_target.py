@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..judge.baselines import now_iso
-from .accumulate import ReportError, identity, read_report
 from .markdown import write_atomic, write_json
+from .stored import ReportError, identity, read_report
 from .tables import markdown_text, table
 from .verdict_table import table_rows
 

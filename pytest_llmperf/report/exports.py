@@ -1,4 +1,5 @@
-"""Exports read by other tools: pytest-benchmark's results (its JSON, storage, compare) and JUnit XML properties.
+"""Exports read by other tools: pytest-benchmark's results (its JSON, storage, compare), JUnit XML properties, and
+the files of benchmark dashboards (`--llmperf-export`).
 
 pytest-benchmark: every measured metric at every batch size becomes one of pytest-benchmark's own
 `stats.Metadata` records, added to its session's benchmarks before it finishes. pytest-benchmark then
@@ -10,7 +11,7 @@ exported as its reciprocal, seconds per token, so that lower stays better for `p
 compare` and `--benchmark-compare-fail`, and `stats.ops` (1 / mean) reads as tokens per second.
 `extra_info` says what each entry holds (metric, unit, exported_as, better). github-action-benchmark's
 `pytest` tool would chart every entry as `stats.ops` in "iter/sec"; `--llmperf-export` writes its custom
-files with real units instead (report/dashboards.py).
+files with real units instead (below).
 
 JUnit (`--junitxml`): each benchmark's outcome, medians, ratios and verdicts become <property> elements
 named after the test. pytest's default family, xunit2, allows properties only on the <testsuite> (Jenkins'
@@ -18,23 +19,43 @@ junit-10.xsd; pytest itself warns about `record_property` under xunit2), so ther
 properties, as `record_testsuite_property` writes them (added to the file pytest wrote, at the session's end: the
 benchmarks measured in worker processes have no fixtures to ask); with `junit_family = xunit1` they are the test's
 own `user_properties`, on its <testcase>.
+
+Dashboards: files written with `--llmperf-export` into the report directory.
+
+- `github-action-benchmark`: `<device>.customSmallerIsBetter.json` (latencies, memory) and
+  `<device>.customBiggerIsBetter.json` (throughputs), the two files that action's custom tools read: a JSON
+  array of {name, value, unit, range, extra}; one entry per benchmark, batch size and metric, in the
+  metric's own unit (its `pytest` tool reads pytest-benchmark's JSON and calls every unit "iter/sec").
+- `bencher`: `<device>.bmf.json`, Bencher Metric Format: {benchmark: {measure: {value, lower_value,
+  upper_value}}}; one benchmark per test and batch size, one measure per metric, named with its unit
+  (`prefill_ms (ms)`), since a measure Bencher does not know gets no unit of its own.
+
+The value is the median over the runs' per-process medians (with one process, the median of its runs),
+what the gate compares; the spread is the 25th and 75th percentile of the runs. Exported: the metrics the
+gate tests, end-to-end throughput, and peak memory, of this session's benchmarks (a dashboard entry belongs
+to the commit that measured it, so benchmarks carried over from earlier sessions are left out).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from ..files import write_text_atomic
 from ..judge.rows import unit_of
 from ..judge.verdicts import Row, reason_of
-from ..measure.metrics import METRICS, metric_better, values_by_metric
+from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics, metric_better, values_by_metric
 from ..measure.records import BenchmarkResult
+from ..measure.scenario import Scenario
+from .stored import StoredBatch, StoredResult
+from .summary import SessionSummary, Written
 
 
 def exported_values(metric: str, values: Sequence[float]) -> tuple[list[float], dict[str, str]] | None:
@@ -209,3 +230,115 @@ def add_suite_properties(path: Path, properties: Sequence[tuple[str, str]]) -> N
         text = _NOT_XML.sub(lambda m: f"#x{ord(m.group()):02X}", str(value))
         ET.SubElement(found, "property", name=_NOT_XML.sub("?", name), value=text)
     write_atomic(path, lambda handle: tree.write(handle, encoding="utf-8", xml_declaration=True), text=False)
+
+
+# Dashboards (--llmperf-export).
+FORMATS = ("github-action-benchmark", "bencher")
+DASHBOARD_UNITS = {"tokens/secs": "tokens/s"}
+
+
+def dashboard_unit(metric: str) -> str:
+    unit = METRICS[metric].unit
+    return DASHBOARD_UNITS.get(unit, unit)
+
+
+def exported_metrics(result: StoredResult) -> list[str]:
+    gated = gated_metrics(Scenario.from_json(result.scenario).metrics, result.splits_prefill)
+    wanted = [*gated, "throughput_tokens_per_s", *MEMORY_METRICS]
+    return [m for i, m in enumerate(wanted) if m in METRICS and m not in wanted[:i]]
+
+
+def points(result: StoredResult) -> Iterator[tuple[StoredBatch, str, float, float, float, int, int]]:
+    """(batch, metric, median of the process medians, p25 and p75 of the runs, runs, processes) per batch size
+    that ran and exported metric it measured."""
+    metrics = exported_metrics(result)
+    for batch in result.batches:
+        if not batch.ok:
+            continue
+        per_process: dict[int, list[Any]] = {}
+        for run in batch.runs:
+            per_process.setdefault(run.process, []).append(run)
+        for metric, values in batch.values().items():
+            if metric not in metrics or not all(np.isfinite(values)):
+                continue
+            medians = [np.median([r.values[metric] for r in runs]) for runs in per_process.values()]
+            low, high = np.percentile(values, [25, 75])
+            yield batch, metric, float(np.median(medians)), float(low), float(high), len(values), len(per_process)
+
+
+def _test_name(result: StoredResult) -> str:
+    return result.nodeid + (f" {result.key.split('::')[-1]}" if "::" in result.key else "")
+
+
+def github_action_benchmark(
+    results: Sequence[StoredResult], device: str, commit: str | None
+) -> dict[str, list[dict[str, Any]]]:
+    """{"customSmallerIsBetter": [...], "customBiggerIsBetter": [...]}, entries sorted by name."""
+    files: dict[str, list[dict[str, Any]]] = {"customSmallerIsBetter": [], "customBiggerIsBetter": []}
+    for result in results:
+        for batch, metric, value, low, high, runs, processes in points(result):
+            unit = dashboard_unit(metric)
+            tool = "customBiggerIsBetter" if METRICS[metric].better == "higher" else "customSmallerIsBetter"
+            files[tool].append(
+                {
+                    "name": f"{device} {_test_name(result)} bs={batch.batch_size} {metric}",
+                    "value": float(f"{value:.6g}"),
+                    "unit": unit,
+                    "range": f"runs p25-p75: {low:.4g} to {high:.4g} {unit}",
+                    "extra": (
+                        (
+                            f"median of {runs} runs (1 process)"
+                            if processes == 1
+                            else f"median of {processes} process medians ({runs} runs)"
+                        )
+                        + "\n"
+                        f"commit {str(commit or 'unknown')[:12]}\n{METRICS[metric].definition}"
+                    ),
+                }
+            )
+    for entries in files.values():
+        entries.sort(key=lambda e: e["name"])
+    return files
+
+
+def bencher_metric_format(results: Sequence[StoredResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """Bencher Metric Format: benchmark (`<test id> bs=<n>`) -> measure (`<metric> (<unit>)`) -> metric."""
+    bmf: dict[str, dict[str, dict[str, float]]] = {}
+    for result in results:
+        for batch, metric, value, low, high, _, _ in points(result):
+            bmf.setdefault(f"{_test_name(result)} bs={batch.batch_size}", {})[
+                f"{metric} ({dashboard_unit(metric)})"
+            ] = {
+                "value": value,
+                "lower_value": low,
+                "upper_value": high,
+            }
+    return bmf
+
+
+def export_files(report_dir: Path, document: Mapping[str, Any], formats: Sequence[str]) -> dict[Path, Any]:
+    """The files `formats` ask for, from a session's JSON document: path -> JSON content."""
+    device = str(document.get("device"))
+    results = [StoredResult.from_json(b) for b in document.get("benchmarks") or []]
+    commit = ((document.get("fingerprint") or {}).get("git") or {}).get("commit")
+    files: dict[Path, Any] = {}
+    if "github-action-benchmark" in formats:
+        for tool, entries in github_action_benchmark(results, device, commit).items():
+            files[Path(report_dir) / f"{device}.{tool}.json"] = entries
+    if "bencher" in formats:
+        files[Path(report_dir) / f"{device}.bmf.json"] = bencher_metric_format(results)
+    return files
+
+
+def write_session_exports(session: SessionSummary, document: Mapping[str, Any], written: Written) -> None:
+    """At the end of a session: write the files of --llmperf-export; each path joins `written`, a file that cannot
+    be written its errors."""
+    for path, content in export_files(session.report_dir, document, session.export).items():
+        try:
+            write_text_atomic(path, json.dumps(content, indent=1, allow_nan=False) + "\n")
+            written.paths.append(path)
+        except OSError as exc:
+            written.errors.append(
+                f"llmperf: cannot write {path} (--llmperf-export): {exc}. Make the report "
+                "directory writable or set --llmperf-report-dir"
+            )

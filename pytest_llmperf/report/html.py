@@ -8,6 +8,13 @@ history of its baseline file, plus the reports' own measurements).
 The figures are matplotlib SVG inlined in the HTML: no script, no network, opens from disk, prints.
 matplotlib is the `report` extra, imported only here when a page is written; without it the page is
 skipped with one line saying so (`MissingExtra`), and nothing else of the plugin needs it.
+
+The history over commits (the trend): each committed version of `baselines/<device>/<module>.json` whose
+entry for the benchmark changed is one point (labelled with the commit the baseline was measured at and its
+date); each JSON report that holds the benchmark adds its own measurement. A baseline's value per batch size is
+the median of its per-process medians (what the gate compares), read through the store's own parser
+(`BaselineEntry.from_json`), so a version in a format it cannot read is left out, never misread. Git is
+asked with a timeout; no git, no repository or no history gives the report points only, never an error.
 """
 
 from __future__ import annotations
@@ -15,17 +22,21 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Mapping, Sequence
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..judge.baseline_format import parse
+from ..judge.baselines import BaselineEntry
 from ..judge.instructions import DEFAULT_RTOL as COUNT_RTOL
 from ..measure.instructions import INSTRUCTION_METRICS
-from . import history_changes, trend
+from . import history_changes
 from .markdown import write_atomic
-from .stored import run_metric_values
+from .stored import batch_medians, run_metric_values
 
 SPLIT_METRICS = ("prefill_ms", "decode_token_ms", "throughput_tokens_per_s")
 SERVER_METRICS = ("ttft_ms", "itl_ms", "throughput_tokens_per_s")
@@ -222,6 +233,122 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+# The history over commits: points from the git history of a baseline file, and from the reports.
+MAX_COMMITS = 30  # per baseline file: the recent history is what a reviewer looks at
+
+#: A file's committed versions, oldest first: (commit, commit time, parsed document).
+Versions = list[tuple[str, str, dict]]
+
+
+@dataclass
+class Point:
+    label: str  # short commit, date, and where the value comes from
+    when: str  # ISO time, for ordering
+    medians: dict[int, dict[str, float]] = field(default_factory=dict)  # batch size -> metric -> median
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _file_versions(path: Path, cache: dict[Path, Versions]) -> Versions:
+    """(commit, commit time, parsed file) per committed version of `path`, oldest first."""
+    if path in cache:
+        return cache[path]
+    versions: Versions = []
+    folder = path.parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    top = _git(folder, "rev-parse", "--show-toplevel") if folder.is_dir() else None
+    if top:
+        root = Path(top.strip())
+        try:
+            relative = path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            relative = None
+        log = _git(root, "log", f"-n{MAX_COMMITS}", "--format=%H %cI", "--", relative) if relative else None
+        for line in reversed((log or "").splitlines()):
+            commit, _, when = line.partition(" ")
+            text = _git(root, "show", f"{commit}:{relative}")
+            try:
+                data = parse(text) if text else None
+            except ValueError:  # not JSON, or a key given twice (a bad merge): not a version to plot
+                data = None
+            if isinstance(data, dict):
+                versions.append((commit, when, data))
+    cache[path] = versions
+    return versions
+
+
+def parsed_entry(key: str, data: Mapping[str, Any]) -> BaselineEntry | None:
+    """A committed version's entry read by the store's own parser; None when it is in a format the parser
+    does not read (e.g. an old schema in the history)."""
+    try:
+        return BaselineEntry.from_json(key, data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def entry_medians(
+    entry: BaselineEntry, batch_sizes: Iterable[int], metrics: Iterable[str]
+) -> dict[int, dict[str, float]]:
+    """Per batch size and metric, the median of a baseline entry's per-process medians."""
+    medians: dict[int, dict[str, float]] = {}
+    for bs in batch_sizes:
+        values = entry.process_values(bs)
+        for metric in metrics:
+            if values.get(metric):
+                medians.setdefault(bs, {})[metric] = float(np.median(values[metric]))
+    return medians
+
+
+def baseline_points(
+    baseline_file: Path, key: str, batch_sizes: Iterable[int], metrics: Iterable[str], cache: dict[Path, Versions]
+) -> list[Point]:
+    """One point per committed version of the file in which this benchmark's entry changed."""
+    batch_sizes, metrics = list(batch_sizes), list(metrics)
+    points: list[Point] = []
+    seen: set[str] = set()
+    for commit, when, data in _file_versions(baseline_file, cache):
+        raw = (data.get("benchmarks") or {}).get(key)
+        entry = parsed_entry(key, raw) if isinstance(raw, dict) else None
+        if entry is None:
+            continue
+        stamp = f"{entry.git_commit}|{entry.created}"
+        if stamp in seen:  # the file changed for another benchmark
+            continue
+        seen.add(stamp)
+        measured_at = str(entry.git_commit or commit)[:7]
+        created = entry.created or when
+        points.append(
+            Point(f"{measured_at} {_day_time(created)} baseline", created, entry_medians(entry, batch_sizes, metrics))
+        )
+    return points
+
+
+def _day_time(iso: str) -> str:
+    return iso[:16].replace("T", " ")
+
+
+def report_point(document: Mapping[str, Any], benchmark: Mapping[str, Any], metrics: Iterable[str]) -> Point:
+    """The measurement a JSON report holds, labelled with when and at which commit it was measured (the
+    benchmark's own stamp in an accumulated report, else the report's)."""
+    git = (document.get("fingerprint") or {}).get("git") or {}
+    measured = stamp if isinstance(stamp := benchmark.get("measured"), Mapping) else {}
+    commit = str(measured.get("commit") or git.get("commit") or "?")
+    when = str(measured.get("created") or document.get("created") or "")
+    dirty = measured.get("dirty", git.get("dirty"))
+    return Point(
+        f"{commit[:7]}{' dirty' if dirty else ''} {_day_time(when)} {document.get('device', '?')}",
+        when,
+        batch_medians(benchmark, metrics),
+    )
+
+
 def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     parts = [
         "<h2 id='history'>History over commits</h2>",
@@ -229,7 +356,7 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
         "recorded baseline (from the git history of the baseline file; labelled with the commit it was "
         "measured at) and in these reports (labelled with the target).</p>",
     ]
-    cache: dict[Path, trend.Versions] = {}
+    cache: dict[Path, Versions] = {}
     benchmarks: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
     for doc in documents:
         for b in doc.get("benchmarks") or []:
@@ -237,16 +364,16 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
     for n, (name, members) in enumerate(benchmarks.items()):
         metrics = _metrics_of(members[0][1])
         measured_sizes = sorted({int(batch["batch_size"]) for _, b in members for batch in b.get("batches") or []})
-        points: list[trend.Point] = []
+        points: list[Point] = []
         for doc, b in members:
             baseline_file = _baseline_file(doc, b)
             if baseline_file is not None:
                 points += [
                     p
-                    for p in trend.baseline_points(baseline_file, str(b.get("key")), measured_sizes, metrics, cache)
+                    for p in baseline_points(baseline_file, str(b.get("key")), measured_sizes, metrics, cache)
                     if p.label not in {q.label for q in points}
                 ]
-            points.append(trend.report_point(doc, b, metrics))
+            points.append(report_point(doc, b, metrics))
         points.sort(key=lambda p: p.when)
         sizes = sorted({bs for p in points for bs in p.medians})
         if not sizes:  # counted and not timed (--llmperf-instructions-only), or no batch size ran
@@ -268,7 +395,7 @@ def history_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _history_numbers(
-    points: Sequence[trend.Point], metrics: Sequence[str], sizes: Sequence[int], document: Mapping[str, Any]
+    points: Sequence[Point], metrics: Sequence[str], sizes: Sequence[int], document: Mapping[str, Any]
 ) -> str:
     """The plotted values as a table, one row per point (oldest first)."""
     columns = [(m, bs) for m in metrics for bs in sizes]

@@ -22,9 +22,10 @@ from ..files import locked, remove_left_temporaries
 from ..judge.baselines import now_iso
 from ..judge.verdicts import Kind, counts
 from ..warning import warn_at
-from . import accumulate, dashboards, history_changes, mermaid, throughput_log, verdict_table
+from . import history_changes, stored, throughput_log, verdict_table
 from . import html as html_report
-from .markdown import json_document, markdown, write_atomic, write_json
+from .exports import write_session_exports
+from .markdown import json_document, markdown, throughput_charts, write_atomic, write_json
 from .summary import SessionSummary, Written
 from .tables import markdown_text
 from .terminal import counts_line
@@ -69,7 +70,7 @@ def _write_reports(session: SessionSummary, report_dir: Path, written: Written) 
         found,
     )
     paths = [report_dir / f"{session.device}.md", report_dir / f"{session.device}.json"]
-    doc, warning = accumulate.update_report(paths[1], document)  # every benchmark measured on the device
+    doc, warning = stored.update_report(paths[1], document)  # every benchmark measured on the device
     if warning:
         warn_at(f"llmperf report: {warning}", paths[1])
     try:
@@ -88,7 +89,7 @@ def _write_reports(session: SessionSummary, report_dir: Path, written: Written) 
             written.errors.append(
                 f"llmperf: cannot write --llmperf-json={session.json_path}: {exc}. Give a writable file path"
             )
-    dashboards.write_session_exports(session, document, written)  # --llmperf-export
+    write_session_exports(session, document, written)  # --llmperf-export
     if not written.errors:
         try:
             written.paths.append(html_report.write_session_index(report_dir))  # the path, or why it was skipped
@@ -122,7 +123,7 @@ def _step_summary(session: SessionSummary, document: dict, doc: dict, found: Any
         with open(summary_path, "a", encoding="utf-8") as handle:
             table = verdict_table.markdown_table(document, with_measured=False)
             handle.write(f"## llmperf: {markdown_text(session.device)}\n\n{counts_line(found)}\n\n{table}\n\n")
-            handle.write(mermaid.throughput_charts(doc))
+            handle.write(throughput_charts(doc))
             handle.write(history_changes.markdown_section(session.report_dir))
     except OSError as exc:
         written.warnings.append(
