@@ -415,9 +415,9 @@ class PackageSteps:
         self, tree: Checkout, root: Path, picked: Sequence[PackageChange], report: Path, log: Path
     ) -> tuple[str, str, Row | None, int]:
         """Build the step's environment (uv, the cache the job then reuses), then run its A/B job."""
-        from .environments.errors import BuildFailed, EnvironmentsError
         from .environments.inputs import detect
         from .environments.plan import prepare
+        from .environments.records import BuildFailed, EnvironmentsError
 
         try:
             made = prepare(detect(self.good.root, root), env_dir=self.env_dir, settings=self.settings)
@@ -457,10 +457,10 @@ def bisect_packages(
     """Bisect the packages whose versions differ between GOOD's and BAD's environments, GOOD's code kept: the
     smallest set that makes it slower. BisectError when it cannot start."""
     from .environments.build import REQUIREMENTS, recipe_for
-    from .environments.errors import EnvironmentsError
     from .environments.inputs import detect, find_inputs, inputs_roots
     from .environments.installed import probe
     from .environments.plan import prepare
+    from .environments.records import EnvironmentsError
 
     good_sha, bad_sha = shas_of(cwd, good, bad)
     pytest_args, env_dir, settings = build_settings(pytest_args)

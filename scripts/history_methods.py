@@ -5,7 +5,7 @@
         [--bound] [--verdicts]
 
 Each option takes a comma-separated list; one table row per combination, through the code the plugin runs
-(history/alarms.py, detect.py, creep.py). For each method: confirmed false alarms per 100 commits per series in
+(history/alarms.py, detect.py, analysis.py). For each method: confirmed false alarms per 100 commits per series in
 pure noise at CV 1/3/5/10%, counted as a user sees them (the series analysed after every commit, each alarm once,
 however long it lasted) and, in brackets, in one analysis of all 100 commits; a 5% step at commit 30 of 60 found
 within 2 commits and exactly; three 2% steps flagged as creep and the drift reported; histories with a confirmed
@@ -32,16 +32,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_llmperf.history import alarms
-from pytest_llmperf.history.alarms import Analyses, first_confirmations
-from pytest_llmperf.history.analysis import analyze_series
-from pytest_llmperf.history.creep import creep
+from pytest_llmperf.history.alarms import Analyses, decision_interval, first_confirmations
+from pytest_llmperf.history.analysis import analyze_series, creep
 from pytest_llmperf.history.detect import Method
 from pytest_llmperf.history.series import build
-from pytest_llmperf.history.thresholds import decision_interval
 from tests.history_rows import history_rows
 from tests.history_synthetic import LEVEL, Case, history
 
-MIN_EFFECT = 0.025  # half the default llmperf_history_min_effect (creep.py)
+MIN_EFFECT = 0.025  # half the default llmperf_history_min_effect (history/analysis.py, creep)
 OUTLIER_AT = (10, 50, 90, 99)
 
 

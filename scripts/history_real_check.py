@@ -95,7 +95,7 @@ def ours(data: dict, last: int | None) -> dict:
     changes = [c for a in analyses for c in a.changes]
     confirmed = [c for c in changes if c.state == "confirmed"]
     try:
-        from pytest_llmperf.history.events import events
+        from pytest_llmperf.history.analysis import events
     except ImportError:  # a checkout before events (--code)
         events = None
     if events is not None:

@@ -7,7 +7,7 @@ Makes a git repository OUT/repo whose main has one commit per job, some of them 
 own commits are never measured: the series follows main's first-parent line). Each job draws, per series, 5 of the
 per-process medians at the level and spread a recorded baseline's hold (log-normal; `--draw resample` resamples the
 recorded values themselves, seeded), scaled by the injected changes, and writes
-its rows file as a job does (history/rowsfile.py). `pytest-llmperf history import` merges them into OUT/history.sqlite;
+its rows file as a job does (history/rows.py). `pytest-llmperf history import` merges them into OUT/history.sqlite;
 the analysis is written to OUT/reports/history.json and the page to OUT/reports/index.html. Prints the injected
 changes and what the analysis found. `--streamed` also replays every series with nothing injected commit by commit,
 as a job at every commit analyses it, and counts the alarms confirmed (each once, however long it lasted).
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmperf.cli import main as cli_main  # noqa: E402
-from pytest_llmperf.history import lineage, rowsfile, series, summary  # noqa: E402
+from pytest_llmperf.history import rows, series, summary  # noqa: E402
 from pytest_llmperf.history.alarms import first_confirmations  # noqa: E402
 from pytest_llmperf.history.analysis import analyze  # noqa: E402
 from pytest_llmperf.history.databases import Location  # noqa: E402
@@ -116,7 +116,7 @@ def draw(medians: list[float], rng: np.random.Generator, how: str) -> np.ndarray
 
 
 def job_rows(job: int, sha: str, repo: Path, line: list[str], source: dict, rng: np.random.Generator, how: str):
-    placed = lineage.place(repo, sha, line)
+    placed = series.place(repo, sha, line)
     run_id = f"replay{job:03d}:stored"
     run = Run(run_id=run_id, job_id=f"replay{job:03d}", started_at=f"2026-01-01T{job // 60:02d}:{job % 60:02d}:00Z",
               commit_sha=sha, source="stored", target="cpu", machine="replayed", machine_fp="hw", env_fp="env",
@@ -141,13 +141,13 @@ def replay(
 ) -> dict:
     repo, reports = out / "repo", out / "reports"
     shas = make_repo(repo, jobs)
-    line = lineage.first_parent_line(repo, "main")
+    line = series.first_parent_line(repo, "main")
     source = recorded(baselines)
     rng = np.random.default_rng(seed)
     rows_files = []
     for job, sha in enumerate(shas):
         run, results = job_rows(job, sha, repo, line, source, rng, how)
-        rows_files.append(rowsfile.append(out / "jobs" / f"{job:03d}" / rowsfile.FILE_NAME, [run], results))
+        rows_files.append(rows.append(out / "jobs" / f"{job:03d}" / rows.FILE_NAME, [run], results))
     store = out / "history.sqlite"
     cli_main(["history", "--store", str(store), "import", *map(str, rows_files)])
     with Store(

@@ -9,7 +9,7 @@ Prints, each the best of `--repeats` runs (wall time, this process):
   and mountpoint-s3 histories' newest 1000 commits;
 - the end of a job (`history/job.py`'s `append_job`, as `pytest_sessionfinish` calls it): its rows appended to a
   SQLite store holding 199 (then 999) earlier jobs on a git repository's first-parent line, the series built,
-  analysed (going on from the checkpoints the job before kept: history/checkpoint.py), the analysis written, for
+  analysed (going on from the checkpoints the job before kept: history/alarms.py), the analysis written, for
   jobs measuring 48, 144 and 288 series (12 a benchmark); the goal is 1 s plus 10 ms a series. Beside it, the same
   job where the one before kept no checkpoint (the series read whole: a first job, a rewritten history).
 """
@@ -86,7 +86,7 @@ def outcomes(benchmarks: int):
 def end_of_job(benchmarks: int, repeats: int, commits: int = 200) -> tuple[int, float, float]:
     """The end of a job on a repository of `commits` first-parent commits, after `commits - 1` earlier jobs on it:
     (series, seconds, seconds read whole). The job before it ended as a job does (`append_job`: its checkpoints
-    kept, history/checkpoint.py), so the job measured goes on from them; "read whole" is the same job where the
+    kept, history/alarms.py), so the job measured goes on from them; "read whole" is the same job where the
     job before it kept none (the first job analysing a store, or one whose history was rewritten)."""
     measured = outcomes(benchmarks)
     best_time, best_whole, series = float("inf"), float("inf"), 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pytest_llmperf.environments.uv_runner import find_uv
+from pytest_llmperf.environments.build import find_uv
 from pytest_llmperf.environments.plugin_install import write_wheel
 
 #: Loop iterations of fastlib.work() per version: 2.0 does 10% more work than 1.0.

@@ -162,13 +162,13 @@ def test_options_each_step_sets_itself_are_left_out():
 @pytest.fixture
 def history_store(tmp_path, monkeypatch):
     """A store whose decode series of test_engine.py::test_engine stepped 10% at the job of commit 25."""
-    from pytest_llmperf.history import rowsfile
+    from pytest_llmperf.history import rows as rows_jsonl
     from tests.history_rows import history_rows
     from tests.history_synthetic import Case, history
 
     monkeypatch.delenv("LLMPERF_HISTORY", raising=False)
     runs, rows = history_rows(history(Case(40, 0.01, ((25, 0.10),)), 2))
-    rowsfile.append(tmp_path / "rows.jsonl", runs, rows)
+    rows_jsonl.append(tmp_path / "rows.jsonl", runs, rows)
     store = tmp_path / "h.sqlite"
     from pytest_llmperf.cli import main
 

@@ -288,7 +288,7 @@ def test_a_project_built_from_a_lock_is_refused_with_the_way_out_before_any_buil
 
 def test_what_uv_said_is_one_line_without_its_interpreter_line():
     from pytest_llmperf.bisection_run import _uv_said
-    from pytest_llmperf.environments.errors import BuildFailed
+    from pytest_llmperf.environments.records import BuildFailed
 
     failed = BuildFailed("building ... failed (exit 1):\n    cd x && uv pip install\n  uv said:\n    Using Python 3.11.7 "
                          "environment at: /e\n    × No solution found when resolving dependencies:\n    ╰─▶ Because "

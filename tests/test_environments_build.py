@@ -26,16 +26,14 @@ import psutil
 import pytest
 
 from pytest_llmperf.environments import cache
-from pytest_llmperf.environments.build import build_side
-from pytest_llmperf.environments.errors import BuildFailed, CannotBuild, EnvironmentsError
+from pytest_llmperf.environments.build import build_side, find_uv
 from pytest_llmperf.environments.inputs import detect
 from pytest_llmperf.environments.installed import check_imported, probe
 from pytest_llmperf.environments.plan import _cuda_note, prepare
 from pytest_llmperf.environments.plugin_install import controller_version, plugin_wheel
 from pytest_llmperf.environments.records import (
-    BUILT, CACHE_HIT, CODE_ONLY, SHARED, BuildSettings, SideEnvironment,
+    BUILT, CACHE_HIT, CODE_ONLY, SHARED, BuildFailed, BuildSettings, CannotBuild, EnvironmentsError, SideEnvironment,
 )  # fmt: skip
-from pytest_llmperf.environments.uv_runner import find_uv
 from tests.env_projects import (
     LOOPS, fastlib_wheel, requirements_project, run_in, uv_project, uv_workspace, workspace_with_a_library,
 )  # fmt: skip

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.environments.build import PYPROJECT, REQUIREMENTS, UV_LOCK, recipe_for
-from pytest_llmperf.environments.errors import CannotBuild
 from pytest_llmperf.environments.inputs import InputsUnreadable, detect, find_inputs, inputs_roots
-from pytest_llmperf.environments.records import BuildSettings
+from pytest_llmperf.environments.records import BuildSettings, CannotBuild
 from tests.env_projects import fastlib_wheel, requirements_project, uv_project
 
 VERSION = "3.11.7"

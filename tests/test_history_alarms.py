@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_llmperf.history.alarms import SAME_POINT, Analyses, signals
+from pytest_llmperf.history.alarms import SAME_POINT, Analyses, decision_interval, signals
 from pytest_llmperf.history.detect import PrefixOutliers, outliers, two_sample_p
-from pytest_llmperf.history.thresholds import decision_interval
 from tests.history_synthetic import Case, history
 
 

@@ -1,4 +1,4 @@
-"""A job's analysis goes on from where the last one's sequential read stopped (history/checkpoint.py): the same
+"""A job's analysis goes on from where the last one's sequential read stopped (history/alarms.py's checkpoint): the same
 analysis as reading the whole history, on seeded and real histories, after each job and after what changes the
 values read (a rewritten history, an older run imported into the middle, a second run at a measured commit), a
 marked change, and another method or smallest change that matters; the checkpoints are kept in the store (SQLite
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.history import checkpoint
-from pytest_llmperf.history.alarms import Analyses
+from pytest_llmperf.history import alarms
+from pytest_llmperf.history.alarms import Analyses, checkpoint_lengths, checkpoint_valid, checkpoint_written
 from pytest_llmperf.history.analysis import analyze
 from pytest_llmperf.history.detect import DEFAULT_METHOD, Method
 from pytest_llmperf.history.records import Mark
@@ -38,11 +38,11 @@ def _replayed(values: list[float], every: int, min_effect: float = 0.05) -> list
     whole, text, went_on = Analyses(values, min_effect=min_effect).signals, None, []
     for length in range(10, len(values) + 1, every):
         cut = values[:length]
-        kept = checkpoint.valid(text, cut, DEFAULT_METHOD, min_effect)
+        kept = checkpoint_valid(text, cut, DEFAULT_METHOD, min_effect)
         went_on.append(kept[-1]["state"]["length"] if kept else 0)
-        read = Analyses(cut, DEFAULT_METHOD, min_effect, kept[-1]["state"] if kept else None, checkpoint.lengths(length))
+        read = Analyses(cut, DEFAULT_METHOD, min_effect, kept[-1]["state"] if kept else None, checkpoint_lengths(length))
         assert read.signals == [s for s in whole if s.length <= length]
-        text = checkpoint.written(kept, read.snapshots, cut, DEFAULT_METHOD, min_effect)
+        text = checkpoint_written(kept, read.snapshots, cut, DEFAULT_METHOD, min_effect)
     return went_on
 
 
@@ -72,28 +72,28 @@ def test_a_checkpoint_holds_about_log2_states_and_the_one_just_before_a_changed_
     values = list(history(Case(300, 0.03, ((100, 0.08),)), 1))
     text = None
     for length in range(100, 301):
-        kept = checkpoint.valid(text, values[:length], DEFAULT_METHOD, 0.05)
-        read = Analyses(values[:length], keep=checkpoint.lengths(length), resume=kept[-1]["state"] if kept else None)
-        text = checkpoint.written(kept, read.snapshots, values[:length], DEFAULT_METHOD, 0.05)
+        kept = checkpoint_valid(text, values[:length], DEFAULT_METHOD, 0.05)
+        read = Analyses(values[:length], keep=checkpoint_lengths(length), resume=kept[-1]["state"] if kept else None)
+        text = checkpoint_written(kept, read.snapshots, values[:length], DEFAULT_METHOD, 0.05)
     held = [r["state"]["length"] for r in json.loads(text)["reads"]]
     assert held == [128, 192, 256, 272, 288, 296, 298, 299, 300]  # one of each span 2^(k-1) to 2^k commits back
     changed = [*values[:290], values[290] * 1.01, *values[291:]]  # a second run at commit 290 moved its point
-    assert [r["state"]["length"] for r in checkpoint.valid(text, changed, DEFAULT_METHOD, 0.05)][-1] == 288
+    assert [r["state"]["length"] for r in checkpoint_valid(text, changed, DEFAULT_METHOD, 0.05)][-1] == 288
 
 
 def test_a_checkpoint_of_other_values_parameters_or_code_is_not_used(monkeypatch):
     values = list(history(Case(80, 0.03, ((40, 0.08),)), 2))
-    read = Analyses(values, keep=checkpoint.lengths(80))
-    text = checkpoint.written([], read.snapshots, values, DEFAULT_METHOD, 0.05)
-    assert checkpoint.valid(text, values, DEFAULT_METHOD, 0.05)
-    assert checkpoint.valid(text, [*values, 100.0], DEFAULT_METHOD, 0.05)  # a commit added: goes on
-    assert not checkpoint.valid(text, [values[1], values[0], *values[2:]], DEFAULT_METHOD, 0.05)
-    assert not checkpoint.valid(text, values, DEFAULT_METHOD, 0.03)
-    assert not checkpoint.valid(text, values, Method(penalty=3.0), 0.05)
-    assert not checkpoint.valid("not json", values, DEFAULT_METHOD, 0.05)
-    assert not checkpoint.valid('{"reads": 3}', values, DEFAULT_METHOD, 0.05)
-    monkeypatch.setattr(checkpoint, "code", lambda: "another version")
-    assert not checkpoint.valid(text, values, DEFAULT_METHOD, 0.05)
+    read = Analyses(values, keep=checkpoint_lengths(80))
+    text = checkpoint_written([], read.snapshots, values, DEFAULT_METHOD, 0.05)
+    assert checkpoint_valid(text, values, DEFAULT_METHOD, 0.05)
+    assert checkpoint_valid(text, [*values, 100.0], DEFAULT_METHOD, 0.05)  # a commit added: goes on
+    assert not checkpoint_valid(text, [values[1], values[0], *values[2:]], DEFAULT_METHOD, 0.05)
+    assert not checkpoint_valid(text, values, DEFAULT_METHOD, 0.03)
+    assert not checkpoint_valid(text, values, Method(penalty=3.0), 0.05)
+    assert not checkpoint_valid("not json", values, DEFAULT_METHOD, 0.05)
+    assert not checkpoint_valid('{"reads": 3}', values, DEFAULT_METHOD, 0.05)
+    monkeypatch.setattr(alarms, "checkpoint_code", lambda: "another version")
+    assert not checkpoint_valid(text, values, DEFAULT_METHOD, 0.05)
 
 
 # -- through the store, as a job does ------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def _went_on(store: Store, min_effect: float = 0.05, line=None) -> list[int]:
     """Per series, the length of the longest kept read the next analysis would go on from (0: none)."""
     built = build(store.runs(), store.results(), line)
     texts = store.checkpoints(built)
-    kept = [checkpoint.valid(texts.get(k), s.values, DEFAULT_METHOD, min_effect) for k, s in sorted(built.items())]
+    kept = [checkpoint_valid(texts.get(k), s.values, DEFAULT_METHOD, min_effect) for k, s in sorted(built.items())]
     return [reads[-1]["state"]["length"] if reads else 0 for reads in kept]
 
 

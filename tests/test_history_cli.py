@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from pytest_llmperf.cli import main
-from pytest_llmperf.history import rowsfile
+from pytest_llmperf.history import rows as rows_jsonl
 from pytest_llmperf.history.databases import Location
 from pytest_llmperf.history.store import Store
 from tests.history_rows import history_rows, sha
@@ -21,7 +21,7 @@ from tests.history_synthetic import Case, history
 def rows_file(tmp_path):
     runs, rows = history_rows(history(Case(40, 0.01, ((25, 0.10),)), 2))
     path = tmp_path / "reports" / "history-rows.jsonl"
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     return path
 
 
@@ -126,7 +126,7 @@ def test_an_anchor_git_does_not_know_and_an_unwritable_out_are_one_line_and_exit
 def _store_of(values, tmp_path):
     runs, rows = history_rows(values)
     path = tmp_path / "rows.jsonl"
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     store = tmp_path / "fixed.sqlite"
     assert main(["history", "--store", str(store), "import", str(path)]) == 0
     return store

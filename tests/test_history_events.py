@@ -1,4 +1,4 @@
-"""Events (history/events.py): the changes of one machine's series at one place are one event, reported, failed on
+"""Events (history/analysis.py): the changes of one machine's series at one place are one event, reported, failed on
 and marked as one; an event that moves most of a machine's series alike says it is likely the runner. And the sizes
 that hold: the part of a change still in effect is not led by a huge later step, nor is creep."""
 
@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.cli import main
-from pytest_llmperf.history import rowsfile
-from pytest_llmperf.history.analysis import analyze, analyze_series, in_effect
-from pytest_llmperf.history.events import events
+from pytest_llmperf.history import rows as rows_jsonl
+from pytest_llmperf.history.analysis import analyze, analyze_series, events, in_effect
 from pytest_llmperf.history.records import Result, SeriesId
 from pytest_llmperf.history.series import build
 from tests.history_rows import TEST, history_rows, run
@@ -75,7 +74,7 @@ def test_the_command_line_fails_and_marks_an_event_once(tmp_path, capsys, monkey
     monkeypatch.delenv("LLMPERF_HISTORY", raising=False)
     runs, rows = machine_rows("ci-runner", moved=12, still=2)
     path = tmp_path / "rows.jsonl"
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     store = str(tmp_path / "h.sqlite")
     assert main(["history", "--store", store, "import", str(path)]) == 0
     capsys.readouterr()

@@ -1,5 +1,5 @@
 """The goals of issue 38 on seeded synthetic histories (tests/history_synthetic.py), through the code the plugin
-runs at the end of a job (history/analysis.py, alarms.py, detect.py, creep.py). Seeded: each figure is the same on
+runs at the end of a job (history/analysis.py, alarms.py, detect.py). Seeded: each figure is the same on
 every run; the measured figures and their margins are in docs/history.md ("Measured")."""
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ import subprocess
 import pytest
 
 from pytest_llmperf.history.databases import Location
-from pytest_llmperf.history.lineage import first_parent_line
 from pytest_llmperf.history.rows import Job, job_rows
-from pytest_llmperf.history.series import build
+from pytest_llmperf.history.series import build, first_parent_line
 from pytest_llmperf.history.store import Store
 from pytest_llmperf.judge.verdicts import Outcome, Status
 from tests.test_plugin import ENGINE_TEST

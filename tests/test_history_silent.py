@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmperf.cli import main
-from pytest_llmperf.history import rowsfile
+from pytest_llmperf.history import rows as rows_jsonl
 from pytest_llmperf.history.databases import Location, parse_location
 from pytest_llmperf.history.store import Store
 from tests.history_rows import history_rows
@@ -38,7 +38,7 @@ def git(path: Path, *args: str) -> str:
 def imported(tmp_path: Path, values, name: str = "h.sqlite", **overrides) -> str:
     runs, rows = history_rows(values, **overrides)
     path = tmp_path / f"{name}.jsonl"
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     store = str(tmp_path / name)
     assert main(["history", "--store", store, "import", str(path)]) == 0
     return store
@@ -94,7 +94,7 @@ def test_a_second_rows_file_with_the_same_run_ids_and_other_values_is_refused_na
     store = imported(tmp_path, step())
     runs, rows = history_rows([v * 1.2 for v in step()])
     other = tmp_path / "other.jsonl"
-    rowsfile.append(other, runs, rows)
+    rows_jsonl.append(other, runs, rows)
     capsys.readouterr()
     assert main(["history", "--store", store, "import", str(other)]) == 2
     err = capsys.readouterr().err
@@ -135,7 +135,7 @@ def test_a_usage_mistake_is_one_line_and_exit_2(tmp_path, argv, said):
 def test_a_bad_result_is_refused_with_its_line_and_field_and_creates_no_store(tmp_path, capsys, change, said):
     runs, rows = history_rows(step())
     path = tmp_path / "rows.jsonl"
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     lines = path.read_text().splitlines()
     data = json.loads(lines[6])
     data["results"][0].update(change)
@@ -150,7 +150,7 @@ def test_a_bad_result_is_refused_with_its_line_and_field_and_creates_no_store(tm
 def test_a_commit_that_is_no_sha_and_a_binary_file_are_refused(tmp_path, capsys):
     runs, rows = history_rows(step()[:3], commit_sha="main~2")
     path = tmp_path / "rows.jsonl"
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     assert main(["history", "--store", str(tmp_path / "h.sqlite"), "import", str(path)]) == 2
     assert "line 1: run field 'commit_sha' is 'main~2', not a git commit's sha" in capsys.readouterr().err
     binary = tmp_path / "store.sqlite"

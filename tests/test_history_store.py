@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.history import rowsfile
+from pytest_llmperf.history import rows as rows_jsonl
 from pytest_llmperf.history.databases import Location, StoreError, parse_location
 from pytest_llmperf.history.records import Mark
-from pytest_llmperf.history.schema import SCHEMA_VERSION
-from pytest_llmperf.history.store import Store
+from pytest_llmperf.history.store import SCHEMA_VERSION, Store
 from tests.history_rows import history_rows, results, run
 from tests.postgres_server import fresh_database, postgres_server
 
@@ -180,15 +179,15 @@ def test_locations(tmp_path):
 
 def test_rows_files_import_once_and_only_once(location, tmp_path):
     runs, rows = history_rows([100.0, 102.0, 98.0])
-    path = tmp_path / "reports" / rowsfile.FILE_NAME
-    rowsfile.append(path, runs[:2], rows[:2])
-    rowsfile.append(path, runs[2:], rows[2:])
+    path = tmp_path / "reports" / rows_jsonl.FILE_NAME
+    rows_jsonl.append(path, runs[:2], rows[:2])
+    rows_jsonl.append(path, runs[2:], rows[2:])
     assert len(path.read_text().splitlines()) == 3
     with Store(location) as store:
         store.append(runs[:1], rows[:1])  # the job that also wrote to the store
-        (done,) = rowsfile.import_files(store, rowsfile.read_files([path]))
+        (done,) = rows_jsonl.import_files(store, rows_jsonl.read_files([path]))
         assert (done[1].runs, done[1].already) == (2, 1)
-        (again,) = rowsfile.import_files(store, rowsfile.read_files([path]))
+        (again,) = rows_jsonl.import_files(store, rows_jsonl.read_files([path]))
         assert (again[1].runs, again[1].already) == (0, 3)
         assert len(store.results()) == 3
 
@@ -196,7 +195,7 @@ def test_rows_files_import_once_and_only_once(location, tmp_path):
 def test_a_bad_rows_file_names_its_line(tmp_path):
     path = tmp_path / "rows.jsonl"
     runs, rows = history_rows([1.0])
-    rowsfile.append(path, runs, rows)
+    rows_jsonl.append(path, runs, rows)
     path.write_text(path.read_text() + '{"format": "something else"}\n')
-    with pytest.raises(rowsfile.RowsFileError, match=r"rows\.jsonl, line 2: not a line of a pytest-llmperf rows"):
-        rowsfile.read(path)
+    with pytest.raises(rows_jsonl.RowsFileError, match=r"rows\.jsonl, line 2: not a line of a pytest-llmperf rows"):
+        rows_jsonl.read(path)

@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import EnvironmentsError
-from .records import CHANGED, NONE_FOUND, UNCHANGED
+from .records import CHANGED, NONE_FOUND, UNCHANGED, EnvironmentsError
 
 #: Files looked for by name at the root: what uv builds from, and (REFUSED) what it cannot.
 BUILT = ("pyproject.toml", "uv.lock", "pylock.toml", "uv.toml", ".python-version")

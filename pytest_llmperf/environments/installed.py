@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import EnvironmentsError
-from .records import SHARED, SideEnvironment, canonical_name
+from .records import SHARED, EnvironmentsError, SideEnvironment, canonical_name
 
 #: Run by the probed interpreter with -I. A distribution's files: a digest of their RECORD hashes (a wheel rebuilt
 #: under its version holds other files), and whether each is there at its size.

@@ -10,22 +10,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import build, cache, plugin_install
-from .errors import CODE_ONLY_WAY, WRITABLE_WAY, CannotBuild, EnvironmentsError
+from .build import find_uv
 from .inputs import Detection
 from .installed import installed_here, probe
 from .records import (
     BASE_PYTHON,
     BUILT,
     CODE_ONLY,
+    CODE_ONLY_WAY,
     COMPARE_DEPS_MODES,
     CURRENT,
     SHARED,
+    WRITABLE_WAY,
     BuildSettings,
+    CannotBuild,
     Environments,
+    EnvironmentsError,
     SideEnvironment,
     held_changes,
 )
-from .uv_runner import find_uv
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 from ..files import write_atomic
 from .cache import touch
-from .errors import EnvironmentsError
+from .records import EnvironmentsError
 
 PLUGIN = "pytest-llmperf"
 #: Files of an installed .dist-info that an installer wrote, not the package: left out of a repacked wheel.

@@ -30,19 +30,27 @@ noise resolves at the commits seen (`resolution`). Those two medians are the siz
 A commit's verdict reads only the commits up to it, so a change confirmed at a commit stays confirmed in every later
 analysis, and the same store always gives the same states; where it starts is the change point of detect.py within
 `SAME_POINT` commits of where it was confirmed, placed again with the commits since.
+
+Below the rule: the thresholds it reads against (`decision_interval`, `standard_normal`, `resolution`), and the
+checkpoint, where a series' read stopped, for the next job to go on from.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import asdict, astuple, dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import detect
 from .detect import DEFAULT_METHOD, OUTLIER_NEIGHBOURS, Method, PrefixOutliers, change_points
-from .thresholds import decision_interval, resolution, standard_normal
 
 SAME_POINT = 4  # commits between a change point of detect.py and a confirmed change that make them the same change
 #: Series shorter than this are not analysed: too few commits to tell a level from noise.
@@ -362,7 +370,7 @@ class Analyses:
         keep: Collection[int] = (),
     ) -> None:
         """`resume`: where a read of the same first commits stopped; `keep`: the lengths at which to take the read's
-        `snapshots`, for a later analysis to go on from (history/checkpoint.py)."""
+        `snapshots`, for a later analysis to go on from (the checkpoint, below)."""
         self.values = list(values)
         self.prefixes = Prefixes(self.values, method)
         sums = _Sums(self.values, method, min_effect, self.prefixes)
@@ -398,3 +406,156 @@ def first_confirmations(
     alarm. This is the count a user sees: a job at every commit, each alarm once, however long it lasted; a change
     confirmed at a commit stays confirmed at every later one (`signals`)."""
     return [(max(s.length, start), s.index) for s in signals(values, method, min_effect)]
+
+
+# How far from the level a commit or a change must be: Page's decision interval for the cumulative sum, a commit's
+# distance as an N(0, 1) draw, and the smallest change a series' noise resolves between two segments. The statistics
+# the rule above reads against; each a formula with its source, each computed once for its arguments.
+SIEGMUND_SHIFT = 1.166  # Siegmund's correction of a CUSUM's decision interval for its overshoot (in sigmas)
+_EXACT_TAIL = 1e-12  # beyond this tail probability a commit's distance is taken as it is (the quantile saturates)
+
+
+@lru_cache(maxsize=65536)
+def decision_interval(reference: float, run_length: float) -> float:
+    """Page's CUSUM decision interval h, in sigmas, for a reference of `reference` sigmas a commit and an average
+    run length of `run_length` commits between false alarms (one side), by Siegmund's approximation
+    ARL = (exp(2 k b) - 2 k b - 1) / (2 k^2), b = h + 1.166 (Siegmund, "Sequential Analysis", 1985), solved in
+    logarithms, which are monotone in b. Beyond a reference of a few sigmas h is 0; the bounds keep floats finite."""
+    from scipy.optimize import brentq
+
+    k = min(max(reference, 1e-3), 1e3)
+
+    def excess(b: float) -> float:
+        x = 2 * k * b
+        return math.log(math.expm1(x) - x) - math.log(2 * k * k * run_length)
+
+    high = min(math.sqrt(run_length) + 1, 700 / (2 * k))  # ARL >= b^2; exp(700) is still a float
+    return max(0.0, float(brentq(excess, 1e-3 / k, high)) - SIEGMUND_SHIFT)
+
+
+def resolution(noise: float, before: int, after: int, p_value: float) -> float:
+    """The smallest difference of two means, of `before` and `after` commits with a deviation of `noise` each (in
+    logs), that a one-sided test at `p_value` tells from noise: z sigma sqrt(1/before + 1/after). A change smaller
+    than this at the commits seen is not confirmed, and does not fail a job (`analysis.Change.fails`): in a series
+    whose noise is twice the smallest change that matters, a 5% change needs some 100 commits a side."""
+    from scipy.special import ndtri
+
+    if before <= 0 or after <= 0:
+        return math.inf
+    return -float(ndtri(p_value)) * noise * math.sqrt(1 / before + 1 / after)
+
+
+def standard_normal(distance: float, freedom: int) -> float:
+    """Student's t `distance` with `freedom` degrees of freedom as the N(0, 1) quantile of the same tail."""
+    return math.copysign(_quantile_of(abs(distance), freedom), distance)
+
+
+@lru_cache(maxsize=1024)
+def _quantile_of(distance: float, freedom: int) -> float:
+    """For a distance >= 0 (each commit asks once a side, with the same distance: cached)."""
+    from scipy.special import ndtri, stdtr
+
+    tail = float(stdtr(freedom, -distance))
+    return -float(ndtri(tail)) if tail > _EXACT_TAIL else distance
+
+
+# The checkpoint: where the sequential read of a series (`Analyses`) stopped at its last analysis, kept in the store;
+# the next job goes on from there, and reads only the commits it added instead of the whole history again.
+#
+# A commit's verdict reads only the commits up to it, so going on from the read's state after the first n commits
+# gives what reading all of them gives, exactly (tests/test_history_checkpoint.py asserts the same analysis). A
+# checkpoint is used only where it was computed from the same values: the digest of the series' first n values, the
+# method, the smallest change that matters and the code (this plugin's version, the rule's modules, numpy, scipy and
+# ruptures) must all be those of this analysis; anything else (a rewritten history, an older run imported into the
+# middle, an excluded run, another llmperf_history_min_effect, an upgrade) reads the series whole. It is a cache:
+# losing it costs time, never a verdict, and the store's rows stay the only facts.
+#
+# Kept in `llmperf_meta`, one row a series (`checkpoint:SERIES_KEY`), written by the job that analysed it in one
+# transaction (history/store.py).
+CHECKPOINT_FORMAT = 1
+
+
+def checkpoint_digests(values: Sequence[float], lengths: Collection[int]) -> dict[int, str]:
+    """The digest of the series' first values (float64, in order) at each of `lengths`, in one pass."""
+    data, found, done = np.asarray(values, dtype=np.float64), {}, 0
+    running = hashlib.sha256()
+    for length in sorted(set(lengths)):
+        running.update(data[done:length].tobytes())
+        found[length], done = running.copy().hexdigest(), length
+    return found
+
+
+@lru_cache(maxsize=1)
+def checkpoint_code() -> str | None:
+    """What computed a read: this plugin's version, the rule's source and the libraries it calls; None where that
+    cannot be told (no checkpoint is used or kept then)."""
+    found = hashlib.sha256(str(CHECKPOINT_FORMAT).encode())
+    for name in ("pytest-llmperf", "numpy", "scipy", "ruptures"):
+        try:
+            found.update(f"{name} {importlib.metadata.version(name)}\n".encode())
+        except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path: its source says what it is
+            found.update(f"{name} -\n".encode())
+    try:
+        for source in (__file__, detect.__file__):  # the rule, its thresholds and this checkpoint; detect.py
+            found.update(Path(str(source)).read_bytes())
+    except OSError:
+        return None
+    return found.hexdigest()
+
+
+def _checkpoint_params(method: Method, min_effect: float) -> dict[str, Any]:
+    return {"method": asdict(method), "min_effect": min_effect}
+
+
+def checkpoint_lengths(length: int) -> set[int]:
+    """The lengths at which the reads of a series of `length` values are kept: `length` itself, and, 2^(k-1) to
+    2^k commits before it, the one length of them that is a multiple of 2^(k-1). Each is kept by every later
+    analysis until it is too old for its span, so a checkpoint holds about log2(length) reads. A job that adds a
+    run at a commit measured `d` commits back (an A/B job's base side, a job run again) goes on from a read at most
+    about 2d commits before it."""
+    found = {length}
+    for k in range(length.bit_length()):
+        step = 1 << k
+        if length - step > 0:
+            found.add((length - step) // step * step)
+    return found
+
+
+def checkpoint_valid(
+    text: str | None, values: Sequence[float], method: Method, min_effect: float
+) -> list[dict[str, Any]]:
+    """The kept states of the checkpoint `text` that this code computed with these parameters from the same first
+    values as `values` (shortest first; each as {"digest", "state"}): empty where none was (the series is read
+    whole)."""
+    if not text:
+        return []
+    try:
+        kept = json.loads(text)
+        if kept["code"] != checkpoint_code():
+            return []
+        if {k: kept[k] for k in ("method", "min_effect")} != _checkpoint_params(method, min_effect):
+            return []
+        reads = [r for r in kept["reads"] if 0 < r["state"]["length"] <= len(values)]
+        now = checkpoint_digests(values, [r["state"]["length"] for r in reads])
+        return [r for r in reads if r["digest"] == now[r["state"]["length"]]]
+    except (ValueError, KeyError, TypeError):  # not a checkpoint this code wrote
+        return []
+
+
+def checkpoint_written(
+    kept: list[dict[str, Any]],
+    snapshots: Sequence[Mapping[str, Any]],
+    values: Sequence[float],
+    method: Method,
+    min_effect: float,
+) -> str | None:
+    """The checkpoint to keep after a read of `values`: the states `checkpoint_valid` gave and the read's new
+    `snapshots` (`Analyses`), those at the lengths still kept (`checkpoint_lengths`)."""
+    made_by = checkpoint_code()
+    if made_by is None:
+        return None
+    now = checkpoint_digests(values, [s["length"] for s in snapshots])
+    new = [{"digest": now[s["length"]], "state": s} for s in snapshots]
+    wanted = checkpoint_lengths(len(values))
+    reads = [read for read in [*kept, *new] if read["state"]["length"] in wanted]
+    return json.dumps({"code": made_by, **_checkpoint_params(method, min_effect), "reads": reads})

@@ -1,23 +1,31 @@
 """The analysis of series: their change points with states and marks, creep since the anchor, and a warning where
-a series is too noisy for the smallest change that matters. What the report, the command line and the gate read;
-history/events.py groups the changes of many series into events.
+a series is too noisy for the smallest change that matters; and the events that group the changes of many series at
+one place. What the report, the command line and the gate read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checkpoint
-from .alarms import DEFAULT_MIN_EFFECT, MIN_COMMITS, Analyses, Found
-from .creep import Creep, creep
+from .alarms import (
+    DEFAULT_MIN_EFFECT,
+    MIN_COMMITS,
+    Analyses,
+    Found,
+    checkpoint_lengths,
+    checkpoint_valid,
+    checkpoint_written,
+    resolution,
+)
 from .detect import DEFAULT_METHOD, Method, noise, outliers, two_sample_p
 from .records import Mark
 from .series import Series
-from .thresholds import resolution
 
 MARK_REACH = 2  # commits a change may move between analyses and keep its mark
 STEP_NOT_CREEP = 2  # a confirmed change this many times the smallest change that matters is left out of creep
@@ -90,7 +98,7 @@ class SeriesAnalysis:
     warnings: list[str] = field(default_factory=list)
     set_aside: list[int] = field(default_factory=list)  # points whose value is zero, negative or not finite
     analysed: list[int] = field(default_factory=list)  # the indices into series.points of the values analysed
-    checkpoint: str | None = None  # where the next analysis may go on from (history/checkpoint.py), to keep
+    checkpoint: str | None = None  # where the next analysis may go on from (history/alarms.py), to keep
 
 
 def level(values: Sequence[float]) -> float:
@@ -133,7 +141,7 @@ def analyze_series(
 ) -> SeriesAnalysis:
     """Every commit of the series (its whole history). A value that is zero, negative or not finite (a broken job)
     is set aside with a warning, and the series analysed without it: changes are found as ratios of values.
-    `resume_from`: the series' checkpoint (history/checkpoint.py): its sequential read goes on from where an
+    `resume_from`: the series' checkpoint (history/alarms.py): its sequential read goes on from where an
     earlier analysis of the same first values stopped; the same analysis either way."""
     analysed = [i for i, p in enumerate(series.points) if math.isfinite(p.value) and p.value > 0]
     points = [series.points[i] for i in analysed]
@@ -149,11 +157,11 @@ def analyze_series(
         )
     if len(values) < MIN_COMMITS:
         return result
-    kept = checkpoint.valid(resume_from, values, method, min_effect)
+    kept = checkpoint_valid(resume_from, values, method, min_effect)
     analyses = Analyses(
-        values, method, min_effect, kept[-1]["state"] if kept else None, checkpoint.lengths(len(values))
+        values, method, min_effect, kept[-1]["state"] if kept else None, checkpoint_lengths(len(values))
     )
-    result.checkpoint = checkpoint.written(kept, analyses.snapshots, values, method, min_effect)
+    result.checkpoint = checkpoint_written(kept, analyses.snapshots, values, method, min_effect)
     found = analyses.found()
     set_aside = outliers(values, method)
     result.outliers = [analysed[i] for i in set_aside]
@@ -286,3 +294,184 @@ def analyze(
         analyze_series(s, method=method, min_effect=min_effect, anchor=anchor, marks=marks, resume_from=kept.get(s.key))
         for s in sorted(series.values(), key=lambda s: s.id.label())
     ]
+
+
+# Creep: how far a series has drifted since an anchor (a release tag's commit, or the oldest commit analysed).
+#
+# Small steps of a few percent each merge into one or two change points, or none, yet add up. So the drift is
+# measured apart from where change points fall: the level at the anchor is the mean (of the logarithms) of the
+# `WINDOW` commits from the anchor on, the level now that of the newest `WINDOW` commits, outlier jobs set aside. It
+# is flagged when Mann-Whitney's test of the two windows gives p < the method's p_value and the drift is at least
+# `min_drift`: half the smallest change that matters (llmperf_history_min_effect), since the drift is read from 15
+# commits a side and scatters by about +-2% at 3% noise (a 6% drift read against a 5% line would be missed one time
+# in four; docs/history.md).
+WINDOW = 15  # commits at each end
+
+
+@dataclass(frozen=True)
+class Creep:
+    anchor: int  # index of the anchor commit
+    first: tuple[int, int]  # [start, end) of the anchor's window
+    last: tuple[int, int]  # [start, end) of the newest window
+    drift: float  # relative: level now / level at the anchor - 1
+    p_value: float
+    flagged: bool
+
+
+def creep(
+    values: Sequence[float],
+    *,
+    anchor: int = 0,
+    min_drift: float,
+    p_value: float,
+    set_aside: Collection[int] = (),
+    window: int = WINDOW,
+) -> Creep | None:
+    """The drift since `anchor`, or None when the series since it is too short for two windows."""
+    n = len(values)
+    if n - anchor < 2 * window:
+        return None
+    logs = np.log(np.asarray(values, dtype=float))
+    first_span, last_span = (anchor, anchor + window), (n - window, n)
+    first = np.array([logs[i] for i in range(*first_span) if i not in set_aside])
+    last = np.array([logs[i] for i in range(*last_span) if i not in set_aside])
+    drift = math.exp(float(np.mean(last) - np.mean(first))) - 1
+    p = two_sample_p(first, last)
+    return Creep(anchor, first_span, last_span, drift, p, abs(drift) >= min_drift and p < p_value)
+
+
+# Events: the changes of many series at one place, reported, failed on and marked as one.
+#
+# A cause moves every series it touches at the same commit: a runner image or host, a dependency, a change of the
+# engine itself. Change points of the series of one target and machine class that start within `SPREAD` commits of
+# each other (in the commits' common order, `Point.order`) are one event, with the series it moved and the spread of
+# their sizes. An event that moves most of the series measured across it, the same way, says so: on real CI data
+# that is the runner or its environment more often than the code (docs/history.md, "Real histories"), besides what
+# the fingerprints say (`env_changed`, `machine_changed`), which CI data often lack (a hosted runner's fingerprint can
+# stay equal while its host changes).
+#
+# An event is confirmed when one of its changes is, a regression when its confirmed changes (else all of them) are
+# regressions, an improvement when none is, mixed otherwise; it fails when one of its changes fails
+# (`Change.fails`). `--llmperf-history-check=fail` and `analyze --fail` count events, not series.
+SPREAD = 2  # commits between the first and the last change of one event
+SHARED = 0.5  # an event moving more than this share of the series measured across it, alike, moves the machine
+MIN_SHARED = 3  # and at least this many series
+ALIKE = 0.75  # of its changes, at least this share the same way
+
+
+@dataclass(frozen=True)
+class Event:
+    target: str
+    machine: str
+    changes: tuple[Change, ...]  # one per series it moved, by series label
+    series_total: int  # the series of this target and machine measured before and after it
+    min_effect: float
+
+    @property
+    def id(self) -> str:
+        """`EVENT:<machine class hash>@<first bad commit>`, for `pytest-llmperf history mark`."""
+        machine = hashlib.sha256(f"{self.target}\0{self.machine}".encode()).hexdigest()[:8]
+        return f"EVENT:{machine}@{self.first_bad[:12]}"
+
+    @property
+    def state(self) -> str:
+        return "confirmed" if any(c.state == "confirmed" for c in self.changes) else "provisional"
+
+    def _deciding(self) -> list[Change]:
+        confirmed = [c for c in self.changes if c.state == "confirmed"]
+        return confirmed or list(self.changes)
+
+    @property
+    def kind(self) -> str:
+        kinds = {c.kind for c in self._deciding()}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def last_good(self) -> str:
+        """The earliest last good commit of its changes."""
+        return min(self.changes, key=lambda c: (c.order, c.label)).last_good
+
+    @property
+    def first_bad(self) -> str:
+        """The latest first bad commit of its changes."""
+        return max(self.changes, key=lambda c: (c.order, c.label)).first_bad
+
+    @property
+    def sizes(self) -> tuple[float, float]:
+        sizes = [c.change for c in self._deciding()]
+        return min(sizes), max(sizes)
+
+    @property
+    def shared(self) -> bool:
+        """Most series measured across it moved, and alike: the runner or its environment, more likely than code."""
+        deciding = self._deciding()
+        ups = sum(c.change > 0 for c in deciding)
+        alike = max(ups, len(deciding) - ups) >= ALIKE * len(deciding)
+        moved = len(self.changes)
+        return moved >= MIN_SHARED and moved > SHARED * self.series_total and alike
+
+    @property
+    def fails(self) -> bool:
+        return any(c.fails(self.min_effect) for c in self.changes)
+
+    @property
+    def mark(self) -> str | None:
+        """A mark every change of it carries (marking the event marks them all)."""
+        marks = {c.mark for c in self.changes}
+        return marks.pop() if len(marks) == 1 else None
+
+    @property
+    def changed_there(self) -> list[str]:
+        return [
+            what
+            for what, on in (
+                ("environment", any(c.env_changed for c in self.changes)),
+                ("machine", any(c.machine_changed for c in self.changes)),
+            )
+            if on
+        ]
+
+    def describe(self) -> str:
+        """`+11.2% to +19.0% in 58 of 65 series`, and what it likely is."""
+        low, high = self.sizes
+        size = f"{low:+.1%}" if len(self._deciding()) == 1 else f"{low:+.1%} to {high:+.1%}"
+        text = f"{size} in {len(self.changes)} of {self.series_total} series"
+        if self.shared:
+            text += ", most of this machine's series alike: likely the runner or its environment"
+        if self.changed_there:
+            text += f" ({' and '.join(self.changed_there)} changed there)"
+        return text
+
+
+def events(analyses: Sequence[SeriesAnalysis], min_effect: float) -> list[Event]:
+    """The changes of `analyses` grouped into events, per target and machine class; confirmed first, then by the
+    number of series moved."""
+    groups: dict[tuple[str, str], list[SeriesAnalysis]] = defaultdict(list)
+    for a in analyses:
+        groups[(a.series.id.target, a.series.id.machine)].append(a)
+    found = []
+    for (target, machine), members in groups.items():
+        cluster: list[Change] = []
+        for change in sorted((c for a in members for c in a.changes), key=lambda c: (c.order, c.label)):
+            if cluster and change.order - cluster[0].order > SPREAD:
+                found.append(_event(target, machine, cluster, members, min_effect))
+                cluster = []
+            cluster.append(change)
+        if cluster:
+            found.append(_event(target, machine, cluster, members, min_effect))
+    return sorted(found, key=lambda e: (e.state != "confirmed", -len(e.changes), e.first_bad))
+
+
+def _event(
+    target: str, machine: str, cluster: list[Change], members: Sequence[SeriesAnalysis], min_effect: float
+) -> Event:
+    first, last = cluster[0].order, cluster[-1].order
+    total = sum(bool(a.series.points) and a.series.points[0].order < first and a.series.points[-1].order >= last
+                for a in members)  # fmt: skip
+    by_series: dict[str, Change] = {}
+    for change in cluster:  # one change a series: its confirmed one, else its first
+        held = by_series.get(change.series_key)
+        if held is None or (change.state == "confirmed" and held.state != "confirmed"):
+            by_series[change.series_key] = change
+    changes = tuple(sorted(by_series.values(), key=lambda c: c.label))
+    return Event(target, machine, changes, max(total, len(changes)), min_effect)

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..files import strict_json, write_text_atomic
-from . import export, lineage, rowsfile, series, summary
-from .analysis import DEFAULT_MIN_EFFECT, Change, analyze
+from ..judge.fingerprint import git
+from . import rows, series, summary
+from .analysis import DEFAULT_MIN_EFFECT, Change, Event, analyze, events
 from .databases import StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
-from .events import Event, events
 from .records import MARK_STATES, Mark
 from .settings import DEFAULT_STORE
 from .store import Store
@@ -163,8 +163,8 @@ def _open(args: argparse.Namespace) -> Store:
 
 
 def _series(store: Store, args: argparse.Namespace) -> dict[str, series.Series]:
-    branch = lineage.default_branch(args.repo, args.branch)
-    line = (lineage.first_parent_line(args.repo, branch) or None) if branch else None
+    branch = series.default_branch(args.repo, args.branch)
+    line = (series.first_parent_line(args.repo, branch) or None) if branch else None
     runs = store.runs()
     if line is None:
         print(
@@ -209,9 +209,7 @@ def change_line(change: Change) -> str:
 
 
 def _analyze(store: Store, args: argparse.Namespace) -> int:
-    anchor = (
-        lineage.git(args.repo, "rev-parse", "--verify", "--quiet", f"{args.anchor}^{{commit}}") if args.anchor else None
-    )
+    anchor = git(args.repo, "rev-parse", "--verify", "--quiet", f"{args.anchor}^{{commit}}") if args.anchor else None
     if args.anchor and not anchor:
         raise BadArgument(f"--anchor {args.anchor} is no commit of the repository {args.repo} (--repo)")
     built = _series(store, args)
@@ -309,7 +307,7 @@ def _replace(store: Store, args: argparse.Namespace) -> int:
     old = {r.commit_sha for r in store.runs() if r.commit_sha.startswith(args.old)}
     if len(old) != 1:
         raise BadArgument(f"{args.old} is {'no' if not old else 'more than one'} stored commit (a prefix of its sha)")
-    new = lineage.git(args.repo, "rev-parse", "--verify", "--quiet", f"{args.new}^{{commit}}")
+    new = git(args.repo, "rev-parse", "--verify", "--quiet", f"{args.new}^{{commit}}")
     if not new:
         if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", args.new):
             raise BadArgument(f"{args.new} is no commit of {args.repo} (--repo) nor a full sha")
@@ -322,7 +320,7 @@ def _replace(store: Store, args: argparse.Namespace) -> int:
 def run(
     args: argparse.Namespace, extra: Sequence[str] = (), run_bisect: Callable[[list[str]], int] | None = None
 ) -> int:
-    parsed = rowsfile.read_files(args.files) if args.command == "import" else []
+    parsed = rows.read_files(args.files) if args.command == "import" else []
     if args.command == "bisect":
         with _open(args) as store:
             argv = bisect_argv(store, args, extra)
@@ -330,7 +328,7 @@ def run(
         return run_bisect(argv) if run_bisect else 0
     with _open(args) as store:
         if args.command == "import":
-            for path, done in rowsfile.import_files(store, parsed):
+            for path, done in rows.import_files(store, parsed):
                 print(f"{path}: {done.runs} run(s) and {done.results} result(s) imported, {done.already} already there")
             return 0
         if args.command in ("analyze", "changes"):
@@ -348,7 +346,7 @@ def run(
             return 0
         if args.command == "export":
             chosen = list(_series(store, args).values())
-            written = (export.otava if args.format == "otava" else export.jsonl)(chosen, args.out)
+            written = (series.otava if args.format == "otava" else series.jsonl)(chosen, args.out)
             print(f"{len(chosen)} series written to {args.out} ({len(written)} files)")
             return 0
         print(f"{store.location.describe()}: schema version {store.version()}")
@@ -364,6 +362,6 @@ def main(argv: Sequence[str] | None = None, run_bisect: Callable[[list[str]], in
         parser().error(f"arguments after -- are for bisect only: {shlex.join(extra)}")
     try:
         return run(args, extra, run_bisect)
-    except (StoreError, rowsfile.RowsFileError, RupturesMissing, BadArgument, OSError) as exc:
+    except (StoreError, rows.RowsFileError, RupturesMissing, BadArgument, OSError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2

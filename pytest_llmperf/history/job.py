@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import strict_json, write_text_atomic
-from ..judge.fingerprint import dirty
+from ..judge.fingerprint import dirty, git
 from ..judge.verdicts import Outcome
-from . import lineage, rowsfile, series, summary
-from .analysis import SeriesAnalysis, analyze
+from . import rows, series, summary
+from .analysis import Event, SeriesAnalysis, analyze, events
 from .databases import Location, StoreError, parse_location
 from .detect import DEFAULT_METHOD, RupturesMissing
-from .events import Event, events
 from .records import Result, Run
 from .rows import Job, job_rows
 from .settings import ANALYSIS_FILE
@@ -111,7 +110,7 @@ CHECKPOINT_TIMEOUT_S = 5.0  # a cache: a job does not wait the store's whole loc
 
 
 def _keep_checkpoints(location: Location, analyses: Sequence[SeriesAnalysis]) -> None:
-    """Where each series' read stopped, for the next job (history/checkpoint.py). A store that cannot take them
+    """Where each series' read stopped, for the next job (history/alarms.py). A store that cannot take them
     now (another job holding its lock) costs the next job time, never a verdict: it reads those series whole."""
     texts = {a.series.key: a.checkpoint for a in analyses if a.checkpoint is not None}
     with suppress(StoreError), Store(location, timeout=CHECKPOINT_TIMEOUT_S) as opened:
@@ -148,9 +147,9 @@ def _why_off(runs: Sequence[Run], line: Sequence[str]) -> str:
 
 
 def _write_rows(report_dir: Path, runs: list[Run], results: list[Result], problems: list[str]) -> Path | None:
-    path = report_dir / rowsfile.FILE_NAME
+    path = report_dir / rows.FILE_NAME
     try:
-        return rowsfile.append(path, runs, results)
+        return rows.append(path, runs, results)
     except OSError as exc:
         problems.append(f"llmperf history: cannot write the rows file {path}: {exc}")
         return None
@@ -159,14 +158,14 @@ def _write_rows(report_dir: Path, runs: list[Run], results: list[Result], proble
 def _first_parent_line(job: Job, problems: list[str]) -> list[str]:
     """The default branch's first-parent commits, which order the series; where there are none, why (a run off
     that line is stored but enters no series)."""
-    branch = lineage.default_branch(job.rootdir, job.default_branch)
-    line = lineage.first_parent_line(job.rootdir, branch) if branch else []
+    branch = series.default_branch(job.rootdir, job.default_branch)
+    line = series.first_parent_line(job.rootdir, branch) if branch else []
     if line:
         return line
     if branch is None:
         why = "no default branch found (not a git repository, or none of origin's HEAD, main, master; name it with "
         why += "the ini key llmperf_history_branch)"
-    elif job.default_branch and lineage.branch_ref(job.rootdir, branch) is None:
+    elif job.default_branch and series.branch_ref(job.rootdir, branch) is None:
         why = f"llmperf_history_branch={branch} is no branch of this repository"
     else:
         why = f"no first-parent line of {branch} here (a shallow clone? fetch it whole: fetch-depth: 0)"
@@ -187,9 +186,7 @@ def _analyse(
     anchor: str | None,
     job: Job,
 ) -> list[SeriesAnalysis]:
-    anchor_sha = (
-        lineage.git(job.rootdir, "rev-parse", "--verify", "--quiet", f"{anchor}^{{commit}}") if anchor else None
-    )
+    anchor_sha = git(job.rootdir, "rev-parse", "--verify", "--quiet", f"{anchor}^{{commit}}") if anchor else None
     if anchor and not anchor_sha:  # a typo must not quietly move where creep is measured from
         done.lines.append(
             f"llmperf history: llmperf_history_anchor={anchor} is no commit of this repository: creep is measured "

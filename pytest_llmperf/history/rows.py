@@ -1,4 +1,5 @@
-"""A job's rows: from the judge's outcomes to the store's runs and results.
+"""A job's rows: from the judge's outcomes to the store's runs and results, and the rows file that holds them as
+JSON lines beside the reports.
 
 Per benchmark and side, per batch size that ran, per gated metric: the median of each worker process's runs (the
 gate's unit; measured in one process, the median of its runs) and their median, the value a series plots. In an A/B
@@ -9,22 +10,25 @@ job `Outcome.reference` is side A, the compared ref (the base run), and `Outcome
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..files import locked, write_text_atomic
 from ..judge.baseline_entry import process_medians
 from ..judge.fingerprint import SOFTWARE_KEYS
 from ..judge.verdicts import Outcome
 from ..measure.metrics import METRICS, gated_metrics, metric_better, values_by_process
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
-from . import lineage
+from . import series
 from .records import Result, Run, SeriesId, digest
+from .store import Appended, Store
 
 HARDWARE_KEYS = ("cpu_model", "cpu_signature", "cpu_isa", "cpu_cores_physical", "cpu_cores_logical", "ram_gb")
 
@@ -108,8 +112,8 @@ def job_rows(
 ) -> tuple[list[Run], list[Result]]:
     """The job's runs (one, or A/B's base and head) and their results; `line`: the default branch's first-parent
     commits, oldest first (job.py finds it once per job); `dirty`: whether the tree has changes besides the plugin's
-    own files (lineage.dirty; None: the fingerprint's word)."""
-    branch = lineage.default_branch(job.rootdir, job.default_branch) if line else None
+    own files (judge/fingerprint.py's dirty; None: the fingerprint's word)."""
+    branch = series.default_branch(job.rootdir, job.default_branch) if line else None
     git = job.fingerprint.get("git") or {}
     changed = bool(git.get("dirty")) if dirty is None else dirty
     machine = machine_class(job)
@@ -122,7 +126,7 @@ def job_rows(
         "env_fp": digest(_software(job.fingerprint)),
         "env": _software(job.fingerprint),
         "plugin_version": _plugin_version(),
-        "ci_url": lineage.ci_url(),
+        "ci_url": series.ci_url(),
     }
     sides: list[tuple[str, str, bool, list[BenchmarkResult]]] = []
     if job.compared_ref is not None:
@@ -132,7 +136,7 @@ def job_rows(
         sides.append(("stored", "HEAD", changed, [o.result for o in outcomes]))
     runs, results = [], []
     for source, ref, dirty, measured in sides:
-        placed = lineage.place(job.rootdir, ref, line)
+        placed = series.place(job.rootdir, ref, line)
         sha = placed.sha if placed else str(git.get("commit") or "unknown")
         run_id = f"{job.job_id}:{source}"
         rows = [row for r in measured for row in results_of(r, run_id, job.target, machine)]
@@ -146,7 +150,7 @@ def job_rows(
                 source=source,
                 commit_time=placed.time if placed else None,
                 commit_order=placed.order if placed else None,
-                branch=branch if source == "ab-base" and on_line else lineage.current_branch(job.rootdir),
+                branch=branch if source == "ab-base" and on_line else series.current_branch(job.rootdir),
                 on_default_branch=on_line,
                 dirty=dirty,
                 **common,
@@ -154,3 +158,90 @@ def job_rows(
         )
         results += rows
     return runs, results
+
+
+# The rows file: a job's runs and results as JSON lines beside its reports (`<report dir>/history-rows.jsonl`), for
+# a runner without a database; `pytest-llmperf history import FILE...` merges such files into any store, once.
+#
+# One line per run: `{"format": "pytest-llmperf history rows", "version": 1, "run": {...}, "results": [...]}`. Jobs
+# that share a report directory append under the file's lock. Importing is idempotent (the store skips a run it holds),
+# so the same artifact may be imported by every job on main.
+FORMAT = "pytest-llmperf history rows"
+VERSION = 1
+FILE_NAME = "history-rows.jsonl"
+
+
+class RowsFileError(ValueError):
+    """A rows file that cannot be read; the message names the file and line."""
+
+
+def lines_of(runs: Sequence[Run], results: Sequence[Result]) -> list[str]:
+    return [
+        json.dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "run": run.to_json(),
+                "results": [r.to_json() for r in results if r.run_id == run.run_id],
+            },
+            sort_keys=True,
+        )
+        for run in runs
+    ]
+
+
+def append(path: Path, runs: Sequence[Run], results: Sequence[Result]) -> Path:
+    """Add the job's lines to the rows file (created if missing), atomically under its lock."""
+    with locked(path):
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        if old and not old.endswith("\n"):
+            old += "\n"
+        write_text_atomic(path, old + "".join(line + "\n" for line in lines_of(runs, results)))
+    return path
+
+
+def read(path: Path) -> list[tuple[Run, list[Result]]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RowsFileError(f"{path}: cannot read the rows file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RowsFileError(f"{path}: not a rows file (not UTF-8 text; a rows file is history-rows.jsonl)") from None
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                raise ValueError(f"not a line of a pytest-llmperf rows file (its format is not {FORMAT!r})")
+            if int(data.get("version", 0)) > VERSION:
+                raise ValueError(
+                    f"rows of version {data.get('version')}, written by a newer pytest-llmperf (this one reads up "
+                    f"to {VERSION}): upgrade pytest-llmperf"
+                )
+            run = Run.from_json(data["run"])
+            results = [Result.from_json(r) for r in data.get("results") or []]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RowsFileError(f"{path}, line {number}: {exc}") from None
+        if any(r.run_id != run.run_id for r in results):
+            raise RowsFileError(f"{path}, line {number}: results of another run than {run.run_id}")
+        found.append((run, results))
+    return found
+
+
+def read_files(paths: Iterable[Path]) -> list[tuple[Path, list[tuple[Run, list[Result]]]]]:
+    """Every rows file read and checked, before a store is opened: a path that cannot be read creates nothing."""
+    return [(path, read(path)) for path in paths]
+
+
+def import_files(
+    store: Store, parsed: Iterable[tuple[Path, list[tuple[Run, list[Result]]]]]
+) -> list[tuple[Path, Appended]]:
+    """Merge rows files read by `read_files` into the store, one transaction per file."""
+    done = []
+    for path, jobs in parsed:
+        runs = [run for run, _ in jobs]
+        results = [r for _, rows in jobs for r in rows]
+        done.append((path, store.append(runs, results)))
+    return done

@@ -1,4 +1,5 @@
-"""Series from the store's rows: which runs enter, in which order, and one point per commit.
+"""Series from the store's rows: which runs enter, in which order (the default branch's first-parent line, as git
+tells it), one point per commit, and the series as files for other tools.
 
 A series is a metric at a batch size of a test, on a target and machine class (`SeriesId`). Its points are the
 default branch's commits in first-parent order: runs measured at such a commit from a clean tree, a job against
@@ -14,12 +15,19 @@ commit that line no longer holds (a rebased or force-pushed branch) are placed b
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
+from ..files import write_text_atomic
+from ..judge.fingerprint import git
 from .records import Result, Run, SeriesId
 
 
@@ -142,3 +150,131 @@ def _point(sha: str, members: Sequence[tuple[Run, Result]], order: int) -> Point
         sorted({run.source for run, _ in members}),
         order,
     )
+
+
+# What git says about the commit a job measured: its time, its branch, the default branch, and whether and where
+# the commit lies on the default branch's first-parent line (the order of a series: merges into main, never the
+# commits of a merged branch, never job time).
+#
+# Asked with a timeout; no git, no repository, or a shallow clone (which cannot see the line) gives None where it
+# cannot tell, never an error. A CI job checks out with its full history (actions/checkout `fetch-depth: 0`) to order
+# its rows; rows without an order are ordered by commit time.
+MAX_LINE = 20_000  # first-parent commits read at most
+
+
+def default_branch(root: Path, given: str | None = None) -> str | None:
+    """The branch whose first-parent line is the history: given, else origin's HEAD, else main or master."""
+    if given:
+        return given
+    remote = git(root, "symbolic-ref", "--short", "refs/remotes/origin/HEAD")
+    if remote:
+        return remote.removeprefix("origin/")
+    for name in ("main", "master"):
+        if git(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{name}") is not None:
+            return name
+    return None
+
+
+def branch_ref(root: Path, branch: str) -> str | None:
+    """The local or remote-tracking ref of the branch, whichever exists (CI checkouts often lack the local one)."""
+    for ref in (f"refs/remotes/origin/{branch}", f"refs/heads/{branch}"):
+        if git(root, "rev-parse", "--verify", "--quiet", ref) is not None:
+            return ref
+    return None
+
+
+def first_parent_line(root: Path, branch: str) -> list[str]:
+    """The default branch's first-parent commits, oldest first (empty where git cannot tell)."""
+    ref = branch_ref(root, branch)
+    if ref is None or git(root, "rev-parse", "--is-shallow-repository") == "true":
+        return []
+    text = git(root, "rev-list", "--first-parent", f"--max-count={MAX_LINE}", ref)
+    return list(reversed(text.split())) if text else []
+
+
+def current_branch(root: Path) -> str | None:
+    """The job's branch: GitHub's names for it where set (a pull request's head, a push's ref), else git's."""
+    for name in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME"):
+        if os.environ.get(name):
+            return os.environ[name]
+    found = git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    return None if found in (None, "HEAD") else found
+
+
+@dataclass(frozen=True)
+class Placement:
+    sha: str
+    time: str | None
+    order: int | None  # 1-based position on the default branch's first-parent line; None when not on it
+
+
+def place(root: Path, ref: str, line: list[str]) -> Placement | None:
+    """Where a commit (any ref) lies; None where git cannot resolve it."""
+    sha = git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if not sha:
+        return None
+    when = git(root, "show", "-s", "--format=%cI", sha) or None
+    index = {c: i for i, c in enumerate(line, 1)}
+    return Placement(sha, when, index.get(sha))
+
+
+def ci_url() -> str | None:
+    """The CI run's page, where the CI says it (GitHub Actions)."""
+    server, repo, run = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
+    return f"{server}/{repo}/actions/runs/{run}" if server and repo and run else None
+
+
+# A store's series as files for other tools: Apache Otava's CSV tests (`otava analyze`), or JSON lines.
+#
+# Otava reads one CSV per test and a YAML config naming each file, its time column, its attributes and its metrics
+# with their direction (+1: higher is better). The time column keeps the series' first-parent order (Otava orders by
+# it): one minute apart per commit from 2000-01-01, the commit and its real time are attributes. Otava analyses the
+# last 365 days unless told otherwise: `OTAVA_CONFIG=otava.yaml otava analyze --since 2000-01-01 KEY`.
+EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
+def otava(series: Sequence[Series], out: Path) -> list[Path]:
+    """`<out>/<series key>.csv` per series and `<out>/otava.yaml`; the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written, tests = [], []
+    for s in series:
+        path = out / f"{s.key}.csv"
+        with open(path, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["time", "commit", "commit_time", s.id.metric])
+            for i, p in enumerate(s.points):
+                stamp = (EPOCH + timedelta(minutes=i)).strftime("%Y-%m-%d %H:%M:%S +0000")
+                writer.writerow([stamp, p.commit_sha, p.commit_time or "", repr(p.value)])
+        written.append(path)
+        tests.append(
+            f"  {s.key}:  # {s.id.label()}\n    type: csv\n    file: {path.resolve()}\n    time_column: time\n"
+            f"    attributes: [commit, commit_time]\n    metrics:\n      {s.id.metric}:\n"
+            f"        column: {s.id.metric}\n        direction: {s.direction}\n"
+        )
+    config = out / "otava.yaml"
+    write_text_atomic(
+        config,
+        "# written by pytest-llmperf history export --format otava; run: "
+        f"OTAVA_CONFIG={config.name} otava analyze --since 2000-01-01 TEST\ntests:\n" + "".join(tests),
+    )
+    return [*written, config]
+
+
+def jsonl(series: Sequence[Series], out: Path) -> list[Path]:
+    """`<out>/series.jsonl`: one line per series with its points."""
+    lines = [
+        json.dumps(
+            {
+                "key": s.key,
+                "series": s.id.label(),
+                "unit": s.unit,
+                "direction": s.direction,
+                "points": [{"commit": p.commit_sha, "value": p.value, "low": p.low, "high": p.high} for p in s.points],
+            },
+            sort_keys=True,
+        )
+        for s in series
+    ]
+    path = out / "series.jsonl"
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    return [path]

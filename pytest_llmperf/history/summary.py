@@ -1,7 +1,7 @@
 """The analysis as data for the reports: `<report dir>/history.json`, read by the HTML report's history section and
 the markdown report (report/history_changes.py), and printed by the command line.
 
-First the events (history/events.py: the changes of a machine's series at one place, as one item with the series it
+First the events (history/analysis.py: the changes of a machine's series at one place, as one item with the series it
 moved and the spread of their sizes), then the changes one series at a time.
 
 Per change: the series, the commit range (last good, first bad), the levels before and after, the change in % as a
@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
-from .analysis import Change, SeriesAnalysis, level
+from .analysis import Change, Event, SeriesAnalysis, events, level
 from .detect import Method
-from .events import Event, events
 from .settings import ANALYSIS_FORMAT
 
 FORMAT = ANALYSIS_FORMAT

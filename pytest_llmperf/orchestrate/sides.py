@@ -79,10 +79,9 @@ def environments(
     """Each side's environment (environments/plan.py), from the dependency inputs at the rootdir or the nearest
     directory above it in the repository that has some; a UsageError naming the packages and the ways out where the
     dependencies differ and cannot be built."""
-    from ..environments.errors import EnvironmentsError
     from ..environments.inputs import detect, inputs_roots
     from ..environments.plan import prepare as prepare_environments
-    from ..environments.records import BuildSettings
+    from ..environments.records import BuildSettings, EnvironmentsError
 
     settings = perf_session.settings
     offline = os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes")
