@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..files import locked, write_text_atomic
-from .baseline_entry import BaselineEntry
-from .baseline_format import parse, render
-from .baseline_values import check_raw_entry
+from .baseline_entry import BaselineEntry, check_raw_entry
+from .baseline_layout import parse, render
 from .baselines import SCHEMA_VERSION, BaselineError
 
 

@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..files import WriteRefused, locked, write_text_atomic
-from .baseline_entry import BaselineEntry, process_medians, stored_value
-from .baseline_format import DuplicateKey, parse, render
-from .baseline_layout import module_file, other_sets, set_directory
-from .baseline_values import check_entry, check_raw_entry
+from .baseline_entry import BaselineEntry, check_entry, check_raw_entry, process_medians, stored_value
+from .baseline_layout import DuplicateKey, module_file, other_sets, parse, render, set_directory
 
 __all__ = [
     "SCHEMA_VERSION",

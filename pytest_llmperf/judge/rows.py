@@ -24,7 +24,7 @@ from ..measure.metrics import (
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
-from .baseline_values import check_value
+from .baseline_entry import check_value
 from .busy import busy_note
 from .instructions import count_message
 from .units import Comparison, Reference, padded, paired_up, reference_units, runs_of, units_of, with_runs

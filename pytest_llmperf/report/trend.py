@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..judge.baseline_format import parse
+from ..judge.baseline_layout import parse
 from ..judge.baselines import BaselineEntry
 from .stored import run_metric_values
 
