@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..judge.baseline_layout import machine_slug
 from ..judge.baseline_entry import too_few_units
+from ..judge.baseline_layout import machine_slug
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.busy import admitting
 from ..judge.fingerprint import hardware_mismatch, software_drift
