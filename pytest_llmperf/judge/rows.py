@@ -25,8 +25,8 @@ from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
 from .baseline_entry import check_value
-from .busy import busy_note
 from .instructions import count_message
+from .quality import busy_note
 from .units import Comparison, Reference, padded, paired_up, reference_units, runs_of, units_of, with_runs
 from .verdicts import COMPARED, Row, Verdict, note_row
 
