@@ -14,11 +14,10 @@ from ..judge.baseline_entry import too_few_units
 from ..judge.baseline_layout import machine_slug
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
 from ..judge.fingerprint import hardware_mismatch, software_drift
-from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
 from ..judge.quality import admitting, request_failures
-from ..judge.rows import Reference, judge_rows, outputs_messages, row_message
+from ..judge.rows import Reference, instruction_rows, judge_rows, outputs_messages, row_message
 from ..judge.verdicts import Kind, Outcome, Row, Status, Verdict, reason_of
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario
