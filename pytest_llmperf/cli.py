@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def migrate_baselines(paths: Sequence[Path]) -> int:
-    from .judge.baseline_migration import migrate
+    from .judge.baselines import migrate
 
     done, errors = migrate(paths)
     for m in done:

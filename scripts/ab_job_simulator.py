@@ -3,7 +3,7 @@ regressed, how often a shown interval misses the true ratio, and what a job cost
 
 It drives the gate's own parts as the campaign does (orchestrate/campaign.py): `judge/stats.py`'s `nested`
 estimate of every row from the runs of both processes of each round, `judge/procedure.py`'s planned schedule and
-decisions, `judge/allocation.py`'s choice of runs per process and of the next look within the job's budget. Only
+decisions and its choice of runs per process and of the next look within the job's budget. Only
 the runs are synthetic, and what a round costs (seconds, from a cost model like this project's runners').
 
 A run's log time is, per row: the machine's speed in that round (shared by both sides; a random walk over the rounds
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pytest_llmperf.judge import allocation, procedure, stats  # noqa: E402
+from pytest_llmperf.judge import procedure, stats  # noqa: E402
 from pytest_llmperf.judge.verdicts import Verdict  # noqa: E402
 from pytest_llmperf.orchestrate.campaign import auto_budget  # noqa: E402
 
@@ -150,19 +150,19 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
     shown: list[tuple[float, float]] = [(math.nan, math.nan)] * rows.count
     runs = dict.fromkeys(range(len(job.batch_sizes)), job.runs)
     margin = math.log1p(job.rtol)
-    costs = allocation.Costs(job.fixed_s, dict(enumerate(job.run_s)))
+    costs = procedure.Costs(job.fixed_s, dict(enumerate(job.run_s)))
     seconds, look, index, budget = 0.0, 0, 0, job.budget
     while True:
         index += 1
         rows.round(runs)
-        seconds += allocation.round_seconds(costs, runs)
-        if look > 0 and budget is not None and seconds + allocation.round_seconds(costs, runs) > budget:
+        seconds += procedure.round_seconds(costs, runs)
+        if look > 0 and budget is not None and seconds + procedure.round_seconds(costs, runs) > budget:
             schedule = procedure.capped_at(schedule, index)  # past the first look a budget spent: the last look
         if index < schedule.looks[look]:
             continue
         if budget is None:  # auto: as the campaign sets it at the first look
             budget = auto_budget(seconds)
-        final = look + 1 >= len(schedule.looks) or seconds + allocation.round_seconds(costs, runs) > budget
+        final = look + 1 >= len(schedule.looks) or seconds + procedure.round_seconds(costs, runs) > budget
         open_rows = [r for r in range(rows.count) if verdicts[r] is None]
         reference, current = rows.arrays(open_rows)
         estimate = stats.nested(reference, current, better="lower")
@@ -180,7 +180,7 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
                 verdicts[r] = decision.verdicts[i]
                 shown[r] = (float(decision.low[i]), float(decision.high[i]))
             else:
-                needs.append(allocation.Need(int(rows.batch_of[r]), float(estimate.spread.between[i]),
+                needs.append(procedure.Need(int(rows.batch_of[r]), float(estimate.spread.between[i]),
                                              float(estimate.spread.within[i]), abs(margin - float(estimate.bad[i])),
                                              margin, float(estimate.se[i])))
         if final or not needs:
@@ -193,9 +193,9 @@ def simulate_job(job: Job, rng: np.random.Generator) -> dict[str, object]:
         runs_now = max(runs.values())
 
         def affordable(chosen: dict[int, int], index: int = index, left: float = budget - seconds) -> int:
-            return min(job.cap, index + max(int(left // allocation.round_seconds(costs, chosen)), 0))
+            return min(job.cap, index + max(int(left // procedure.round_seconds(costs, chosen)), 0))
 
-        schedule, chosen = allocation.plan_next(needs, costs, schedule, look=look, runs_now=runs_now, least=job.runs,
+        schedule, chosen = procedure.plan_next(needs, costs, schedule, look=look, runs_now=runs_now, least=job.runs,
                                                 most=job.most_runs, affordable=affordable)
         runs = {b: chosen.get(b, job.runs) for b in left}
         look += 1

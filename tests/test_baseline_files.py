@@ -196,7 +196,7 @@ def test_a_baseline_file_without_its_benchmarks_is_refused_not_read_as_holding_n
 
 
 def test_a_key_given_twice_deep_in_a_baseline_is_found_with_its_path():
-    from pytest_llmperf.judge.baseline_format import DuplicateKey, parse
+    from pytest_llmperf.judge.baseline_layout import DuplicateKey, parse
 
     text = '{"benchmarks": {"t": {"values": {"1": {"prefill_ms": [1.0], "prefill_ms": [2.0]}}}}, "x": [{}, {"a": 1, "a": 2}]}'
     with pytest.raises(DuplicateKey) as found:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.backends.simulated import SimulatedBackend
-from pytest_llmperf.judge.baseline_format import render
+from pytest_llmperf.judge.baseline_layout import render
 from pytest_llmperf.judge.baselines import SCHEMA_VERSION, BaselineEntry, BaselineStore
 from pytest_llmperf.judge.fingerprint import fingerprint
 from pytest_llmperf.measure import runner

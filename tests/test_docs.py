@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.judge import allocation, procedure, stats
+from pytest_llmperf.judge import procedure, stats
 from pytest_llmperf.judge.rows import MEMORY_FLOOR_MIB
 from pytest_llmperf.judge.verdicts import JUDGED, NOT_JUDGED
 from pytest_llmperf.orchestrate import worker
@@ -61,7 +61,7 @@ def test_the_gate_page_states_the_codes_figures():
     assert f"(default {OPTIONS_BY_NAME['memory_rtol'].default:.0%})" in text
     assert f"the default, `{','.join(DEFAULT_FAIL_ON)}`" in text
     assert f"A cell is at most {CELL_LIMIT} characters" in text
-    # the A/B gate on every run (judge/stats.py's nested, judge/procedure.py's planned looks, judge/allocation.py)
+    # the A/B gate on every run (judge/stats.py's nested, judge/procedure.py's planned looks, runs and processes)
     assert f"the {stats.RUN_TRIM:.0%}-trimmed mean: from 10 runs on, one a tail" in text and stats.RUN_TRIM == 0.1
     assert f"a prior of {stats.PRIOR_DF:g} degrees of freedom" in text
     assert f"each look spends a share w_k of {1 - procedure.CONFIDENCE:.0%} ({procedure.CONFIDENCE:.0%} confidence)" in text
@@ -69,8 +69,8 @@ def test_the_gate_page_states_the_codes_figures():
     assert f"at {DEFAULT_AB_PROCESSES} processes per side (`--llmperf-processes`" in text
     assert f"spends {first:.0%} and measures the job's own two levels" in text
     assert f"and spends {planned:.0%}; a last one" in text and f"spends what is left ({1 - first - planned:.0%}, less" in text
-    assert f"Runs grow at most {allocation.GROWTH} times from one look to the next" in text
-    assert f"with {allocation.PLANNED_POWER:.0%} power" in text
+    assert f"Runs grow at most {procedure.GROWTH} times from one look to the next" in text
+    assert f"with {procedure.PLANNED_POWER:.0%} power" in text
     assert (f"an interim look every {procedure.INTERIM_EVERY} rounds spends {procedure.INTERIM_SHARE:.0%} (at most "
             f"{procedure.INTERIM_LOOKS} of them)") in text
     assert f"`auto` is {BUDGET_FACTOR:g} times the first look's time" in text

@@ -1,5 +1,5 @@
 """The A/B gate on whole synthetic jobs of runs (scripts/ab_job_simulator.py drives judge/stats.py's `nested`,
-judge/procedure.py's planned looks and judge/allocation.py's runs and processes as the campaign does), at the noise
+judge/procedure.py's planned looks, runs and processes as the campaign does), at the noise
 measured on this project's runner (docs/notes/gate-runs.md) and with between-process drift injected. Seeded; the
 margins are the measured figures' (docs/notes/gate-runs.md) with room for a few jobs either way. -s prints them."""
 
@@ -51,13 +51,13 @@ def test_intervals_hold_the_truth_where_the_machine_drifts_between_processes():
 
 
 def test_more_runs_where_processes_agree_and_their_runs_scatter():
-    from pytest_llmperf.judge import allocation
+    from pytest_llmperf.judge import procedure
 
-    costs = allocation.Costs(fixed=0.7, run={1: 0.08, 4: 0.26})
-    agree = allocation.Need(1, between=0.005, within=0.15, distance=0.03, margin=0.049, se=0.04)
-    differ = allocation.Need(4, between=0.06, within=0.02, distance=0.03, margin=0.049, se=0.03)
-    runs = allocation.runs_per_process([agree, differ], costs, least=3, most=30)
+    costs = procedure.Costs(fixed=0.7, run={1: 0.08, 4: 0.26})
+    agree = procedure.Need(1, between=0.005, within=0.15, distance=0.03, margin=0.049, se=0.04)
+    differ = procedure.Need(4, between=0.06, within=0.02, distance=0.03, margin=0.049, se=0.03)
+    runs = procedure.runs_per_process([agree, differ], costs, least=3, most=30)
     assert runs[1] >= 20 and runs[4] == 3  # processes that agree: runs are cheap information; that differ: they are not
-    needed = [allocation.pairs_needed([n], runs, done=8, error=0.0225, limit=100) for n in (agree, differ)]
+    needed = [procedure.pairs_needed([n], runs, done=8, error=0.0225, limit=100) for n in (agree, differ)]
     assert 8 < needed[0] < needed[1] < 100  # more processes where they differ
-    assert allocation.pairs_needed([agree], runs, done=8, error=0.0225, limit=12) == 12  # within the budget's limit
+    assert procedure.pairs_needed([agree], runs, done=8, error=0.0225, limit=12) == 12  # within the budget's limit

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from pytest_llmperf.judge.baselines import BaselineEntry, BaselineStore
-from pytest_llmperf.judge.instructions import DEFAULT_RTOL, count_row, instruction_rows, spread
+from pytest_llmperf.judge.rows import DEFAULT_RTOL, count_row, instruction_rows, spread
 from pytest_llmperf.judge.rows import row_message
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure.backend import Backend, GenerationRequest

@@ -10,7 +10,7 @@ import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.judge.baselines import BaselineEntry
 from pytest_llmperf.judge.procedure import Schedule
-from pytest_llmperf.judge.busy import admitting, busy_note
+from pytest_llmperf.judge.quality import admitting, busy_note
 from pytest_llmperf.judge.rows import Reference, judge_rows
 from pytest_llmperf.judge.verdicts import Outcome, Status, Verdict, kind_of, reason_of
 from pytest_llmperf.measure import runner

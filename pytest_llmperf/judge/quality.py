@@ -1,4 +1,5 @@
-"""Run quality: what makes a measurement weaker than its verdict looks, said beside it.
+"""Run quality: what makes a measurement weaker than its verdict looks, said beside it, and a machine so busy that
+its measurement is not compared.
 
 - runs inside a process that scatter (robust coefficient of variation above NOISY_CV, typically over the
   processes): the machine or the backend was unsteady while they measured;
@@ -12,10 +13,14 @@
 
 Too few runs for a percentile and software drift since the baseline are said where those are shown
 (the latency tables; the summary's drift line).
+
+A machine kept busy by other processes while a side was measured is refused rather than noted: `busy_note` says
+which comparisons that refuses, `admitting` the --llmperf-max-load that would admit them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -111,3 +116,26 @@ def quality_notes(result: BenchmarkResult) -> list[str]:
     on the metrics the gate tests."""
     metrics = gated_metrics(Scenario.from_json(result.scenario).metrics, result.splits_prefill)
     return [*request_failures(result), *_throttled(result), *_short(result), *_noisy(result, metrics)]
+
+
+def admitting(load: float) -> float:
+    """A --llmperf-max-load that admits `load` cores: 0.25 more, rounded up to 2 significant digits (rounding to
+    nearest could land below the load: 10.24 + 0.25 -> 10)."""
+    value = load + 0.25
+    scale = 10.0 ** (1 - math.floor(math.log10(value)))
+    return math.ceil(round(value * scale, 9)) / scale
+
+
+def busy_note(current_load: float | None, baseline_load: float | None, max_load: float) -> str | None:
+    """Why a batch size cannot be judged: either side measured while other processes used the CPU."""
+    if current_load is not None and current_load > max_load:
+        return (
+            f"machine busy: other processes used {current_load:.2f} cores during the runs "
+            f"(limit {max_load:g}, --llmperf-max-load); not compared"
+        )
+    if baseline_load is not None and baseline_load > max_load:
+        return (
+            f"baseline measured on a busy machine ({baseline_load:.2f} cores used by other processes, "
+            f"limit {max_load:g}, --llmperf-max-load); not compared"
+        )
+    return None

@@ -3,16 +3,31 @@
 Per batch size: the generated tokens (judge/outputs.py), why a batch cannot be compared (a busy machine, no
 reference, units that do not compare), peak memory against a tolerance, and every gated metric through the
 decision procedure (judge/stats.py, judge/procedure.py). A row decided at an earlier look keeps its verdict.
+
+What the gate compares, per metric and batch size: the units of both sides, paired up for an A/B job with
+every run of each pair's processes (judge/stats.py's `nested` tests them), or as two samples against a stored
+baseline.
+
+Instruction counts against their reference (`instruction_rows`): a deterministic metric, held to a tolerance instead
+of a test. A count is the same in every process up to a small spread (0.1-0.25% per decode step of tiny-llama over 5
+processes, 0.01% for prefill, since CPython's type-attribute cache is indexed by addresses:
+docs/notes/instructions.md, "Where the spread comes from"), so one counting process per side decides: regressed
+where the median count grew by more than the tolerance, improved where it shrank by more, else pass. A count that
+varies between the runs and processes of a side by more than the tolerance is not compared (an address- or
+input-dependent path would decide by chance): refused, with the spread. A baseline recorded by an update holds a few
+processes, whose spread is checked so; an A/B comparison has one process per side. Counts taken another way (a
+baseline's fingerprint says how: COUNTS_TAKEN_WITH) are not compared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
 
-from ..measure.instructions import INSTRUCTION_METRICS
+from ..measure.instructions import COUNTS_TAKEN_WITH, INSTRUCTION_METRICS, count_table
 from ..measure.metrics import (
     MEMORY_METRICS,
     METRICS,
@@ -20,14 +35,13 @@ from ..measure.metrics import (
     gaps_per_run,
     gated_metrics,
     metric_better,
+    values_by_process,
 )
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario
 from . import outputs, procedure, stats
-from .baseline_values import check_value
-from .busy import busy_note
-from .instructions import count_message
-from .units import Comparison, Reference, padded, paired_up, reference_units, runs_of, units_of, with_runs
+from .baseline_entry import BaselineEntry, check_value, process_medians, stored_value
+from .quality import busy_note
 from .verdicts import COMPARED, Row, Verdict, note_row
 
 PHASES = {
@@ -88,7 +102,7 @@ def judge_rows(
         unit, current = units_of(batch)
         for metric in gated_metrics(scenario.metrics, splits_prefill):
             if metric in MEMORY_METRICS or metric in INSTRUCTION_METRICS:
-                continue  # held to a tolerance: _batch_rows (memory), judge/instructions.py (counts)
+                continue  # held to a tolerance: _batch_rows (memory), instruction_rows (counts)
             if (metric, batch.batch_size) in earlier:
                 rows.append(earlier[(metric, batch.batch_size)])
                 continue
@@ -345,4 +359,179 @@ def row_message(row: Row) -> str:
         f"{row.baseline:.4g} {unit}, now {row.now:.4g} {unit}, ratio {row.ratio:.3f} [{row.ci_low:.3f}, "
         f"{row.ci_high:.3f}] (95% CI), p={row.p_value:.2g} (adjusted for rows and looks {row.p_adjusted:.2g}), "
         f"{row.note}"
+    )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a benchmark is compared with: a stored baseline, or the A side of an A/B comparison (paired:
+    its processes ran beside ours, round by round)."""
+
+    entry: BaselineEntry
+    label: str  # "the baseline", or the ref's label
+    side: BenchmarkResult | None = None  # A/B: the A side's runs, paired with ours by process (round) index
+
+
+def units_of(batch: BatchResult) -> tuple[str, dict[str, dict[int, float]]]:
+    """What the gate tests, per metric and unit index: ("process", each worker process's median of its runs)
+    when several processes took the runs, since runs of one process share its speed; ("run", the runs)."""
+    per_process = values_by_process(batch.samples)
+    processes = batch.processes
+    if len(processes) > 1:
+        return "process", {m: dict(zip(processes, process_medians(v))) for m, v in per_process.items()}
+    return "run", {m: dict(enumerate(v[0])) for m, v in per_process.items()}
+
+
+@dataclass
+class Comparison:
+    batch_size: int
+    metric: str
+    reference: list[float]
+    current: list[float]
+    unit: str
+    # A/B pairs: every run of both processes of each pair, in the pairs' order (judge/stats.py, `nested`)
+    reference_runs: list[list[float]] | None = None
+    current_runs: list[list[float]] | None = None
+
+
+def runs_of(batch: BatchResult) -> dict[str, dict[int, list[float]]]:
+    """Every run's value per metric and worker process index."""
+    return {m: dict(zip(batch.processes, v)) for m, v in values_by_process(batch.samples).items()}
+
+
+def reference_units(reference: Reference, batch_size: int, metric: str) -> dict[int, float]:
+    """The reference's units of one metric, keyed by process index (A/B) or position (a stored baseline)."""
+    side = reference.side.batch(batch_size) if reference.side is not None else None
+    if side is not None and side.ok:
+        return units_of(side)[1].get(metric, {})
+    return dict(enumerate(reference.entry.values.get(batch_size, {}).get(metric, [])))
+
+
+def paired_up(
+    batch_size: int, metric: str, base: dict[int, float], current: dict[int, float], unit: str, paired: bool
+) -> Comparison:
+    """The values to compare, round by round for an A/B comparison (the processes that both sides measured)."""
+    if paired and unit == "process":
+        common = sorted(set(base) & set(current))
+        return Comparison(batch_size, metric, [base[i] for i in common], [current[i] for i in common], "pairs")
+    return Comparison(
+        batch_size,
+        metric,
+        list(base.values()),
+        [stored_value(v) for v in current.values()],
+        "processes" if unit == "process" else "runs",
+    )
+
+
+def with_runs(c: Comparison, reference: dict[int, list[float]], current: dict[int, list[float]]) -> Comparison:
+    """The pairs' runs, where both sides kept every process's runs (A/B: they always do)."""
+    common = sorted(set(reference) & set(current))
+    if len(common) != len(c.current):
+        return c
+    return replace(c, reference_runs=[reference[i] for i in common], current_runs=[current[i] for i in common])
+
+
+def padded(runs: list[list[float]]) -> np.ndarray:
+    """Runs per process as one array, NaN where a process took fewer than the most."""
+    most = max(map(len, runs))
+    return np.array([[*r, *([np.nan] * (most - len(r)))] for r in runs], dtype=float)
+
+
+#: The tolerance of a count where the marker names none for its metric (rtol={"decode_step_instructions": 0.01}):
+#: above the spread of unchanged code over processes (0.1-0.4%), half the smallest host-side change we must catch (1%).
+DEFAULT_RTOL = 0.005
+CALLGRIND = "instructions (callgrind)"
+
+
+def spread(values: Sequence[float]) -> float:
+    """How far a set of counts spreads: (highest - lowest) / median."""
+    median = float(np.median(values))
+    return (max(values) - min(values)) / median if median > 0 else 0.0
+
+
+def instruction_rows(result: BenchmarkResult, entry: BaselineEntry, scenario: Scenario, label: str) -> list[Row]:
+    """The instruction rows of a benchmark whose batch sizes were counted (none where nothing asked to count)."""
+    rows: list[Row] = []
+    taken_with = entry.fingerprint.get("counts", "Python's own allocator (pymalloc)")
+    for batch in result.batches:
+        if batch.error is not None or (not batch.counted and batch.count_error is None):
+            continue
+        if batch.count_error is not None:
+            rows.append(note_row(result, "instructions", batch.batch_size, Verdict.UNGATED, batch.count_error))
+            continue
+        current = count_table(batch.counted)
+        # a baseline keeps each counting process's median (judge/baseline_entry.py): one count per process
+        reference = {m: [[v] for v in values] for m, values in entry.values.get(batch.batch_size, {}).items()}
+        for metric in INSTRUCTION_METRICS:
+            if metric not in current:
+                continue
+            if metric not in reference:
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.UNGATED,
+                        f"{CALLGRIND}: {label} holds no counts; record them with --llmperf-update "
+                        "--llmperf-instructions",
+                    )
+                )
+                continue
+            if taken_with != COUNTS_TAKEN_WITH:  # a stored baseline's counts from an earlier way of counting
+                rows.append(
+                    note_row(
+                        result,
+                        metric,
+                        batch.batch_size,
+                        Verdict.REFUSED,
+                        f"{CALLGRIND}: {label}'s counts were taken with {taken_with}, these with "
+                        f"{COUNTS_TAKEN_WITH}: not comparable; record them again with --llmperf-update "
+                        "--llmperf-instructions",
+                    )
+                )
+                continue
+            rtol = scenario.rtol_per_metric.get(metric, DEFAULT_RTOL)
+            rows.append(count_row(result, batch.batch_size, metric, reference[metric], current[metric], rtol))
+    return rows
+
+
+def count_row(
+    result: BenchmarkResult,
+    batch_size: int,
+    metric: str,
+    reference: Sequence[Sequence[float]],
+    current: Sequence[Sequence[float]],
+    rtol: float,
+) -> Row:
+    """One count against its reference, both given as per-process lists of per-run counts."""
+    was_all = [v for values in reference for v in values]
+    now_all = [v for values in current for v in values]
+    was, now = float(np.median(was_all)), float(np.median(now_all))
+    widest = max(spread(was_all), spread(now_all))
+    sizes = f"n={len(reference)}/{len(current)} processes, {len(was_all)}/{len(now_all)} runs"
+    if widest > rtol:
+        return note_row(
+            result,
+            metric,
+            batch_size,
+            Verdict.REFUSED,
+            f"{CALLGRIND}: counts vary by {widest:.2%} between runs and processes, more than the "
+            f"tolerance ({rtol:.2%}): an address- or input-dependent path; not compared ({sizes})",
+        )
+    ratio = now / was
+    verdict = Verdict.REGRESSED if ratio > 1 + rtol else Verdict.IMPROVED if ratio < 1 - rtol else Verdict.PASS
+    note = f"{CALLGRIND}: within {rtol:.2%}, spread {widest:.3%}, {sizes}"
+    return Row(result.key, result.nodeid, metric, batch_size, was, now, ratio, None, None, None, None, verdict, note)
+
+
+def count_message(row: Row) -> str:
+    """A count row that fails its test, worded with its numbers."""
+    assert row.baseline is not None and row.now is not None and row.ratio is not None
+    phase = (
+        "decode" if row.metric.startswith("decode") else "prefill" if row.metric.startswith("prefill") else "end to end"
+    )
+    return (
+        f"{row.metric} ({phase}, instructions counted under callgrind) at batch size {row.batch_size} "
+        f"{row.verdict}: reference {row.baseline:,.0f}, now {row.now:,.0f} instructions ({row.ratio - 1:+.2%}, "
+        f"ratio {row.ratio:.4f}); {row.note}"
     )

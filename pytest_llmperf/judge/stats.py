@@ -77,7 +77,7 @@ class NoScale(ValueError):
 class Spread:
     """The two levels of a nested comparison's noise, per row, on its scale (log: relative): how much a pair's effect
     scatters beyond what its runs explain (`between`, tau), and how much one run scatters within its process
-    (`within`, pooled over both sides); what judge/allocation.py chooses runs and processes from."""
+    (`within`, pooled over both sides); what judge/procedure.py chooses runs and processes from."""
 
     between: Array
     within: Array

@@ -94,7 +94,7 @@ class Row:
     note: str = ""
     p_better: float | None = None  # one-sided p of the improving direction (reports show it for "improved")
     # A/B pairs with their runs (judge/stats.py, `nested`): how much a pair's effect scatters beyond its runs, and one
-    # run within its process (log scale); what the next look's runs and processes are chosen from (judge/allocation.py)
+    # run within its process (log scale); what the next look's runs and processes are chosen from (judge/procedure.py)
     between_sd: float | None = None
     within_sd: float | None = None
     se: float | None = None  # the estimate's standard error (log scale): the information it holds

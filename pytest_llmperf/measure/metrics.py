@@ -144,7 +144,7 @@ METRICS: Mapping[str, Metric] = {
         ),
         Metric("sm_clock_mhz", "MHz", "higher", "Lowest SM clock of the GPUs at the end of the run (NVML)."),
         # Counted under callgrind in a counting process (measure/instructions.py, --llmperf-instructions): the host's
-        # work, the same in every process; held to a tolerance (judge/instructions.py).
+        # work, the same in every process; held to a tolerance (judge/rows.py).
         Metric(
             "prefill_instructions",
             "instructions",

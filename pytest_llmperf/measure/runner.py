@@ -149,7 +149,7 @@ def measure(
 ) -> BenchmarkResult:
     """Every batch size of the scenario. `before_batch` is called before each one's warmups, `before_run` before
     its warmups and each of its runs (a worker of an A/B round waits there for its turn: orchestrate/turns.py).
-    `runs`: the runs of some batch sizes, where not the scenario's (a later look chose them: judge/allocation.py)."""
+    `runs`: the runs of some batch sizes, where not the scenario's (a later look chose them: judge/procedure.py)."""
     batches: list[BatchResult] = []
     with backend.apply_knobs(scenario.knobs):
         description = backend.describe()

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from ..judge import allocation
+from ..judge import procedure as allocation  # the looks' runs and processes (plan_next, Costs, Need)
 from ..judge.procedure import capped_at
 from ..judge.rows import undecided_batches
 from ..judge.verdicts import Kind, Outcome

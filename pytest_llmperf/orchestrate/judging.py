@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..judge.baseline_entry import too_few_units
 from ..judge.baseline_layout import machine_slug
-from ..judge.baseline_values import too_few_units
 from ..judge.baselines import BaselineEntry, BaselineError, Lookup, now_iso
-from ..judge.busy import admitting
 from ..judge.fingerprint import hardware_mismatch, software_drift
-from ..judge.instructions import instruction_rows
 from ..judge.outputs import unchecked
 from ..judge.procedure import Schedule
-from ..judge.quality import request_failures
-from ..judge.rows import Reference, judge_rows, outputs_messages, row_message
+from ..judge.quality import admitting, request_failures
+from ..judge.rows import Reference, instruction_rows, judge_rows, outputs_messages, row_message
 from ..judge.verdicts import Kind, Outcome, Row, Status, Verdict, reason_of
 from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ..judge import allocation
-from ..judge.allocation import Costs
-from ..judge.procedure import Schedule
+from ..judge import procedure as allocation  # the looks' runs and processes (plan_next, Costs, Need)
+from ..judge.procedure import Costs, Schedule
 from ..judge.rows import Reference, judge_rows
 from ..judge.verdicts import COMPARED, Outcome, Row, Verdict
 from ..measure.metrics import metric_better
@@ -89,7 +88,7 @@ class Plan:
     ) -> None:
         """Move on to the next look for the `undecided` batch sizes: where its rows' spreads are known (A/B pairs
         with their runs), runs per process and the next look's processes are chosen from them and the costs
-        (judge/allocation.py), the processes at most what the budget affords at those runs; else the schedule's
+        (judge/procedure.py), the processes at most what the budget affords at those runs; else the schedule's
         next look."""
         rows = [r for o in self.outcomes.values() for r in o.rows if r.verdict == Verdict.UNDECIDED]
         needs = [need for r in rows if (need := _need(r, self.outcomes)) is not None]

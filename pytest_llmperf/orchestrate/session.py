@@ -186,7 +186,7 @@ class LLMPerfSession:
 
     def worker_schedule(self, first: int, alpha: float, family: int = 1) -> Schedule:
         """The looks of a benchmark measured in worker processes: A/B, `first` processes per side, then a look
-        planned from the job's spreads (judge/allocation.py) and one more at most at the cap; against stored
+        planned from the job's spreads (judge/procedure.py) and one more at most at the cap; against stored
         baselines, one after every round up to the cap (alpha spent at the doublings); when recording baselines, one
         look of RECORD_FACTOR times `first`."""
         from ..judge.procedure import Schedule

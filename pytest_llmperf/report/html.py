@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..judge.baseline_format import parse
+from ..judge.baseline_layout import parse
 from ..judge.baselines import BaselineEntry
-from ..judge.instructions import DEFAULT_RTOL as COUNT_RTOL
+from ..judge.rows import DEFAULT_RTOL as COUNT_RTOL
 from ..measure.instructions import INSTRUCTION_METRICS
 from . import history_changes
 from .markdown import write_atomic
@@ -194,7 +194,7 @@ def ratio_section(plots: Any, documents: Sequence[Mapping[str, Any]]) -> str:
                 higher = _better(doc, metric) == "higher"
                 bound = None if rtol is None else (1 / (1 + rtol) if higher else 1 + rtol)
                 label = f"{row.get('key')} {metric} bs {row.get('batch_size')}"
-                # a count has no sampling interval (judge/instructions.py): drawn as its point
+                # a count has no sampling interval (judge/rows.py): drawn as its point
                 counted = not _num(row.get("ci_low"))
                 low, high = (row["ratio"], row["ratio"]) if counted else (row["ci_low"], row["ci_high"])
                 estimate = (

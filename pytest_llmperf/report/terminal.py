@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..judge.busy import admitting
-from ..judge.quality import quality_notes
+from ..judge.quality import admitting, quality_notes
 from ..judge.verdicts import JUDGED, NOT_JUDGED, Kind, Outcome, Verdict, counts, reason_of, run_failures
 from .markdown import json_document
 from .summary import SessionSummary, Written
