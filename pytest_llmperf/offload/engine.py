@@ -10,6 +10,12 @@ Start-up: non-expert weights go to the fast device; the expert budget is compute
 free memory minus a computed reserve); experts are ranked (popularity profile or round robin) and
 split into tiers; the cost model is measured; the model's experts implementation is switched to ours.
 While it runs, the live cost model (online.py) corrects the measured costs from the engine's own timings.
+`generate` returns a `Generation`: the new tokens, per-step times and counters.
+
+`OffloadEngine.from_config` makes a MoE model with random weights in place (`random_model`), for shapes whose
+checkpoint cannot be stored: non-expert weights are made directly on the fast device (from the meta device,
+nothing read from disk); the experts are generated there too, per layer, when the engine splits them into tiers.
+Timing depends on shapes, not weights.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,7 +35,6 @@ import torch
 from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, fixed_costs, measure_costs
 from .experts import OffloadedLayer, detach_experts
-from .generation import Generation
 from .online import OnlineCosts
 from .options import DTYPES, OffloadOptions, physical_cores
 from .placement import (
@@ -43,11 +48,9 @@ from .placement import (
     round_robin_ranking,
     write_profile,
 )
-from .random_model import random_model
-from .runtime import Runtime, Staging, host_empty, torch_threads
+from .runtime import OffloadStats, Runtime, Staging, host_empty, torch_threads
 from .scheduler import Scheduler
-from .seam import IMPLEMENTATION, OffloadError, find_experts, register_implementation
-from .stats import OffloadStats
+from .seam import IMPLEMENTATION, ExpertsSite, OffloadError, find_experts, register_implementation
 
 
 class OffloadEngine:
@@ -398,3 +401,71 @@ class OffloadEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class Generation:
+    """One greedy generation: the new tokens, per-step times (ns, from the engine's clock) and counters."""
+
+    tokens: torch.Tensor  # [batch, new_tokens]
+    step_times_ns: list[int]  # time at which each new token was available, from the start of prefill
+    prefill_ns: int
+    decode_steps_ns: list[int]
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def random_model(
+    config: Any, options: OffloadOptions, seed: int = 0
+) -> tuple[torch.nn.Module, list[ExpertsSite], Callable[[Any], Any]]:
+    """The model (on the fast device, experts emptied), its experts sites, and the engine's weight source:
+    `source(site)` gives `(make(ids) -> (gate_up, down), gate_up_shape, down_shape)` for that layer."""
+    from transformers import AutoModelForCausalLM
+
+    fast = torch.device(options.resolved_fast_device())
+    dtype = DTYPES[options.dtype]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    sites = find_experts(model)
+    gen = torch.Generator(device=fast).manual_seed(seed)
+    shapes = {id(s.module): (tuple(s.module.gate_up_proj.shape), tuple(s.module.down_proj.shape)) for s in sites}
+    for s in sites:
+        s.adapter.detach(s.module, torch.device("meta"))
+    model.to_empty(device=fast)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.numel() == 0:
+                continue
+            if "norm" in pname:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+        model.apply(reinit_buffers)
+
+    def random_weights(site: Any) -> Any:
+        gu_shape, dn_shape = shapes[id(site.module)]
+
+        def make(ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            gu = torch.empty((len(ids), *gu_shape[1:]), dtype=dtype, device=fast).normal_(0, 0.02, generator=gen)
+            dn = torch.empty((len(ids), *dn_shape[1:]), dtype=dtype, device=fast).normal_(0, 0.02, generator=gen)
+            return gu, dn
+
+        return make, gu_shape, dn_shape
+
+    return model, sites, random_weights
+
+
+def reinit_buffers(module: torch.nn.Module) -> None:
+    """Buffers made on the meta device (rotary `inv_freq`) hold garbage after `to_empty`: recompute them."""
+    if not (hasattr(module, "inv_freq") and hasattr(module, "rope_type")):
+        return
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = (
+        module.compute_default_rope_parameters
+        if module.rope_type == "default"
+        else ROPE_INIT_FUNCTIONS[module.rope_type]
+    )
+    inv_freq, _ = init(module.config)
+    module.inv_freq.copy_(inv_freq)
+    if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+        module.original_inv_freq.copy_(inv_freq)
