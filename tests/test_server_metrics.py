@@ -10,7 +10,7 @@ import pytest
 
 from pytest_llmperf.backends._aio import (LoopThread, RequestFailed, Stream, completed, run_concurrently,
                                           sample_from)
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.measure.metrics import requests_of, run_values
 from pytest_llmperf.measure.records import RunSample
 

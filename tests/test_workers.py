@@ -22,7 +22,7 @@ from pytest_llmperf.judge import stats
 from pytest_llmperf.judge.baselines import BaselineEntry
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.records import BenchmarkResult
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.measure.metrics import unit_values, values_by_process
 from pytest_llmperf.measure.scenario import Scenario
 from pytest_llmperf.orchestrate import forkserver

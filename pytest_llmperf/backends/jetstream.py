@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..measure.backend import Backend, BackendError, GenerationRequest
-from ..measure.clock import Clock
+from ..measure.backend import Backend, BackendError, Clock, GenerationRequest
 from ..measure.records import RunSample
 from ._aio import (
     LoopThread,

@@ -43,8 +43,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
-from ..measure.clock import Clock
+from ..measure.backend import Backend, BackendError, Clock, GenerationRequest, OutOfMemory
 from ..measure.records import RunSample
 from ._aio import (
     EventStream,

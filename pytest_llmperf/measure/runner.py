@@ -16,9 +16,8 @@ from .gpu import GpuMeter, open_nvml
 from .instructions import InstructionClock, counted_runs
 from .load import LoadMeter
 from .memory import MemoryMeter
-from .prompt import make_prompt
 from .records import BatchResult, BenchmarkResult, RunSample
-from .scenario import Scenario
+from .scenario import Scenario, make_prompt
 
 
 def request_for(scenario: Scenario, batch_size: int) -> GenerationRequest:

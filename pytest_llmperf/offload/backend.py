@@ -27,8 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
-from ..measure.clock import Clock
+from ..measure.backend import Backend, BackendError, Clock, GenerationRequest, OutOfMemory
 from ..measure.metrics import run_values
 from ..measure.records import RunSample
 from .costs import CostModel

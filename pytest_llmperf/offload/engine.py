@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 import torch
 
-from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
+from ..measure.backend import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, fixed_costs, measure_costs
 from .experts import OffloadedLayer, detach_experts
 from .online import OnlineCosts

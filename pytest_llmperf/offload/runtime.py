@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..measure.clock import Clock, perf_counter_clock
+from ..measure.backend import Clock, perf_counter_clock
 from .online import OnlineCosts
 from .scheduler import LayerPlan, Scheduler
 from .seam import OffloadError
