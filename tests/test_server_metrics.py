@@ -98,6 +98,6 @@ def test_a_run_whose_every_request_failed_raises_the_first_failure():
     ("chat", " word", None, True),
 ])
 def test_which_chunks_are_tokens(api, content, finish, token):
-    from pytest_llmperf.backends.openai_events import is_token
+    from pytest_llmperf.backends.openai_compat import is_token
 
     assert is_token(api, content, finish) is token

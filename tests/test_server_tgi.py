@@ -11,7 +11,7 @@ import pytest
 
 from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.tgi import TGIBackend
-from pytest_llmperf.backends.tgi_launcher import TGILauncherArgs, seed_launcher_args
+from pytest_llmperf.backends.tgi import TGILauncherArgs, seed_launcher_args
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.processes import free_port

@@ -44,8 +44,7 @@ def llmperf_tgi(
         **launcher: Any,
     ) -> TGIBackend:
         require("llmperf_tgi", TGI)
-        from ..backends.tgi import TGIBackend
-        from ..backends.tgi_launcher import TGILauncherArgs
+        from ..backends.tgi import TGIBackend, TGILauncherArgs
 
         url = option(config, "tgi_url")
         if url:
