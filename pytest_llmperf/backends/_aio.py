@@ -19,7 +19,7 @@ from ..measure.backend import BackendError, Clock
 from ..measure.records import RunSample
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ from ._aio import (
 )
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 
 def stubs() -> tuple[Any, Any]:

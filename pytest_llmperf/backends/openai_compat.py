@@ -62,7 +62,7 @@ from ._aio import (
 )
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 FIXED_LENGTH = ("ignore_eos", "logit_bias", "none")
 APIS = ("completions", "chat")

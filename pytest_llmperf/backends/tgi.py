@@ -48,7 +48,7 @@ from ._aio import (
 )
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 
 def is_transport_error(exc: BaseException) -> bool:

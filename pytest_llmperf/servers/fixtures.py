@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ..server_process import ProcessRegistry
+from ..processes import ProcessRegistry
 from .jetstream_fixture import llmperf_jetstream  # noqa: F401  (registered where this module is a plugin)
 from .openai_fixtures import llmperf_openai, llmperf_vllm  # noqa: F401
 from .tgi_fixture import llmperf_tgi  # noqa: F401

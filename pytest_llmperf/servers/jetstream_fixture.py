@@ -11,8 +11,7 @@ import pytest
 from ..extras import JETSTREAM, require
 from ..measure.backend import BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
-from ..processes import LOOPBACK
-from ..server_process import ProcessRegistry
+from ..processes import LOOPBACK, ProcessRegistry
 from .pool import Launch, ServerPool, fill, option, server_timeout
 
 if TYPE_CHECKING:

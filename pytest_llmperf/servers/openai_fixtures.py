@@ -15,8 +15,7 @@ from ..backends.models import EMBEDDED, resolve_model
 from ..extras import HF, OPENAI, require
 from ..measure.backend import BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
-from ..processes import LOOPBACK
-from ..server_process import ProcessRegistry
+from ..processes import LOOPBACK, ProcessRegistry
 from .pool import ServerPool, http_command, option, server_timeout
 
 if TYPE_CHECKING:

@@ -11,8 +11,7 @@ import pytest
 from ..extras import TGI, require
 from ..measure.backend import BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
-from ..processes import LOOPBACK, free_port
-from ..server_process import ProcessRegistry
+from ..processes import LOOPBACK, ProcessRegistry, free_port
 from .pool import Launch, ServerPool, http_ok, option, server_timeout
 
 if TYPE_CHECKING:
