@@ -24,7 +24,7 @@ _HOMES = {
     "OnlineCosts": "online",
     "Generation": "engine",
     "OffloadEngine": "engine",
-    "OffloadOptions": "options",
+    "OffloadOptions": "engine",
     "OffloadBackend": "backend",
     "PlacementError": "placement",
     "SCHEDULES": "scheduler",
@@ -54,9 +54,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .backend import OffloadBackend
     from .costs import Calibration, CostModel, CostWarning, LinearFit, fixed_costs, measure_costs
-    from .engine import Generation, OffloadEngine
+    from .engine import Generation, OffloadEngine, OffloadOptions
     from .online import OnlineCosts
-    from .options import OffloadOptions
     from .placement import PlacementError
     from .runtime import OffloadStats
     from .scheduler import SCHEDULES, LayerPlan, Scheduler

@@ -31,8 +31,7 @@ from ..measure.backend import Backend, BackendError, Clock, GenerationRequest, O
 from ..measure.metrics import run_values
 from ..measure.records import RunSample
 from .costs import CostModel
-from .engine import OffloadEngine
-from .options import OffloadOptions
+from .engine import OffloadEngine, OffloadOptions
 from .scheduler import Scheduler
 from .seam import OffloadError
 
