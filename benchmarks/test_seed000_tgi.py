@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from pytest_llmperf.backends.tgi_launcher import seed_launcher_args
+from pytest_llmperf.backends.tgi import seed_launcher_args
 from tgi_available import require_tgi
 
 # Registered by the plugin once it imports pytest_llmperf.servers.fixtures; harmless twice.

@@ -84,7 +84,7 @@ def test_ours_vs_fiddler_interleaved(llmperf, llmperf_offload):
     seed's default 7/70, measured in the same process, one right after the other in every run, the order
     alternating. The report's "Policy pairs" gives their paired ratio with its 95% interval; `pair.ratio`
     (ours / Fiddler's decode tokens/s) is gated like any metric."""
-    from pytest_llmperf.offload.paired import PairedPolicies
+    from pytest_llmperf.offload.backend import PairedPolicies
 
     threads = thread_counts(llmperf.on_gpu, physical_cores())[0]
     if llmperf.on_gpu:

@@ -36,7 +36,7 @@ def main() -> int:
     from pytest_llmperf.backends.hf import HFBackend
     from pytest_llmperf.backends.models import resolve_model
     from pytest_llmperf.measure.backend import GenerationRequest
-    from pytest_llmperf.measure.prompt import make_prompt
+    from pytest_llmperf.measure.scenario import make_prompt
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this compares our clock with CUDA events on a GPU")

@@ -119,7 +119,7 @@ def run_accelerate(config, prompt: torch.Tensor, args) -> float | None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.fill_(1.0) if "norm" in name else p.normal_(0, 0.02)
-    from pytest_llmperf.offload.random_model import reinit_buffers
+    from pytest_llmperf.offload.engine import reinit_buffers
 
     model.apply(reinit_buffers)
     model.eval()

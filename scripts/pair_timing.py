@@ -32,7 +32,7 @@ def worker(args: argparse.Namespace) -> None:
     a JSON line and write a byte back (end of file: done)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from pytest_llmperf.measure.allocator import steady_malloc
+    from pytest_llmperf.measure.memory import steady_malloc
 
     steady_malloc()
     import torch

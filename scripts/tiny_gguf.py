@@ -46,7 +46,7 @@ def vocabulary(words: list[str]) -> tuple[list[str], list[float]]:
 def write(path: Path, seed: int = 0) -> Path:
     import gguf
 
-    from pytest_llmperf.measure.prompt import PROMPT_TEXT  # the prompts' words (no torch at import)
+    from pytest_llmperf.measure.scenario import PROMPT_TEXT  # the prompts' words (no torch at import)
 
     pieces, scores = vocabulary(sorted(set(PROMPT_TEXT.split())))
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \

@@ -65,7 +65,7 @@ from pytest_llmperf.measure.records import RunSample  # noqa: E402
 from pytest_llmperf.servers.fixtures import VLLM_ENV, vllm_command  # noqa: E402
 from pytest_llmperf.servers.pool import fill  # noqa: E402
 from pytest_llmperf.processes import LOOPBACK, free_port  # noqa: E402
-from pytest_llmperf.server_process import ProcessRegistry  # noqa: E402
+from pytest_llmperf.processes import ProcessRegistry  # noqa: E402
 
 MODEL = "tiny-llama"
 # (label, vLLM's per-request list reduced by its median, our per-run metric)

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallo
 # mallinfo2().hblkhd: bytes held in mmapped blocks (glibc >= 2.33).
 PROBE = """
 import ctypes, sys
-from pytest_llmperf.measure.allocator import steady_malloc
+from pytest_llmperf.measure.memory import steady_malloc
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

@@ -15,7 +15,7 @@ from pytest_llmperf.judge.rows import DEFAULT_RTOL, count_row, instruction_rows,
 from pytest_llmperf.judge.rows import row_message
 from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure.backend import Backend, GenerationRequest
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.measure.instructions import (COUNTS_TAKEN_WITH, INSTRUCTION_METRICS, InstructionClock,
                                                  count_values, counted_runs, not_counted, platform_problem)
 from pytest_llmperf.measure.records import BatchResult, BenchmarkResult, RunSample

@@ -9,7 +9,7 @@ import tempfile
 import psutil
 import pytest
 
-from pytest_llmperf import leftovers
+from pytest_llmperf import files
 
 WORKER_DIES = """
 import os, signal
@@ -64,13 +64,13 @@ def test_what_a_killed_controller_left_is_removed_by_the_next_run_which_says_so(
     killed = project.temp / "llmperf-workers-killed1"  # as a controller killed by SIGKILL leaves it
     killed.mkdir()
     (killed / "worker1.log").write_text("half a log")
-    (killed / leftovers.OWNER).write_text("999999999 1.0")
+    (killed / files.OWNER).write_text("999999999 1.0")
     reused = project.temp / "llmperf-workers-reused1"  # its pid runs again, as another process: gone too
     reused.mkdir()
-    (reused / leftovers.OWNER).write_text(f"{os.getpid()} 1.0")
+    (reused / files.OWNER).write_text(f"{os.getpid()} 1.0")
     running = project.temp / "llmperf-workers-running"  # a controller that runs now, beside this one
     running.mkdir()
-    leftovers.claim(running)
+    files.claim(running)
     unknown = project.temp / "llmperf-workers-unknown"  # no owner file: whose it is cannot be told
     unknown.mkdir()
     result = run()

@@ -25,7 +25,7 @@ from pytest_llmperf.backends.jetstream import health_check, stubs
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.processes import free_port
-from pytest_llmperf.server_process import ProcessRegistry
+from pytest_llmperf.processes import ProcessRegistry
 
 from .server_helpers import JETSTREAM_DOUBLE, PYTHON, SCRIPTS, clean_env, load_script
 

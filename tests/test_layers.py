@@ -11,9 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytest_llmperf"
 
 #: Lowest first. A module may import its own layer and the layers below it.
 LAYERS = (
-    ("utilities", ("files", "extras", "warning", "leftovers")),
+    ("utilities", ("files", "extras", "warning")),
     ("measure", ("measure",)),  # the scenario, the Backend interface, runs and their metrics
-    ("backends", ("backends", "offload", "processes", "server_process")),  # what implements the interface, and the processes it runs
+    ("backends", ("backends", "offload", "processes")),  # what implements the interface, and the processes it runs
     ("environments", ("environments",)),  # each A/B side's dependencies: detected, built with uv, checked
     ("judge", ("judge",)),  # statistics, verdicts, the baseline store
     ("history", ("history",)),  # every job's results across jobs: the store, series, change points

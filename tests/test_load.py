@@ -13,7 +13,7 @@ from pytest_llmperf.judge.verdicts import Verdict
 from pytest_llmperf.measure import runner
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.judge.baselines import BaselineEntry
-from pytest_llmperf.measure.load import LoadMeter
+from pytest_llmperf.measure.runner import LoadMeter
 from pytest_llmperf.measure.metrics import values_by_metric
 from pytest_llmperf.measure.scenario import Scenario
 
@@ -32,12 +32,10 @@ def test_meter_counts_a_process_outside_our_tree_and_not_our_own_work():
 
 def test_our_own_cpu_time_is_subtracted_from_the_machines(monkeypatch):
     """Injected readings: the machine was busy 1.5 s of CPU over 1 s, 1.0 s of it ours: 0.5 foreign cores."""
-    from pytest_llmperf.measure import load
-
     readings = {"system": iter([10.0, 11.5]), "own": iter([3.0, 4.0, 4.0]), "wall": iter([100.0, 101.0])}
-    monkeypatch.setattr(load, "_system_busy_seconds", lambda: next(readings["system"]))
-    monkeypatch.setattr(load, "_own_cpu_seconds", lambda process: next(readings["own"]))
-    monkeypatch.setattr(load, "time", SimpleNamespace(monotonic=lambda: next(readings["wall"]),
+    monkeypatch.setattr(runner, "_system_busy_seconds", lambda: next(readings["system"]))
+    monkeypatch.setattr(runner, "_own_cpu_seconds", lambda process: next(readings["own"]))
+    monkeypatch.setattr(runner, "time", SimpleNamespace(monotonic=lambda: next(readings["wall"]),
                                                       thread_time=time.thread_time))
     assert LoadMeter().stop() == pytest.approx(0.5)
 

@@ -6,7 +6,7 @@ from pytest_llmperf.measure import metrics
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.backend import Backend, GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.measure.records import RunSample
 from pytest_llmperf.measure.scenario import Scenario
 

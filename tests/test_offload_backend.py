@@ -133,7 +133,7 @@ def test_fixture_measures_with_knobs_and_closes_its_engines_also_when_a_test_fai
 
 
 def test_paired_policies_alternate_in_each_run_and_keep_their_own_live_models(backend):
-    from pytest_llmperf.offload.paired import PairedPolicies
+    from pytest_llmperf.offload.backend import PairedPolicies
 
     order = []
     pair = PairedPolicies(backend, ("ours", {"schedule": "makespan"}),

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig  # noqa: E402
 
-from pytest_llmperf.measure.clock import FakeClock  # noqa: E402
+from pytest_llmperf.measure.backend import FakeClock  # noqa: E402
 from pytest_llmperf.backends.models import resolve_model, tokenizer_for  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadError, OffloadOptions, fixed_costs  # noqa: E402
 from pytest_llmperf.offload.backend import OffloadBackend  # noqa: E402

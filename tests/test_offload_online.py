@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from transformers import AutoModelForCausalLM, MixtralConfig  # noqa: E402
 
 from pytest_llmperf.backends.models import tokenizer_for  # noqa: E402
-from pytest_llmperf.measure.clock import FakeClock  # noqa: E402
+from pytest_llmperf.measure.backend import FakeClock  # noqa: E402
 from pytest_llmperf.offload import OffloadEngine, OffloadOptions  # noqa: E402
 from pytest_llmperf.offload.costs import CostModel, LinearFit  # noqa: E402
 from pytest_llmperf.offload.experts import FusedExpertsAdapter  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 from pytest_llmperf.measure.backend import GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.measure import runner
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.report.progress import STATUS_INTERVAL_NS, Progress
 
 

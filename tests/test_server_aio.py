@@ -38,7 +38,7 @@ def test_a_run_pauses_the_garbage_collector_and_gives_its_state_back():
     import gc
 
     from pytest_llmperf.backends._aio import Stream, run_concurrently
-    from pytest_llmperf.measure.clock import FakeClock
+    from pytest_llmperf.measure.backend import FakeClock
 
     seen = []
 

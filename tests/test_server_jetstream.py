@@ -102,7 +102,7 @@ def test_fixture_lifecycle(pytester, monkeypatch):
 
 
 def test_fixture_attach(pytester, monkeypatch, tmp_path_factory):
-    from pytest_llmperf.server_process import ProcessRegistry
+    from pytest_llmperf.processes import ProcessRegistry
 
     from pytest_llmperf.backends.jetstream import health_check
 
@@ -128,7 +128,7 @@ def test_a(llmperf_jetstream, llmperf_servers):
 
 def test_updating_a_jetstream_baseline_adds_a_row_to_the_dated_log(pytester, monkeypatch, tmp_path_factory):
     from pytest_llmperf.backends.jetstream import health_check
-    from pytest_llmperf.server_process import ProcessRegistry
+    from pytest_llmperf.processes import ProcessRegistry
 
     registry = ProcessRegistry(tmp_path_factory.mktemp("js-log"))
     port = free_port()
@@ -212,7 +212,7 @@ def test_processes_started_while_a_grpc_stream_runs_start_clean(tmp_path_factory
     import threading
 
     from pytest_llmperf.backends.jetstream import health_check
-    from pytest_llmperf.server_process import ProcessRegistry
+    from pytest_llmperf.processes import ProcessRegistry
 
     registry = ProcessRegistry(tmp_path_factory.mktemp("js-fork"))
     port = free_port()

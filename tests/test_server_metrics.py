@@ -10,7 +10,7 @@ import pytest
 
 from pytest_llmperf.backends._aio import (LoopThread, RequestFailed, Stream, completed, run_concurrently,
                                           sample_from)
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.measure.metrics import requests_of, run_values
 from pytest_llmperf.measure.records import RunSample
 
@@ -98,6 +98,6 @@ def test_a_run_whose_every_request_failed_raises_the_first_failure():
     ("chat", " word", None, True),
 ])
 def test_which_chunks_are_tokens(api, content, finish, token):
-    from pytest_llmperf.backends.openai_events import is_token
+    from pytest_llmperf.backends.openai_compat import is_token
 
     assert is_token(api, content, finish) is token

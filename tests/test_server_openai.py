@@ -14,7 +14,7 @@ from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.openai_compat import OpenAICompatBackend
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.processes import free_port
-from pytest_llmperf.server_process import ProcessRegistry
+from pytest_llmperf.processes import ProcessRegistry
 
 from .doubles.leaks import assert_gone, descendants
 from .server_helpers import PYTHON, TGI_DOUBLE, clean_env, run_inner

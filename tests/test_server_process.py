@@ -17,7 +17,7 @@ import pytest
 
 from pytest_llmperf.measure.backend import BackendError
 from pytest_llmperf.processes import free_port, port_in_use, port_owner, stop_tree, tail
-from pytest_llmperf.server_process import ProcessRegistry
+from pytest_llmperf.processes import ProcessRegistry
 
 from .doubles.leaks import alive, assert_gone, descendants, read_pids
 from .server_helpers import LAUNCHER, PYTHON, TGI_DOUBLE
@@ -251,7 +251,7 @@ def test_server_is_terminated_when_pytest_is_killed(registry, tmp_path, monkeypa
     script.write_text(f"""
 import sys, tempfile, time
 from pathlib import Path
-from pytest_llmperf.server_process import ProcessRegistry
+from pytest_llmperf.processes import ProcessRegistry
 tempfile.tempdir = {str(temp)!r}
 proc = ProcessRegistry(Path({str(tmp_path)!r})).start("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
                                                       url="none")

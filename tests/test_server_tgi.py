@@ -11,11 +11,11 @@ import pytest
 
 from pytest_llmperf.measure.backend import BackendError, GenerationRequest
 from pytest_llmperf.backends.tgi import TGIBackend
-from pytest_llmperf.backends.tgi_launcher import TGILauncherArgs, seed_launcher_args
+from pytest_llmperf.backends.tgi import TGILauncherArgs, seed_launcher_args
 from pytest_llmperf.measure.metrics import run_values
 from pytest_llmperf.backends.models import make_prompt
 from pytest_llmperf.processes import free_port
-from pytest_llmperf.server_process import ProcessRegistry
+from pytest_llmperf.processes import ProcessRegistry
 
 from .doubles.leaks import assert_gone, descendants, read_pids
 from .server_helpers import LAUNCHER, clean_env, run_inner

@@ -22,7 +22,7 @@ from pytest_llmperf.judge import stats
 from pytest_llmperf.judge.baselines import BaselineEntry
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.records import BenchmarkResult
-from pytest_llmperf.measure.clock import FakeClock
+from pytest_llmperf.measure.backend import FakeClock
 from pytest_llmperf.measure.metrics import unit_values, values_by_process
 from pytest_llmperf.measure.scenario import Scenario
 from pytest_llmperf.orchestrate import forkserver
@@ -348,11 +348,11 @@ def test_a_steady_load_does_not_refuse_an_ab_comparison(repo, run, steady_load):
 
 
 def test_a_worktree_left_by_a_killed_run_is_removed_by_the_next_comparison(repo):
-    from pytest_llmperf import leftovers
+    from pytest_llmperf import files
     from pytest_llmperf.orchestrate import worktree
 
     with worktree.checkout("HEAD", repo.path) as ref:
-        (ref.toplevel.parent / leftovers.OWNER).write_text("999999999 1.0")  # a pid that no longer runs
+        (ref.toplevel.parent / files.OWNER).write_text("999999999 1.0")  # a pid that no longer runs
         left = ref.toplevel
         # as after SIGKILL: nothing removes it on the way out
         assert worktree.remove_orphans(repo.path) == [(left, 999999999)]

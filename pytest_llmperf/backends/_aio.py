@@ -15,12 +15,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..measure.backend import BackendError
-from ..measure.clock import Clock
+from ..measure.backend import BackendError, Clock
 from ..measure.records import RunSample
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 T = TypeVar("T")
 

@@ -16,8 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
-from ..measure.clock import Clock, synchronized_clock
+from ..measure.backend import Backend, BackendError, Clock, GenerationRequest, OutOfMemory, synchronized_clock
 from ..measure.records import RunSample
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")

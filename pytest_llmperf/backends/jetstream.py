@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..measure.backend import Backend, BackendError, GenerationRequest
-from ..measure.clock import Clock
+from ..measure.backend import Backend, BackendError, Clock, GenerationRequest
 from ..measure.records import RunSample
 from ._aio import (
     LoopThread,
@@ -39,7 +38,7 @@ from ._aio import (
 )
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 
 def stubs() -> tuple[Any, Any]:

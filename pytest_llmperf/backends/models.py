@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..measure.prompt import PROMPT_TEXT, make_prompt  # noqa: F401  (make_prompt: the models' prompts)
+from ..measure.scenario import PROMPT_TEXT, make_prompt  # noqa: F401  (make_prompt: the models' prompts)
 
 BUILDER_VERSION = 1
 VOCAB_SIZE = 16384

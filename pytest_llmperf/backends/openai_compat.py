@@ -35,6 +35,9 @@ Fixed output length (`fixed_length`):
 Fixed input length: with `truncate_prompt=True` (vLLM's `truncate_prompt_tokens`) the server keeps
 the prompt's last `sequence_length` tokens; otherwise the prompt is sent as is, and the server's
 `usage.prompt_tokens` must say it received `sequence_length` tokens.
+
+What the events of the stream mean: which chunk carries a token (`is_token`), and which carries an error
+(`stream_error`, `ServerAnswered`).
 """
 
 from __future__ import annotations
@@ -43,8 +46,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..measure.backend import Backend, BackendError, GenerationRequest, OutOfMemory
-from ..measure.clock import Clock
+from ..measure.backend import Backend, BackendError, Clock, GenerationRequest, OutOfMemory
 from ..measure.records import RunSample
 from ._aio import (
     EventStream,
@@ -58,10 +60,9 @@ from ._aio import (
     sample_from,
     unreachable,
 )
-from .openai_events import ServerAnswered, is_token, stream_error
 
 if TYPE_CHECKING:
-    from ..server_process import ServerProcess
+    from ..processes import ServerProcess
 
 FIXED_LENGTH = ("ignore_eos", "logit_bias", "none")
 APIS = ("completions", "chat")
@@ -369,3 +370,39 @@ class OpenAICompatBackend(Backend):
             return
         self._loop.close(self._session.close())
         self._loop = None  # type: ignore[assignment]
+
+
+class ServerAnswered(Exception):
+    """The server answered a request with an error: an HTTP status, or an error event inside a 200 stream
+    (TGI validates there; vLLM reports a failure that way once the stream has begun)."""
+
+    def __init__(self, status: int | None, message: str, in_stream: bool) -> None:
+        super().__init__(message)
+        self.status = status
+        self.in_stream = in_stream
+
+    def where(self) -> str:
+        """` (HTTP 422)`, ` (HTTP 422, sent in the stream)`, or nothing where no status was given."""
+        if self.status is None:
+            return " (an error event in the stream)" if self.in_stream else ""
+        return f" (HTTP {self.status}{', sent in the stream' if self.in_stream else ''})"
+
+
+def stream_error(data: dict[str, Any]) -> ServerAnswered | None:
+    """The error an event carries (OpenAI's `{"error": {"message", "code"}}`, TGI's `http_status_code`)."""
+    error = data.get("error")
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        return ServerAnswered(None, str(error), in_stream=True)
+    status = error.get("http_status_code", error.get("code"))
+    return ServerAnswered(status if isinstance(status, int) else None, str(error.get("message", error)), in_stream=True)
+
+
+def is_token(api: str, content: str | None, finish_reason: str | None) -> bool:
+    """Whether a streamed chunk without token ids carries a token. Completions: any text, also an empty one (a
+    special token), as vLLM's bench serve counts it, except an empty chunk that only closes the stream
+    (llama.cpp's last chunk carries the finish reason alone). Chat: non-empty content (a role-only chunk)."""
+    if api == "chat":
+        return bool(content)
+    return content is not None and (content != "" or finish_reason is None)

@@ -5,6 +5,13 @@ test fails). The runner asks it for one run at a time with a `GenerationRequest`
 `RunSample`: per-token arrival times at least, and a prefill/decode split where it can give one.
 Knobs (threads, tokenizer parallelism, engine settings) are applied around a measurement by
 `apply_knobs`, which restores the previous state on exit.
+
+The clock a backend times with (`Clock`): timing code takes a clock so that unit tests can inject one
+(`FakeClock`) and never read real time.
+
+A clock is a zero-argument callable returning integer nanoseconds. On CUDA, work is asynchronous:
+`synchronized_clock` waits for the device before each reading so that a timestamp means the work
+launched before it has finished.
 """
 
 from __future__ import annotations
@@ -12,12 +19,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .clock import Clock, perf_counter_clock
 from .records import RunSample
 
 
@@ -169,3 +176,37 @@ class Backend(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+Clock = Callable[[], int]
+
+perf_counter_clock: Clock = time.perf_counter_ns
+
+
+def synchronized_clock(synchronize: Callable[[], None], clock: Clock = perf_counter_clock) -> Clock:
+    """A clock that calls `synchronize()` (e.g. `torch.cuda.synchronize`) before reading `clock`."""
+
+    def read() -> int:
+        synchronize()
+        return clock()
+
+    return read
+
+
+class FakeClock:
+    """A clock for tests: each reading returns the next scripted value, or advances by `step`."""
+
+    def __init__(self, ticks: Iterable[int] | None = None, step: int = 1_000_000) -> None:
+        self._ticks: Iterator[int] | None = iter(ticks) if ticks is not None else None
+        self.now = 0
+        self.step = step
+
+    def __call__(self) -> int:
+        if self._ticks is not None:
+            self.now = next(self._ticks)
+        else:
+            self.now += self.step
+        return self.now
+
+    def advance(self, ns: int) -> None:
+        self.now += ns

@@ -123,7 +123,7 @@ def dump_total(path: Path) -> int:
 
 
 class InstructionClock:
-    """A Clock (measure/clock.py) that reads instructions executed since `reset()` instead of nanoseconds.
+    """A Clock (measure/backend.py) that reads instructions executed since `reset()` instead of nanoseconds.
 
     Each reading dumps callgrind's counters to `<out>.<n>` (callgrind numbers its dumps; `<out>.<n>-<thread>`, one
     per thread, under --separate-threads=yes), reads the total with collection switched off (so that reading it is

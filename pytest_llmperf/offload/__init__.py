@@ -22,9 +22,9 @@ _HOMES = {
     "Calibration": "costs",
     "CostWarning": "costs",
     "OnlineCosts": "online",
-    "Generation": "generation",
+    "Generation": "engine",
     "OffloadEngine": "engine",
-    "OffloadOptions": "options",
+    "OffloadOptions": "engine",
     "OffloadBackend": "backend",
     "PlacementError": "placement",
     "SCHEDULES": "scheduler",
@@ -32,7 +32,7 @@ _HOMES = {
     "Scheduler": "scheduler",
     "IMPLEMENTATION": "seam",
     "OffloadError": "seam",
-    "OffloadStats": "stats",
+    "OffloadStats": "runtime",
 }
 
 __all__ = sorted(_HOMES)
@@ -54,11 +54,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .backend import OffloadBackend
     from .costs import Calibration, CostModel, CostWarning, LinearFit, fixed_costs, measure_costs
-    from .engine import OffloadEngine
-    from .generation import Generation
+    from .engine import Generation, OffloadEngine, OffloadOptions
     from .online import OnlineCosts
-    from .options import OffloadOptions
     from .placement import PlacementError
+    from .runtime import OffloadStats
     from .scheduler import SCHEDULES, LayerPlan, Scheduler
     from .seam import IMPLEMENTATION, OffloadError
-    from .stats import OffloadStats

@@ -251,7 +251,7 @@ def measure_costs(
     import torch
     import torch.nn.functional as F
 
-    from ..measure.load import LoadMeter
+    from ..measure.runner import LoadMeter
 
     if rounds < 3:
         raise ValueError(f"cost measurement rounds must be >= 3 for a robust estimate, got {rounds}")

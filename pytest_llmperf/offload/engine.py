@@ -10,6 +10,14 @@ Start-up: non-expert weights go to the fast device; the expert budget is compute
 free memory minus a computed reserve); experts are ranked (popularity profile or round robin) and
 split into tiers; the cost model is measured; the model's experts implementation is switched to ours.
 While it runs, the live cost model (online.py) corrects the measured costs from the engine's own timings.
+`generate` returns a `Generation`: the new tokens, per-step times and counters.
+
+`OffloadEngine.from_config` makes a MoE model with random weights in place (`random_model`), for shapes whose
+checkpoint cannot be stored: non-expert weights are made directly on the fast device (from the meta device,
+nothing read from disk); the experts are generated there too, per layer, when the engine splits them into tiers.
+Timing depends on shapes, not weights.
+
+`OffloadOptions`: everything the engine can be told, checked (`validated`) before anything is loaded.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,12 +35,10 @@ import numpy as np
 import psutil
 import torch
 
-from ..measure.clock import Clock, perf_counter_clock, synchronized_clock
+from ..measure.backend import Clock, perf_counter_clock, synchronized_clock
 from .costs import CostModel, fixed_costs, measure_costs
 from .experts import OffloadedLayer, detach_experts
-from .generation import Generation
 from .online import OnlineCosts
-from .options import DTYPES, OffloadOptions, physical_cores
 from .placement import (
     Budget,
     GiB,
@@ -43,11 +50,78 @@ from .placement import (
     round_robin_ranking,
     write_profile,
 )
-from .random_model import random_model
-from .runtime import Runtime, Staging, host_empty, torch_threads
-from .scheduler import Scheduler
-from .seam import IMPLEMENTATION, OffloadError, find_experts, register_implementation
-from .stats import OffloadStats
+from .runtime import OffloadStats, Runtime, Staging, host_empty, torch_threads
+from .scheduler import SCHEDULES, Scheduler
+from .seam import IMPLEMENTATION, ExpertsSite, OffloadError, find_experts, register_implementation
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def physical_cores() -> int:
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    """Everything the engine can be told. Each field is documented in docs/offload.md."""
+
+    fast_device: str = "auto"  # "auto": cuda if available, else cpu
+    slow_device: str = "cpu"
+    dtype: str = "fp32"
+    expert_budget_gb: float | None = None  # most GiB of experts on the fast tier (None: as many as fit)
+    device_memory_gb: float | None = None  # emulate a fast device of this size (e.g. 24 for an RTX 3090)
+    reserve_gb: float | None = None  # fast memory for KV + activations; None: computed. Staging is added on top
+    max_batch_size: int = 8  # the reserve is sized for this batch ...
+    max_seq_len: int = 1024  # ... and this many tokens per sequence
+    popularity: str | None = None  # a profile JSON from calibrate(); None: round robin across layers
+    schedule: str = "makespan"  # makespan | fiddler | cpu | fetch
+    latency_cpu: float | None = None  # override: slow-tier ms per token (Fiddler's 7)
+    latency_gpu: float | None = None  # override: ms per fetched expert (Fiddler's 70)
+    online_costs: bool = True  # correct the (non-overridden) costs from the engine's own timings while it runs
+    online_window: int = 8  # observations per tier and token-count bucket the live estimate is the median of
+    online_probe_every: int = 32  # plans a learning tier may go unobserved before one expert is sent there
+    threads: int | None = None  # torch threads during generate; None: physical cores (split with the worker on cpu)
+    overlap: bool = True  # run CPU experts on the worker thread while the fast tier works
+    pin_memory: bool | None = None  # pin the slow tier; None: when the fast device is CUDA
+    cpu_timeout_s: float | None = 300.0  # a worker-thread CPU job slower than this is an error, not a hang
+
+    def validated(self) -> OffloadOptions:
+        def bad(name: str, value: Any, want: str) -> OffloadError:
+            return OffloadError(f"offload option {name}={value!r}: {want}")
+
+        if self.dtype not in DTYPES:
+            raise bad("dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
+        if self.schedule not in SCHEDULES:
+            raise bad("schedule", self.schedule, f"use one of {', '.join(SCHEDULES)}")
+        for name in (
+            "expert_budget_gb",
+            "device_memory_gb",
+            "reserve_gb",
+            "latency_cpu",
+            "latency_gpu",
+            "cpu_timeout_s",
+        ):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or value < 0 or math.isnan(value)):
+                raise bad(name, value, "use a number >= 0, or leave it unset")
+        if not isinstance(self.online_costs, bool):
+            raise bad("online_costs", self.online_costs, "use True or False")
+        for name in ("max_batch_size", "max_seq_len", "online_window", "online_probe_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, getattr(self, name), "use an integer >= 1")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise bad("threads", self.threads, "use an integer >= 1, or leave it unset for the physical core count")
+        fast = self.resolved_fast_device()
+        if torch.device(fast).type == "cuda" and not torch.cuda.is_available():
+            raise bad("fast_device", self.fast_device, "CUDA is not available here; use fast_device='cpu'")
+        if torch.device(self.slow_device).type != "cpu":
+            raise bad("slow_device", self.slow_device, "the slow tier is host memory; use 'cpu'")
+        return self
+
+    def resolved_fast_device(self) -> str:
+        if self.fast_device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.fast_device
 
 
 class OffloadEngine:
@@ -398,3 +472,71 @@ class OffloadEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class Generation:
+    """One greedy generation: the new tokens, per-step times (ns, from the engine's clock) and counters."""
+
+    tokens: torch.Tensor  # [batch, new_tokens]
+    step_times_ns: list[int]  # time at which each new token was available, from the start of prefill
+    prefill_ns: int
+    decode_steps_ns: list[int]
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def random_model(
+    config: Any, options: OffloadOptions, seed: int = 0
+) -> tuple[torch.nn.Module, list[ExpertsSite], Callable[[Any], Any]]:
+    """The model (on the fast device, experts emptied), its experts sites, and the engine's weight source:
+    `source(site)` gives `(make(ids) -> (gate_up, down), gate_up_shape, down_shape)` for that layer."""
+    from transformers import AutoModelForCausalLM
+
+    fast = torch.device(options.resolved_fast_device())
+    dtype = DTYPES[options.dtype]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    sites = find_experts(model)
+    gen = torch.Generator(device=fast).manual_seed(seed)
+    shapes = {id(s.module): (tuple(s.module.gate_up_proj.shape), tuple(s.module.down_proj.shape)) for s in sites}
+    for s in sites:
+        s.adapter.detach(s.module, torch.device("meta"))
+    model.to_empty(device=fast)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.numel() == 0:
+                continue
+            if "norm" in pname:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+        model.apply(reinit_buffers)
+
+    def random_weights(site: Any) -> Any:
+        gu_shape, dn_shape = shapes[id(site.module)]
+
+        def make(ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            gu = torch.empty((len(ids), *gu_shape[1:]), dtype=dtype, device=fast).normal_(0, 0.02, generator=gen)
+            dn = torch.empty((len(ids), *dn_shape[1:]), dtype=dtype, device=fast).normal_(0, 0.02, generator=gen)
+            return gu, dn
+
+        return make, gu_shape, dn_shape
+
+    return model, sites, random_weights
+
+
+def reinit_buffers(module: torch.nn.Module) -> None:
+    """Buffers made on the meta device (rotary `inv_freq`) hold garbage after `to_empty`: recompute them."""
+    if not (hasattr(module, "inv_freq") and hasattr(module, "rope_type")):
+        return
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = (
+        module.compute_default_rope_parameters
+        if module.rope_type == "default"
+        else ROPE_INIT_FUNCTIONS[module.rope_type]
+    )
+    inv_freq, _ = init(module.config)
+    module.inv_freq.copy_(inv_freq)
+    if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+        module.original_inv_freq.copy_(inv_freq)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .runtime import Runtime, Timer, host_empty, torch_threads
+from .runtime import PHASES, OffloadStats, Runtime, Timer, host_empty, torch_threads
 from .scheduler import LayerPlan, both_sides
 
 # Re-exported: these names lived here before the seam, the stats and the runtime got modules of their own.
@@ -28,7 +28,6 @@ from .seam import (
     find_experts,
     register_implementation,
 )
-from .stats import PHASES, OffloadStats
 
 
 class OffloadedLayer:

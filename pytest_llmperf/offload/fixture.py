@@ -75,8 +75,7 @@ def llmperf_offload(request: pytest.FixtureRequest) -> Iterator[Callable[..., Of
     def _start(model: str, options: dict[str, Any]) -> OffloadBackend:
         from ..backends.models import CPU_SIZED, EMBEDDED, tokenizer_for
         from .backend import OffloadBackend
-        from .engine import OffloadEngine
-        from .options import OffloadOptions
+        from .engine import OffloadEngine, OffloadOptions
 
         fields = {f.name for f in dataclasses.fields(OffloadOptions)}
         unknown = sorted(set(options) - fields)

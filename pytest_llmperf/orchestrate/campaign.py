@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
+from ..files import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
 from ..judge import procedure as allocation  # the looks' runs and processes (plan_next, Costs, Need)
 from ..judge.procedure import capped_at
 from ..judge.rows import undecided_batches
 from ..judge.verdicts import Kind, Outcome
-from ..leftovers import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
-from ..measure.allocator import steady_malloc_env
+from ..measure.memory import steady_malloc_env
 from ..processes import sigterm_interrupts, stop_inheriting
 from . import campaign_progress, counting, sides
 from .forkserver import ForkServer, ForkServerError, preload_for, server_env

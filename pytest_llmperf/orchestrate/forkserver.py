@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..measure.allocator import steady_malloc_env
+from ..measure.memory import steady_malloc_env
 from ..processes import die_with_parent, stop_tree, tail
 
 #: What the server always imports before it forks: the workers are pytest.

@@ -84,7 +84,7 @@ class BenchmarkItems:
                 item.stash[INVALID_MARKER_KEY] = self.refusal
             return
         if selected:  # before any fixture loads a model
-            from ..measure.allocator import steady_malloc
+            from ..measure.memory import steady_malloc
 
             perf_session.malloc = (
                 steady_malloc() if perf_session.settings.malloc == "steady" else "system (llmperf_malloc)"

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..environments.records import COMPARE_DEPS_MODES
 from ..judge.baseline_layout import check_name
-from ..measure.allocator import MODES
+from ..measure.memory import MODES
 from ..measure.scenario import OUTPUT_MODES
 
 #: Outcomes `--llmperf-fail-on` may list: a benchmark's kind (judge/verdicts.py), or `unjudged`, a session that

@@ -80,7 +80,7 @@ class LLMPerfSession:
         self.selected = 0  # llmperf tests selected in this session
         self.skipped_here = 0  # of those, skipped because they run on other devices (their marker's devices)
         self.invalid_here = 0  # of those, refused at setup: settings that cannot work
-        self.malloc = "system (no benchmark selected)"  # what measure/allocator.py did, for the fingerprint
+        self.malloc = "system (no benchmark selected)"  # what measure/memory.py did, for the fingerprint
         self.recorder: WorkerRecorder | None = None  # set in a worker process: results go to the controller
         self.environments: Environments | None = None  # an A/B job's sides' environments (environments/)
         self.imported: dict[str, str] = {}  # the distributions the measuring processes imported: name -> version

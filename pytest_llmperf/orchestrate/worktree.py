@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..leftovers import claim, owner_gone
+from ..files import claim, owner_gone
 
 
 class RefError(ValueError):

@@ -368,7 +368,7 @@ def runs_section(results: Sequence[BenchmarkResult | StoredResult]) -> str | Non
 
 
 def pairs_section(results: Sequence[BenchmarkResult | StoredResult]) -> str | None:
-    """Two policies measured side by side in each run (offload/paired.py): their decode tokens/s, how often
+    """Two policies measured side by side in each run (offload/backend.py): their decode tokens/s, how often
     the first won, and the paired ratio first / second with its 95% interval (judge/stats.py)."""
     from ..judge.stats import paired
 

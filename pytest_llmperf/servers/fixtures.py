@@ -32,8 +32,7 @@ from ..backends.models import EMBEDDED, resolve_model
 from ..extras import HF, JETSTREAM, OPENAI, TGI, require
 from ..measure.backend import BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
-from ..processes import LOOPBACK, free_port
-from ..server_process import ProcessRegistry
+from ..processes import LOOPBACK, ProcessRegistry, free_port
 from .pool import Launch, ServerPool, fill, http_command, http_ok, option, server_timeout
 
 if TYPE_CHECKING:
@@ -78,8 +77,7 @@ def llmperf_tgi(
         **launcher: Any,
     ) -> TGIBackend:
         require("llmperf_tgi", TGI)
-        from ..backends.tgi import TGIBackend
-        from ..backends.tgi_launcher import TGILauncherArgs
+        from ..backends.tgi import TGIBackend, TGILauncherArgs
 
         url = option(config, "tgi_url")
         if url:

@@ -10,8 +10,7 @@ import pytest
 
 from ..measure.backend import Backend, BackendError
 from ..orchestrate.options import OPTIONS_BY_NAME
-from ..processes import LOOPBACK, free_port, port_in_use, port_owner
-from ..server_process import ProcessRegistry, ServerProcess
+from ..processes import LOOPBACK, ProcessRegistry, ServerProcess, free_port, port_in_use, port_owner
 
 START_TRIES = 3  # starts on fresh free ports when a server loses its port to another process
 
