@@ -23,7 +23,7 @@ from ..measure.records import BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, check_metrics, check_rtol_metrics
 from ..report import progress
 from .deadline import Overtime, deadline
-from .markers import marker_kwargs
+from .options import marker_kwargs
 from .session import MEASURED_KEY, LLMPerfSession
 
 

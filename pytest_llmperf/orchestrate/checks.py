@@ -15,7 +15,7 @@ import pytest
 
 from ..measure.keywords import build_scenario
 from ..measure.scenario import ScenarioError
-from .markers import marker_kwargs
+from .options import marker_kwargs
 from .session import RECORD_FACTOR, LLMPerfSession
 
 #: Gated rows per batch size when a marker does not name its metrics (prefill, decode, throughput).

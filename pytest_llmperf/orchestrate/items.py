@@ -15,7 +15,7 @@ import pytest
 
 from ..measure.scenario import ScenarioError
 from ..warning import PytestLLMPerfWarning
-from .markers import marker_kwargs
+from .options import marker_kwargs
 from .session import MEASURED_KEY, LLMPerfSession, marker_devices
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()  # why this benchmark test cannot run (it fails at setup)

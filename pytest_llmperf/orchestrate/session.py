@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..judge.trim import kept
-from .hints import rerun_command
-from .markers import marker_kwargs
-from .options import Settings
+from .options import Settings, marker_kwargs, rerun_command
 
 if TYPE_CHECKING:
     from ..environments.records import Environments
