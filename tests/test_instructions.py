@@ -351,7 +351,7 @@ def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monke
 
     from pytest_llmperf.orchestrate.pool import WorkerPool
     from pytest_llmperf.orchestrate.protocol import WorkerError, WorkerSpec
-    from pytest_llmperf.orchestrate.worker_process import RunningWorker
+    from pytest_llmperf.orchestrate.pool import RunningWorker
 
     started = []
 
