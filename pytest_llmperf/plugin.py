@@ -105,7 +105,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from .orchestrate.header import header_lines
+    from .orchestrate.session import header_lines
 
     return header_lines(config.stash[SESSION_KEY])
 
