@@ -9,7 +9,7 @@ benchmark runs.
 - Otherwise, the controlling process: the benchmark tests; the `ProcessController` where they are measured in
   worker processes or A/B (orchestrate/controller.py), else they measure and judge themselves in this process
   (orchestrate/benchmark.py); the session's end (orchestrate/session_end.py: exit status, reports, summary,
-  exports) and the baselines' hygiene (orchestrate/hygiene.py).
+  exports, and the baselines' hygiene).
 
 The session (orchestrate/session.py) holds the resolved settings and every outcome, under config.stash.
 """
@@ -73,8 +73,7 @@ def plugins_for(config: pytest.Config, perf_session: LLMPerfSession) -> list[tup
         return [("llmperf-tests", BenchmarkItems(perf_session)), ("llmperf-worker", perf_session.recorder)]
     if hasattr(config, "workerinput"):  # a pytest-xdist worker
         return [("llmperf-tests", BenchmarkItems(perf_session, refusal=XDIST_REFUSAL))]
-    from .orchestrate.hygiene import BaselineHygiene
-    from .orchestrate.session_end import Exports, SessionEnd
+    from .orchestrate.session_end import BaselineHygiene, Exports, SessionEnd
 
     plugins: list[tuple[str, object]] = [("llmperf-tests", BenchmarkItems(perf_session))]
     # under xdist's controller the workers refuse the benchmark tests instead
@@ -106,7 +105,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from .orchestrate.header import header_lines
+    from .orchestrate.session import header_lines
 
     return header_lines(config.stash[SESSION_KEY])
 

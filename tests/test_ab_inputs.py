@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from pytest_llmperf.orchestrate.passthrough import passthrough_args
+from pytest_llmperf.orchestrate.sides import passthrough_args
 from pytest_llmperf.orchestrate.worker import foreign_modules
 
 ENGINE = """

@@ -49,7 +49,7 @@ def test_each_machine_keeps_its_own_set_and_is_compared_only_with_it(project, ru
     assert "are compared only on their own machines" in text
     assert re.search(r"pytest '?test_engine.py::test_engine'? --llmperf-device=cpu "
                      r".*--llmperf-machine=runner.* --llmperf-update",
-                     text)  # the hint repeats the options given (hints.py)
+                     text)  # the hint repeats the options given (orchestrate/options.py)
     # Following the hint records the runner's set, leaves the laptop's alone, and then gates.
     run("--llmperf-machine=runner", "--llmperf-update").assert_outcomes(passed=1)
     assert laptop.read_bytes() == before

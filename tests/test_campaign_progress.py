@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 import pytest_llmperf
-from pytest_llmperf.orchestrate import campaign_progress, protocol, worker, worker_process
+from pytest_llmperf.orchestrate import campaign_progress, pool, protocol, worker
 from pytest_llmperf.orchestrate.campaign_progress import LINE_EVERY_S, STATUS_EVERY_S, CampaignProgress
 from pytest_llmperf.orchestrate.protocol import Progress, Start
 
@@ -45,7 +45,7 @@ def poll_for(progress, clock, seconds, records=()):
     pending = list(records)
     end = clock.now + seconds
     while clock.now < end:
-        clock.now += worker_process.POLL_S
+        clock.now += pool.POLL_S
         progress.records(pending)
         pending = []
 
@@ -147,7 +147,7 @@ def test_a_worker_writes_a_progress_record_at_most_every_second_and_each_batch_s
 
 def test_the_pool_reads_whole_records_only(tmp_path):
     path = tmp_path / "w.jsonl"
-    tail = worker_process.RecordTail(path)
+    tail = pool.RecordTail(path)
     assert tail.new() == []  # not written yet
     line = protocol.to_json(Progress("a", "a", 1, None, 1, 3))
     path.write_text('{"type": "start", "nodeid": "a"}\n' + line[:10])
@@ -177,7 +177,7 @@ class Running:
 def running_worker(tmp_path, proc):
     spec = protocol.WorkerSpec(protocol.Side("", tmp_path, "the working tree"), 1, ("t.py::a",))
     with open(tmp_path / "w.log", "wb") as log:
-        return worker_process.RunningWorker(spec, proc, tmp_path / "none.jsonl", tmp_path / "w.log", log, tmp_path, 0.0)
+        return pool.RunningWorker(spec, proc, tmp_path / "none.jsonl", tmp_path / "w.log", log, tmp_path, 0.0)
 
 
 def test_the_wait_loop_hands_over_records_every_poll_and_stops_at_the_deadline(tmp_path):

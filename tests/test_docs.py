@@ -10,7 +10,7 @@ from pytest_llmperf.judge import procedure, stats
 from pytest_llmperf.judge.rows import MEMORY_FLOOR_MIB
 from pytest_llmperf.judge.verdicts import JUDGED, NOT_JUDGED
 from pytest_llmperf.orchestrate import worker
-from pytest_llmperf.orchestrate.option_values import DEFAULT_FAIL_ON
+from pytest_llmperf.orchestrate.options import DEFAULT_FAIL_ON
 from pytest_llmperf.orchestrate.options import OPTIONS_BY_NAME
 from pytest_llmperf.orchestrate.campaign import BUDGET_FACTOR, BUDGET_MOST_MORE_S
 from pytest_llmperf.orchestrate.session import DEFAULT_AB_PROCESSES, DEFAULT_PROCESSES, DEFAULT_RTOL

@@ -1,5 +1,5 @@
 """The environments' records as the report reads them (JSON both ways, the header's lines), what a worker imported,
-and the option values (pytest_llmperf/environments/records.py, installed.py; orchestrate/option_values.py)."""
+and the option values (pytest_llmperf/environments/records.py, installed.py; orchestrate/options.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pytest_llmperf.environments.records import (
     SideEnvironment,
     held_changes,
 )
-from pytest_llmperf.orchestrate import option_values
+from pytest_llmperf.orchestrate import options
 
 BUMP = (PackageChange("torch", "2.5.1", "2.6.0"), PackageChange("triton", "3.1.0", "3.2.0"))
 
@@ -130,20 +130,20 @@ def test_check_imported_names_what_is_not_the_sides_environment():
 
 @pytest.mark.parametrize("text, expected", [("auto", "auto"), (" Build ", "build"), ("code-only", "code-only")])
 def test_compare_deps_values(text, expected):
-    assert option_values.compare_deps(text) == expected
+    assert options.compare_deps(text) == expected
 
 
 def test_compare_deps_refuses_other_values():
     with pytest.raises(ValueError, match="expected one of auto, build, code-only, got 'never'"):
-        option_values.compare_deps("never")
+        options.compare_deps("never")
 
 
 def test_extra_dependency_paths():
-    assert option_values.path_list(["ci/torch.txt", " docker/*.env "]) == ("ci/torch.txt", "docker/*.env")
-    assert option_values.path_list("ci/torch.txt, docker/*.env") == ("ci/torch.txt", "docker/*.env")
-    assert option_values.path_list(["ci/torch.txt, docker/*.env"]) == ("ci/torch.txt", "docker/*.env")  # -o key=a,b
+    assert options.path_list(["ci/torch.txt", " docker/*.env "]) == ("ci/torch.txt", "docker/*.env")
+    assert options.path_list("ci/torch.txt, docker/*.env") == ("ci/torch.txt", "docker/*.env")
+    assert options.path_list(["ci/torch.txt, docker/*.env"]) == ("ci/torch.txt", "docker/*.env")  # -o key=a,b
     with pytest.raises(ValueError, match="relative to the rootdir"):
-        option_values.path_list(["/etc/requirements.txt"])
+        options.path_list(["/etc/requirements.txt"])
 
 
 def test_the_options_reach_the_session_and_a_bad_value_is_a_usage_error(pytester, monkeypatch):

@@ -351,7 +351,7 @@ def test_a_failed_counting_worker_stops_the_others_it_ran_beside(tmp_path, monke
 
     from pytest_llmperf.orchestrate.pool import WorkerPool
     from pytest_llmperf.orchestrate.protocol import WorkerError, WorkerSpec
-    from pytest_llmperf.orchestrate.worker_process import RunningWorker
+    from pytest_llmperf.orchestrate.pool import RunningWorker
 
     started = []
 
@@ -467,7 +467,7 @@ def test_the_html_page_draws_a_count_as_its_point_at_its_own_tolerance():
 
 
 def test_a_module_markers_instructions_holds_under_a_function_marker_of_other_keywords(pytester):
-    """Every keyword merges markers nearest first (orchestrate/markers.py): a module's instructions=True is not
+    """Every keyword merges markers nearest first (orchestrate/options.py): a module's instructions=True is not
     hidden by the test's own marker that sets only runs."""
     items = pytester.getitems("""
 import pytest

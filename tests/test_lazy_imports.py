@@ -170,7 +170,7 @@ def test_a_worker_process_does_not_import_the_judge():
     probe = textwrap.dedent("""
         import sys
         import pytest_llmperf.plugin, pytest_llmperf.orchestrate.benchmark, pytest_llmperf.orchestrate.worker
-        import pytest_llmperf.orchestrate.checks
+        import pytest_llmperf.orchestrate.items, pytest_llmperf.orchestrate.controller
         print(sorted(m for m in sys.modules if m == "scipy.stats" or m.startswith("pytest_llmperf.judge.procedure")))
     """)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_llmperf.judge.procedure import Schedule
 from pytest_llmperf.orchestrate import campaign_progress
-from pytest_llmperf.orchestrate.deadline import Overtime, deadline
+from pytest_llmperf.orchestrate.benchmark import Overtime, deadline
 
 
 def plan(first, cap):

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from pytest_llmperf.orchestrate.turns import ENV_TURNS, TurnBroker, TurnClient
-from pytest_llmperf.orchestrate.header import INTERLEAVED
+from pytest_llmperf.orchestrate.session import INTERLEAVED
 
 # A worker: `blocks` batch sizes, each asked for, then held HOLD_S while it logs its span; `free` ignores turns.
 WORKER = """

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.orchestrate.hints import rerun_command
+from pytest_llmperf.orchestrate.options import rerun_command
 from pytest_llmperf.measure.keywords import build_scenario
 from pytest_llmperf.measure.scenario import ScenarioError
 from pytest_llmperf.orchestrate.options import Settings

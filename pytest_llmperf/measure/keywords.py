@@ -128,7 +128,7 @@ def check_setting(name: str, value: Any, *, where: str = "llmperf setting") -> N
 def build_scenario(settings: Mapping[str, Any]) -> Scenario:
     """A test's Scenario from its settings (llmperf.measure() keywords > marker > the session's options); every value
     is checked by type and range, never coerced, and what is not given is the Scenario's default. Whether its
-    schedule can fail is orchestrate/checks.py's."""
+    schedule can fail is orchestrate/items.py's (a test's) and orchestrate/controller.py's (a job's)."""
     for name, value in settings.items():
         check_setting(name, value)
     given = {f.name for f in fields(Scenario)} & set(settings)

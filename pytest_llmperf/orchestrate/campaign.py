@@ -38,7 +38,7 @@ from ..processes import sigterm_interrupts, stop_inheriting
 from . import campaign_progress, counting, sides
 from .forkserver import ForkServer, ForkServerError, preload_for, server_env
 from .looks import Decision, Measurements, Plan
-from .markers import marker_kwargs
+from .options import marker_kwargs
 from .pool import WorkerPool
 from .protocol import ENV_IMPORTS, ENV_OUT, Record, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession

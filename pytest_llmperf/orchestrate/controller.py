@@ -6,6 +6,9 @@ loaded twice. Before the test loop it runs a *campaign* of worker processes that
 (orchestrate/campaign.py). Each benchmark test is replaced in the test loop by a `DeferredBenchmark` item, whose
 turn reports what was decided for it, with pytest's own protocol (setup, call, teardown, reports, JUnit).
 
+At collection it refuses up front what cannot work (`check_settings`): an update against a ref, a schedule that
+could never fail, given the whole job's family of rows (a test's own settings are items.py's).
+
 The controller is registered in every session that may hold benchmarks, so it stays light: the campaign, and the
 statistics it brings (numpy, scipy), are imported only when a benchmark test is due.
 """
@@ -17,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .checks import check_settings
-from .session import LLMPerfSession
+from .items import DEFAULT_ROWS_PER_BATCH
+from .options import marker_kwargs
+from .session import RECORD_FACTOR, LLMPerfSession
 
 if TYPE_CHECKING:
     from .looks import Decision
@@ -76,3 +80,52 @@ class ProcessController:
 
             Campaign(self.config, self.perf_session, self.decisions).run([item.original for item in planned])
         return (yield)
+
+
+def rows_expected(item: pytest.Item) -> int:
+    """Gated rows a test will have, as its marker says (DEFAULT_ROWS_PER_BATCH unless it names its metrics)."""
+    kwargs = marker_kwargs(item)
+    return len(kwargs.get("batch_sizes") or [1]) * len(kwargs.get("metrics") or range(DEFAULT_ROWS_PER_BATCH))
+
+
+def check_settings(perf_session: LLMPerfSession, items: list[pytest.Item]) -> None:
+    """Refuse up front what cannot work: an update against a ref, a schedule that could never fail."""
+    settings = perf_session.settings
+    if settings.compare and (settings.update or settings.update_missing):
+        raise pytest.UsageError(
+            "llmperf: --llmperf-compare measures against a git ref and writes no baselines; "
+            "drop --llmperf-update / --llmperf-update-missing"
+        )
+    cap = settings.max_processes
+    if cap is not None and cap < perf_session.processes:  # the schedule would start above its cap, the header say both
+        raise pytest.UsageError(
+            f"llmperf: llmperf_max_processes={cap} is below --llmperf-processes={perf_session.processes}"
+            f"{' (auto)' if settings.processes == 'auto' else ''}, the processes of the first look: raise "
+            f"the ini key llmperf_max_processes to at least {perf_session.processes}, or lower --llmperf-processes"
+        )
+    if perf_session.mode != "gate" or not items:
+        return
+    from ..judge.procedure import SettingError, check_can_fail  # scipy.stats: loaded where a schedule is checked
+
+    family = sum(rows_expected(item) for item in items)
+    for item in items:
+        first = perf_session.processes_for(item)
+        if cap is not None and cap < first:
+            raise pytest.UsageError(
+                f"llmperf: {item.nodeid}: its marker's processes={first} is above llmperf_max_processes={cap}: "
+                f"raise the ini key llmperf_max_processes to at least {first}, or lower the marker's processes"
+            )
+        what = (
+            f"{item.nodeid}: marker processes={first}"
+            if "processes" in marker_kwargs(item)
+            else f"--llmperf-processes={first} (llmperf_max_processes={perf_session.max_processes})"
+        )
+        try:
+            check_can_fail(
+                perf_session.worker_schedule(first, settings.alpha, family),
+                perf_session.rtol,
+                reference=None if settings.compare else RECORD_FACTOR * first,
+                what=what,
+            )
+        except SettingError as exc:
+            raise pytest.UsageError(f"llmperf: {exc}") from None

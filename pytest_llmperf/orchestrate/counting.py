@@ -27,7 +27,7 @@ import pytest
 
 from ..measure.instructions import COUNTS_TAKEN_WITH, platform_problem
 from ..measure.records import BenchmarkResult
-from .markers import marker_kwargs
+from .options import marker_kwargs
 from .pool import WorkerPool
 from .protocol import ENV_COUNT, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession

@@ -41,7 +41,7 @@ def llmperf(request: pytest.FixtureRequest) -> Benchmark:
     """Measure a backend with this test's scenario and gate it against the baseline: `llmperf.measure(backend)`."""
     session = request.config.stash[SESSION_KEY]
     if session.recorder is not None:  # a worker process (plugin.py decided it at configure time)
-        from .worker_benchmark import WorkerBenchmark
+        from .benchmark import WorkerBenchmark
 
         return WorkerBenchmark(session, request.node, session.recorder)
     from .benchmark import LocalBenchmark

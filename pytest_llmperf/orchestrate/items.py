@@ -1,7 +1,14 @@
 """The benchmark tests of a session: which they are, which cannot run here and why, and the check that each one
-measured something. A plugin object, registered in every pytest process that runs tests (plugin.py): the
+measured something; its marker's settings checked at collection, before anything is measured
+(`check_test_settings`). A plugin object, registered in every pytest process that runs tests (plugin.py): the
 controlling one, a worker process, and a pytest-xdist worker, where every benchmark test is refused (side by side
 they would measure each other).
+
+A test's settings are its marker over the session's options: every keyword is checked by type and range
+(measure/scenario.py); `processes` must be an integer >= 1; and a test measured in this process must be able to
+fail: its runs' schedule (runs, doubling to max_runs) has to let a slowdown to twice its tolerance be called
+regressed (judge/procedure.py). Worker schedules are checked by the controller (controller.py), which knows the
+whole job's family of rows.
 """
 
 from __future__ import annotations
@@ -9,13 +16,15 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
+from typing import Any
 
 import pytest
 
+from ..measure.keywords import build_scenario
 from ..measure.scenario import ScenarioError
 from ..warning import PytestLLMPerfWarning
-from .markers import marker_kwargs
+from .options import marker_kwargs
 from .session import MEASURED_KEY, LLMPerfSession, marker_devices
 
 INVALID_MARKER_KEY = pytest.StashKey[str]()  # why this benchmark test cannot run (it fails at setup)
@@ -25,6 +34,9 @@ XDIST_REFUSAL = (
     "timed benchmark tests must not run under pytest-xdist (side by side they measure each other). "
     "Run them without -n (pytest -p no:xdist, or -n 0), or deselect them with -m 'not llmperf'"
 )
+
+#: Gated rows per batch size when a marker does not name its metrics (prefill, decode, throughput).
+DEFAULT_ROWS_PER_BATCH = 3
 
 
 def is_llmperf(item: pytest.Item) -> bool:
@@ -122,8 +134,6 @@ class BenchmarkItems:
 
     def _marker_problem(self, item: pytest.Item) -> str | None:
         """Why a test's llmperf marker cannot work (a bad keyword, a schedule that could never fail), or None."""
-        from .checks import check_test_settings
-
         try:
             check_test_settings(self.perf_session, item, marker_kwargs(item))
         except ScenarioError as exc:
@@ -160,3 +170,40 @@ def runs_tests(config: pytest.Config) -> bool:
     """The session runs test bodies (not --collect-only, --setup-only or --setup-plan)."""
     option = config.option
     return not (option.collectonly or getattr(option, "setuponly", False) or getattr(option, "setupplan", False))
+
+
+def check_test_settings(perf_session: LLMPerfSession, item: pytest.Item, kwargs: Mapping[str, Any]) -> None:
+    """Raise ScenarioError naming the keyword and the fix when a test's settings cannot work."""
+    processes = kwargs.get("processes")
+    if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
+        raise ScenarioError(
+            f"@pytest.mark.llmperf: processes={processes!r} is not valid: expected an integer >= 1 "
+            "(worker processes per side at the first look); leave it out for --llmperf-processes"
+        )
+    settings = {k: v for k, v in perf_session.settings.for_test(kwargs).items() if k not in ("devices", "processes")}
+    scenario = build_scenario(settings)
+    if perf_session.in_process:
+        load_judge()
+    if not perf_session.in_process or perf_session.mode != "gate":
+        return
+    from ..judge.procedure import Schedule, SettingError, check_can_fail
+
+    rows = len(scenario.batch_sizes) * len(scenario.metrics or range(DEFAULT_ROWS_PER_BATCH))
+    schedule = Schedule.doubling(scenario.runs, scenario.max_runs, scenario.alpha, rows)
+    try:
+        check_can_fail(
+            schedule,
+            scenario.rtol,
+            reference=scenario.runs,  # an update records the first look's runs
+            what=f"runs={scenario.runs}, max_runs={scenario.max_runs}",
+        )
+    except SettingError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def load_judge() -> None:
+    """Import the judge (scipy.stats, some 60 MiB resident) before anything is measured in the process that judges,
+    in every mode. peak_rss_mib is the measuring process's peak: the judge loaded up front for a gate (the schedule
+    checks above) and not for the recording read as the backend's memory doubling on unchanged code (issue 39).
+    Worker processes never load it (orchestrate/benchmark.py), whatever the mode, so theirs compare as they are."""
+    from . import judging  # noqa: F401

@@ -207,7 +207,7 @@ class Side:
     label: str  # for messages: "the working tree", "origin/main (abc1234)"
     pythonpath: tuple[str, ...] = ()  # put first on PYTHONPATH: the user's project imports from this side
     python: str = sys.executable  # the interpreter of its environment (environments/: a side may have its own)
-    args: tuple[str, ...] = ()  # pytest's own options of the invocation, for this side (passthrough.py)
+    args: tuple[str, ...] = ()  # pytest's own options of the invocation, for this side (sides.py `passthrough_args`)
     pycache: str | None = None  # where its workers write bytecode: a built environment's own (environments/)
 
     @property

@@ -3,10 +3,18 @@ and which of the job's tests the compared ref has.
 
 Against stored baselines there is one side, the working tree. An A/B job (--llmperf-compare REF) checks REF out into
 a git worktree (worktree.py) and gives each side its own: the project first on PYTHONPATH (each imports its own code,
-also where an installed copy would win), pytest's own options mapped to its checkout (passthrough.py), and its
+also where an installed copy would win), pytest's own options mapped to its checkout (`passthrough_args`), and its
 environment (environments/: shared where the sides' dependencies are the same, else built for each side from its
 own lock or requirements). Then the ref's tests are collected: a test whose module does not collect there is an
 error on that test, never a `new` one.
+
+pytest's own options of the invocation that a worker needs too (`passthrough_args`), as pytest parsed them, for one
+side. A worker runs in its side's rootdir with the tests' node ids, so whatever decides how pytest loads those tests
+must reach it: plugins given with -p, ini overrides (-o), the ini file (-c), the import mode, conftest handling,
+warning filters and strictness. They are read from pytest's parsed options, not the command line's words
+(`--import-mode importlib`, value as a separate word, is one option), and a path is given absolute, or for the A
+side of an A/B job its counterpart in the ref's checkout. The rootdir is the side's own, always: a worker's node ids
+are relative to it (an invocation with `--rootdir=tests` gets its tests' ids back).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +30,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from .campaign_progress import CampaignProgress
-from .passthrough import passthrough_args
 from .protocol import ENV_COLLECT, Collected, CollectError, Side, WorkerError, read_records
 from .session import LLMPerfSession
 from .worktree import RefError, checkout, import_path
@@ -152,3 +159,34 @@ def collect(side: Side, items: Sequence[pytest.Item], work_dir: Path, timeout_s:
         )
     found.nodeids, found.deselected = set(finished[-1].nodeids), set(finished[-1].deselected)
     return found
+
+
+#: pytest's boolean options that change what a collection accepts.
+FLAGS = (("noconftest", "--noconftest"), ("strict_markers", "--strict-markers"), ("strict_config", "--strict-config"))
+
+
+def passthrough_args(
+    config: pytest.Config, root: Path, counterpart: Callable[[Path], Path] = lambda path: path
+) -> list[str]:
+    """The options a worker of a side whose rootdir is `root` gets; `counterpart` maps a path of the working tree to
+    that side's (the ref's checkout)."""
+    option, invoked = config.option, Path(config.invocation_params.dir)
+
+    def path(value: str) -> str:
+        return str(counterpart((invoked / value).resolve()))
+
+    args = [f"--rootdir={root}"]
+    for name in getattr(option, "plugins", None) or []:
+        args += ["-p", name]
+    for override in getattr(option, "override_ini", None) or []:
+        args += ["-o", override]
+    if getattr(option, "inifilename", None):
+        args += ["-c", path(option.inifilename)]
+    if getattr(option, "confcutdir", None):
+        args.append(f"--confcutdir={path(option.confcutdir)}")
+    if getattr(option, "importmode", None):
+        args.append(f"--import-mode={option.importmode}")
+    for warning in getattr(option, "pythonwarnings", None) or []:
+        args += ["-W", warning]
+    args += [flag for name, flag in FLAGS if getattr(option, name, False)]
+    return args

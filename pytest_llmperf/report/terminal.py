@@ -1,5 +1,5 @@
 """What the terminal shows at the end: the `llmperf: <device>` section of the summary (the header lines are
-orchestrate/header.py).
+orchestrate/session.py).
 
 The section opens with the judged line (a run that judged nothing says so first, in red), then what fails the
 run, the verdict table, one count per kind (each benchmark counted once), run quality and the hints.
