@@ -39,7 +39,7 @@ from .environments.inputs import DependencyInputs
 from .environments.records import BUILT, BuildSettings, Environments, PackageChange
 from .files import strict_json, write_text_atomic
 from .judge.fingerprint import git
-from .orchestrate.campaign_progress import LINE_EVERY_S
+from .orchestrate.progress import LINE_EVERY_S
 from .orchestrate.worktree import Checkout, RefError, checkout
 from .processes import die_with_parent, sigterm_interrupts, stop_tree
 

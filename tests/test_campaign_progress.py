@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 import pytest_llmperf
-from pytest_llmperf.orchestrate import campaign_progress, pool, protocol, worker
-from pytest_llmperf.orchestrate.campaign_progress import LINE_EVERY_S, STATUS_EVERY_S, CampaignProgress
+from pytest_llmperf.orchestrate import pool, progress, protocol, worker
+from pytest_llmperf.orchestrate.progress import LINE_EVERY_S, STATUS_EVERY_S, CampaignProgress
 from pytest_llmperf.orchestrate.protocol import Progress, Start
 
 
@@ -210,7 +210,7 @@ def test_slow(llmperf):
 
 def test_workers_progress_reaches_the_controllers_log(pytester, monkeypatch):
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # not the suite's --llmperf-processes=1
-    monkeypatch.setattr(campaign_progress, "LINE_EVERY_S", 0.5)  # the controller runs in this process
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.5)  # the controller runs in this process
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_slow=SLOW)
     result = pytester.runpytest("--llmperf-device=cpu", "--llmperf-machine=m", "-p", "no:cacheprovider",

@@ -14,7 +14,7 @@ from pytest_llmperf.orchestrate.options import DEFAULT_FAIL_ON
 from pytest_llmperf.orchestrate.options import OPTIONS_BY_NAME
 from pytest_llmperf.orchestrate.campaign import BUDGET_FACTOR, BUDGET_MOST_MORE_S
 from pytest_llmperf.orchestrate.session import DEFAULT_AB_PROCESSES, DEFAULT_PROCESSES, DEFAULT_RTOL
-from pytest_llmperf.orchestrate import campaign_progress
+from pytest_llmperf.orchestrate import progress
 from pytest_llmperf.report.verdict_table import CELL_LIMIT
 from tests.server_helpers import load_script
 
@@ -79,7 +79,7 @@ def test_the_gate_page_states_the_codes_figures():
 
 def test_the_workers_page_states_the_progress_figures():
     text = page("workers.md")
-    assert f"a line at least every {campaign_progress.LINE_EVERY_S:g} s" in text
+    assert f"a line at least every {progress.LINE_EVERY_S:g} s" in text
     assert worker.PROGRESS_EVERY_S == 1.0 and "at most one record a second" in text
 
 

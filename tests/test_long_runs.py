@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from pytest_llmperf.judge.procedure import Schedule
-from pytest_llmperf.orchestrate import campaign_progress
+from pytest_llmperf.orchestrate import progress
 from pytest_llmperf.orchestrate.benchmark import Overtime, deadline
 
 
@@ -15,19 +15,19 @@ def plan(first, cap):
 
 
 def test_a_long_campaign_is_estimated_from_its_first_round():
-    line = campaign_progress.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
+    line = progress.campaign_estimate(3.0, [plan(1000, 8000), plan(5, 40)])
     assert line == ("at 3.0 s per round, the first look's 1000 rounds take about 50 min, up to 400 min if "
                     "rows stay undecided (the cap, llmperf_max_processes); fewer processes (--llmperf-processes) "
                     "take less. Ctrl-C stops cleanly")
-    assert campaign_progress.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
-    assert "up to" not in campaign_progress.campaign_estimate(3.0, [plan(400, 400)])
-    assert campaign_progress.campaign_estimate(3.0, []) is None
-    budgeted = campaign_progress.campaign_estimate(60.0, [plan(8, 40)], budget_s=780.0)  # an A/B job's budget
+    assert progress.campaign_estimate(3.0, [plan(5, 40)]) is None  # 15 s: nothing to announce
+    assert "up to" not in progress.campaign_estimate(3.0, [plan(400, 400)])
+    assert progress.campaign_estimate(3.0, []) is None
+    budgeted = progress.campaign_estimate(60.0, [plan(8, 40)], budget_s=780.0)  # an A/B job's budget
     assert "about 8 min, up to 13 min if rows stay undecided (the cap or the budget, --llmperf-budget)" in budgeted
 
 
 def test_the_estimate_is_said_after_the_first_round(project, run, monkeypatch):
-    monkeypatch.setattr(campaign_progress, "LONG_FIRST_LOOK_S", 0)  # every campaign is long
+    monkeypatch.setattr(progress, "LONG_FIRST_LOOK_S", 0)  # every campaign is long
     project.makepyfile(test_x="""
 import pytest
 from pytest_llmperf.backends.simulated import SimulatedBackend

@@ -1,4 +1,4 @@
-"""Live progress (report/progress.py): unit tests on a recording terminal, and pytester runs with -q, -v,
+"""Live progress (orchestrate/progress.py, its first half): unit tests on a recording terminal, and pytester runs with -q, -v,
 capture variants, a terminal (tty) and xdist's refusal."""
 
 import pytest
@@ -7,7 +7,7 @@ from pytest_llmperf.measure.backend import GenerationRequest
 from pytest_llmperf.backends.simulated import SimulatedBackend
 from pytest_llmperf.measure import runner
 from pytest_llmperf.measure.backend import FakeClock
-from pytest_llmperf.report.progress import STATUS_INTERVAL_NS, Progress
+from pytest_llmperf.orchestrate.progress import STATUS_INTERVAL_NS, Progress
 
 
 def render(raw: str) -> str:

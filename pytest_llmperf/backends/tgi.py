@@ -23,7 +23,7 @@ run the request is checked against the server's GET /info, and a mismatch is an 
 launcher argument to raise, instead of B validation errors per run.
 
 text-generation-launcher's arguments: `TGILauncherArgs` holds those of seeds 000/001 and builds the command line
-that the llmperf_tgi fixture (servers/tgi_fixture.py) starts.
+that the llmperf_tgi fixture (servers/fixtures.py) starts.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class Runs:
 
 
 #: Called after every run: (batch size, runs kept, runs wanted, retaken, the sample or None when discarded).
-#: Progress display only (report/progress.py); None shows nothing.
+#: Progress display only (orchestrate/progress.py); None shows nothing.
 RunCallback = Callable[[int, int, int, int, "RunSample | None"], None]
 
 

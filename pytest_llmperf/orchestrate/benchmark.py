@@ -37,7 +37,7 @@ from ..measure.keywords import OVERRIDES, build_scenario
 from ..measure.metrics import MEMORY_METRICS, METRICS, gated_metrics
 from ..measure.records import BatchResult, BenchmarkResult
 from ..measure.scenario import Scenario, ScenarioError, check_metrics, check_rtol_metrics
-from ..report import progress
+from . import progress
 from .options import marker_kwargs
 from .session import MEASURED_KEY, LLMPerfSession
 from .worker import WorkerRecorder

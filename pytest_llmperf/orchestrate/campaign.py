@@ -35,11 +35,12 @@ from ..judge.rows import undecided_batches
 from ..judge.verdicts import Kind, Outcome
 from ..measure.memory import steady_malloc_env
 from ..processes import sigterm_interrupts, stop_inheriting
-from . import campaign_progress, counting, sides
+from . import counting, sides
 from .forkserver import ForkServer, ForkServerError, preload_for, server_env
 from .looks import Decision, Measurements, Plan
 from .options import marker_kwargs
 from .pool import WorkerPool
+from .progress import campaign_estimate, for_terminal
 from .protocol import ENV_IMPORTS, ENV_OUT, Record, Side, WorkerError, WorkerRun, WorkerSpec
 from .session import LLMPerfSession
 
@@ -67,7 +68,7 @@ class Campaign:
         self.config = config
         self.perf_session = perf_session
         self.decisions: dict[str, Decision] = decisions
-        self.progress = campaign_progress.for_terminal(config)  # live progress of the workers
+        self.progress = for_terminal(config)  # live progress of the workers
         self.measurements = Measurements(perf_session, [Side("", Path(config.rootpath), "the working tree")])
         self.plans: dict[str, Plan] = {}  # the timed tests still undecided, by node id
         self.family: int | None = None  # gated rows of the whole job, judged as one family
@@ -355,7 +356,7 @@ class Campaign:
         budget = self.budget
         if self.perf_session.settings.compare and self.perf_session.settings.budget == "auto" and schedules:
             budget = auto_budget(round_s * max(schedule.looks[0] for schedule in schedules))
-        said = campaign_progress.campaign_estimate(round_s, schedules, budget)
+        said = campaign_estimate(round_s, schedules, budget)
         if said:
             self.progress.say(said)
 

@@ -37,8 +37,8 @@ import pytest
 from ..environments.records import COMPARE_DEPS_MODES
 from ..history import settings as history_values
 from ..judge.baseline_layout import check_name
-from ..measure.memory import MODES
 from ..measure.keywords import PER_TEST, check_marker_kwargs
+from ..measure.memory import MODES
 from ..measure.scenario import OUTPUT_MODES, ScenarioError
 from .protocol import worker_settings
 

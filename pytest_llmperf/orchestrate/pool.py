@@ -184,7 +184,7 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in (text or "(empty)").splitlines())
 
 
-#: Hears a running worker's new records (often none), every POLL_S: live progress (campaign_progress.py).
+#: Hears a running worker's new records (often none), every POLL_S: live progress (progress.py).
 Listener = Callable[[Side, list[Record]], None]
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .campaign_progress import CampaignProgress
+from .progress import CampaignProgress
 from .protocol import ENV_COLLECT, Collected, CollectError, Side, WorkerError, read_records
 from .session import LLMPerfSession
 from .worktree import RefError, checkout, import_path

@@ -4,7 +4,7 @@ In a worker (protocol.py says how the pool starts one and what it answers) `llmp
 but, instead of judging, hands the result to the `WorkerRecorder`, which appends it to the records file; every test
 report (passed, failed, skipped, with its text) goes there too, and progress while it measures (a test started,
 run i of n of a batch size: at most one record every PROGRESS_EVERY_S, and each batch size's last run), which the
-pool reads while the worker runs (campaign_progress.py shows it). pyperf splits its manager and workers the same
+pool reads while the worker runs (progress.py shows it). pyperf splits its manager and workers the same
 way.
 """
 
