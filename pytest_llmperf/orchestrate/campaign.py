@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from ..files import WORKERS_PREFIX, claim, left_behind_line, remove_left_work_dirs
-from ..judge import procedure as allocation  # the looks' runs and processes (plan_next, Costs, Need)
+from ..judge import procedure
 from ..judge.procedure import capped_at
 from ..judge.rows import undecided_batches
 from ..judge.verdicts import Kind, Outcome
@@ -397,19 +397,19 @@ class Campaign:
             return False
         costs = self.measurements.costs(plan.item.nodeid, statistics.median(self.fixed[-5:]))
         sizes = plan.batch_sizes or dict.fromkeys(costs.run)
-        next_round = allocation.round_seconds(
+        next_round = procedure.round_seconds(
             costs, {b: n or int(self.perf_session.settings.runs) for b, n in sizes.items()}
         )
         return time.monotonic() - self.started + next_round > self.budget
 
-    def _affordable(self, plan: Plan, costs: allocation.Costs, runs: Mapping[int, int]) -> int:
+    def _affordable(self, plan: Plan, costs: procedure.Costs, runs: Mapping[int, int]) -> int:
         """The most processes per side this test can reach within the budget at `runs` runs per process (the
         schedule's cap without one)."""
         cap = plan.schedule.cap
         if self.budget is None or self.started is None:
             return cap
         left = self.budget - (time.monotonic() - self.started)
-        per_round = allocation.round_seconds(costs, runs)
+        per_round = procedure.round_seconds(costs, runs)
         return min(cap, plan.units + max(int(left // max(per_round, 1e-3)), 0))
 
     def _finish(self, plan: Plan, decision: Decision) -> None:

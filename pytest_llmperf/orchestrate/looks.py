@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ..judge import procedure as allocation  # the looks' runs and processes (plan_next, Costs, Need)
+from ..judge import procedure
 from ..judge.procedure import Costs, Schedule
 from ..judge.rows import Reference, judge_rows
 from ..judge.verdicts import COMPARED, Outcome, Row, Verdict
@@ -95,7 +95,7 @@ class Plan:
         runs: dict[int, int | None] = {b: (self.batch_sizes or {}).get(b) for b in undecided}  # as they were
         if needs and len(needs) == len(rows) and self.schedule.shares and not self.schedule.interim(self.units):
             now = max((n for n in (self.batch_sizes or {}).values() if n), default=least)
-            self.schedule, chosen = allocation.plan_next(
+            self.schedule, chosen = procedure.plan_next(
                 needs, costs, self.schedule, look=self.look, runs_now=now, least=least, most=most, affordable=affordable
             )
             runs.update({b: n for b, n in chosen.items() if b in runs})
@@ -103,7 +103,7 @@ class Plan:
         self.batch_sizes = runs
 
 
-def _need(row: Row, outcomes: Mapping[str, Outcome]) -> allocation.Need | None:
+def _need(row: Row, outcomes: Mapping[str, Outcome]) -> procedure.Need | None:
     """What the next look needs to decide an undecided row, where its spreads are known (log scale)."""
     if row.between_sd is None or row.se is None or row.ratio is None or row.ratio <= 0:
         return None
@@ -112,7 +112,7 @@ def _need(row: Row, outcomes: Mapping[str, Outcome]) -> allocation.Need | None:
     margin = math.log1p(scenario.rtol_for(row.metric))
     bad = math.log(row.ratio) * (1 if metric_better(row.metric, outcome.result.counters_better) == "lower" else -1)
     within = row.within_sd if row.within_sd is not None else math.nan
-    return allocation.Need(row.batch_size, row.between_sd, within, abs(margin - bad), margin, row.se)
+    return procedure.Need(row.batch_size, row.between_sd, within, abs(margin - bad), margin, row.se)
 
 
 @dataclass
