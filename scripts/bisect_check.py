@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,10 +53,16 @@ def one(case: str, seed: int, extra: list[str]) -> dict:
     try:
         shas, at, other = history(case, seed, root / "project")
         began = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest_llmperf", "bisect", shas[0], shas[-1], "--", *PYTEST_ARGS, *extra],
-            cwd=root / "project", capture_output=True, text=True,
-        )  # fmt: skip
+        command = [sys.executable, "-m", "pytest_llmperf", "bisect", shas[0], shas[-1], "--", *PYTEST_ARGS, *extra]
+        bisection = subprocess.Popen(command, cwd=root / "project", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)  # fmt: skip
+        try:
+            out, err = bisection.communicate()
+        except BaseException:  # stopped (SIGTERM, ^C): the bisection stops its step's pytest and removes its worktrees
+            bisection.terminate()
+            bisection.wait(60)
+            raise
+        done = subprocess.CompletedProcess(command, bisection.returncode, out, err)
         seconds = time.monotonic() - began
         try:
             report = json.loads((root / "project" / "reports" / "bisect" / "bisect.json").read_text())
@@ -84,6 +91,7 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=CASES, help="(repeatable; default: all)")
     parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args(own)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through one()'s finally: the bisection stopped, removed
     results = []
     for case in args.case or CASES:
         for seed in range(args.first_seed, args.first_seed + args.bisections):

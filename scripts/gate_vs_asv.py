@@ -70,11 +70,17 @@ class Outcome:
 
 def run(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> tuple[int, float, str]:
     start = time.monotonic()
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
+    job = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = job.communicate()
+    except BaseException:  # stopped (SIGTERM): the job stops its workers and removes its worktree, as a user's would
+        job.terminate()
+        job.wait(60)
+        raise
     seconds = time.monotonic() - start
-    text = done.stdout + done.stderr
+    text = out + err
     log.write_text(f"$ {' '.join(command)}\n{text}")
-    return done.returncode, seconds, text
+    return job.returncode, seconds, text
 
 
 @contextlib.contextmanager
