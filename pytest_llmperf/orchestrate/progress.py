@@ -6,8 +6,6 @@ differently because they stand in different places: the first appends its status
 erases it with backspaces; the second owns a line of its own before the test loop starts and rewrites it with `\r`.
 
 # In one process
-Live progress of a benchmark's sweep through pytest's terminal reporter.
-
 A sweep can take minutes with nothing printed; this shows the benchmark, the batch size, run i of n,
 the runs retaken on a busy machine and the running median. What is shown, by where output goes:
 
@@ -24,8 +22,6 @@ around each write (as pytest's live logging does), so progress reaches the termi
 a test's captured output. Writes happen between runs, never inside a timed one.
 
 # With worker processes
-Live progress of worker processes: what the controlling pytest process shows while its workers measure.
-
 Each worker appends progress records to its records file (protocol.py: a test started, run i of n of a
 batch size); the pool's wait loop reads them every fraction of a second (pool.py) and hands
 them here, with the time. What is shown, by where output goes:
