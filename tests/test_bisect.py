@@ -9,6 +9,7 @@ a 3% step 0.02 within it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import math
 import os
@@ -235,6 +236,13 @@ def test_a_red_ab_job_prints_the_bisect_command_of_its_two_commits():
     assert line in summary_lines(session())
     assert bisect_line(session(dirty=True)) == []  # the change is not (only) in a commit
     assert bisect_line(session(commit="1" * 40)) == []  # A/B against HEAD: one commit
+    packages = replace(session(), changed_packages=["fastlib", "numpy"])
+    assert bisect_line(packages) == [
+        line,
+        line.replace("the commit that did it:", "the package that did it (2 changed):").replace(
+            "222222222222 --", "222222222222 --packages --"
+        ),
+    ]
 
 
 @pytest.mark.slow

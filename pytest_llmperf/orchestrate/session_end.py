@@ -67,6 +67,7 @@ class SessionEnd:
             )
             if envs
             else [],
+            changed_packages=[c.name for c in envs.changes] if envs and envs.per_side else [],
         )
 
     @property

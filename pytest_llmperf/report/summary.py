@@ -29,6 +29,7 @@ class SessionSummary:
     compared_commit: str | None = None  # its commit
     processes_used: Sequence[int] = ()  # per benchmark test, units per side at its last look
     environment_lines: Sequence[str] = ()  # an A/B job's sides' environments (environments/records.py)
+    changed_packages: Sequence[str] = ()  # an A/B job whose sides' environments differ: the packages that do
     rerun: Callable[..., str] = lambda *args, **kwargs: "pytest"  # the re-run command (orchestrate/options.py)
 
     @property

@@ -111,7 +111,8 @@ def summary_lines(session: SessionSummary) -> list[str]:
 
 def bisect_line(session: SessionSummary) -> list[str]:
     """The command that finds which commit between the A/B job's two did it (docs/bisect.md): a clean working tree
-    on another commit than the one compared with."""
+    on another commit than the one compared with; where the sides' environments differed, also the one that finds
+    which of the changed packages did it (`--packages`)."""
     git = session.fingerprint.get("git") or {}
     head, base = git.get("commit"), session.compared_commit
     if not head or not base or head == base or git.get("dirty"):
@@ -119,7 +120,13 @@ def bisect_line(session: SessionSummary) -> list[str]:
     tests = sorted({o.result.nodeid for o in session.outcomes if o.kind == Kind.REGRESSED})
     options = shlex.split(session.rerun())[1:]  # the options given, less pytest; bisect sets --llmperf-compare
     args = shlex.join([*tests, *(o for o in options if o.partition("=")[0] != "--llmperf-compare")])
-    return [f"find the commit that did it: pytest-llmperf bisect {base[:12]} {head[:12]} -- {args}"]
+    commits = f"pytest-llmperf bisect {base[:12]} {head[:12]}"
+    lines = [f"find the commit that did it: {commits} -- {args}"]
+    if session.changed_packages:
+        lines.append(
+            f"find the package that did it ({len(session.changed_packages)} changed): {commits} --packages -- {args}"
+        )
+    return lines
 
 
 def baseline_age(outcomes: Sequence[Outcome], now: datetime | None = None) -> str | None:
