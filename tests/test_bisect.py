@@ -9,12 +9,12 @@ a 3% step 0.02 within it.
 
 from __future__ import annotations
 
-from dataclasses import replace
 import json
 import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -242,6 +242,13 @@ def test_a_red_ab_job_prints_the_bisect_command_of_its_two_commits():
         line.replace("the commit that did it:", "the package that did it (2 changed):").replace(
             "222222222222 --", "222222222222 --packages --"
         ),
+    ]
+    with_base = replace(packages, rerun=lambda: "pytest --llmperf-device=cpu --llmperf-base-python=/opt/base/python")
+    assert bisect_line(with_base) == [  # --packages builds GOOD's environment: the prepared one is left out there
+        "find the commit that did it: pytest-llmperf bisect 111111111111 222222222222 -- t.py::a --llmperf-device=cpu "
+        "--llmperf-base-python=/opt/base/python",
+        "find the package that did it (2 changed): pytest-llmperf bisect 111111111111 222222222222 --packages -- "
+        "t.py::a --llmperf-device=cpu",
     ]
 
 

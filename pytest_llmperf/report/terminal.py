@@ -119,12 +119,14 @@ def bisect_line(session: SessionSummary) -> list[str]:
         return []
     tests = sorted({o.result.nodeid for o in session.outcomes if o.kind == Kind.REGRESSED})
     options = shlex.split(session.rerun())[1:]  # the options given, less pytest; bisect sets --llmperf-compare
-    args = shlex.join([*tests, *(o for o in options if o.partition("=")[0] != "--llmperf-compare")])
+    options = [o for o in options if o.partition("=")[0] != "--llmperf-compare"]
     commits = f"pytest-llmperf bisect {base[:12]} {head[:12]}"
-    lines = [f"find the commit that did it: {commits} -- {args}"]
-    if session.changed_packages:
+    lines = [f"find the commit that did it: {commits} -- {shlex.join([*tests, *options])}"]
+    if session.changed_packages:  # --packages builds GOOD's environment itself: a prepared base interpreter is refused
+        own = [o for o in options if o.partition("=")[0] != "--llmperf-base-python"]
         lines.append(
-            f"find the package that did it ({len(session.changed_packages)} changed): {commits} --packages -- {args}"
+            f"find the package that did it ({len(session.changed_packages)} changed): {commits} --packages -- "
+            + shlex.join([*tests, *own])
         )
     return lines
 
